@@ -1,0 +1,175 @@
+from protos.tether.v1 import tensor_pb2 as _tensor_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class StepType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STEP_TYPE_UNSPECIFIED: _ClassVar[StepType]
+    FIRST: _ClassVar[StepType]
+    MID: _ClassVar[StepType]
+    LAST: _ClassVar[StepType]
+STEP_TYPE_UNSPECIFIED: StepType
+FIRST: StepType
+MID: StepType
+LAST: StepType
+
+class ClientMessage(_message.Message):
+    __slots__ = ("hello", "observation")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_FIELD_NUMBER: _ClassVar[int]
+    hello: Hello
+    observation: Observation
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., observation: _Optional[_Union[Observation, _Mapping]] = ...) -> None: ...
+
+class ServerMessage(_message.Message):
+    __slots__ = ("welcome", "action", "error", "episode_end")
+    WELCOME_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_END_FIELD_NUMBER: _ClassVar[int]
+    welcome: Welcome
+    action: Action
+    error: StepError
+    episode_end: EpisodeEnd
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., action: _Optional[_Union[Action, _Mapping]] = ..., error: _Optional[_Union[StepError, _Mapping]] = ..., episode_end: _Optional[_Union[EpisodeEnd, _Mapping]] = ...) -> None: ...
+
+class Hello(_message.Message):
+    __slots__ = ("session_id", "policy", "observation_spec", "action_spec", "source", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_SPEC_FIELD_NUMBER: _ClassVar[int]
+    ACTION_SPEC_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    policy: str
+    observation_spec: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.TensorSpec]
+    action_spec: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.TensorSpec]
+    source: str
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, session_id: _Optional[str] = ..., policy: _Optional[str] = ..., observation_spec: _Optional[_Iterable[_Union[_tensor_pb2.TensorSpec, _Mapping]]] = ..., action_spec: _Optional[_Iterable[_Union[_tensor_pb2.TensorSpec, _Mapping]]] = ..., source: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class Welcome(_message.Message):
+    __slots__ = ("session_id", "policy", "policy_version", "deadline_ms", "server_version")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
+    SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    policy: str
+    policy_version: int
+    deadline_ms: int
+    server_version: str
+    def __init__(self, session_id: _Optional[str] = ..., policy: _Optional[str] = ..., policy_version: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., server_version: _Optional[str] = ...) -> None: ...
+
+class Observation(_message.Message):
+    __slots__ = ("step", "t_sent_ns", "step_type", "tensors", "reward", "terminated", "applied_action", "guard")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    T_SENT_NS_FIELD_NUMBER: _ClassVar[int]
+    STEP_TYPE_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    TERMINATED_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_ACTION_FIELD_NUMBER: _ClassVar[int]
+    GUARD_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    t_sent_ns: int
+    step_type: StepType
+    tensors: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
+    reward: float
+    terminated: bool
+    applied_action: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
+    guard: GuardReport
+    def __init__(self, step: _Optional[int] = ..., t_sent_ns: _Optional[int] = ..., step_type: _Optional[_Union[StepType, str]] = ..., tensors: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., reward: _Optional[float] = ..., terminated: _Optional[bool] = ..., applied_action: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., guard: _Optional[_Union[GuardReport, _Mapping]] = ...) -> None: ...
+
+class GuardReport(_message.Message):
+    __slots__ = ("clamped", "rate_limited", "watchdog", "estop", "estopped")
+    CLAMPED_FIELD_NUMBER: _ClassVar[int]
+    RATE_LIMITED_FIELD_NUMBER: _ClassVar[int]
+    WATCHDOG_FIELD_NUMBER: _ClassVar[int]
+    ESTOP_FIELD_NUMBER: _ClassVar[int]
+    ESTOPPED_FIELD_NUMBER: _ClassVar[int]
+    clamped: int
+    rate_limited: int
+    watchdog: int
+    estop: int
+    estopped: bool
+    def __init__(self, clamped: _Optional[int] = ..., rate_limited: _Optional[int] = ..., watchdog: _Optional[int] = ..., estop: _Optional[int] = ..., estopped: _Optional[bool] = ...) -> None: ...
+
+class Timing(_message.Message):
+    __slots__ = ("t_sent_ns", "gateway_recv_ns", "infer_start_ns", "infer_end_ns", "gateway_send_ns")
+    T_SENT_NS_FIELD_NUMBER: _ClassVar[int]
+    GATEWAY_RECV_NS_FIELD_NUMBER: _ClassVar[int]
+    INFER_START_NS_FIELD_NUMBER: _ClassVar[int]
+    INFER_END_NS_FIELD_NUMBER: _ClassVar[int]
+    GATEWAY_SEND_NS_FIELD_NUMBER: _ClassVar[int]
+    t_sent_ns: int
+    gateway_recv_ns: int
+    infer_start_ns: int
+    infer_end_ns: int
+    gateway_send_ns: int
+    def __init__(self, t_sent_ns: _Optional[int] = ..., gateway_recv_ns: _Optional[int] = ..., infer_start_ns: _Optional[int] = ..., infer_end_ns: _Optional[int] = ..., gateway_send_ns: _Optional[int] = ...) -> None: ...
+
+class Action(_message.Message):
+    __slots__ = ("step", "tensors", "policy", "policy_version", "timing")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TIMING_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    tensors: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
+    policy: str
+    policy_version: int
+    timing: Timing
+    def __init__(self, step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., policy: _Optional[str] = ..., policy_version: _Optional[int] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ...) -> None: ...
+
+class StepError(_message.Message):
+    __slots__ = ("step", "code", "field", "message")
+    class Code(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        CODE_UNSPECIFIED: _ClassVar[StepError.Code]
+        INVALID_OBSERVATION: _ClassVar[StepError.Code]
+        OUT_OF_ORDER: _ClassVar[StepError.Code]
+        DEADLINE_EXCEEDED: _ClassVar[StepError.Code]
+        INFERENCE_FAILED: _ClassVar[StepError.Code]
+    CODE_UNSPECIFIED: StepError.Code
+    INVALID_OBSERVATION: StepError.Code
+    OUT_OF_ORDER: StepError.Code
+    DEADLINE_EXCEEDED: StepError.Code
+    INFERENCE_FAILED: StepError.Code
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    FIELD_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    code: StepError.Code
+    field: str
+    message: str
+    def __init__(self, step: _Optional[int] = ..., code: _Optional[_Union[StepError.Code, str]] = ..., field: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class EpisodeEnd(_message.Message):
+    __slots__ = ("step", "episode", "length", "episode_return")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_RETURN_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    episode: int
+    length: int
+    episode_return: float
+    def __init__(self, step: _Optional[int] = ..., episode: _Optional[int] = ..., length: _Optional[int] = ..., episode_return: _Optional[float] = ...) -> None: ...
