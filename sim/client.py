@@ -1,0 +1,334 @@
+"""The sim client: N environments, each a `tether.v1.Bridge.Connect` session, in one asyncio loop.
+
+From the command line (the `tether` command calls `main`):
+
+    tether sim --gateway 127.0.0.1:50051 --env Hopper-v5 --envs 8 --seconds 10
+
+From Python (plain text, it needs a gateway):
+
+    stats = asyncio.run(run_sessions("127.0.0.1:50051", lambda i: make_env("Hopper-v5", seed=i),
+                                     envs=8, seconds=10))
+    stats.summary()  # {"steps": ..., "steps_per_s": ..., "rtt_ms": {"p50": ..., "p99": ...}, ...}
+
+Each session sends Hello, awaits Welcome, then loops: Observation -> one reply. An Action is
+stepped inline (MuJoCo steps take microseconds); a StepError is counted and the last applied
+action (zeros after a reset) is stepped instead; a LAST observation is answered by EpisodeEnd
+and the env is reset. When the budget (`seconds` or `steps`) runs out, a session in mid-episode
+sends its last observation as a truncated LAST, so the gateway sees every reward, then closes
+its stream.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import sys
+import time
+import uuid
+from collections import Counter, deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+
+from protos.codec import TensorError, decode_all, encode_all
+from protos.tether.v1 import bridge_pb2, bridge_pb2_grpc
+from sim.env import Environment, StepType, TimeStep, zeros
+
+__all__ = ["SessionError", "SimStats", "main", "run_sessions"]
+
+
+class SessionError(RuntimeError):
+    """A session failed: the gateway rejected or ended its stream, or broke the protocol."""
+
+
+@dataclass
+class SimStats:
+    """Counters shared by all sessions of one `run_sessions` call."""
+
+    steps: int = 0                 # env.step calls (one per reply to a FIRST/MID observation)
+    episodes: int = 0              # episodes ended with a LAST observation
+    errors: Counter[str] = field(default_factory=Counter)        # StepError code names, INVALID_ACTION
+    rtt_ns: deque[int] = field(default_factory=lambda: deque(maxlen=200_000))  # send -> Action
+    policy_versions: Counter[int] = field(default_factory=Counter)
+    returns: deque[float] = field(default_factory=lambda: deque(maxlen=1000))  # client-side returns
+    sessions: int = 0              # sessions welcomed by the gateway
+    elapsed_s: float = 0.0
+
+    def rtt_ms(self) -> dict[str, float | None]:
+        if not self.rtt_ns:
+            return {"p50": None, "p99": None}
+        p50, p99 = np.percentile(np.fromiter(self.rtt_ns, np.int64), [50, 99]) / 1e6
+        return {"p50": round(float(p50), 3), "p99": round(float(p99), 3)}
+
+    def summary(self) -> dict:
+        return {"steps": self.steps,
+                "steps_per_s": round(self.steps / self.elapsed_s, 1) if self.elapsed_s > 0 else 0.0,
+                "sessions": self.sessions, "episodes": self.episodes,
+                "mean_return": round(float(np.mean(self.returns)), 3) if self.returns else None,
+                "rtt_ms": self.rtt_ms(), "errors": dict(self.errors),
+                "policy_versions": {str(v): n for v, n in sorted(self.policy_versions.items())},
+                "elapsed_s": round(self.elapsed_s, 3)}
+
+    def status_line(self) -> str:
+        s, rtt = self.summary(), self.rtt_ms()
+        rtt_text = "-" if rtt["p50"] is None else f"{rtt['p50']:.2f}/{rtt['p99']:.2f} ms"
+        return (f"sim {s['elapsed_s']:7.1f}s  sessions {s['sessions']}  steps {s['steps']} "
+                f"({s['steps_per_s']:.0f}/s)  episodes {s['episodes']}  rtt p50/p99 {rtt_text}  "
+                f"errors {sum(self.errors.values())}  versions {dict(self.policy_versions)}")
+
+
+class _Budget:
+    """Shared stop condition; claims happen between awaits, so they are atomic in one loop."""
+
+    def __init__(self, *, steps: int | None, seconds: float | None):
+        self.left = steps
+        self.deadline = None if seconds is None else time.monotonic() + seconds
+
+    def exhausted(self) -> bool:
+        return (self.left is not None and self.left <= 0) or (
+            self.deadline is not None and time.monotonic() >= self.deadline)
+
+    def claim(self) -> None:
+        if self.left is not None:
+            self.left -= 1
+
+
+class _Session:
+    def __init__(self, call, env: Environment, *, session_id: str, target: str, stats: SimStats,
+                 budget: _Budget, reply_timeout: float):
+        self.call, self.env, self.id, self.target = call, env, session_id, target
+        self.stats, self.budget, self.reply_timeout = stats, budget, reply_timeout
+        self.fallback = zeros(env.action_spec())
+
+    async def _reply(self, timeout: float, what: str) -> bridge_pb2.ServerMessage:
+        try:
+            msg = await asyncio.wait_for(self.call.read(), timeout)
+        except TimeoutError:
+            raise TimeoutError(f"session {self.id}: no {what} from {self.target} "
+                               f"within {timeout:g} s") from None
+        if msg is grpc.aio.EOF:
+            code, details = await self.call.code(), await self.call.details()
+            raise SessionError(f"session {self.id}: {self.target} ended the stream while we awaited "
+                               f"{what}: {code.name} {details}")
+        return msg
+
+    async def hello(self, hello: bridge_pb2.Hello, timeout: float) -> bridge_pb2.Welcome:
+        await self.call.write(bridge_pb2.ClientMessage(hello=hello))
+        msg = await self._reply(timeout, "Welcome")
+        if msg.WhichOneof("kind") != "welcome":
+            raise SessionError(f"session {self.id}: expected Welcome, got {msg.WhichOneof('kind')}")
+        self.id = msg.welcome.session_id or self.id
+        self.stats.sessions += 1
+        return msg.welcome
+
+    async def run(self) -> None:
+        ts, step, episode_return = self.env.reset(), 0, 0.0
+        while True:
+            stop = self.budget.exhausted()
+            if stop and ts.step_type is StepType.FIRST:
+                return  # nothing of this episode was sent
+            step_type = StepType.LAST if stop else ts.step_type
+            if step_type is not StepType.LAST:
+                self.budget.claim()
+            t0 = time.perf_counter_ns()
+            await self.call.write(bridge_pb2.ClientMessage(observation=bridge_pb2.Observation(
+                step=step, t_sent_ns=time.time_ns(), step_type=int(step_type),
+                tensors=encode_all(ts.observation), reward=ts.reward, terminated=ts.terminated,
+                applied_action=encode_all(ts.applied_action or {}))))
+            msg = await self._reply(self.reply_timeout, f"reply to step {step}")
+            kind = msg.WhichOneof("kind")
+            reply = getattr(msg, kind) if kind else None
+            if reply is None or kind == "welcome" or reply.step != step:
+                raise SessionError(f"session {self.id}: step {step} ({step_type.name}) got "
+                                   f"{kind} for step {getattr(reply, 'step', '?')}")
+            step += 1
+            if step_type is StepType.LAST:
+                if kind == "error":
+                    self.stats.errors[bridge_pb2.StepError.Code.Name(reply.code)] += 1
+                elif kind != "episode_end":
+                    raise SessionError(f"session {self.id}: LAST step {step - 1} got {kind}, not EpisodeEnd")
+                self.stats.episodes += 1
+                self.stats.returns.append(episode_return)
+                if stop:
+                    return
+                ts, episode_return = self.env.reset(), 0.0
+                self.fallback = zeros(self.env.action_spec())
+                continue
+            ts = self._act(kind, reply, time.perf_counter_ns() - t0)
+            self.fallback = ts.applied_action
+            self.stats.steps += 1
+            episode_return += ts.reward
+
+    def _act(self, kind: str, reply, rtt_ns: int) -> TimeStep:
+        if kind == "action":
+            self.stats.rtt_ns.append(rtt_ns)
+            self.stats.policy_versions[reply.policy_version] += 1
+            try:
+                return self.env.step(decode_all(reply.tensors))
+            except TensorError:
+                self.stats.errors["INVALID_ACTION"] += 1
+        elif kind == "error":
+            self.stats.errors[bridge_pb2.StepError.Code.Name(reply.code)] += 1
+        else:
+            raise SessionError(f"session {self.id}: a {kind} answered a non-LAST observation")
+        return self.env.step(self.fallback)
+
+    async def close(self) -> None:
+        """Half-close, drain to the end of the stream and check that it ended OK."""
+        await self.call.done_writing()
+        try:
+            while await asyncio.wait_for(self.call.read(), self.reply_timeout) is not grpc.aio.EOF:
+                pass
+        except TimeoutError:
+            raise TimeoutError(f"session {self.id}: {self.target} did not end the stream within "
+                               f"{self.reply_timeout:g} s of our half-close") from None
+        code = await self.call.code()
+        if code != grpc.StatusCode.OK:
+            details = await self.call.details()
+            raise SessionError(f"session {self.id}: stream ended with {code.name} {details}")
+
+
+def _rpc_error(e: grpc.aio.AioRpcError, *, target: str, session_id: str) -> Exception:
+    if e.code() == grpc.StatusCode.UNAVAILABLE:
+        return ConnectionError(f"gateway {target} unavailable (session {session_id}): {e.details()}")
+    return SessionError(f"session {session_id} on {target}: {e.code().name}: {e.details()}")
+
+
+async def _one_session(channel, env: Environment, *, index: int, session_id: str, target: str,
+                       policy: str, labels: Mapping[str, str], stats: SimStats, budget: _Budget,
+                       connect_timeout: float, reply_timeout: float) -> None:
+    call = bridge_pb2_grpc.BridgeStub(channel).Connect()
+    session = _Session(call, env, session_id=session_id, target=target, stats=stats, budget=budget,
+                       reply_timeout=reply_timeout)
+    hello = bridge_pb2.Hello(
+        session_id=session_id, policy=policy, source=getattr(env, "source", f"sim:{type(env).__name__}"),
+        observation_spec=[s.to_proto() for s in env.observation_spec()],
+        action_spec=[s.to_proto() for s in env.action_spec()],
+        labels={"env_index": str(index), **labels})
+    try:
+        await session.hello(hello, connect_timeout)
+        await session.run()
+        await session.close()
+    except grpc.aio.AioRpcError as e:
+        raise _rpc_error(e, target=target, session_id=session.id) from None
+    finally:
+        call.cancel()  # a no-op once the stream has ended
+
+
+async def run_sessions(target: str, make_env: Callable[[int], Environment], *, envs: int,
+                       seconds: float | None = None, steps: int | None = None, policy: str = "",
+                       on_progress: Callable[[SimStats], None] | None = None,
+                       connect_timeout: float = 10.0, reply_timeout: float = 10.0,
+                       progress_every: float = 1.0, labels: Mapping[str, str] | None = None) -> SimStats:
+    """Run `envs` sessions against the gateway at `target` until `seconds` or `steps` (total env
+    steps over all sessions, exact) runs out; return their `SimStats`.
+
+    Raises ConnectionError if the gateway is not reachable within `connect_timeout`,
+    SessionError if it rejects a session or breaks the protocol, TimeoutError if a reply takes
+    longer than `reply_timeout`. The first failing session stops all of them.
+    """
+    if envs < 1:
+        raise ValueError(f"envs must be >= 1, got {envs}")
+    if seconds is None and steps is None:
+        raise ValueError("give a budget: seconds or steps")
+    if (seconds is not None and seconds <= 0) or (steps is not None and steps < 0):
+        raise ValueError(f"budget must be positive, got seconds={seconds} steps={steps}")
+    channel = grpc.aio.insecure_channel(target)
+    environments: list[Environment] = []
+    progress: asyncio.Task | None = None
+    try:
+        try:
+            await asyncio.wait_for(channel.channel_ready(), connect_timeout)
+        except TimeoutError:
+            raise ConnectionError(f"gateway {target} not reachable within {connect_timeout:g} s") from None
+        for i in range(envs):
+            environments.append(make_env(i))
+        stats, run_id = SimStats(), uuid.uuid4().hex[:6]
+        budget, start = _Budget(steps=steps, seconds=seconds), time.monotonic()
+        if on_progress is not None:
+            progress = asyncio.create_task(_tick(stats, start, on_progress, progress_every))
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for i, env in enumerate(environments):
+                    tg.create_task(_one_session(
+                        channel, env, index=i, session_id=f"sim-{run_id}-{i}", target=target, policy=policy,
+                        labels=labels or {}, stats=stats, budget=budget, connect_timeout=connect_timeout,
+                        reply_timeout=reply_timeout))
+        except BaseExceptionGroup as group:
+            first = group.exceptions[0]
+            if len(group.exceptions) > 1:
+                first.add_note(f"({len(group.exceptions) - 1} more session(s) failed)")
+            raise first from None
+        stats.elapsed_s = time.monotonic() - start
+        return stats
+    finally:
+        if progress is not None:
+            progress.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await progress
+        for env in environments:
+            env.close()
+        await channel.close()
+
+
+async def _tick(stats: SimStats, start: float, on_progress: Callable[[SimStats], None],
+                every: float) -> None:
+    while True:
+        await asyncio.sleep(every)
+        stats.elapsed_s = time.monotonic() - start
+        on_progress(stats)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`tether sim`: connect simulated envs to a gateway; status lines on stderr, summary JSON on stdout.
+
+    Returns 0; a failure (unreachable gateway, rejected session, bad --env) raises SystemExit
+    with a non-zero code after printing why, so callers that ignore the return value still exit
+    non-zero.
+    """
+    from sim.mujoco import make_env
+
+    parser = argparse.ArgumentParser(prog="tether sim", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gateway", required=True, metavar="HOST:PORT")
+    parser.add_argument("--env", default="Hopper-v5", help="a gymnasium id (Hopper-v5, ...) or PointMass")
+    parser.add_argument("--envs", type=int, default=1, help="sessions (one env each)")
+    parser.add_argument("--seconds", type=float, help="stop after this long (default 10 s without --steps)")
+    parser.add_argument("--steps", type=int, help="stop after this many env steps over all sessions")
+    parser.add_argument("--policy", default="", help="Triton model name (default: the gateway's)")
+    parser.add_argument("--seed", type=int, help="env i is seeded with seed + i")
+    parser.add_argument("--max-episode-steps", type=int)
+    parser.add_argument("--connect-timeout", type=float, default=10.0)
+    parser.add_argument("--status-every", type=float, default=1.0, help="seconds between status lines")
+    args = parser.parse_args(argv)
+    if args.seconds is None and args.steps is None:
+        args.seconds = 10.0
+
+    def build(i: int) -> Environment:
+        seed = None if args.seed is None else args.seed + i
+        return make_env(args.env, seed=seed, max_episode_steps=args.max_episode_steps)
+
+    def status(stats: SimStats) -> None:
+        print(stats.status_line(), file=sys.stderr, flush=True)
+
+    try:
+        stats = asyncio.run(run_sessions(
+            args.gateway, build, envs=args.envs, seconds=args.seconds, steps=args.steps,
+            policy=args.policy, on_progress=status, connect_timeout=args.connect_timeout,
+            progress_every=args.status_every, labels={"env": args.env}))
+    except ValueError as e:  # a bad --env or budget: a usage error, like argparse's
+        print(f"tether sim: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except (ConnectionError, SessionError, TimeoutError) as e:
+        print(f"tether sim: error: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
+    status(stats)
+    print(json.dumps(stats.summary()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
