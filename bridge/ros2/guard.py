@@ -1,0 +1,320 @@
+"""The edge's local safety guard: nothing reaches an actuator without passing through it.
+
+The guard sits between the policy's action and the command topic. It clamps positions, limits
+how fast the command may change, replaces a silent policy by a safe action (deadline watchdog),
+and latches an e-stop that only an operator releases. It needs no network and no gateway, and it
+is deterministic given its clock, so tests pass a fake one.
+
+The call loop (one action per gateway reply, one `tick` per control period):
+
+    >>> clock = iter([0.0, 0.01, 0.02, 0.2, 0.3, 0.3]).__next__
+    >>> cfg = GuardConfig(position_low=[-1.0, -1.0], position_high=[1.0, 1.0],
+    ...                   velocity_limit=10.0, max_delta=0.5, deadline_s=0.1, safe_action="hold")
+    >>> guard = SafetyGuard(cfg, now=clock)
+    >>> d = guard.filter(np.array([0.2, 3.0]))                   # t=0.0: clamped to the limits
+    >>> d.sent.tolist(), d.clamped, d.rate_limited
+    ([0.2, 1.0], True, False)
+    >>> d = guard.filter(np.array([0.9, 1.0]))                   # t=0.01: at most 10/s * 0.01 s
+    >>> d.sent.round(6).tolist(), d.rate_limited
+    ([0.3, 1.0], True)
+    >>> guard.tick() is None                                     # t=0.02: the policy is on time
+    True
+    >>> d = guard.tick()                                         # t=0.2: silent for 0.19 s
+    >>> d.sent.round(6).tolist(), d.watchdog, d.requested is None
+    ([0.3, 1.0], True, True)
+    >>> guard.estop("operator pressed the button")
+    >>> d = guard.filter(np.array([0.0, 0.0]))                   # t=0.3: latched, holds
+    >>> d.sent.round(6).tolist(), d.estopped, d.requested.tolist()
+    ([0.3, 1.0], True, [0.0, 0.0])
+    >>> guard.release(operator="ada")                            # t=0.3
+    >>> guard.counts
+    GuardCounts(clamped=1, rate_limited=1, watchdog=1, estop=1, estopped=False)
+    >>> guard.counts.to_proto().watchdog
+    1
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from protos.tether.v1 import bridge_pb2
+
+__all__ = ["GuardConfig", "GuardCounts", "GuardDecision", "GuardError", "SafetyGuard"]
+
+class GuardError(RuntimeError):
+    """The guard cannot produce a safe command (e.g. "hold" before anything was ever sent)."""
+
+
+def _vector(name: str, value: object, n: int | None, *, positive: bool = False) -> tuple[float, ...]:
+    """A finite 1-D vector as a tuple of floats; a scalar is broadcast when `n` is known."""
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}: expected numbers, got {value!r}") from None
+    if arr.ndim == 0 and n is not None:
+        arr = np.full(n, float(arr))
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"{name}: expected a non-empty 1-D vector, got shape {arr.shape}")
+    if n is not None and arr.size != n:
+        raise ValueError(f"{name}: expected {n} values (one per joint), got {arr.size}")
+    if np.isnan(arr).any():
+        raise ValueError(f"{name}: NaN in {arr.tolist()}")
+    if positive and (arr <= 0).any():
+        raise ValueError(f"{name}: every value must be > 0, got {arr.tolist()}")
+    if not positive and not np.isfinite(arr).all():
+        raise ValueError(f"{name}: every value must be finite, got {arr.tolist()}")
+    return tuple(float(x) for x in arr)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GuardConfig:
+    """Limits of one robot's command vector (one entry per joint, in the command's units).
+
+    `velocity_limit` bounds |a_t - a_{t-1}| / dt (units/s, dt from the previous command sent);
+    `max_delta` bounds |a_t - a_{t-1}| per command. Either may be a scalar (every joint), a
+    per-joint vector (`inf` allowed), or None (off). `safe_action` is what the guard sends when
+    the policy is silent for longer than `deadline_s` or while e-stopped: "hold" (the last command
+    sent), "zero", or an explicit vector; it must lie inside the position limits.
+
+        >>> GuardConfig(position_low=[-1, -2], position_high=[1, 2], max_delta=0.1).max_delta
+        (0.1, 0.1)
+        >>> GuardConfig(position_low=[0.5], position_high=[1.0], safe_action="zero")
+        Traceback (most recent call last):
+        ...
+        ValueError: safe_action: 'zero' lies outside [position_low, position_high] at joints [0]
+    """
+
+    position_low: tuple[float, ...]
+    position_high: tuple[float, ...]
+    velocity_limit: tuple[float, ...] | None = None
+    max_delta: tuple[float, ...] | None = None
+    deadline_s: float = 0.1
+    safe_action: Literal["hold", "zero"] | tuple[float, ...] = "hold"
+
+    def __post_init__(self) -> None:
+        low = _vector("position_low", self.position_low, None)
+        high = _vector("position_high", self.position_high, len(low))
+        bad = [i for i, (lo, hi) in enumerate(zip(low, high, strict=True)) if lo > hi]
+        if bad:
+            raise ValueError(f"position_low: greater than position_high at joints {bad}")
+        n = len(low)
+        object.__setattr__(self, "position_low", low)
+        object.__setattr__(self, "position_high", high)
+        for name in ("velocity_limit", "max_delta"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, _vector(name, getattr(self, name), n, positive=True))
+        if isinstance(self.deadline_s, bool) or not isinstance(self.deadline_s, int | float) \
+                or not math.isfinite(self.deadline_s) or self.deadline_s <= 0:
+            raise ValueError(f"deadline_s: expected a finite number of seconds > 0, got {self.deadline_s!r}")
+        object.__setattr__(self, "deadline_s", float(self.deadline_s))
+        safe = self.safe_action
+        if isinstance(safe, str):
+            if safe not in ("hold", "zero"):
+                raise ValueError(f"safe_action: expected 'hold', 'zero' or a vector, got {safe!r}")
+            vec = (0.0,) * n if safe == "zero" else None
+        else:
+            vec = _vector("safe_action", safe, n)
+            object.__setattr__(self, "safe_action", vec)
+        if vec is not None:
+            out = [i for i, x in enumerate(vec) if not low[i] <= x <= high[i]]
+            if out:
+                shown = safe if isinstance(safe, str) else list(vec)
+                raise ValueError(
+                    f"safe_action: {shown!r} lies outside [position_low, position_high] at joints {out}")
+
+    @property
+    def size(self) -> int:
+        """Number of joints (entries of the command vector)."""
+        return len(self.position_low)
+
+
+@dataclass(frozen=True, eq=False)
+class GuardDecision:
+    """One command the guard let through: what the policy asked for and what was sent.
+
+    `requested` is None for watchdog and e-stop commands that no policy action triggered.
+    Arrays are read-only float64 copies, safe to log with the transition.
+    """
+
+    requested: np.ndarray | None
+    sent: np.ndarray
+    clamped: bool
+    rate_limited: bool
+    watchdog: bool
+    estopped: bool
+    t: float
+
+
+@dataclass(frozen=True)
+class GuardCounts:
+    """Cumulative interventions since the guard started (`tether.v1.GuardReport`)."""
+
+    clamped: int = 0
+    rate_limited: int = 0
+    watchdog: int = 0
+    estop: int = 0
+    estopped: bool = False
+
+    def to_proto(self) -> bridge_pb2.GuardReport:
+        return bridge_pb2.GuardReport(clamped=self.clamped, rate_limited=self.rate_limited,
+                                      watchdog=self.watchdog, estop=self.estop, estopped=self.estopped)
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a = np.array(a, dtype=np.float64, copy=True)
+    a.flags.writeable = False
+    return a
+
+
+@dataclass
+class _State:
+    last_sent: np.ndarray | None = None     # what the actuator was last told
+    t_sent: float | None = None             # when (for the velocity limit)
+    t_fresh: float | None = None            # last policy action; None until the first: watchdog unarmed
+    in_watchdog: bool = False               # inside an expiry episode (counted once)
+    estop_reason: str | None = None
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
+        ("clamped", "rate_limited", "watchdog", "estop"), 0))
+
+
+class SafetyGuard:
+    """Clamp, rate-limit, watchdog and e-stop latch for one robot's command vector.
+
+    `initial` is the command the actuator holds at start (e.g. the measured joint positions):
+    the first action is then rate-limited from it, and "hold" has something to hold before the
+    first action. The watchdog arms on the first action (a robot never commanded needs no safe
+    action). Thread-safe: `filter`, `tick`, `estop` and `release` may come from different threads.
+    """
+
+    def __init__(self, config: GuardConfig, *, now: Callable[[], float] = time.monotonic,
+                 initial: Sequence[float] | np.ndarray | None = None):
+        self.config = config
+        self._now = now
+        self._low = np.array(config.position_low)
+        self._high = np.array(config.position_high)
+        self._vel = None if config.velocity_limit is None else np.array(config.velocity_limit)
+        self._delta = None if config.max_delta is None else np.array(config.max_delta)
+        self._lock = threading.Lock()
+        self._s = _State()
+        if initial is not None:
+            init = np.array(_vector("initial", initial, config.size))
+            out = np.flatnonzero((init < self._low) | (init > self._high)).tolist()
+            if out:
+                raise ValueError(f"initial: {init.tolist()} lies outside the position limits at joints {out}")
+            self._s.last_sent, self._s.t_sent = _frozen(init), now()
+
+    @property
+    def estopped(self) -> bool:
+        return self._s.estop_reason is not None
+
+    @property
+    def estop_reason(self) -> str | None:
+        return self._s.estop_reason
+
+    @property
+    def counts(self) -> GuardCounts:
+        with self._lock:
+            return GuardCounts(**self._s.counts, estopped=self.estopped)
+
+    def filter(self, requested: np.ndarray) -> GuardDecision:
+        """The command to send for the policy's action; also feeds the watchdog.
+
+        Raises ValueError for a wrong shape or a non-finite value: that action is not sent and
+        does not count as fresh, so a policy emitting NaN ends in the watchdog's safe action.
+        Raises GuardError while e-stopped with safe_action "hold" and nothing ever sent.
+        """
+        req = np.asarray(requested, dtype=np.float64)
+        if req.shape != (self.config.size,):
+            raise ValueError(f"requested: expected shape ({self.config.size},), got {req.shape}")
+        if not np.isfinite(req).all():
+            raise ValueError(f"requested: non-finite values {req.tolist()}")
+        req = _frozen(req)
+        with self._lock:
+            t = self._now()
+            s = self._s
+            s.t_fresh, s.in_watchdog = t, False
+            if self.estopped:
+                return self._send(req, self._safe(), t, estopped=True)
+            target = np.clip(req, self._low, self._high)
+            clamped = bool((target != req).any())
+            sent = target
+            if s.last_sent is not None:
+                bound = np.full(self.config.size, np.inf)
+                if self._delta is not None:
+                    bound = np.minimum(bound, self._delta)
+                if self._vel is not None:
+                    bound = np.minimum(bound, self._vel * max(t - s.t_sent, 0.0))
+                sent = s.last_sent + np.clip(target - s.last_sent, -bound, bound)
+            rate_limited = bool((sent != target).any())
+            s.counts["clamped"] += clamped
+            s.counts["rate_limited"] += rate_limited
+            return self._send(req, sent, t, clamped=clamped, rate_limited=rate_limited)
+
+    def tick(self) -> GuardDecision | None:
+        """Call at the control rate. Returns the safe command to (re)send, or None if none is due.
+
+        While e-stopped every tick returns the safe action. Otherwise, once no action came for
+        longer than `deadline_s`, every tick returns the safe action (flag `watchdog`) until the
+        next action; `counts.watchdog` grows once per such silence.
+        """
+        with self._lock:
+            t = self._now()
+            s = self._s
+            if self.estopped:
+                if self.config.safe_action == "hold" and s.last_sent is None:
+                    return None     # never commanded: the actuator holds on its own
+                return self._send(None, self._safe(), t, estopped=True)
+            if s.t_fresh is None or t - s.t_fresh <= self.config.deadline_s:
+                return None
+            if not s.in_watchdog:
+                s.in_watchdog = True
+                s.counts["watchdog"] += 1
+            return self._send(None, self._safe(), t, watchdog=True)
+
+    def estop(self, reason: str) -> None:
+        """Latch the e-stop: from now on every output is the safe action, until `release`."""
+        if not isinstance(reason, str) or not reason.strip():
+            raise ValueError(f"reason: expected a non-empty string, got {reason!r}")
+        with self._lock:
+            if self._s.estop_reason is None:
+                self._s.estop_reason = reason
+                self._s.counts["estop"] += 1
+
+    def release(self, *, operator: str) -> None:
+        """Unlatch the e-stop (an operator's explicit act). The policy then gets `deadline_s` to
+        send a fresh action before the watchdog fires; the first one is rate-limited from the
+        safe action."""
+        if not isinstance(operator, str) or not operator.strip():
+            raise ValueError(f"operator: expected a non-empty name, got {operator!r}")
+        with self._lock:
+            if self._s.estop_reason is None:
+                return
+            self._s.estop_reason = None
+            if self._s.t_fresh is not None:
+                self._s.t_fresh, self._s.in_watchdog = self._now(), False
+
+    # -- internals (called with the lock held) --
+
+    def _safe(self) -> np.ndarray:
+        safe = self.config.safe_action
+        if safe == "zero":
+            return np.zeros(self.config.size)
+        if safe == "hold":
+            if self._s.last_sent is None:
+                raise GuardError("safe_action='hold' has nothing to hold yet: pass initial= to SafetyGuard")
+            return self._s.last_sent
+        return np.array(safe)
+
+    def _send(self, requested: np.ndarray | None, sent: np.ndarray, t: float, *, clamped: bool = False,
+              rate_limited: bool = False, watchdog: bool = False, estopped: bool = False) -> GuardDecision:
+        sent = _frozen(sent)
+        self._s.last_sent, self._s.t_sent = sent, t
+        return GuardDecision(requested=requested, sent=sent, clamped=clamped, rate_limited=rate_limited,
+                             watchdog=watchdog, estopped=estopped, t=t)
