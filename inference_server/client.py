@@ -1,0 +1,134 @@
+"""Async policy inference against Triton over gRPC, addressed by model name and explicit version.
+
+Usage (plain text: it needs a running Triton):
+
+    client = PolicyClient(server.grpc_url, timeout_s=1.0)
+    await client.wait_ready(timeout=10)
+    out = await client.infer("policy", 2, {"obs": obs_batch}, ["action"])   # {"action": array}
+    await client.close()
+
+Every failure, an unreachable server and a timeout included, is an `InferenceError` whose
+message names the url, model and version, and whose `code` is the gRPC status name:
+
+    >>> import asyncio, numpy as np
+    >>> async def call():
+    ...     client = PolicyClient("127.0.0.1:1", timeout_s=1.0)
+    ...     try:
+    ...         await client.infer("policy", 1, {"obs": np.zeros((1, 3), np.float32)}, ["action"])
+    ...     except InferenceError as exc:
+    ...         return exc.code, exc.model, exc.version
+    ...     finally:
+    ...         await client.close()
+    >>> asyncio.run(call())
+    ('UNAVAILABLE', 'policy', 1)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import tritonclient.grpc.aio as triton_aio
+from tritonclient.grpc import InferInput, InferRequestedOutput
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+
+class InferenceError(RuntimeError):
+    """An inference (or server query) that failed; `code` is the gRPC status name when known."""
+
+    def __init__(self, message: str, *, url: str, model: str | None = None, version: int | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.url, self.model, self.version, self.code = url, model, version, code
+
+
+class PolicyClient:
+    """Wraps `tritonclient.grpc.aio` for one Triton server; use from one event loop."""
+
+    def __init__(self, url: str, *, timeout_s: float = 5.0):
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s {timeout_s!r} must be > 0")
+        self.url = url
+        self.timeout_s = timeout_s
+        self._client: triton_aio.InferenceServerClient | None = None
+
+    def _triton(self) -> triton_aio.InferenceServerClient:
+        # created lazily, inside the event loop that will use it
+        if self._client is None:
+            self._client = triton_aio.InferenceServerClient(self.url)
+        return self._client
+
+    def _error(self, what: str, exc: BaseException, model: str | None = None,
+               version: int | None = None) -> InferenceError:
+        if isinstance(exc, InferenceServerException):
+            code = (exc.status() or "").removeprefix("StatusCode.") or None
+            detail = exc.message()
+        elif isinstance(exc, asyncio.TimeoutError | TimeoutError):
+            code, detail = "DEADLINE_EXCEEDED", f"no answer within {self.timeout_s} s"
+        else:
+            code, detail = None, f"{type(exc).__name__}: {exc}"
+        target = f" model {model!r} version {version}" if model is not None else ""
+        return InferenceError(f"{what} on {self.url}{target} failed ({code}): {detail}", url=self.url,
+                              model=model, version=version, code=code)
+
+    async def infer(self, model: str, version: int, inputs: Mapping[str, np.ndarray],
+                    outputs: Sequence[str]) -> dict[str, np.ndarray]:
+        """Run one batched request on `model` at exactly `version`; returns the named outputs."""
+        try:
+            request = []
+            for name, array in inputs.items():
+                array = np.ascontiguousarray(array)
+                tensor = InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+                tensor.set_data_from_numpy(array)
+                request.append(tensor)
+            wanted = [InferRequestedOutput(name) for name in outputs]
+            result = await self._triton().infer(model, request, model_version=str(version), outputs=wanted,
+                                                client_timeout=self.timeout_s)  # a gRPC deadline
+            arrays = {name: result.as_numpy(name) for name in outputs}
+        except Exception as exc:
+            raise self._error("infer", exc, model, version) from exc
+        missing = [name for name, array in arrays.items() if array is None]
+        if missing:
+            raise InferenceError(f"infer on {self.url} model {model!r} version {version}: outputs {missing} "
+                                 "missing from the response", url=self.url, model=model, version=version)
+        return arrays
+
+    async def wait_ready(self, timeout: float) -> None:
+        """Poll until the server reports ready; `InferenceError` after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        last: BaseException | None = None
+        while True:
+            try:
+                if await self._triton().is_server_ready(client_timeout=min(self.timeout_s, 1.0)):
+                    return
+            except Exception as exc:
+                last = exc
+            if time.monotonic() >= deadline:
+                detail = f": {last}" if last is not None else ""
+                raise InferenceError(f"Triton on {self.url} not ready after {timeout} s{detail}",
+                                     url=self.url, code="UNAVAILABLE")
+            await asyncio.sleep(0.05)
+
+    async def server_version(self) -> str:
+        """Triton's version string, e.g. "2.51.0"."""
+        try:
+            metadata = await self._triton().get_server_metadata(client_timeout=self.timeout_s)
+        except Exception as exc:
+            raise self._error("server metadata", exc) from exc
+        return metadata.version
+
+    async def ready_versions(self, model: str) -> list[int]:
+        """The versions of `model` Triton serves right now (state READY), ascending."""
+        try:
+            index = await self._triton().get_model_repository_index(client_timeout=self.timeout_s)
+        except Exception as exc:
+            raise self._error("repository index", exc, model) from exc
+        return sorted(int(m.version) for m in index.models
+                      if m.name == model and m.state == "READY" and m.version.isdigit())
+
+    async def close(self) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.close()

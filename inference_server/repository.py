@@ -1,0 +1,218 @@
+"""A Triton model repository: one folder per model, one numbered folder per policy version.
+
+    root/<model>/config.pbtxt            python backend, dynamic batching, every version served
+    root/<model>/<version>/policy.pt     the TorchScript policy
+    root/<model>/<version>/model.py      the python-backend wrapper (triton_model.py)
+
+A version folder is built beside its final place and renamed into it, so a running Triton
+never sees half a version. Usage (plain text: writing a version TorchScripts the module):
+
+    repo = ModelRepository(Path("runs/triton"))
+    repo.write_version("policy", 1, mlp, obs_spec, action_spec)   # -> runs/triton/policy/1
+    repo.versions("policy")                                        # -> [1]
+
+Errors come early and name the bad value:
+
+    >>> import tempfile
+    >>> repo = ModelRepository(Path(tempfile.mkdtemp()))
+    >>> repo.write_version("../etc", 1, None, (), ())
+    Traceback (most recent call last):
+    ...
+    ValueError: model name '../etc' must match [A-Za-z0-9][A-Za-z0-9_.-]*
+    >>> repo.versions("policy")
+    []
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import shutil
+import tempfile
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from protos.codec import Spec, dtype_to_proto, triton_dtype
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_TENSOR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:/-]*")
+_MODEL_PY = Path(__file__).with_name("triton_model.py")
+_PROBE_BATCH = 2
+
+
+class ModelRepository:
+    """Writes TorchScript policies as versions of Triton python-backend models under `root`."""
+
+    def __init__(self, root: Path | str):
+        self.root = Path(root)
+
+    def versions(self, model: str) -> list[int]:
+        """The version numbers on disk for `model`, ascending (whether or not Triton loaded them)."""
+        folder = self.root / _check_model_name(model)
+        if not folder.is_dir():
+            return []
+        return sorted(int(p.name) for p in folder.iterdir()
+                      if p.is_dir() and p.name.isdigit() and not p.name.startswith("0"))
+
+    def write_version(self, model: str, version: int, module: torch.nn.Module,
+                      observation_spec: Sequence[Spec], action_spec: Sequence[Spec], *,
+                      max_batch_size: int = 64, max_queue_delay_us: int = 100) -> Path:
+        """TorchScript `module` into `root/model/version` and (re)write the model's config.
+
+        `module.forward` takes the observation tensors positionally in spec order, each with a
+        leading batch dimension, and returns one tensor or a tuple in action-spec order. It is
+        probed with zeros before anything is written. Returns the version folder.
+        """
+        _check_model_name(model)
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            raise ValueError(f"version {version!r} must be an integer >= 1")
+        if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
+            raise ValueError(f"max_batch_size {max_batch_size!r} must be an integer >= 1")
+        if not isinstance(max_queue_delay_us, int) or max_queue_delay_us < 0:
+            raise ValueError(f"max_queue_delay_us {max_queue_delay_us!r} must be an integer >= 0")
+        observation_spec, action_spec = tuple(observation_spec), tuple(action_spec)
+        _check_specs(observation_spec, action_spec)
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+        model_dir = self.root / model
+        final = model_dir / str(version)
+        if final.exists():
+            raise FileExistsError(f"version {version} of model {model!r} already exists at {final}")
+        config = _config_text(model, observation_spec, action_spec, max_batch_size, max_queue_delay_us)
+        config_path = model_dir / "config.pbtxt"
+        if config_path.exists():
+            existing = config_path.read_text()
+            if _io_block(observation_spec, action_spec) not in existing:
+                raise ValueError(f"the specs of version {version} differ from the inputs/outputs of "
+                                 f"the existing versions of {model!r} in {config_path}")
+
+        with warnings.catch_warnings():  # torch deprecates torch.jit; Triton's python backend loads it fine
+            warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.jit")
+            scripted = _script(module, observation_spec)
+            _probe(scripted, observation_spec, action_spec)
+            buffer = io.BytesIO()
+            torch.jit.save(scripted, buffer)
+        model_dir.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".v{version}-", dir=model_dir))
+        try:
+            (staging / "policy.pt").write_bytes(buffer.getvalue())
+            shutil.copyfile(_MODEL_PY, staging / "model.py")
+            os.chmod(staging, 0o755)
+            if not config_path.exists() or config_path.read_text() != config:
+                _write_atomically(config_path, config)  # an unchanged config is left as it is
+            os.rename(staging, final)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return final
+
+
+def _check_model_name(model: str) -> str:
+    if not isinstance(model, str) or not _NAME.fullmatch(model) or ".." in model:
+        raise ValueError(f"model name {model!r} must match {_NAME.pattern}")
+    return model
+
+
+def _check_specs(observation_spec: tuple[Spec, ...], action_spec: tuple[Spec, ...]) -> None:
+    if not observation_spec:
+        raise ValueError("observation_spec is empty: a policy needs at least one input")
+    if not action_spec:
+        raise ValueError("action_spec is empty: a policy needs at least one output")
+    seen: set[str] = set()
+    for spec in observation_spec + action_spec:
+        if not isinstance(spec, Spec):
+            raise TypeError(f"spec {spec!r} must be a protos.codec.Spec")
+        if not _TENSOR_NAME.fullmatch(spec.name):
+            raise ValueError(f"tensor name {spec.name!r} must match {_TENSOR_NAME.pattern}")
+        if spec.name in seen:
+            raise ValueError(f"tensor name {spec.name!r} is used twice in the observation/action specs")
+        if not spec.shape:
+            raise ValueError(f"tensor {spec.name!r} has an empty shape: use shape (1,) for a scalar")
+        if 0 in spec.shape:
+            raise ValueError(f"tensor {spec.name!r} has a zero dimension in shape {list(spec.shape)}")
+        seen.add(spec.name)
+
+
+def _zeros(observation_spec: tuple[Spec, ...]) -> tuple[torch.Tensor, ...]:
+    return tuple(torch.from_numpy(np.zeros((_PROBE_BATCH, *s.shape), dtype=s.dtype))
+                 for s in observation_spec)
+
+
+def _script(module: torch.nn.Module, observation_spec: tuple[Spec, ...]) -> torch.jit.ScriptModule:
+    """torch.jit.script, or a trace on zeros when the module does not script."""
+    if isinstance(module, torch.jit.ScriptModule):
+        scripted = module
+    else:
+        try:
+            scripted = torch.jit.script(module)
+        except Exception as script_error:
+            was_training = module.training
+            try:
+                with torch.no_grad():
+                    scripted = torch.jit.trace(module.eval(), _zeros(observation_spec), check_trace=False)
+            except Exception as trace_error:
+                raise ValueError(f"module {type(module).__name__} neither scripts ({script_error}) "
+                                 f"nor traces ({trace_error})") from trace_error
+            finally:
+                module.train(was_training)
+    return scripted.eval()
+
+
+def _probe(scripted: torch.jit.ScriptModule, observation_spec: tuple[Spec, ...],
+           action_spec: tuple[Spec, ...]) -> None:
+    """Run the policy on a zero batch; raise ValueError naming any output that does not fit."""
+    try:
+        with torch.inference_mode():
+            result = scripted(*_zeros(observation_spec))
+    except Exception as exc:
+        shapes = [[_PROBE_BATCH, *s.shape] for s in observation_spec]
+        raise ValueError(f"the policy fails on zero observations of shapes {shapes}: {exc}") from exc
+    if isinstance(result, torch.Tensor):
+        result = (result,)
+    if not isinstance(result, tuple | list) or not all(isinstance(t, torch.Tensor) for t in result):
+        raise ValueError(f"the policy must return a tensor or a tuple of tensors, "
+                         f"got {type(result).__name__}")
+    if len(result) != len(action_spec):
+        raise ValueError(f"the policy returns {len(result)} tensors, action spec names "
+                         f"{[s.name for s in action_spec]}")
+    for spec, tensor in zip(action_spec, result, strict=True):
+        shape, expected = tuple(tensor.shape), (_PROBE_BATCH, *spec.shape)
+        if shape != expected:
+            raise ValueError(f"output {spec.name!r} has shape {list(shape)} for a batch of {_PROBE_BATCH}, "
+                             f"expected {list(expected)}")
+        dtype = tensor.numpy().dtype
+        if dtype != spec.dtype:
+            raise ValueError(f"output {spec.name!r} has dtype {dtype.name}, expected {spec.dtype.name}")
+
+
+def _io_block(observation_spec: tuple[Spec, ...], action_spec: tuple[Spec, ...]) -> str:
+    def entries(specs: tuple[Spec, ...]) -> str:
+        return ",\n".join(f'  {{ name: "{s.name}" data_type: TYPE_{triton_dtype(dtype_to_proto(s.dtype))} '
+                          f'dims: [ {", ".join(map(str, s.shape))} ] }}' for s in specs)
+
+    return f"input [\n{entries(observation_spec)}\n]\noutput [\n{entries(action_spec)}\n]\n"
+
+
+def _config_text(model: str, observation_spec: tuple[Spec, ...], action_spec: tuple[Spec, ...],
+                 max_batch_size: int, max_queue_delay_us: int) -> str:
+    return (f'name: "{model}"\nbackend: "python"\nmax_batch_size: {max_batch_size}\n'
+            f"dynamic_batching {{ max_queue_delay_microseconds: {max_queue_delay_us} }}\n"
+            "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
+            "version_policy: { all { } }\n" + _io_block(observation_spec, action_spec))
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

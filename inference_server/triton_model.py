@@ -1,0 +1,61 @@
+"""The Triton python-backend model that serves one TorchScript policy version.
+
+`ModelRepository.write_version` copies this file as `<model>/<version>/model.py` beside
+`policy.pt`. Triton runs it inside its python backend stub (one process per version), so it
+imports `triton_python_backend_utils` lazily: this module stays importable (and doctest-
+collectable) outside Triton. Every `execute` call concatenates the requests that dynamic
+batching handed it into one batch, runs the policy once and splits the outputs back.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        import triton_python_backend_utils as pb_utils
+
+        self._pb = pb_utils
+        torch.set_num_threads(1)
+        config = json.loads(args["model_config"])
+        self._inputs = [spec["name"] for spec in config["input"]]
+        self._outputs = [(spec["name"], pb_utils.triton_string_to_numpy(spec["data_type"]))
+                         for spec in config["output"]]
+        folder = Path(args["model_repository"]) / args["model_version"]
+        self._policy = torch.jit.load(str(folder / "policy.pt"), map_location="cpu")
+        self._policy.eval()
+
+    def execute(self, requests: list) -> list:
+        pb = self._pb
+        try:
+            columns = [[pb.get_input_tensor_by_name(r, name).as_numpy() for r in requests]
+                       for name in self._inputs]
+            sizes = [len(array) for array in columns[0]]
+            batch = [torch.from_numpy(np.concatenate(arrays)) for arrays in columns]
+            with torch.inference_mode():
+                result = self._policy(*batch)
+            if isinstance(result, torch.Tensor):
+                result = (result,)
+            if len(result) != len(self._outputs):
+                raise ValueError(f"policy returned {len(result)} outputs, config declares "
+                                 f"{[name for name, _ in self._outputs]}")
+            outputs = [np.asarray(t.numpy(), dtype=dtype)
+                       for t, (_, dtype) in zip(result, self._outputs, strict=True)]
+        except Exception as exc:  # every request of the batch gets the error, the model keeps serving
+            error = pb.TritonError(f"{type(exc).__name__}: {exc}")
+            return [pb.InferenceResponse(output_tensors=[], error=error) for _ in requests]
+        responses, start = [], 0
+        for size in sizes:
+            tensors = [pb.Tensor(name, np.ascontiguousarray(array[start:start + size]))
+                       for (name, _), array in zip(self._outputs, outputs, strict=True)]
+            responses.append(pb.InferenceResponse(output_tensors=tensors))
+            start += size
+        return responses
+
+    def finalize(self) -> None:
+        self._policy = None
