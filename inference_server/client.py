@@ -32,7 +32,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import tritonclient.grpc.aio as triton_aio
 from tritonclient.grpc import InferInput, InferRequestedOutput
-from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype, triton_to_np_dtype
+
+from protos.codec import Spec
 
 
 class InferenceError(RuntimeError):
@@ -127,6 +129,19 @@ class PolicyClient:
             raise self._error("repository index", exc, model) from exc
         return sorted(int(m.version) for m in index.models
                       if m.name == model and m.state == "READY" and m.version.isdigit())
+
+    async def model_io(self, model: str, version: int) -> tuple[tuple[Spec, ...], tuple[Spec, ...]]:
+        """The (inputs, outputs) tensor specs `model` `version` serves, without the batch dimension."""
+        try:
+            meta = await self._triton().get_model_metadata(model, str(version), client_timeout=self.timeout_s)
+        except Exception as exc:
+            raise self._error("model metadata", exc, model, version) from exc
+
+        def specs(tensors) -> tuple[Spec, ...]:
+            return tuple(Spec(t.name, triton_to_np_dtype(t.datatype), tuple(t.shape)[1:]
+                              if t.shape and t.shape[0] == -1 else tuple(t.shape)) for t in tensors)
+
+        return specs(meta.inputs), specs(meta.outputs)
 
     async def close(self) -> None:
         if self._client is not None:

@@ -1,0 +1,1 @@
+"""The `tether` command and the demo topology. Thin: it only composes the other packages."""

@@ -1,0 +1,30 @@
+"""Typed gateway errors. The servicer maps them to gRPC status codes at its edge; nothing logs
+and swallows them."""
+
+from __future__ import annotations
+
+import grpc
+
+
+class GatewayError(Exception):
+    status = grpc.StatusCode.INTERNAL
+
+
+class InvalidHello(GatewayError):
+    """The first message is not a usable Hello (missing, malformed spec, spec/policy mismatch)."""
+
+    status = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class UnknownPolicy(GatewayError):
+    status = grpc.StatusCode.NOT_FOUND
+
+
+class DuplicateSession(GatewayError):
+    status = grpc.StatusCode.ALREADY_EXISTS
+
+
+class PolicyUnavailable(GatewayError):
+    """Triton is unreachable or serves no ready version of the policy."""
+
+    status = grpc.StatusCode.UNAVAILABLE

@@ -1,0 +1,158 @@
+"""The gateway process: a `grpc.aio` server for `tether.v1.Bridge` plus the standard gRPC health
+service, in front of a Triton server.
+
+    gateway = Gateway(GatewayConfig(triton_url="127.0.0.1:8001", policy="hopper"))
+    await gateway.start()          # waits for Triton, then serves; gateway.address is HOST:PORT
+    ...
+    await gateway.stop()
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import logging
+import signal
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from bridge.gateway.batcher import MicroBatcher
+from bridge.gateway.errors import DuplicateSession, InvalidHello
+from bridge.gateway.policies import PolicyCatalog, check_compatible
+from bridge.gateway.service import BridgeService
+from bridge.gateway.session import Session
+from inference_server import PolicyClient
+from protos import bridge_pb2, bridge_pb2_grpc
+from protos.codec import TensorError, specs_from_proto
+
+log = logging.getLogger("tether.gateway")
+SERVICE_NAME = bridge_pb2.DESCRIPTOR.services_by_name["Bridge"].full_name
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatewayConfig:
+    triton_url: str
+    policy: str = ""                 # default policy for sessions that name none
+    host: str = "127.0.0.1"
+    port: int = 0                    # 0 = a free port
+    deadline_ms: int = 100           # per-step inference deadline
+    max_batch: int = 64
+    max_inflight: int = 2
+    triton_timeout_s: float = 10.0   # how long start() waits for Triton to be ready
+
+    def __post_init__(self):
+        if self.deadline_ms <= 0:
+            raise ValueError(f"deadline_ms must be positive, got {self.deadline_ms}")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port out of range: {self.port}")
+
+
+class Gateway:
+    def __init__(self, config: GatewayConfig):
+        self.config = config
+        self._client = PolicyClient(config.triton_url, timeout_s=config.deadline_ms / 1e3)
+        self.catalog = PolicyCatalog(self._client, default=config.policy)
+        self.batcher = MicroBatcher(self._client, max_batch=config.max_batch,
+                                    max_inflight=config.max_inflight)
+        self.sessions: dict[str, Session] = {}
+        self.closed_stats = []
+        self.server_version = ""
+        self._ids = itertools.count(1)
+        self._server: grpc.aio.Server | None = None
+        self._health = health.aio.HealthServicer()
+        self.address = ""
+
+    async def start(self) -> None:
+        """Wait for Triton (a clear error if it is not there), then serve on the configured port."""
+        try:
+            await self._client.wait_ready(self.config.triton_timeout_s)
+        except Exception as exc:
+            raise ConnectionError(f"Triton at {self.config.triton_url} is not ready after "
+                                  f"{self.config.triton_timeout_s:g} s: {exc}") from exc
+        self.server_version = await self._client.server_version()
+        self._server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        bridge_pb2_grpc.add_BridgeServicer_to_server(BridgeService(self), self._server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        port = self._server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        if port == 0:
+            raise OSError(f"cannot bind the gateway to {self.config.host}:{self.config.port}")
+        self.address = f"{self.config.host}:{port}"
+        await self._server.start()
+        for name in ("", SERVICE_NAME):
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info("gateway serving on %s (Triton %s at %s)", self.address, self.server_version,
+                 self.config.triton_url)
+
+    async def stop(self, grace: float = 1.0) -> None:
+        await self._health.enter_graceful_shutdown()
+        if self._server is not None:
+            await self._server.stop(grace)
+        await self._client.close()
+
+    async def wait(self) -> None:
+        await self._server.wait_for_termination()
+
+    async def open_session(self, hello: bridge_pb2.Hello) -> Session:
+        try:
+            observation = specs_from_proto(hello.observation_spec)
+            action = specs_from_proto(hello.action_spec)
+        except TensorError as exc:
+            raise InvalidHello(f"bad spec in Hello: {exc}") from exc
+        if not observation or not action:
+            raise InvalidHello("Hello must declare an observation_spec and an action_spec")
+        policy = await self.catalog.resolve(hello.policy)
+        if why := check_compatible(policy, observation, action):
+            raise InvalidHello(why)
+        session_id = hello.session_id or f"session-{next(self._ids)}"
+        if session_id in self.sessions:
+            raise DuplicateSession(f"session {session_id!r} is already connected")
+        session = Session(session_id=session_id, source=hello.source, policy=policy,
+                          observation_spec=observation, action_spec=action, batcher=self.batcher,
+                          deadline_s=self.config.deadline_ms / 1e3)
+        self.sessions[session_id] = session
+        log.info("session %s from %s on %s v%d", session_id, hello.source or "?", policy.name, policy.version)
+        return session
+
+    def welcome(self, session: Session) -> bridge_pb2.Welcome:
+        return bridge_pb2.Welcome(session_id=session.id, policy=session.policy.name,
+                                  policy_version=session.policy.version,
+                                  deadline_ms=self.config.deadline_ms, server_version=self.server_version)
+
+    def close_session(self, session: Session) -> None:
+        if self.sessions.get(session.id) is session:
+            del self.sessions[session.id]
+            self.closed_stats.append(session.stats)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="tether gateway", description="Serve tether.v1.Bridge in front of Triton.")
+    p.add_argument("--triton", required=True, help="Triton gRPC address HOST:PORT")
+    p.add_argument("--policy", default="", help="default policy (Triton model name)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=50051)
+    p.add_argument("--deadline-ms", type=int, default=100)
+    p.add_argument("--max-batch", type=int, default=64)
+    return p.parse_args(argv)
+
+
+async def serve(config: GatewayConfig) -> None:
+    """Run a gateway until SIGINT/SIGTERM."""
+    gateway = Gateway(config)
+    await gateway.start()
+    print(f"gateway listening on {gateway.address}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await gateway.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    asyncio.run(serve(GatewayConfig(triton_url=a.triton, policy=a.policy, host=a.host, port=a.port,
+                                    deadline_ms=a.deadline_ms, max_batch=a.max_batch)))

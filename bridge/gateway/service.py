@@ -1,0 +1,36 @@
+"""The `tether.v1.Bridge` servicer: thin. It reads the stream, lets `Gateway` open a `Session`,
+and writes exactly one reply per observation, in order. Typed errors become gRPC statuses here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+
+from bridge.gateway.errors import GatewayError, InvalidHello
+from protos import bridge_pb2, bridge_pb2_grpc
+
+
+class BridgeService(bridge_pb2_grpc.BridgeServicer):
+    def __init__(self, gateway):
+        self._gateway = gateway
+
+    async def Connect(self, request_iterator: AsyncIterator[bridge_pb2.ClientMessage],
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[bridge_pb2.ServerMessage]:
+        try:
+            first = await anext(request_iterator, None)
+            if first is None or first.WhichOneof("kind") != "hello":
+                raise InvalidHello("the first message of a Connect stream must be a Hello")
+            session = await self._gateway.open_session(first.hello)
+        except GatewayError as exc:
+            await context.abort(exc.status, str(exc))
+        try:
+            yield bridge_pb2.ServerMessage(welcome=self._gateway.welcome(session))
+            async for msg in request_iterator:
+                if msg.WhichOneof("kind") != "observation":
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                        "after the Hello, a Connect stream carries only observations")
+                yield await session.handle(msg.observation)
+        finally:
+            self._gateway.close_session(session)

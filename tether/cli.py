@@ -1,0 +1,84 @@
+"""`tether`: one command, one subcommand per process of the topology.
+
+    tether demo --env Hopper-v5 --envs 8 --seconds 10 --summary out/summary.json
+    tether triton --repository runs/models --init Hopper-v5
+    tether gateway --triton 127.0.0.1:8001 --policy hopper_v5
+    tether sim --gateway 127.0.0.1:50051 --env Hopper-v5 --envs 8 --seconds 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _demo(argv: list[str]) -> None:
+    from tether.topology import DemoConfig, run_demo
+
+    p = argparse.ArgumentParser(prog="tether demo", description="Triton + gateway + MuJoCo sims, closed loop.")
+    p.add_argument("--env", default="Hopper-v5")
+    p.add_argument("--envs", type=int, default=8)
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--summary", type=Path, help="write the summary as JSON here")
+    p.add_argument("--run-dir", type=Path, help="model repository and logs (default: a temp dir)")
+    a = p.parse_args(argv)
+    try:
+        config = DemoConfig(env=a.env, envs=a.envs, seconds=a.seconds, summary=a.summary, run_dir=a.run_dir)
+    except ValueError as exc:
+        p.error(str(exc))
+    run_demo(config)
+
+
+def _triton(argv: list[str]) -> None:
+    import signal
+    import threading
+
+    from inference_server import ModelRepository, TritonServer
+    from tether.topology import write_initial_policy
+
+    p = argparse.ArgumentParser(prog="tether triton", description="Run tritonserver on a model repository.")
+    p.add_argument("--repository", type=Path, default=Path("runs/models"))
+    p.add_argument("--init", metavar="ENV", help="write a fresh policy for this env if it has none")
+    p.add_argument("--models", default="", help="comma-separated models to load (default: all)")
+    p.add_argument("--grpc-port", type=int)
+    p.add_argument("--http-port", type=int)
+    a = p.parse_args(argv)
+    repo = ModelRepository(a.repository)
+    models = [m for m in a.models.split(",") if m]
+    if a.init:
+        models.append(write_initial_policy(repo, a.init))
+    if not models:
+        models = sorted(d.name for d in repo.root.iterdir() if (d / "config.pbtxt").exists())
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    with TritonServer(repo.root, models=models, grpc_port=a.grpc_port, http_port=a.http_port) as server:
+        print(f"triton {server.version} serving {models} on grpc {server.grpc_url} http {server.http_url}", flush=True)
+        stop.wait()
+
+
+def _gateway(argv: list[str]) -> None:
+    from bridge.gateway.server import main
+
+    main(argv)
+
+
+def _sim(argv: list[str]) -> None:
+    from sim.client import main
+
+    main(argv)
+
+
+COMMANDS = {"demo": _demo, "triton": _triton, "gateway": _gateway, "sim": _sim}
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in COMMANDS:
+        print(__doc__, file=sys.stderr)
+        raise SystemExit(f"usage: tether {{{','.join(COMMANDS)}}} [options]")
+    try:
+        COMMANDS[argv[0]](argv[1:])
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
