@@ -1,0 +1,305 @@
+"""The topic map: which ROS 2 topics become which observation/action tensors (YAML, validated).
+
+    >>> tmap = load_topic_map(DEFAULT_TOPIC_MAP)
+    >>> [(s.name, s.dtype.name, s.shape) for s in tmap.observation_specs()]
+    [('joint_position', 'float32', (6,)), ('joint_velocity', 'float32', (6,))]
+    >>> act = tmap.action_specs()[0]
+    >>> act.name, act.shape, act.low[2], act.high[2]
+    ('action', (6,), -3.1416, 3.1416)
+
+Each control step assembles the latest message per topic into an observation, and turns the
+policy's action (after the safety guard) into command messages:
+
+    >>> joints = tmap.observation[0].joints
+    >>> js = messages.joint_state(names=joints[::-1], position=np.arange(6.0), velocity=np.zeros(6))
+    >>> obs = tmap.observation_arrays({"/joint_states": js})
+    >>> obs["joint_position"].tolist()
+    [5.0, 4.0, 3.0, 2.0, 1.0, 0.0]
+    >>> [(entry.topic, msg.data.tolist()) for entry, msg in tmap.commands({"action": np.ones(6)})]
+    [('/policy_controller/commands', [1.0, 1.0, 1.0, 1.0, 1.0, 1.0])]
+
+Mistakes are reported with the key that holds them:
+
+    >>> try:
+    ...     parse_topic_map({"observation": [{"topic": "/j", "type": "sensor_msgs/msg/JointState",
+    ...                                       "joints": ["a"], "tensors": {"q": {"field": "pos"}}}],
+    ...                      "action": []})
+    ... except TopicMapError as exc:
+    ...     print(exc)
+    topic map: observation[0].tensors.q.field: 'pos' is not one of ['position', 'velocity', 'effort']
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bridge.ros2 import messages
+from bridge.ros2.transport import TransportError, ros_topic
+from protos.codec import Spec, TensorError
+
+DEFAULT_TOPIC_MAP = Path(__file__).resolve().parents[2] / "launch" / "config" / "topic_map.yaml"
+
+
+class TopicMapError(ValueError):
+    """A topic map that does not validate; the message names the file, the key and the value."""
+
+
+class MissingMessageError(LookupError):
+    """No message has arrived yet on a topic the observation needs."""
+
+
+@dataclass(frozen=True)
+class TensorMap:
+    """One tensor: which array `field` of the topic's message it is, and its `Spec`."""
+
+    field: str
+    spec: Spec
+
+
+@dataclass(frozen=True)
+class TopicEntry:
+    """One topic with its message type, QoS, joint order and the tensors it carries."""
+
+    topic: str
+    type: str
+    reliable: bool
+    joints: tuple[str, ...] = ()
+    tensors: tuple[TensorMap, ...] = ()
+
+
+@dataclass(frozen=True)
+class TopicMap:
+    observation: tuple[TopicEntry, ...]
+    action: tuple[TopicEntry, ...]
+    estop: TopicEntry | None = None
+
+    def observation_specs(self) -> tuple[Spec, ...]:
+        return tuple(t.spec for e in self.observation for t in e.tensors)
+
+    def action_specs(self) -> tuple[Spec, ...]:
+        return tuple(t.spec for e in self.action for t in e.tensors)
+
+    def observation_arrays(self, latest: Mapping[str, object]) -> dict[str, np.ndarray]:
+        """The observation from the latest message per topic (`{topic: msg}`), in spec dtypes."""
+        out = {}
+        for entry in self.observation:
+            msg = latest.get(entry.topic)
+            if msg is None:
+                raise MissingMessageError(f"no {entry.type} received on {entry.topic} yet")
+            try:
+                arrays = messages.to_arrays(msg, joints=entry.joints)
+            except messages.MessageError as exc:
+                raise messages.MessageError(f"{entry.topic}: {exc}") from None
+            for tm in entry.tensors:
+                if tm.field not in arrays:
+                    raise messages.MessageError(f"{entry.topic}: {entry.type}.{tm.field} is empty, "
+                                                f"but tensor {tm.spec.name!r} needs it")
+                arr = arrays[tm.field]
+                if arr.shape != tm.spec.shape:
+                    raise messages.MessageError(f"{entry.topic}: {tm.field} has shape {list(arr.shape)}, "
+                                                f"tensor {tm.spec.name!r} expects {list(tm.spec.shape)}")
+                out[tm.spec.name] = arr.astype(tm.spec.dtype, copy=False)
+        return out
+
+    def commands(self, action: Mapping[str, np.ndarray]) -> list[tuple[TopicEntry, object]]:
+        """One message per action topic from the action tensors (already through the guard)."""
+        unknown = set(action) - {s.name for s in self.action_specs()}
+        if unknown:
+            raise messages.MessageError(f"action tensor {sorted(unknown)[0]!r} is not in the topic map")
+        out = []
+        for entry in self.action:
+            arrays = {}
+            for tm in entry.tensors:
+                if tm.spec.name not in action:
+                    raise messages.MessageError(f"action tensor {tm.spec.name!r} missing")
+                arr = np.asarray(action[tm.spec.name])
+                if arr.shape != tm.spec.shape:
+                    raise messages.MessageError(f"action tensor {tm.spec.name!r} has shape "
+                                                f"{list(arr.shape)}, expected {list(tm.spec.shape)}")
+                arrays[tm.field] = arr
+            out.append((entry, messages.from_arrays(entry.type, arrays, joints=entry.joints)))
+        return out
+
+    def estop_active(self, msg: object) -> bool:
+        """Whether an e-stop topic message asks to stop."""
+        return bool(msg.data)
+
+
+# -- parsing -------------------------------------------------------------------------------------
+
+class _Ctx:
+    def __init__(self, source: str):
+        self.source = source
+
+    def error(self, key: str, problem: str) -> TopicMapError:
+        return TopicMapError(f"{self.source}: {key}: {problem}")
+
+    def mapping(self, value: object, key: str, allowed: set[str], required: set[str] = frozenset()) -> dict:
+        if not isinstance(value, Mapping):
+            raise self.error(key, f"expected a mapping, got {value!r}")
+        for k in value:
+            if k not in allowed:
+                raise self.error(f"{key}.{k}" if key else str(k), f"unknown key; allowed: {sorted(allowed)}")
+        for k in sorted(required - set(value)):
+            raise self.error(f"{key}.{k}" if key else k, "missing")
+        return dict(value)
+
+
+def load_topic_map(path: str | Path) -> TopicMap:
+    """Read and validate a topic map YAML file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise TopicMapError(f"{path}: cannot read: {exc}") from None
+    try:
+        data = _safe_load(text)
+    except Exception as exc:  # the YAML parser's own error types, reported with their position
+        raise TopicMapError(f"{path}: not valid YAML: {exc}") from None
+    return parse_topic_map(data, source=str(path))
+
+
+def _safe_load(text: str) -> object:
+    try:
+        import yaml
+    except ModuleNotFoundError:  # pyyaml is a declared dependency; rosbags always brings ruamel.yaml
+        from ruamel.yaml import YAML
+
+        return YAML(typ="safe", pure=True).load(text)
+    return yaml.safe_load(text)
+
+
+def parse_topic_map(data: object, *, source: str = "topic map") -> TopicMap:
+    """Validate an already-loaded topic map (a mapping with observation/action/estop)."""
+    ctx = _Ctx(source)
+    top = ctx.mapping(data, "", {"observation", "action", "estop"}, {"observation", "action"})
+    obs = _entries(ctx, top["observation"], "observation", action=False)
+    act = _entries(ctx, top["action"], "action", action=True)
+    estop = None
+    if top.get("estop") is not None:
+        estop = _entry(ctx, top["estop"], "estop", action=True, tensors=False)
+        if estop.type != messages.BOOL:
+            raise ctx.error("estop.type", f"{estop.type!r} must be {messages.BOOL}")
+    topics = [e.topic for e in (*obs, *act, *([estop] if estop else []))]
+    for topic in topics:
+        if topics.count(topic) > 1:
+            raise ctx.error("topic", f"{topic} is listed more than once")
+    for part, entries in (("observation", obs), ("action", act)):
+        names = [t.spec.name for e in entries for t in e.tensors]
+        for name in names:
+            if names.count(name) > 1:
+                raise ctx.error(part, f"tensor name {name!r} is used more than once")
+    return TopicMap(obs, act, estop)
+
+
+def _entries(ctx: _Ctx, value: object, key: str, *, action: bool) -> tuple[TopicEntry, ...]:
+    if not isinstance(value, list) or not value:
+        raise ctx.error(key, f"expected a non-empty list of topics, got {value!r}")
+    return tuple(_entry(ctx, v, f"{key}[{i}]", action=action, tensors=True)
+                 for i, v in enumerate(value))
+
+
+def _entry(ctx: _Ctx, value: object, key: str, *, action: bool, tensors: bool) -> TopicEntry:
+    """Observation topics default to best effort (sensor QoS), command topics to reliable."""
+    allowed = {"topic", "type", "reliable", "joints"} | ({"tensors"} if tensors else set())
+    d = ctx.mapping(value, key, allowed, {"topic", "type"} | ({"tensors"} if tensors else set()))
+    try:
+        topic = ros_topic(d["topic"])
+    except TransportError as exc:
+        raise ctx.error(f"{key}.topic", str(exc)) from None
+    try:
+        msg_type = messages.supported_type(str(d["type"]))
+    except messages.MessageError as exc:
+        raise ctx.error(f"{key}.type", str(exc)) from None
+    rel = d.get("reliable", action)
+    if not isinstance(rel, bool):
+        raise ctx.error(f"{key}.reliable", f"{rel!r} is not true or false")
+    joints = d.get("joints", [])
+    if not isinstance(joints, list) or not all(isinstance(j, str) and j for j in joints):
+        raise ctx.error(f"{key}.joints", f"expected a list of joint names, got {joints!r}")
+    if len(set(joints)) != len(joints):
+        raise ctx.error(f"{key}.joints", f"duplicate joint names in {joints}")
+    if msg_type == messages.JOINT_STATE and not joints:
+        raise ctx.error(f"{key}.joints", f"{msg_type} needs the joint names, in tensor order")
+    entry = TopicEntry(topic, msg_type, rel, tuple(joints))
+    if not tensors:
+        return entry
+    tmap = d["tensors"]
+    if not isinstance(tmap, Mapping) or not tmap:
+        raise ctx.error(f"{key}.tensors", f"expected a mapping of tensor names, got {tmap!r}")
+    parsed = tuple(_tensor(ctx, entry, str(name), spec, f"{key}.tensors.{name}", action=action)
+                   for name, spec in tmap.items())
+    fields = [t.field for t in parsed]
+    for f in fields:
+        if action and fields.count(f) > 1:
+            raise ctx.error(f"{key}.tensors", f"field {f!r} is set by more than one tensor")
+    return TopicEntry(topic, msg_type, rel, tuple(joints), parsed)
+
+
+def _tensor(ctx: _Ctx, entry: TopicEntry, name: str, value: object, key: str, *, action: bool) -> TensorMap:
+    d = ctx.mapping(value, key, {"field", "dtype", "shape"} | ({"bounds"} if action else set()), {"field"})
+    field = d["field"]
+    if field not in messages.FIELDS[entry.type]:
+        raise ctx.error(f"{key}.field", f"{field!r} is not one of {list(messages.FIELDS[entry.type])}")
+    native = messages.field_dtype(entry.type, field)
+    default = native if native.kind != "f" else np.dtype(np.float32)
+    try:
+        dtype = np.dtype(d.get("dtype", default))
+        Spec(name, dtype, ())
+    except (TypeError, TensorError) as exc:
+        raise ctx.error(f"{key}.dtype", f"{d.get('dtype')!r} is not a tensor dtype ({exc})") from None
+    shape = messages.field_shape(entry.type, field, joints=entry.joints)
+    if shape is None and entry.joints and entry.type == messages.FLOAT64_ARRAY:
+        shape = (len(entry.joints),)
+    if "shape" in d:
+        declared = d["shape"]
+        if not isinstance(declared, list) or not all(isinstance(n, int) and n >= 0 for n in declared):
+            raise ctx.error(f"{key}.shape", f"expected a list of non-negative integers, got {declared!r}")
+        if shape is not None and tuple(declared) != shape:
+            raise ctx.error(f"{key}.shape", f"{declared} disagrees with {entry.type}.{field}: {list(shape)}")
+        if entry.type == messages.IMAGE and (len(declared) != 3 or declared[2] not in (1, 3)):
+            raise ctx.error(f"{key}.shape", f"{declared} is not [height, width, 1 or 3]")
+        shape = tuple(declared)
+    if shape is None:
+        raise ctx.error(f"{key}.shape", f"missing: {entry.type}.{field} has no fixed shape")
+    low, high = _bounds(ctx, d.get("bounds"), entry, shape, f"{key}.bounds")
+    return TensorMap(field, Spec(name, dtype, shape, low, high))
+
+
+def _bounds(ctx: _Ctx, value: object, entry: TopicEntry, shape: tuple[int, ...],
+            key: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    if value is None:
+        return (), ()
+    if isinstance(value, Mapping):
+        if not entry.joints:
+            raise ctx.error(key, "per-joint bounds need the entry's joints")
+        for joint in value:
+            if joint not in entry.joints:
+                raise ctx.error(f"{key}.{joint}", f"not one of the joints {list(entry.joints)}")
+        for joint in entry.joints:
+            if joint not in value:
+                raise ctx.error(f"{key}.{joint}", "missing")
+        if shape != (len(entry.joints),):
+            raise ctx.error(key, f"per-joint bounds need shape [{len(entry.joints)}], not {list(shape)}")
+        pairs = [(_pair(ctx, value[j], f"{key}.{j}")) for j in entry.joints]
+        return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
+    low, high = _pair(ctx, value, key)
+    return (low,), (high,)
+
+
+def _pair(ctx: _Ctx, value: object, key: str) -> tuple[float, float]:
+    ok = isinstance(value, list) and len(value) == 2 and all(
+        isinstance(v, int | float) and not isinstance(v, bool) for v in value)
+    if not ok:
+        raise ctx.error(key, f"expected [low, high], got {value!r}")
+    low, high = float(value[0]), float(value[1])
+    if not (math.isfinite(low) and math.isfinite(high)):
+        raise ctx.error(key, f"{value} must be finite")
+    if not low < high:
+        raise ctx.error(key, f"low {low} is not below high {high}")
+    return low, high

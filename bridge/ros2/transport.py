@@ -1,0 +1,113 @@
+"""The role the edge node talks to ROS 2 through: subscribe, publish, close.
+
+Two implementations share it: `RclpyTransport` (rclpy, on a robot with ROS 2 installed) and
+`DdsTransport` (the ROS 2 wire itself: Cyclone DDS with ROS 2 topic and type names and CDR).
+Messages are rosbags message objects (see `bridge.ros2.messages`); callbacks run on the
+transport's own receive thread, one at a time.
+
+The call loop, as the edge node runs it (plain text; the DDS tests run it for real):
+
+    transport = open_transport("auto", domain_id=0, node_name="tether_edge")
+    transport.subscribe("/joint_states", "sensor_msgs/msg/JointState", latest.update)
+    command = transport.publisher("/policy_controller/commands", "std_msgs/msg/Float64MultiArray")
+    wait_for_subscribers(command, timeout=5.0)
+    command(messages.float64_array(action))          # once per control step
+    transport.close()
+
+Topic names follow ROS 2 rules; relative names are taken from the root namespace:
+
+    >>> ros_topic("joint_states"), ros_topic("/robot1/cmd_vel")
+    ('/joint_states', '/robot1/cmd_vel')
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+_TOKEN = r"[A-Za-z_][A-Za-z0-9_]*"
+_TOPIC = re.compile(rf"/?{_TOKEN}(/{_TOKEN})*")
+
+
+class TransportError(RuntimeError):
+    """A transport that cannot open, publish or deliver; the message names the topic or setting."""
+
+
+class Publisher(Protocol):
+    """Publishes one message per call on the topic it was made for."""
+
+    def __call__(self, msg: object) -> None: ...
+
+    def subscriber_count(self) -> int:
+        """How many subscriptions are matched right now (discovery is asynchronous)."""
+        ...
+
+
+class Transport(Protocol):
+    """Subscribe to ROS 2 topics and publish on them, with ROS 2 QoS conventions."""
+
+    def subscribe(self, topic: str, msg_type: str, callback: Callable[[object], None], *,
+                  reliable: bool = False, depth: int = 10) -> None:
+        """Call `callback(msg)` for each message; best effort (sensor QoS) unless `reliable`."""
+        ...
+
+    def publisher(self, topic: str, msg_type: str, *, reliable: bool = True, depth: int = 10) -> Publisher:
+        """A publisher; reliable keep-last `depth` (the ROS 2 default) unless told otherwise."""
+        ...
+
+    def close(self) -> None:
+        """Stop delivering, leave the ROS 2 graph; raises `TransportError` if a callback failed."""
+        ...
+
+
+def ros_topic(topic: str) -> str:
+    """The absolute ROS 2 name of `topic`; raises `TransportError` naming a malformed one."""
+    if not isinstance(topic, str) or not _TOPIC.fullmatch(topic):
+        raise TransportError(f"topic {topic!r} is not a valid ROS 2 topic name")
+    return topic if topic.startswith("/") else f"/{topic}"
+
+
+def check_depth(depth: int) -> int:
+    if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
+        raise TransportError(f"QoS depth {depth!r} must be a positive integer")
+    return depth
+
+
+def rclpy_available() -> bool:
+    """Whether rclpy can be imported here (a sourced ROS 2 installation)."""
+    return importlib.util.find_spec("rclpy") is not None
+
+
+def open_transport(kind: str = "auto", *, domain_id: int = 0, node_name: str = "tether_edge") -> Transport:
+    """`"rclpy"`, `"dds"`, or `"auto"`: rclpy when it imports, otherwise DDS directly.
+
+    >>> try:
+    ...     open_transport("zeromq")
+    ... except TransportError as exc:
+    ...     print(exc)
+    transport kind 'zeromq' is not one of ['auto', 'dds', 'rclpy']
+    """
+    if kind not in ("auto", "dds", "rclpy"):
+        raise TransportError(f"transport kind {kind!r} is not one of ['auto', 'dds', 'rclpy']")
+    if not isinstance(domain_id, int) or not 0 <= domain_id <= 232:
+        raise TransportError(f"domain_id {domain_id!r} must be an integer in [0, 232]")
+    if kind == "rclpy" or (kind == "auto" and rclpy_available()):
+        from bridge.ros2.rclpy_transport import RclpyTransport
+
+        return RclpyTransport(domain_id=domain_id, node_name=node_name)
+    from bridge.ros2.dds import DdsTransport
+
+    return DdsTransport(domain_id=domain_id, node_name=node_name)
+
+
+def wait_for_subscribers(publisher: Publisher, *, count: int = 1, timeout: float = 5.0) -> bool:
+    """Poll until `publisher` has `count` matched subscriptions; False after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while publisher.subscriber_count() < count:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.005)
+    return True
