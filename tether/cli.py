@@ -4,6 +4,7 @@
     tether triton --repository runs/models --init Hopper-v5
     tether gateway --triton 127.0.0.1:8001 --policy hopper_v5
     tether sim --gateway 127.0.0.1:50051 --env Hopper-v5 --envs 8 --seconds 10
+    tether edge --gateway 127.0.0.1:50051 --topic-map launch/config/topic_map.yaml --transport dds
 """
 
 from __future__ import annotations
@@ -70,7 +71,13 @@ def _sim(argv: list[str]) -> None:
     main(argv)
 
 
-COMMANDS = {"demo": _demo, "triton": _triton, "gateway": _gateway, "sim": _sim}
+def _edge(argv: list[str]) -> None:
+    from bridge.ros2.edge import main
+
+    main(argv)
+
+
+COMMANDS = {"demo": _demo, "triton": _triton, "gateway": _gateway, "sim": _sim, "edge": _edge}
 
 
 def main(argv: list[str] | None = None) -> None:
