@@ -31,9 +31,10 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import tritonclient.grpc.aio as triton_aio
-from tritonclient.grpc import InferInput, InferRequestedOutput
+from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype, triton_to_np_dtype
 
+from inference_server.stream import InferStream, StreamError
 from protos.codec import Spec
 
 
@@ -55,6 +56,7 @@ class PolicyClient:
         self.url = url
         self.timeout_s = timeout_s
         self._client: triton_aio.InferenceServerClient | None = None
+        self._stream: InferStream | None = None
 
     def _triton(self) -> triton_aio.InferenceServerClient:
         # created lazily, inside the event loop that will use it
@@ -78,20 +80,26 @@ class PolicyClient:
     async def infer(self, model: str, version: int, inputs: Mapping[str, np.ndarray],
                     outputs: Sequence[str]) -> dict[str, np.ndarray]:
         """Run one batched request on `model` at exactly `version`; returns the named outputs."""
+        request = service_pb2.ModelInferRequest(model_name=model, model_version=str(version))
         try:
-            request = []
             for name, array in inputs.items():
                 array = np.ascontiguousarray(array)
-                tensor = InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-                tensor.set_data_from_numpy(array)
-                request.append(tensor)
-            wanted = [InferRequestedOutput(name) for name in outputs]
-            result = await self._triton().infer(model, request, model_version=str(version), outputs=wanted,
-                                                client_timeout=self.timeout_s)  # a gRPC deadline
-            arrays = {name: result.as_numpy(name) for name in outputs}
+                request.inputs.add(name=name, datatype=np_to_triton_dtype(array.dtype), shape=array.shape)
+                request.raw_input_contents.append(array.tobytes())
         except Exception as exc:
             raise self._error("infer", exc, model, version) from exc
-        missing = [name for name, array in arrays.items() if array is None]
+        for name in outputs:
+            request.outputs.add(name=name)
+        if self._stream is None:
+            self._stream = InferStream(self.url)
+        try:
+            response = await self._stream.infer(request, timeout_s=self.timeout_s)
+        except StreamError as exc:
+            raise InferenceError(f"infer on {self.url} model {model!r} version {version} failed ({exc.code}): "
+                                 f"{exc.detail}", url=self.url, model=model, version=version, code=exc.code) from exc
+        arrays = {out.name: np.frombuffer(raw, triton_to_np_dtype(out.datatype)).reshape(out.shape)
+                  for out, raw in zip(response.outputs, response.raw_output_contents, strict=True)}
+        missing = [name for name in outputs if name not in arrays]
         if missing:
             raise InferenceError(f"infer on {self.url} model {model!r} version {version}: outputs {missing} "
                                  "missing from the response", url=self.url, model=model, version=version)
@@ -144,6 +152,9 @@ class PolicyClient:
         return specs(meta.inputs), specs(meta.outputs)
 
     async def close(self) -> None:
+        if self._stream is not None:
+            stream, self._stream = self._stream, None
+            await stream.close()
         if self._client is not None:
             client, self._client = self._client, None
             await client.close()

