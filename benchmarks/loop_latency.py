@@ -111,13 +111,15 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--per-round", type=int, default=300, help="round trips per block")
     p.add_argument("--seconds", type=float, default=5.0, help="per throughput level")
     p.add_argument("--sessions", default="1,8,32")
+    p.add_argument("--max-inflight", type=int, default=1, help="the gateway's in-flight batches per policy")
     p.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "loop_latency.json")
     a = p.parse_args(argv)
     run_dir = Path(tempfile.mkdtemp(prefix="tether-bench-"))
     repo = ModelRepository(run_dir / "models")
     repo.write_version(MODEL, 1, MLPPolicy(OBS[0], ACT[0], seed=0), OBS, ACT)
     with TritonServer(repo.root, models=[MODEL], log_path=run_dir / "triton.log") as triton, \
-            gateway_process(triton_url=triton.grpc_url, policy=MODEL, log_path=run_dir / "gateway.log") as gw:
+            gateway_process(triton_url=triton.grpc_url, policy=MODEL, log_path=run_dir / "gateway.log",
+                            extra_args=("--max-inflight", str(a.max_inflight))) as gw:
         raw_round_trips(triton.grpc_url, 100)  # warm-up both paths
         asyncio.run(gateway_round_trips(gw, 100, "warmup"))
         raw, via = [], []

@@ -47,10 +47,12 @@ def write_initial_policy(repo: ModelRepository, env_id: str, *, seed: int = 0) -
 
 
 @contextlib.contextmanager
-def gateway_process(*, triton_url: str, policy: str, log_path: Path, timeout: float = 30.0) -> Iterator[str]:
+def gateway_process(*, triton_url: str, policy: str, log_path: Path, timeout: float = 30.0,
+                    extra_args: tuple[str, ...] = ()) -> Iterator[str]:
     """Start `tether gateway` on a free loopback port; yields its address, stops it on exit."""
     log = open(log_path, "w")  # noqa: SIM115 - closed below, after the process
-    cmd = [sys.executable, "-m", "tether", "gateway", "--triton", triton_url, "--policy", policy, "--port", "0"]
+    cmd = [sys.executable, "-m", "tether", "gateway", "--triton", triton_url, "--policy", policy, "--port", "0",
+           *extra_args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
     address: list[str] = []
     ready = threading.Event()

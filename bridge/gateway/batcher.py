@@ -5,7 +5,7 @@ Opportunistic batching: a request goes out at once when nothing is in flight for
 queue and leave together as the next batch. The cap on in-flight batches keeps Triton's own
 queue short and lets batches grow under load.
 
-    batcher = MicroBatcher(client, max_batch=64, max_inflight=2)
+    batcher = MicroBatcher(client, max_batch=64, max_inflight=1)
     actions = await batcher.infer("hopper", 1, {"observation": obs}, outputs=("action",))
 """
 
@@ -51,7 +51,7 @@ class BatchStats:
 
 
 class MicroBatcher:
-    def __init__(self, backend: InferenceBackend, *, max_batch: int = 64, max_inflight: int = 2):
+    def __init__(self, backend: InferenceBackend, *, max_batch: int = 64, max_inflight: int = 1):
         if max_batch < 1 or max_inflight < 1:
             raise ValueError(f"max_batch ({max_batch}) and max_inflight ({max_inflight}) must be >= 1")
         self._backend = backend
@@ -66,6 +66,10 @@ class MicroBatcher:
         key = (model, version, tuple(outputs))
         lane = self._lanes.setdefault(key, _Lane())
         pending = _Pending(inputs, asyncio.get_running_loop().create_future())
+        if not lane.queue and lane.inflight < self._max_inflight:
+            lane.inflight += 1  # an idle lane: run this batch of one right here, no task hop
+            await self._run(key, lane, [pending])
+            return pending.future.result()
         lane.queue.append(pending)
         self._dispatch(key, lane)
         return await pending.future

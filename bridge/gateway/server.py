@@ -40,7 +40,7 @@ class GatewayConfig:
     port: int = 0                    # 0 = a free port
     deadline_ms: int = 100           # per-step inference deadline
     max_batch: int = 64
-    max_inflight: int = 2
+    max_inflight: int = 1            # concurrent Triton batches per policy version (1 = biggest batches)
     triton_timeout_s: float = 10.0   # how long start() waits for Triton to be ready
 
     def __post_init__(self):
@@ -135,6 +135,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=50051)
     p.add_argument("--deadline-ms", type=int, default=100)
     p.add_argument("--max-batch", type=int, default=64)
+    p.add_argument("--max-inflight", type=int, default=1, help="concurrent Triton batches per policy version")
     return p.parse_args(argv)
 
 
@@ -155,4 +156,5 @@ def main(argv: list[str] | None = None) -> None:
     a = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     asyncio.run(serve(GatewayConfig(triton_url=a.triton, policy=a.policy, host=a.host, port=a.port,
-                                    deadline_ms=a.deadline_ms, max_batch=a.max_batch)))
+                                    deadline_ms=a.deadline_ms, max_batch=a.max_batch,
+                                    max_inflight=a.max_inflight)))

@@ -85,9 +85,9 @@ class Session:
         inputs = {name: arrays[name] for name in self._input_names}
         started = time.time_ns()
         try:
-            result = await asyncio.wait_for(
-                self._batcher.infer(self.policy.name, self.policy.version, inputs, outputs=self._outputs),
-                self._deadline_s)
+            async with asyncio.timeout(self._deadline_s):
+                result = await self._batcher.infer(self.policy.name, self.policy.version, inputs,
+                                                   outputs=self._outputs)
         except TimeoutError:
             return self._error(obs.step, Code.DEADLINE_EXCEEDED, "",
                                f"no action within the {self._deadline_s * 1e3:.0f} ms deadline")

@@ -15,6 +15,8 @@ from protos.codec import encode
 
 @contextlib.asynccontextmanager
 async def running_gateway(triton_url: str, **config):
+    """A gateway in this event loop. The deadline is generous: this shared 2-core machine stalls."""
+    config.setdefault("deadline_ms", 2000)
     gateway = Gateway(GatewayConfig(triton_url=triton_url, **config))
     await gateway.start()
     try:
