@@ -1,0 +1,103 @@
+"""Micro-batching and the per-step deadline, against an in-test policy server with a set delay."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from bridge.gateway.batcher import MicroBatcher
+from bridge.gateway.policies import ServedPolicy
+from bridge.gateway.session import Session
+from protos import bridge_pb2
+from protos.codec import Spec, decode, encode
+
+OBS = (Spec("obs", np.float32, (2,)),)
+ACT = (Spec("act", np.float32, (2,)),)
+
+
+class SlowDoubler:
+    """Doubles its input after `delay` seconds; records each batch size; fails on a negative input."""
+
+    def __init__(self, delay: float):
+        self.delay, self.batches = delay, []
+
+    async def infer(self, model, version, inputs, outputs):
+        self.batches.append(len(inputs["obs"]))
+        await asyncio.sleep(self.delay)
+        if (inputs["obs"] < 0).any():
+            raise RuntimeError("negative input")
+        return {"act": inputs["obs"] * 2}
+
+
+def test_requests_queue_into_one_batch_while_one_is_in_flight():
+    backend = SlowDoubler(0.02)
+    batcher = MicroBatcher(backend, max_batch=64, max_inflight=1)
+
+    async def scenario():
+        xs = [np.full(2, i, np.float32) for i in range(10)]
+        return xs, await asyncio.gather(*(batcher.infer("m", 1, {"obs": x}, outputs=("act",)) for x in xs))
+
+    xs, results = asyncio.run(scenario())
+    assert backend.batches == [1, 9]
+    for x, r in zip(xs, results, strict=True):
+        np.testing.assert_array_equal(r["act"], x * 2)
+    assert batcher.stats.mean_batch == 5.0
+
+
+def test_max_batch_caps_a_batch():
+    backend = SlowDoubler(0.01)
+    batcher = MicroBatcher(backend, max_batch=4, max_inflight=1)
+
+    async def scenario():
+        await asyncio.gather(*(batcher.infer("m", 1, {"obs": np.zeros(2, np.float32)}, outputs=("act",))
+                               for _ in range(10)))
+
+    asyncio.run(scenario())
+    assert backend.batches == [1, 4, 4, 1]
+
+
+def test_a_failed_batch_fails_its_waiters_and_the_next_batch_runs():
+    batcher = MicroBatcher(SlowDoubler(0.01), max_inflight=1)
+
+    async def scenario():
+        first = batcher.infer("m", 1, {"obs": np.ones(2, np.float32)}, outputs=("act",))
+        bad = [batcher.infer("m", 1, {"obs": np.full(2, -1.0, np.float32)}, outputs=("act",)) for _ in range(3)]
+        results = await asyncio.gather(first, *bad, return_exceptions=True)
+        after = await batcher.infer("m", 1, {"obs": np.ones(2, np.float32)}, outputs=("act",))
+        return results, after
+
+    results, after = asyncio.run(scenario())
+    assert isinstance(results[0], dict)
+    assert all(isinstance(r, RuntimeError) for r in results[1:])
+    np.testing.assert_array_equal(after["act"], [2, 2])
+
+
+@pytest.mark.parametrize("bad", [{"max_batch": 0}, {"max_inflight": 0}])
+def test_bad_config_is_named(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        MicroBatcher(SlowDoubler(0), **bad)
+
+
+def test_a_step_past_its_deadline_is_an_error_and_the_session_goes_on():
+    backend = SlowDoubler(0.2)
+    session = Session(session_id="s", source="test", policy=ServedPolicy("m", 1, OBS, ACT),
+                      observation_spec=OBS, action_spec=ACT,
+                      batcher=MicroBatcher(backend), deadline_s=0.05)
+
+    def obs(step):
+        return bridge_pb2.Observation(step=step, step_type=bridge_pb2.MID,
+                                      tensors=[encode("obs", np.ones(2, np.float32))])
+
+    async def scenario():
+        late = await session.handle(obs(0))
+        backend.delay = 0.0
+        await asyncio.sleep(0.2)  # let the abandoned request finish
+        on_time = await session.handle(obs(1))
+        return late, on_time
+
+    late, on_time = asyncio.run(scenario())
+    assert late.error.code == bridge_pb2.StepError.DEADLINE_EXCEEDED and "50 ms" in late.error.message
+    assert on_time.action.step == 1 and decode(on_time.action.tensors[0]).tolist() == [2.0, 2.0]
+    assert session.stats.errors == {"DEADLINE_EXCEEDED": 1} and session.stats.steps == 1
