@@ -43,6 +43,7 @@ TWIST = "geometry_msgs/msg/Twist"
 ODOMETRY = "nav_msgs/msg/Odometry"
 FLOAT64_ARRAY = "std_msgs/msg/Float64MultiArray"
 BOOL = "std_msgs/msg/Bool"
+STRING = "std_msgs/msg/String"  # operator names (e-stop release); no tensor converter
 
 # The array fields each supported type converts to and from (see `to_arrays`, `from_arrays`).
 FIELDS: dict[str, tuple[str, ...]] = {
@@ -271,6 +272,17 @@ def float64_array(values: object) -> object:
 def bool_msg(value: bool) -> object:
     """A `std_msgs/Bool`."""
     return message_class(BOOL)(data=bool(value))
+
+
+def string_msg(text: str) -> object:
+    """A `std_msgs/String`.
+
+    >>> deserialize(serialize(string_msg("ada")), STRING).data
+    'ada'
+    """
+    if not isinstance(text, str):
+        raise MessageError(f"String.data: expected a str, got {text!r}")
+    return message_class(STRING)(data=text)
 
 
 # -- generic dispatch ----------------------------------------------------------------------------

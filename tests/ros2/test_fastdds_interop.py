@@ -4,7 +4,8 @@ The peer (tests/peers/fastdds_peer.cpp, built by tests/peers/setup.sh) publishes
 rt/joint_states and echoes each Float64MultiArray it receives on rt/policy_controller/commands as
 one JSON line. Both sides are pinned to loopback; each test gets its own domain id.
 
-The Cyclone side is a deliberately small helper here; the edge node's own transport will replace it.
+The Cyclone side here is cyclonedds' own IDL structs, independent of Tether's message code; the
+edge node's transport against this peer is in test_dds.py, the whole edge node in test_edge.py.
 """
 
 import json

@@ -1,0 +1,166 @@
+"""`tether edge`: the ROS 2 edge node as a command, and the operator's e-stop and release.
+
+    tether edge --gateway 127.0.0.1:50051 --topic-map launch/config/topic_map.yaml --transport dds \\
+                --rate 100 --domain-id 0 --policy arm --node-name tether_edge --deadline-ms 50
+    tether edge estop --operator ada --domain-id 0
+    tether edge release --operator ada --domain-id 0
+
+The flags mirror the launch arguments. The node prints a status line every `--status-s` seconds
+and stops cleanly on Ctrl-C or SIGTERM: it ends the episode, publishes the safe action and
+leaves the e-stop latched. `estop` and `release` return once an edge node on the domain reports
+the requested latch state (see `bridge.ros2.estop`), and exit 1 if none does in `--timeout`.
+The node itself is `bridge.ros2.node.EdgeNode` (re-exported here); its module documents the
+threading model: the transport's receive thread only stores messages and latches the guard, the
+link thread owns the gRPC stream, and one control thread owns the guard and the publishers, so
+the watchdog never waits on the network.
+
+Guard settings are parsed here; a bad one names itself:
+
+    >>> parse_vector("--safe-action", "0, 0.5,-1"), parse_vector("--safe-action", "hold")
+    ((0.0, 0.5, -1.0), 'hold')
+    >>> parse_vector("--max-delta", "fast")
+    Traceback (most recent call last):
+    ...
+    ValueError: --max-delta: expected a number or comma-separated numbers, got 'fast'
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from bridge.ros2.estop import ESTOP_TOPIC, RELEASE_TOPIC, STATE_TOPIC, EstopError, request_estop, request_release
+from bridge.ros2.node import EdgeConfig, EdgeConfigError, EdgeError, EdgeNode, EdgeStats, guard_config
+from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, TopicMapError, load_topic_map
+from bridge.ros2.transport import TransportError, open_transport
+
+__all__ = ["EdgeConfig", "EdgeNode", "EdgeStats", "guard_config", "main", "parse_vector"]
+
+
+def parse_vector(flag: str, text: str) -> str | float | tuple[float, ...]:
+    """`hold`/`zero` as they are, one number as a float, `a,b,c` as a tuple of floats."""
+    if text in ("hold", "zero"):
+        return text
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise ValueError(f"{flag}: expected a number or comma-separated numbers, got {text!r}") from None
+    return values[0] if len(values) == 1 else values
+
+
+def _domain_default() -> int:
+    value = os.environ.get("ROS_DOMAIN_ID", "0")
+    return int(value) if value.isdigit() else 0
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--topic-map", type=Path, default=DEFAULT_TOPIC_MAP, help="topic map YAML")
+    p.add_argument("--transport", choices=("auto", "rclpy", "dds"), default="auto")
+    p.add_argument("--domain-id", type=int, default=_domain_default(), help="ROS 2 domain (default $ROS_DOMAIN_ID)")
+
+
+def _node_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tether edge", description="ROS 2 edge node: robot topics <-> gateway, "
+                                "through the local safety guard. Subcommands: estop, release.")
+    p.add_argument("--gateway", required=True, help="gateway address HOST:PORT")
+    _common(p)
+    p.add_argument("--rate", type=float, default=100.0, help="control rate in Hz")
+    p.add_argument("--policy", default="", help="policy (Triton model) name; default: the gateway's")
+    p.add_argument("--node-name", default="tether_edge")
+    p.add_argument("--deadline-ms", type=float, default=50.0, help="watchdog: no fresh action this long -> safe action")
+    p.add_argument("--safe-action", default="hold", help="hold | zero | comma-separated values")
+    p.add_argument("--max-delta", help="largest command change per step (one value or one per joint)")
+    p.add_argument("--velocity-limit", help="largest command change per second (one value or one per joint)")
+    p.add_argument("--status-s", type=float, default=5.0, help="seconds between status lines")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`tether edge ...`; raises SystemExit with a message on failure."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in ("estop", "release"):
+        _operator(argv[0], argv[1:])
+        return
+    parser = _node_parser()
+    a = parser.parse_args(argv)
+    try:
+        tmap = load_topic_map(a.topic_map)
+        guard = guard_config(
+            tmap, deadline_s=a.deadline_ms / 1e3, safe_action=parse_vector("--safe-action", a.safe_action),
+            max_delta=None if a.max_delta is None else parse_vector("--max-delta", a.max_delta),
+            velocity_limit=None if a.velocity_limit is None else parse_vector("--velocity-limit", a.velocity_limit))
+        config = EdgeConfig(gateway=a.gateway, rate_hz=a.rate, policy=a.policy, node_name=a.node_name)
+        if not a.status_s > 0:
+            raise EdgeConfigError(f"--status-s: expected seconds > 0, got {a.status_s}")
+    except (TopicMapError, ValueError) as exc:
+        parser.error(str(exc))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        transport = open_transport(a.transport, domain_id=a.domain_id, node_name=a.node_name)
+    except TransportError as exc:
+        raise SystemExit(f"tether edge: {exc}") from None
+    try:
+        node = EdgeNode(config=config, topic_map=tmap, transport=transport, guard=guard)
+        node.start()
+        print(f"edge node {a.node_name}: {type(transport).__name__} on domain {a.domain_id}, gateway {a.gateway}, "
+              f"{a.rate:g} Hz, deadline {a.deadline_ms:g} ms, safe action {a.safe_action}", flush=True)
+        next_status = time.monotonic() + a.status_s
+        while not stop.wait(0.05) and node.running:
+            if time.monotonic() >= next_status:
+                print(node.status_line(), flush=True)
+                next_status += a.status_s
+        node.stop()
+        print(f"{node.status_line()}  stopped", flush=True)
+    except (EdgeError, TransportError) as exc:
+        raise SystemExit(f"tether edge: {exc}") from None
+    finally:
+        transport.close()
+
+
+def _operator(command: str, argv: list[str]) -> None:
+    p = argparse.ArgumentParser(prog=f"tether edge {command}",
+                                description="Latch the edge nodes' e-stop" if command == "estop" else
+                                "Release the edge nodes' e-stop (an operator's explicit act)")
+    p.add_argument("--operator", required=True, help="who does this (logged; the release carries it)")
+    _common(p)
+    p.add_argument("--release-topic", default=RELEASE_TOPIC)
+    p.add_argument("--state-topic", default=STATE_TOPIC)
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an edge node to confirm")
+    a = p.parse_args(argv)
+    if not a.operator.strip():
+        p.error(f"--operator: expected a non-empty name, got {a.operator!r}")
+    try:
+        tmap = load_topic_map(a.topic_map)
+    except TopicMapError as exc:
+        p.error(str(exc))
+    try:
+        transport = open_transport(a.transport, domain_id=a.domain_id, node_name="tether_operator")
+    except TransportError as exc:
+        raise SystemExit(f"tether edge {command}: {exc}") from None
+    try:
+        if command == "estop":
+            entry = tmap.estop
+            request_estop(transport, estop_topic=entry.topic if entry else ESTOP_TOPIC,
+                          reliable=entry.reliable if entry else True, state_topic=a.state_topic, timeout_s=a.timeout)
+        else:
+            request_release(transport, operator=a.operator, release_topic=a.release_topic,
+                            state_topic=a.state_topic, timeout_s=a.timeout)
+    except EstopError as exc:
+        raise SystemExit(f"tether edge {command}: {exc}") from None
+    finally:
+        transport.close()
+    what = "latched" if command == "estop" else "released"
+    print(f"e-stop {what} by {a.operator.strip()} on domain {a.domain_id}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

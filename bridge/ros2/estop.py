@@ -1,0 +1,94 @@
+"""E-stop on the ROS 2 wire: latch on a Bool, release only by name, confirmed by the edge node.
+
+Three topics, all reliable:
+
+    /tether/estop          std_msgs/Bool    True latches the edge's guard; False does nothing
+                                            (the topic map's `estop` entry names this one)
+    /tether/estop_release  std_msgs/String  the operator's name: releases the latch
+    /tether/estop_state    std_msgs/Bool    the edge node's latch, published on every e-stop or
+                                            release message it receives and once a second
+
+`request_estop` / `request_release` are the operator's side (`tether edge estop|release`): they
+publish, and re-publish every `resend_s`, until an edge node reports the requested state on
+/tether/estop_state (both requests are idempotent, so repeating them is safe), or raise
+`EstopError` after `timeout_s`.
+
+    with open_transport("dds", domain_id=0, node_name="tether_operator") as transport:
+        request_estop(transport, estop_topic="/tether/estop")
+        request_release(transport, operator="ada")
+
+An operator name is required to release:
+
+    >>> check_operator("  ")
+    Traceback (most recent call last):
+    ...
+    ValueError: operator: expected a non-empty name, got '  '
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from bridge.ros2 import messages
+from bridge.ros2.transport import Transport, TransportError
+
+ESTOP_TOPIC = "/tether/estop"
+RELEASE_TOPIC = "/tether/estop_release"
+STATE_TOPIC = "/tether/estop_state"
+
+__all__ = ["ESTOP_TOPIC", "RELEASE_TOPIC", "STATE_TOPIC", "EstopError", "check_operator",
+           "request_estop", "request_release"]
+
+
+class EstopError(TransportError):
+    """No edge node confirmed an e-stop or release in time; the message says what was seen."""
+
+
+def check_operator(operator: object) -> str:
+    """The operator's name, stripped; ValueError for an empty or non-string one."""
+    if not isinstance(operator, str) or not operator.strip():
+        raise ValueError(f"operator: expected a non-empty name, got {operator!r}")
+    return operator.strip()
+
+
+def request_estop(transport: Transport, *, estop_topic: str = ESTOP_TOPIC, state_topic: str = STATE_TOPIC,
+                  reliable: bool = True, timeout_s: float = 5.0, resend_s: float = 0.2) -> None:
+    """Publish True on `estop_topic` until an edge node reports its guard latched."""
+    publish = transport.publisher(estop_topic, messages.BOOL, reliable=reliable)
+    _until_state(transport, publish, messages.bool_msg(True), latched=True, state_topic=state_topic,
+                 what=f"an e-stop on {estop_topic}", timeout_s=timeout_s, resend_s=resend_s)
+
+
+def request_release(transport: Transport, *, operator: str, release_topic: str = RELEASE_TOPIC,
+                    state_topic: str = STATE_TOPIC, timeout_s: float = 5.0, resend_s: float = 0.2) -> None:
+    """Publish `operator` on `release_topic` until an edge node reports its latch released."""
+    operator = check_operator(operator)
+    publish = transport.publisher(release_topic, messages.STRING, reliable=True)
+    _until_state(transport, publish, messages.string_msg(operator), latched=False, state_topic=state_topic,
+                 what=f"a release by {operator!r} on {release_topic}", timeout_s=timeout_s, resend_s=resend_s)
+
+
+def _until_state(transport: Transport, publish, msg: object, *, latched: bool, state_topic: str, what: str,
+                 timeout_s: float, resend_s: float) -> None:
+    confirmed = threading.Event()
+    sent = threading.Event()
+    seen: list[bool] = []
+
+    def on_state(state: object) -> None:
+        seen.append(bool(state.data))
+        if sent.is_set() and bool(state.data) == latched:
+            confirmed.set()
+
+    transport.subscribe(state_topic, messages.BOOL, on_state, reliable=True)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if publish.subscriber_count() > 0:
+            publish(msg)
+            sent.set()
+        if confirmed.wait(min(resend_s, max(deadline - time.monotonic(), 0.0))):
+            return
+        if time.monotonic() >= deadline:
+            raise EstopError(f"no edge node confirmed {what} within {timeout_s:g} s "
+                             f"({publish.subscriber_count()} subscriber(s) matched; "
+                             f"states seen on {state_topic}: {seen[-5:] or 'none'})")

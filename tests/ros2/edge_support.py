@@ -1,0 +1,166 @@
+"""Real pieces for the edge-node tests: echo policies for Triton, a gateway on its own event-loop
+thread (stoppable and restartable on its port), and the robot process (tests/ros2/edge_robot.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bridge.gateway import Gateway, GatewayConfig
+from bridge.ros2.dds import DdsTransport
+from bridge.ros2.node import EdgeConfig, EdgeNode, guard_config
+from protos.codec import Spec
+
+ROOT = Path(__file__).resolve().parents[2]
+ROBOT = Path(__file__).with_name("edge_robot.py")
+
+
+class EchoVelocity(torch.nn.Module):
+    """action = joint_velocity: the robot chooses the policy's action through what it publishes."""
+
+    def forward(self, joint_position: torch.Tensor, joint_velocity: torch.Tensor) -> torch.Tensor:
+        return joint_velocity * 1.0
+
+
+class EchoPosition(torch.nn.Module):
+    """action = joint_position."""
+
+    def forward(self, joint_position: torch.Tensor, joint_velocity: torch.Tensor) -> torch.Tensor:
+        return joint_position * 1.0
+
+
+def joint_specs(n: int) -> tuple[tuple[Spec, ...], tuple[Spec, ...]]:
+    obs = (Spec("joint_position", np.float32, (n,)), Spec("joint_velocity", np.float32, (n,)))
+    return obs, (Spec("action", np.float32, (n,)),)
+
+
+def wait_until(predicate, *, timeout: float, what: str, period: float = 0.005):
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(period)
+    return value
+
+
+class GatewayThread:
+    """`bridge.gateway.Gateway` served from an asyncio loop on its own thread."""
+
+    def __init__(self, triton_url: str, **config):
+        self.triton_url, self.config = triton_url, config
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="test-gateway", daemon=True)
+        self.thread.start()
+        self.gateway: Gateway | None = None
+        self.port = 0
+
+    def _call(self, coro, timeout: float = 30.0):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def start(self) -> str:
+        """Serve (on the same port as before after a `stop`); returns HOST:PORT."""
+        async def start():
+            gateway = Gateway(GatewayConfig(triton_url=self.triton_url, port=self.port, **self.config))
+            await gateway.start()
+            return gateway
+
+        self.gateway = self._call(start())
+        self.port = int(self.gateway.address.rpartition(":")[2])
+        return self.gateway.address
+
+    def stop(self) -> None:
+        """Stop at once (grace 0): every open stream is cancelled, as when the process dies."""
+        if self.gateway is not None:
+            self._call(self.gateway.stop(grace=0))
+            self.gateway = None
+
+    def close(self) -> None:
+        self.stop()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5)
+        self.loop.close()
+
+
+class Robot:
+    """The robot process; its command records (dicts with t, data, lat_ms) collect in `commands`."""
+
+    def __init__(self, domain: int, joints: tuple[str, ...], *, hz: float = 100.0):
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROBOT), "--domain", str(domain), "--joints", ",".join(joints), "--hz", str(hz)],
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.commands: list[dict] = []
+        self._events: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            record = json.loads(line)
+            if "event" in record:
+                self._events.put(record["event"])
+            else:
+                self.commands.append(record)
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        try:
+            assert self._events.get(timeout=timeout) == "ready"
+        except queue.Empty:
+            raise AssertionError(f"robot not ready in {timeout} s: {self.stderr()}") from None
+
+    def stderr(self) -> str:
+        return self.proc.stderr.read() if self.proc.poll() is not None else "(still running)"
+
+    def send(self, line: str) -> None:
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def since(self, t: float) -> list[dict]:
+        return [c for c in list(self.commands) if c["t"] >= t]
+
+    def wait_for(self, predicate, *, after: float, timeout: float, what: str) -> dict:
+        """The first command after monotonic time `after` whose data satisfies `predicate`."""
+        def find():
+            return next((c for c in self.since(after) if predicate(np.array(c["data"]))), None)
+        return wait_until(find, timeout=timeout, what=what)
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        assert self.proc.returncode == 0, self.proc.stderr.read()
+
+
+@contextlib.contextmanager
+def running_edge(domain: int, address: str, topic_map, *, policy: str, rate_hz: float = 100.0,
+                 transport=None, **guard):
+    """An `EdgeNode` on its own DDS participant (or the given transport), started and stopped."""
+    guard.setdefault("deadline_s", 0.05)
+    own = transport is None
+    transport = DdsTransport(domain_id=domain, node_name="edge_under_test") if own else transport
+    node = EdgeNode(config=EdgeConfig(gateway=address, rate_hz=rate_hz, policy=policy, node_name="edge_under_test",
+                                      backoff_s=(0.05, 0.5)),
+                    topic_map=topic_map, transport=transport, guard=guard_config(topic_map, **guard))
+    try:
+        node.start()
+        yield node
+        node.stop()
+    finally:
+        if node.running:
+            node.stop()
+        if own:
+            transport.close()

@@ -1,0 +1,285 @@
+"""The edge node end to end, observed on the wire: a robot process on DDS (loopback, a domain per
+test), the edge node, a real gateway and a real tritonserver serving echo policies.
+
+The robot chooses the policy's action through the velocities it publishes (action = velocity),
+and records every command it receives with its arrival time (see edge_robot.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from bridge.gateway import session as gateway_session
+from bridge.ros2 import messages
+from bridge.ros2.dds import DdsTransport
+from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, load_topic_map, parse_topic_map
+from bridge.ros2.transport import open_transport, rclpy_available, wait_for_subscribers
+from inference_server import ModelRepository, PolicyClient, TritonServer
+from protos import bridge_pb2
+from protos.codec import decode
+from tests.ros2.edge_support import (
+    ROOT,
+    EchoPosition,
+    EchoVelocity,
+    GatewayThread,
+    Robot,
+    joint_specs,
+    running_edge,
+    wait_until,
+)
+
+TMAP = load_topic_map(DEFAULT_TOPIC_MAP)
+JOINTS = TMAP.observation[0].joints
+HIGH = np.array(TMAP.action_specs()[0].high)
+LOW = np.array(TMAP.action_specs()[0].low)
+DEADLINE_S = 0.05
+FASTDDS_PEER = ROOT / "tests" / "peers" / "build" / "fastdds_peer"
+PEER_JOINTS = ["shoulder", "elbow", "wrist"]  # what the Fast DDS peer publishes
+PEER_MAP = parse_topic_map({
+    "observation": [{"topic": "/joint_states", "type": "sensor_msgs/msg/JointState", "joints": PEER_JOINTS,
+                     "tensors": {"joint_position": {"field": "position"}, "joint_velocity": {"field": "velocity"}}}],
+    "action": [{"topic": "/policy_controller/commands", "type": "std_msgs/msg/Float64MultiArray",
+                "joints": PEER_JOINTS, "tensors": {"action": {"field": "data", "bounds": [-2.0, 2.0]}}}]})
+
+
+@pytest.fixture(scope="module")
+def triton(tmp_path_factory):
+    repo = ModelRepository(tmp_path_factory.mktemp("edge_models"))
+    repo.write_version("echo6", 1, EchoVelocity(), *joint_specs(6))
+    repo.write_version("echo3", 1, EchoPosition(), *joint_specs(3))
+    with TritonServer(repo.root, models=["echo6", "echo3"], log_path=repo.root.parent / "triton.log") as server:
+        asyncio.run(warm_up(server.grpc_url, {"echo6": 6, "echo3": 3}))
+        yield server
+
+
+async def warm_up(url: str, models: dict[str, int]) -> None:
+    """A few requests per model first: TorchScript's first calls are slow, not the edge's fault."""
+    client = PolicyClient(url, timeout_s=10)
+    try:
+        for model, n in models.items():
+            inputs = {s.name: np.zeros((1, n), np.float32) for s in joint_specs(n)[0]}
+            for _ in range(3):
+                await client.infer(model, 1, inputs, ["action"])
+    finally:
+        await client.close()
+
+
+@pytest.fixture(scope="module")
+def gateway(triton):
+    gw = GatewayThread(triton.grpc_url)
+    address = gw.start()
+    yield address
+    gw.close()
+
+
+@pytest.fixture
+def robot(ros_domain):
+    robot = Robot(ros_domain, JOINTS)
+    robot.wait_ready()
+    yield robot
+    robot.close()
+
+
+@pytest.fixture
+def gateway_log(monkeypatch):
+    """Every observation the gateway's sessions handle: (session id, Observation)."""
+    seen: list[tuple[str, bridge_pb2.Observation]] = []
+    handle = gateway_session.Session.handle
+
+    async def spy(self, obs):
+        seen.append((f"{self.id}@{id(self):x}", obs))
+        return await handle(self, obs)
+
+    monkeypatch.setattr(gateway_session.Session, "handle", spy)
+    return seen
+
+
+def const(robot: Robot, value: float, *, timeout: float = 10.0) -> dict:
+    """Make the policy's action `value` everywhere; the first command carrying it."""
+    t = time.monotonic()
+    robot.send(f"const {value}")
+    return robot.wait_for(lambda d: np.allclose(d, value, atol=1e-6), after=t, timeout=timeout,
+                          what=f"a command of {value}")
+
+
+def test_commands_arrive_in_order_with_bounded_latency(ros_domain, robot, gateway, gateway_log):
+    with running_edge(ros_domain, gateway, TMAP, policy="echo6") as node:
+        wait_until(lambda: sum(c["lat_ms"] is not None for c in robot.commands) >= 200, timeout=20,
+                   what="200 commands answering the robot's JointStates")
+    timed = [c for c in robot.commands if c["lat_ms"] is not None]
+    ticks = np.array([round(c["data"][0] * 2000) for c in timed])
+    assert all(np.allclose(c["data"], c["data"][0]) for c in timed)           # the echo, all joints
+    assert (np.diff(ticks) >= 0).all(), "commands arrived out of order"       # best-effort sampling may repeat
+    latency = np.array([c["lat_ms"] for c in timed])
+    p50, p99 = np.percentile(latency, [50, 99])
+    print(f"\nJointState -> command through edge+gateway+Triton at 100 Hz: p50 {p50:.2f} ms, "
+          f"p99 {p99:.2f} ms, max {latency.max():.2f} ms over {latency.size}; "
+          f"edge rtt {node.stats.rtt_ms()}; stats {node.stats.skipped}")
+    assert p99 < 200, latency
+    assert set(node.stats.errors) <= {"DEADLINE_EXCEEDED"}, node.stats.errors   # the gateway's, under load
+    assert node.guard.counts.clamped == 0 and node.stats.connects == 1
+    steps = [(sid, o.step, o.step_type) for sid, o in gateway_log]
+    assert [s for _, s, _ in steps] == list(range(len(steps)))                # strictly increasing
+    assert steps[0][2] == bridge_pb2.FIRST and {t for *_, t in steps[1:-1]} == {bridge_pb2.MID}
+    assert steps[-1][2] == bridge_pb2.LAST                                    # stop() ends the episode
+
+
+def test_out_of_range_actions_are_clamped_on_the_wire(ros_domain, robot, gateway, gateway_log):
+    with running_edge(ros_domain, gateway, TMAP, policy="echo6") as node:
+        t = time.monotonic()
+        robot.send("const 10")
+        high = robot.wait_for(lambda d: np.allclose(d, HIGH), after=t, timeout=10, what="clamped commands")
+        robot.send("const -10")
+        robot.wait_for(lambda d: np.allclose(d, LOW), after=high["t"], timeout=10, what="clamped commands")
+        wait_until(lambda: node.guard.counts.clamped >= 2, timeout=5, what="clamp counts")
+    assert all((np.array(c["data"]) <= HIGH).all() and (np.array(c["data"]) >= LOW).all() for c in robot.commands)
+    # the gateway hears what the policy's command became: applied_action and the guard's counters
+    reports = [(decode(o.applied_action[0]), o.guard) for _, o in gateway_log if o.applied_action]
+    clamped = [(a, g) for a, g in reports if np.allclose(a, HIGH.astype(np.float32))]
+    assert clamped and all(g.clamped >= 1 for _, g in clamped)
+    counts = [g.clamped for _, g in reports]
+    assert counts == sorted(counts) and counts[-1] >= 2
+
+
+def test_rate_limit_ramps_commands_on_the_wire(ros_domain, robot, gateway):
+    with running_edge(ros_domain, gateway, TMAP, policy="echo6", max_delta=0.05) as node:
+        const(robot, 0.0)
+        t = time.monotonic()
+        robot.send("const 1.0")
+        robot.wait_for(lambda d: np.allclose(d, 1.0), after=t, timeout=10, what="the ramp to reach 1.0")
+        assert node.guard.counts.rate_limited >= 19
+    ramp = np.array([c["data"][0] for c in robot.since(t)])
+    ramp = ramp[: int(np.argmax(np.isclose(ramp, 1.0))) + 1]
+    assert (np.diff(ramp) <= 0.05 + 1e-9).all() and (np.diff(ramp) >= 0).all(), ramp
+    assert ((ramp > 0) & (ramp < 1)).sum() >= 19, ramp
+
+
+def test_watchdog_on_a_dead_gateway_then_reconnect(ros_domain, robot, triton, gateway_log):
+    gw = GatewayThread(triton.grpc_url)
+    address = gw.start()
+    try:
+        with running_edge(ros_domain, address, TMAP, policy="echo6", safe_action="zero") as node:
+            const(robot, 0.5)
+            watchdogs = node.guard.counts.watchdog    # a slow reply under load may have fired it before
+            t_stop = time.monotonic()
+            gw.stop()
+            first_safe = robot.wait_for(lambda d: np.allclose(d, 0.0), after=t_stop, timeout=5,
+                                        what="the watchdog's safe action")
+            last_policy = max(c["t"] for c in robot.commands if c["t"] < first_safe["t"] and c["data"][0] == 0.5)
+            silence = first_safe["t"] - last_policy
+            time.sleep(0.3)
+            later = robot.since(first_safe["t"])
+            assert len(later) >= 15 and all(c["data"] == [0.0] * 6 for c in later)  # repeated every period
+            assert node.guard.counts.watchdog == watchdogs + 1 and not node.connected
+            t_restart = time.monotonic()
+            gw.start()                                                        # same port
+            resumed = robot.wait_for(lambda d: np.allclose(d, 0.5), after=t_restart, timeout=10,
+                                     what="policy actions after the gateway came back")
+            assert node.stats.connects == 2 and node.stats.disconnects == 1
+    finally:
+        gw.close()
+    print(f"\nwatchdog: policy silent -> safe action on the robot {silence * 1e3:.1f} ms "
+          f"(deadline {DEADLINE_S * 1e3:.0f} ms); gateway back -> policy action "
+          f"{(resumed['t'] - t_restart) * 1e3:.0f} ms")
+    assert silence < DEADLINE_S + 0.1, silence
+    sessions = list(dict.fromkeys(sid for sid, _ in gateway_log))
+    assert len(sessions) == 2
+    steps = [o.step for _, o in gateway_log]
+    assert steps == sorted(set(steps))                                        # increasing across streams
+    for sid in sessions:
+        types = [o.step_type for s, o in gateway_log if s == sid]
+        assert types[0] == bridge_pb2.FIRST and bridge_pb2.FIRST not in types[1:]
+    assert gateway_log[-1][1].guard.watchdog == watchdogs + 1                # reported after the fact
+
+
+def test_estop_latches_until_released_by_name(ros_domain, robot, gateway):
+    with running_edge(ros_domain, gateway, TMAP, policy="echo6", safe_action="zero") as node, \
+            DdsTransport(domain_id=ros_domain, node_name="operator") as operator:
+        estop = operator.publisher("/tether/estop", messages.BOOL)
+        release = operator.publisher("/tether/estop_release", messages.STRING)
+        assert wait_for_subscribers(estop, timeout=10) and wait_for_subscribers(release, timeout=10)
+        const(robot, 0.5)
+        t_estop = time.monotonic()
+        estop(messages.bool_msg(True))
+        stopped = robot.wait_for(lambda d: np.allclose(d, 0.0), after=t_estop, timeout=5, what="the e-stop")
+        estop(messages.bool_msg(False))                                        # does not release
+        release(messages.string_msg("  "))                                     # no name: ignored
+        time.sleep(0.3)
+        held = robot.since(stopped["t"])
+        assert len(held) >= 15 and all(c["data"] == [0.0] * 6 for c in held) and node.guard.estopped
+        t_release = time.monotonic()
+        release(messages.string_msg("ada"))
+        robot.wait_for(lambda d: np.allclose(d, 0.5), after=t_release, timeout=5, what="actions after release")
+        counts = node.guard.counts
+        assert counts.estop == 1 and not counts.estopped
+    print(f"\ne-stop published -> safe action on the robot: {(stopped['t'] - t_estop) * 1e3:.1f} ms")
+    assert stopped["t"] - t_estop < 0.2
+
+
+def test_tether_edge_command_runs_and_stops_on_sigterm(ros_domain, robot, gateway):
+    cmd = [sys.executable, "-m", "tether", "edge", "--gateway", gateway, "--transport", "dds",
+           "--domain-id", str(ros_domain), "--policy", "echo6", "--node-name", "edge_cli",
+           "--safe-action", "zero", "--status-s", "0.3", "--deadline-ms", "50"]
+    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        const(robot, 0.5, timeout=20)
+        time.sleep(0.4)
+        t_term = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("edge node edge_cli: DdsTransport on domain"), out
+    assert any("gateway up v1" in line for line in lines[1:-1]), out
+    assert lines[-1].endswith("stopped") and "ESTOPPED" in lines[-1], out
+    robot.wait_for(lambda d: np.allclose(d, 0.0), after=t_term, timeout=5, what="the safe action on shutdown")
+
+
+@pytest.mark.skipif(not os.access(FASTDDS_PEER, os.X_OK),
+                    reason=f"Fast DDS peer not built ({FASTDDS_PEER}): run `bash tests/peers/setup.sh`")
+def test_edge_node_drives_a_fastdds_peer(ros_domain, gateway):
+    """ROS 2's default DDS (Fast DDS 2.9, C++) as the robot: its JointStates in, commands out."""
+    count = 30
+    with running_edge(ros_domain, gateway, PEER_MAP, policy="echo3") as node:  # first: fast discovery
+        peer = subprocess.Popen([str(FASTDDS_PEER), "--domain", str(ros_domain), "--count", str(count),
+                                 "--timeout", "20", "--hz", "100"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            out, err = peer.communicate(timeout=30)
+        finally:
+            if peer.poll() is None:
+                peer.kill()
+                peer.communicate()
+        assert not node.stats.errors
+    assert peer.returncode == 0, err
+    data = np.array([line["data"] for line in map(json.loads, out.splitlines()) if "data" in line])
+    assert data.shape == (count, 3)
+    # action = joint_position = [0.5, -1.25, 0.001 * i] for the peer's i-th JointState, through float32
+    assert (data[:, 0] == 0.5).all() and (data[:, 1] == -1.25).all()
+    i = data[:, 2] / 0.001
+    np.testing.assert_allclose(i, np.round(i), atol=1e-3)
+    assert (np.diff(data[:, 2]) >= 0).all() and data[-1, 2] > data[0, 2]   # in order, and moving
+
+
+@pytest.mark.skipif(not rclpy_available(), reason="rclpy not installed")
+def test_edge_over_rclpy(ros_domain, robot, gateway):
+    transport = open_transport("rclpy", domain_id=ros_domain, node_name="edge_rclpy")
+    try:
+        with running_edge(ros_domain, gateway, TMAP, policy="echo6", transport=transport):
+            const(robot, 0.25, timeout=20)
+    finally:
+        transport.close()

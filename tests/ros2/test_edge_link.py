@@ -1,0 +1,137 @@
+"""The edge node's gateway link when the gateway misbehaves: unreachable (bounded backoff), or
+welcoming and then never answering (reply timeout, reset, reconnect) while the watchdog holds the
+robot safe. The hung gateway is a minimal Bridge servicer: a real gateway cannot be made to hang."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import numpy as np
+import pytest
+
+from bridge.ros2 import messages
+from bridge.ros2.dds import DdsTransport
+from bridge.ros2.link import GatewayLink, LinkDown
+from bridge.ros2.node import EdgeConfig, EdgeConfigError, EdgeNode, guard_config
+from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, load_topic_map, parse_topic_map
+from protos import bridge_pb2, bridge_pb2_grpc
+from protos.codec import encode
+from tests.ros2.edge_support import wait_until
+
+TMAP = load_topic_map(DEFAULT_TOPIC_MAP)
+JOINTS = TMAP.observation[0].joints
+
+
+class HangingGateway(bridge_pb2_grpc.BridgeServicer):
+    """Welcomes every stream; answers the first `answers` observations of the first with 0.5s,
+    and nothing after that."""
+
+    def __init__(self, answers: int):
+        self.answers = answers
+        self.streams: list[list[bridge_pb2.Observation]] = []
+
+    def Connect(self, request_iterator, context):
+        seen: list[bridge_pb2.Observation] = []
+        self.streams.append(seen)
+        next(request_iterator)
+        yield bridge_pb2.ServerMessage(welcome=bridge_pb2.Welcome(session_id=f"s{len(self.streams)}",
+                                                                  policy="fake", policy_version=7))
+        for msg in request_iterator:
+            seen.append(msg.observation)
+            if len(self.streams) == 1 and len(seen) <= self.answers:
+                action = bridge_pb2.Action(step=msg.observation.step, policy="fake", policy_version=7,
+                                           tensors=[encode("action", np.full(6, 0.5, np.float32))])
+                yield bridge_pb2.ServerMessage(action=action)
+
+
+def joint_states(transport: DdsTransport, stop: threading.Event) -> None:
+    publish = transport.publisher("/joint_states", messages.JOINT_STATE, reliable=False)
+    while not stop.wait(0.01):
+        publish(messages.joint_state(names=JOINTS, position=np.zeros(6), velocity=np.zeros(6)))
+
+
+def test_unreachable_gateway_is_retried_with_bounded_backoff(unused_port):
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    link = GatewayLink(f"127.0.0.1:{unused_port}", bridge_pb2.Hello(), events, connect_timeout_s=0.05,
+                       backoff_s=(0.02, 0.08))
+    link.start()
+    downs = [events.get(timeout=5) for _ in range(6)]
+    t = time.monotonic()
+    link.close()
+    assert time.monotonic() - t < 1.0
+    assert all(isinstance(d, LinkDown) and "not reachable" in d.reason for d in downs)
+    assert [d.retry_in_s for d in downs] == [0.02, 0.04, 0.08, 0.08, 0.08, 0.08]
+    assert [d.generation for d in downs] == list(range(1, 7))
+    assert not link.send(bridge_pb2.Observation(), generation=6)
+
+
+def test_hung_gateway_is_reset_while_the_watchdog_holds_the_robot_safe(ros_domain, unused_port):
+    fake = HangingGateway(answers=5)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    bridge_pb2_grpc.add_BridgeServicer_to_server(fake, server)
+    server.add_insecure_port(f"127.0.0.1:{unused_port}")
+    server.start()
+    stop = threading.Event()
+    commands = []
+    config = EdgeConfig(gateway=f"127.0.0.1:{unused_port}", node_name="edge_hung", reply_timeout_s=0.3,
+                        backoff_s=(0.05, 0.1))
+    try:
+        with DdsTransport(domain_id=ros_domain, node_name="robot") as robot, \
+                DdsTransport(domain_id=ros_domain, node_name="edge_hung") as transport:
+            robot.subscribe("/policy_controller/commands", messages.FLOAT64_ARRAY,
+                            lambda m: commands.append((time.monotonic(), m.data.tolist())), reliable=True)
+            publisher = threading.Thread(target=joint_states, args=(robot, stop), daemon=True)
+            publisher.start()
+            node = EdgeNode(config=config, topic_map=TMAP, transport=transport,
+                            guard=guard_config(TMAP, deadline_s=0.05, safe_action="zero"))
+            node.start()
+            try:
+                wait_until(lambda: len(fake.streams) >= 2 and len(fake.streams[1]) >= 1, timeout=10,
+                           what="a second stream after the reply timeout")
+                assert node.stats.errors["REPLY_TIMEOUT"] == 1 and node.stats.connects == 2
+            finally:
+                node.stop()
+                stop.set()
+                publisher.join(timeout=5)
+    finally:
+        stop.set()
+        server.stop(0)
+    first = fake.streams[0]
+    assert [o.step for o in first] == list(range(6))            # one in flight: none sent after the 6th
+    assert fake.streams[1][0].step_type == bridge_pb2.FIRST and fake.streams[1][0].step == 6
+    assert fake.streams[1][0].guard.watchdog >= 1               # the stream learns what happened
+    np.testing.assert_array_equal(np.frombuffer(fake.streams[1][0].applied_action[0].data, np.float32),
+                                  np.zeros(6))
+    policy = [t for t, data in commands if data == [0.5] * 6]
+    safe = [t for t, data in commands if data == [0.0] * 6 and t > policy[-1]]
+    assert len(policy) == 5 and safe and safe[0] - policy[-1] < 0.05 + 0.1
+
+
+def test_configuration_errors_name_the_value():
+    action = TMAP_DICT["action"][0]
+    no_bounds = parse_topic_map({**TMAP_DICT, "action": [{**action, "tensors": {"action": {"field": "data"}}}]})
+    with pytest.raises(EdgeConfigError, match="action tensor 'action' has no bounds"):
+        guard_config(no_bounds, deadline_s=0.05)
+    two_joints = parse_topic_map({**TMAP_DICT, "action": [{**action, "joints": ["a", "b"]}]})
+    with pytest.raises(EdgeConfigError, match="guard: limits for 6 values, but the topic map's action tensors have 2"):
+        EdgeNode(config=EdgeConfig(gateway="127.0.0.1:1"), topic_map=two_joints, transport=None,
+                 guard=guard_config(TMAP, deadline_s=0.05))
+    for kwargs, message in [({"reply_timeout_s": 0}, "reply_timeout_s: expected a finite number of seconds > 0"),
+                            ({"node_name": "a b"}, "node_name: expected a ROS 2 node name, got 'a b'"),
+                            ({"state_topic": "/bad topic"}, "state_topic: topic '/bad topic' is not a valid"),
+                            ({"backoff_s": (1.0, 0.5)}, r"backoff_s: expected \(initial, max\)")]:
+        with pytest.raises(ValueError, match=message):
+            EdgeNode(config=EdgeConfig(gateway="127.0.0.1:1", **kwargs), topic_map=TMAP, transport=None,
+                     guard=guard_config(TMAP, deadline_s=0.05))
+
+
+TMAP_DICT = {
+    "observation": [{"topic": "/joint_states", "type": "sensor_msgs/msg/JointState", "joints": list(JOINTS),
+                     "tensors": {"joint_position": {"field": "position"}, "joint_velocity": {"field": "velocity"}}}],
+    "action": [{"topic": "/policy_controller/commands", "type": "std_msgs/msg/Float64MultiArray",
+                "joints": list(JOINTS), "tensors": {"action": {"field": "data", "bounds": [-1.0, 1.0]}}}],
+}
