@@ -16,6 +16,12 @@ $(STAMP): pyproject.toml Makefile
 	# torch first: the CPU build on disk, before anything pulls a CUDA build
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'
+	# ament index + share/tether in the venv prefix: `ros2 launch tether robot.launch.py` (editable
+	# installs skip pyproject's data-files, so link them here)
+	mkdir -p $(VENV)/share/ament_index/resource_index/packages $(VENV)/share/tether/launch $(VENV)/share/tether/config
+	touch $(VENV)/share/ament_index/resource_index/packages/tether
+	ln -sf $(CURDIR)/launch/robot.launch.py $(CURDIR)/launch/sim.launch.py $(VENV)/share/tether/launch/
+	ln -sf $(CURDIR)/launch/config/topic_map.yaml $(VENV)/share/tether/config/
 	bash tests/peers/setup.sh
 	touch $(STAMP)
 

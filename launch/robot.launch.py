@@ -1,0 +1,47 @@
+"""The Tether edge node on a robot.
+
+    ros2 launch tether robot.launch.py gateway:=10.0.0.5:50051
+    ros2 launch tether robot.launch.py gateway:=10.0.0.5:50051 topic_map:=/etc/tether/arm.yaml rate:=200
+
+Declares only: every argument maps onto a flag of `tether edge` (which runs the same node outside
+ROS 2). With rclpy importable the node speaks through rclpy (`transport:=auto`).
+"""
+
+from launch import LaunchDescription
+from launch.actions import DeclareLaunchArgument, ExecuteProcess, SetEnvironmentVariable
+from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
+from launch_ros.substitutions import FindPackageShare
+
+
+def generate_launch_description():
+    return LaunchDescription([
+        DeclareLaunchArgument("gateway", default_value="127.0.0.1:50051",
+                              description="gateway address HOST:PORT"),
+        DeclareLaunchArgument("topic_map",
+                              default_value=PathJoinSubstitution([FindPackageShare("tether"), "config",
+                                                                  "topic_map.yaml"]),
+                              description="topic map YAML: topics -> observation/action tensors"),
+        DeclareLaunchArgument("rate", default_value="100.0", description="control rate in Hz"),
+        DeclareLaunchArgument("domain_id", default_value="0", description="ROS 2 domain id"),
+        DeclareLaunchArgument("transport", default_value="auto", description="auto | rclpy | dds"),
+        DeclareLaunchArgument("policy", default_value="", description="policy name; empty = gateway default"),
+        DeclareLaunchArgument("node_name", default_value="tether_edge"),
+        DeclareLaunchArgument("deadline_ms", default_value="50.0",
+                              description="watchdog: no fresh action this long -> safe action"),
+        DeclareLaunchArgument("safe_action", default_value="hold", description="hold | zero | values"),
+        SetEnvironmentVariable("ROS_DOMAIN_ID", LaunchConfiguration("domain_id")),
+        ExecuteProcess(
+            name=LaunchConfiguration("node_name"),
+            cmd=["tether", "edge",
+                 "--gateway", LaunchConfiguration("gateway"),
+                 "--topic-map", LaunchConfiguration("topic_map"),
+                 "--rate", LaunchConfiguration("rate"),
+                 "--domain-id", LaunchConfiguration("domain_id"),
+                 "--transport", LaunchConfiguration("transport"),
+                 "--policy", LaunchConfiguration("policy"),
+                 "--node-name", LaunchConfiguration("node_name"),
+                 "--deadline-ms", LaunchConfiguration("deadline_ms"),
+                 "--safe-action", LaunchConfiguration("safe_action")],
+            output="screen",
+            sigterm_timeout="5"),
+    ])
