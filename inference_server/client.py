@@ -26,6 +26,7 @@ message names the url, model and version, and whose `code` is the gRPC status na
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Mapping, Sequence
 
@@ -45,6 +46,11 @@ class InferenceError(RuntimeError):
                  code: str | None = None):
         super().__init__(message)
         self.url, self.model, self.version, self.code = url, model, version, code
+
+
+@functools.cache
+def _triton_dtype(dtype: np.dtype) -> str:
+    return np_to_triton_dtype(dtype)
 
 
 class PolicyClient:
@@ -84,7 +90,7 @@ class PolicyClient:
         try:
             for name, array in inputs.items():
                 array = np.ascontiguousarray(array)
-                request.inputs.add(name=name, datatype=np_to_triton_dtype(array.dtype), shape=array.shape)
+                request.inputs.add(name=name, datatype=_triton_dtype(array.dtype), shape=array.shape)
                 request.raw_input_contents.append(array.tobytes())
         except Exception as exc:
             raise self._error("infer", exc, model, version) from exc

@@ -85,7 +85,10 @@ class MicroBatcher:
         model, version, outputs = key
         try:
             names = batch[0].inputs.keys()
-            stacked = {name: np.stack([p.inputs[name] for p in batch]) for name in names}
+            if len(batch) == 1:  # a view, no copy
+                stacked = {name: batch[0].inputs[name][None] for name in names}
+            else:
+                stacked = {name: np.stack([p.inputs[name] for p in batch]) for name in names}
             result = await self._backend.infer(model, version, stacked, outputs)
             for i, p in enumerate(batch):
                 if not p.future.done():
