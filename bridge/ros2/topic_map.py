@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 from bridge.ros2 import messages
 from bridge.ros2.transport import TransportError, ros_topic
@@ -158,20 +159,10 @@ def load_topic_map(path: str | Path) -> TopicMap:
     except OSError as exc:
         raise TopicMapError(f"{path}: cannot read: {exc}") from None
     try:
-        data = _safe_load(text)
+        data = yaml.safe_load(text)
     except Exception as exc:  # the YAML parser's own error types, reported with their position
         raise TopicMapError(f"{path}: not valid YAML: {exc}") from None
     return parse_topic_map(data, source=str(path))
-
-
-def _safe_load(text: str) -> object:
-    try:
-        import yaml
-    except ModuleNotFoundError:  # pyyaml is a declared dependency; rosbags always brings ruamel.yaml
-        from ruamel.yaml import YAML
-
-        return YAML(typ="safe", pure=True).load(text)
-    return yaml.safe_load(text)
 
 
 def parse_topic_map(data: object, *, source: str = "topic map") -> TopicMap:
