@@ -15,6 +15,7 @@ from pathlib import Path
 
 
 def _demo(argv: list[str]) -> None:
+    from inference_server import TritonStartError
     from tether.topology import DemoConfig, run_demo
 
     p = argparse.ArgumentParser(prog="tether demo", description="Triton + gateway + MuJoCo sims, closed loop.")
@@ -28,14 +29,17 @@ def _demo(argv: list[str]) -> None:
         config = DemoConfig(env=a.env, envs=a.envs, seconds=a.seconds, summary=a.summary, run_dir=a.run_dir)
     except ValueError as exc:
         p.error(str(exc))
-    run_demo(config)
+    try:
+        run_demo(config)
+    except TritonStartError as exc:
+        raise SystemExit(f"tether demo: {exc}") from None
 
 
 def _triton(argv: list[str]) -> None:
     import signal
     import threading
 
-    from inference_server import ModelRepository, TritonServer
+    from inference_server import ModelRepository, TritonServer, TritonStartError
     from tether.topology import write_initial_policy
 
     p = argparse.ArgumentParser(prog="tether triton", description="Run tritonserver on a model repository.")
@@ -54,9 +58,13 @@ def _triton(argv: list[str]) -> None:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    with TritonServer(repo.root, models=models, grpc_port=a.grpc_port, http_port=a.http_port) as server:
-        print(f"triton {server.version} serving {models} on grpc {server.grpc_url} http {server.http_url}", flush=True)
-        stop.wait()
+    try:
+        with TritonServer(repo.root, models=models, grpc_port=a.grpc_port, http_port=a.http_port) as server:
+            print(f"triton {server.version} serving {models} on grpc {server.grpc_url} http {server.http_url}",
+                  flush=True)
+            stop.wait()
+    except TritonStartError as exc:
+        raise SystemExit(f"tether triton: {exc}") from None
 
 
 def _gateway(argv: list[str]) -> None:
@@ -89,3 +97,5 @@ def main(argv: list[str] | None = None) -> None:
         COMMANDS[argv[0]](argv[1:])
     except KeyboardInterrupt:
         raise SystemExit(130) from None
+    except ConnectionError as exc:  # a missing or failed peer process is a message, not a traceback
+        raise SystemExit(f"tether {argv[0]}: {exc}") from None

@@ -135,6 +135,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=50051)
     p.add_argument("--deadline-ms", type=int, default=100)
     p.add_argument("--max-batch", type=int, default=64)
+    p.add_argument("--triton-timeout", type=float, default=10.0, help="seconds to wait for Triton at start")
     p.add_argument("--max-inflight", type=int, default=1, help="concurrent Triton batches per policy version")
     return p.parse_args(argv)
 
@@ -157,4 +158,4 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     asyncio.run(serve(GatewayConfig(triton_url=a.triton, policy=a.policy, host=a.host, port=a.port,
                                     deadline_ms=a.deadline_ms, max_batch=a.max_batch,
-                                    max_inflight=a.max_inflight)))
+                                    max_inflight=a.max_inflight, triton_timeout_s=a.triton_timeout)))
