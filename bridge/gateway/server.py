@@ -125,6 +125,8 @@ class Gateway:
         if self.sessions.get(session.id) is session:
             del self.sessions[session.id]
             self.closed_stats.append(session.stats)
+            log.info("session %s closed: %d steps, %d episodes, errors %s", session.id, session.stats.steps,
+                     session.stats.episodes, session.stats.errors or "none")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
