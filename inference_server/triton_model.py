@@ -29,6 +29,17 @@ class TritonPythonModel:
         folder = Path(args["model_repository"]) / args["model_version"]
         self._policy = torch.jit.load(str(folder / "policy.pt"), map_location="cpu")
         self._policy.eval()
+        self._warm_up(config, pb_utils)
+
+    def _warm_up(self, config: dict, pb_utils) -> None:
+        """TorchScript optimises a module during its first calls (tens of ms each): pay for that
+        while loading, not on a robot's first control step."""
+        for batch in (1, 1, 1, max(1, int(config.get("max_batch_size", 1)))):
+            zeros = [torch.from_numpy(np.zeros((batch, *(max(1, int(d)) for d in spec["dims"])),
+                                               pb_utils.triton_string_to_numpy(spec["data_type"])))
+                     for spec in config["input"]]
+            with torch.inference_mode():
+                self._policy(*zeros)
 
     def execute(self, requests: list) -> list:
         pb = self._pb
