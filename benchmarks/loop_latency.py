@@ -20,6 +20,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import tritonclient.grpc as triton_grpc
+from svgplot import cdf, line_plot
 
 from inference_server import ModelRepository, TritonServer
 from protos import bridge_pb2, bridge_pb2_grpc
@@ -144,7 +145,11 @@ def main(argv: list[str] | None = None) -> dict:
     }
     print_table(result)
     write_json(a.json, result)
-    print(f"wrote {a.json}")
+    plot = a.json.with_suffix(".svg")
+    plot.write_text(line_plot({"raw tritonclient": cdf(np.asarray(raw) / 1e6),
+                               "through the gateway": cdf(np.asarray(via) / 1e6)},
+                              title="Batch-1 control step round trip (CDF)", x_label="ms", y_label="fraction"))
+    print(f"wrote {a.json} and {plot}")
     return result
 
 
