@@ -51,6 +51,7 @@ def line_plot(series: Mapping[str, tuple[Sequence[float], Sequence[float]]], *, 
         color = COLORS[i % len(COLORS)]
         points = " ".join(f"{px(a):.1f},{py(b):.1f}" for a, b in zip(x, y, strict=True))
         out.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{points}"/>')
-        out.append(f'<text x="{width - right - 150}" y="{top + 16 * (i + 1)}" fill="{color}">{name}</text>')
+        legend_y = height - bottom - 12 - 16 * (len(series) - 1 - i)  # bottom right: empty under a CDF
+        out.append(f'<text x="{width - right - 150}" y="{legend_y}" fill="{color}">{name}</text>')
     out.append("</svg>")
     return "\n".join(out)
