@@ -167,3 +167,22 @@ def test_triton_dying_mid_session_errors_steps_quickly(triton, tmp_path):
         asyncio.run(scenario())
     finally:
         server.stop()
+
+
+def test_a_client_vanishing_mid_stream_frees_its_session_and_others_run_on(triton):
+    async def scenario():
+        async with running_gateway(triton.url, policy="tiny") as gw:
+            s = await RawSession(gw.address, hello("vanishing", obs=OBS, act=ACT)).__aenter__()
+            assert (await s.step(np.zeros(11, np.float32))).WhichOneof("kind") == "action"
+            s.call.cancel()  # the robot's process dies: no half-close, no goodbye
+            await s.channel.close()
+            for _ in range(100):
+                if "vanishing" not in gw.sessions:
+                    break
+                await asyncio.sleep(0.02)
+            assert "vanishing" not in gw.sessions
+            # its id is free again, and the gateway still serves everyone
+            await asyncio.gather(run_steps(gw.address, triton, "vanishing", 10, 1),
+                                 run_steps(gw.address, triton, "other", 10, 2))
+
+    asyncio.run(scenario())
