@@ -25,11 +25,21 @@ counted as unanswered. The edge path therefore includes the wait for the edge's 
 robot and edge are not phase-locked, so the robot publishes one message per block more than
 `rate * seconds` and the phase sweeps one whole period during each block instead of sitting at one
 arbitrary offset. The edge's own observation -> action round trip is reported beside it.
+
+The edge's round trip is then compared with a plain grpc.aio Bridge session in this process, on
+the same gateway and policy with the same observation: once stepping like the edge (one
+observation per control period, the next one at the first period boundary after the reply) and
+once back to back, as benchmarks/loop_latency.py does. On a small shared machine the paced loop
+is the fair reference: a process that idles between steps runs every hop of the next one cold
+(Triton, the gateway, the sockets), so a paced round trip is far slower than a back-to-back one
+whoever sends it. For every round trip the gateway's own share comes from Action.timing
+(gateway receive -> send, and Triton's inference inside it, both on the gateway's clock).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import ctypes
 import os
@@ -44,6 +54,7 @@ import threading
 import time
 from pathlib import Path
 
+import grpc
 import numpy as np
 import torch
 
@@ -51,6 +62,8 @@ from bridge.ros2 import messages
 from bridge.ros2.dds import DdsTransport, loopback_config
 from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, TopicMap, load_topic_map
 from inference_server import ModelRepository, TritonServer
+from protos import bridge_pb2, bridge_pb2_grpc
+from protos.codec import encode_all
 from tether.topology import gateway_process, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -215,6 +228,55 @@ def block(robot: Robot, cmd: list[str], log_path: Path, *, rate: float, a: argpa
     return result
 
 
+async def session(gateway: str, tmap: TopicMap, *, rate: float | None, seconds: float, warmup: float) -> dict:
+    """A plain grpc.aio Bridge session: round trips (write -> read) and the gateway's share of each.
+
+    rate=None: back to back. Otherwise like the edge: one observation in flight, each sent at the
+    first control-period boundary after the previous reply."""
+    n = tmap.observation_specs()[0].shape[0]
+    arrays = {s.name: np.zeros(s.shape, s.dtype) for s in tmap.observation_specs()}
+    hello = bridge_pb2.Hello(policy=MODEL, source="bench:session",
+                             observation_spec=[s.to_proto() for s in tmap.observation_specs()],
+                             action_spec=[s.to_proto() for s in tmap.action_specs()])
+    rtt, gw, infer = [], [], []
+    async with grpc.aio.insecure_channel(gateway) as channel:
+        call = bridge_pb2_grpc.BridgeStub(channel).Connect()
+        await call.write(bridge_pb2.ClientMessage(hello=hello))
+        await call.read()
+        t0 = time.perf_counter()
+        measure_from, end, step = t0 + warmup, t0 + warmup + seconds, 0
+        while (now := time.perf_counter()) < end:
+            arrays["joint_position"] = encode_seq(step, n).astype(np.float32)
+            t_send = time.perf_counter_ns()
+            obs = bridge_pb2.Observation(step=step, t_sent_ns=time.time_ns(), tensors=encode_all(arrays),
+                                         step_type=bridge_pb2.FIRST if step == 0 else bridge_pb2.MID)
+            await call.write(bridge_pb2.ClientMessage(observation=obs))
+            reply = await call.read()
+            done = time.perf_counter_ns()
+            if reply.WhichOneof("kind") != "action":
+                raise RuntimeError(f"session step {step}: {reply}")
+            if now >= measure_from:
+                tm = reply.action.timing
+                rtt.append(done - t_send)
+                gw.append(tm.gateway_send_ns - tm.gateway_recv_ns)
+                infer.append(tm.infer_end_ns - tm.infer_start_ns)
+            step += 1
+            if rate is not None:
+                period = 1.0 / rate
+                now = time.perf_counter()
+                await asyncio.sleep((period - (now - t0) % period) if now > t0 else 0.0)
+        await call.done_writing()
+    return {**percentiles(rtt), "gateway": percentiles(gw), "inference": percentiles(infer)}
+
+
+def run_session(gateway: str, tmap: TopicMap, rate: float | None, a: argparse.Namespace) -> dict:
+    label = "grpc.aio session back to back" if rate is None else f"{rate:g} Hz grpc.aio session, paced"
+    result = asyncio.run(session(gateway, tmap, rate=rate, seconds=a.seconds, warmup=a.warmup))
+    print(f"  {label}: round trip p50 {result['p50']:.3f} ms (in gateway {result['gateway']['p50']:.3f}, "
+          f"of it inference {result['inference']['p50']:.3f})", flush=True)
+    return result
+
+
 def run_edge(robot: Robot, gateway: str, domain: int, rate: float, a: argparse.Namespace, logs: Path) -> dict:
     log_path = logs / f"edge_{rate:g}hz.log"
     cmd = [sys.executable, "-m", "tether", "edge", "--gateway", gateway, "--topic-map", str(a.topic_map),
@@ -222,8 +284,11 @@ def run_edge(robot: Robot, gateway: str, domain: int, rate: float, a: argparse.N
            "--node-name", "bench_edge", "--status-s", "3600"]
     result = block(robot, cmd, log_path, rate=rate, a=a, label=f"{rate:g} Hz edge+gateway+Triton")
     lines = [x for x in log_path.read_text().splitlines() if x.endswith("stopped")]
-    m = re.search(r"rtt p50/p99 ([\d.]+)/([\d.]+) ms", lines[-1]) if lines else None
-    result["edge_rtt_ms"] = {"p50": float(m[1]), "p99": float(m[2])} if m else None
+    m = re.search(r"rtt p50/p99 ([\d.]+)/([\d.]+) ms(?: \(p50 in gateway ([\d.]+), of it inference ([\d.]+)\))?",
+                  lines[-1]) if lines else None
+    result["edge_rtt_ms"] = {"p50": float(m[1]), "p99": float(m[2]),
+                             "gateway_p50": float(m[3]) if m[3] else None,
+                             "inference_p50": float(m[4]) if m[4] else None} if m else None
     result["edge_status"] = lines[-1] if lines else None
     return result
 
@@ -297,10 +362,12 @@ def main(argv: list[str] | None = None) -> dict | None:
         print(f"triton {triton.version} on {triton.grpc_url}, gateway {gw}", flush=True)
         robot = Robot(a.domain_id, tmap)
         try:
+            back_to_back = run_session(gw, tmap, None, a)
             for rate in rates:
                 raw = run_raw(robot, a.domain_id, rate, a, run_dir)
                 edge = run_edge(robot, gw, a.domain_id, rate, a, run_dir)
-                rows.append({"rate_hz": rate, "raw_dds": raw, "edge": edge,
+                paced = run_session(gw, tmap, rate, a)
+                rows.append({"rate_hz": rate, "raw_dds": raw, "edge": edge, "session_paced": paced,
                              "ratio_p50": _ratio(edge["p50"], raw["p50"]),
                              "ratio_p99": _ratio(edge["p99"], raw["p99"])})
         finally:
@@ -310,7 +377,7 @@ def main(argv: list[str] | None = None) -> dict | None:
               "triton_version": version, "domain_id": a.domain_id, "seconds": a.seconds, "warmup_s": a.warmup,
               "topic_map": str(a.topic_map), "policy": "action = joint_position + 0 x MLP(64, 64)",
               "method": " ".join(next(x for x in __doc__.split("\n\n") if x.startswith("Matching")).split()),
-              "rates": rows, "logs": str(run_dir)}
+              "rates": rows, "session_back_to_back": back_to_back, "logs": str(run_dir)}
     print_table(result)
     write_json(a.json, result)
     print(f"wrote {a.json}")
@@ -330,11 +397,23 @@ def print_table(r: dict) -> None:
             ratio = ("1.00", "1.00") if key == "raw_dds" else (f"{row['ratio_p50']}", f"{row['ratio_p99']}")
             print(f"{row['rate_hz']:>4g} Hz  {name:<24}{x['p50'] or float('nan'):>9.3f}{x['p99'] or float('nan'):>9.3f}"
                   f"{x['n']:>7}{x['answered']:>10.0%}{ratio[0]:>11}{ratio[1]:>11}")
+    b2b = r.get("session_back_to_back")
+    print("\nobservation -> action round trip through the gateway, p50/p99 ms (p50 inside the gateway; "
+          "of it Triton's inference)")
+    print(f"{'rate':>7}  {'edge node (whole run)':<34}{'grpc.aio session, same pacing':<34}"
+          f"{'grpc.aio session, back to back':<34}")
     for row in r["rates"]:
-        rtt = row["edge"]["edge_rtt_ms"]
-        if rtt:
-            print(f"{row['rate_hz']:g} Hz: the edge's own observation -> action round trip (whole run) "
-                  f"p50 {rtt['p50']:.3f} ms, p99 {rtt['p99']:.3f} ms")
+        rtt, paced = row["edge"]["edge_rtt_ms"], row.get("session_paced")
+        edge_text = "-" if not rtt else f"{rtt['p50']:.2f}/{rtt['p99']:.2f}"
+        if rtt and rtt.get("gateway_p50") is not None:
+            edge_text += f" ({rtt['gateway_p50']:.2f}; {rtt['inference_p50']:.2f})"
+        print(f"{row['rate_hz']:>4g} Hz  {edge_text:<34}{_session_text(paced):<34}{_session_text(b2b):<34}")
+
+
+def _session_text(x: dict | None) -> str:
+    if not x or x.get("p50") is None:
+        return "-"
+    return f"{x['p50']:.2f}/{x['p99']:.2f} ({x['gateway']['p50']:.2f}; {x['inference']['p50']:.2f})"
 
 
 if __name__ == "__main__":

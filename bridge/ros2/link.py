@@ -1,8 +1,8 @@
 """The edge node's line to the gateway: one `tether.v1.Bridge.Connect` stream, kept up by a thread.
 
-`GatewayLink` never blocks its caller. `send` queues an observation on the open stream (and
-returns False, dropping it, while none is open); what happens on the stream arrives as events on
-the caller's queue, in order:
+`GatewayLink` never blocks its caller. `send` queues a `ClientMessage` (an observation) on the
+open stream (and returns False, dropping it, while none is open); what happens on the stream
+arrives as events on the caller's queue, in order:
 
     LinkUp(generation, welcome)      a stream is open and the gateway welcomed us
     LinkReply(generation, message)   one ServerMessage (Action | StepError | EpisodeEnd)
@@ -20,7 +20,7 @@ consumes the outbox. The caller only calls `send`, `reset` and `close`, from any
     link = GatewayLink("127.0.0.1:50051", hello, events)
     link.start()
     event = events.get()                          # LinkUp(generation=1, welcome=...)
-    link.send(observation, generation=event.generation)
+    link.send(ClientMessage(observation=obs), generation=event.generation)
     events.get()                                  # LinkReply(generation=1, message=action)
     link.close()
 
@@ -104,12 +104,15 @@ class GatewayLink:
     def start(self) -> None:
         self._thread.start()
 
-    def send(self, observation: bridge_pb2.Observation, *, generation: int) -> bool:
-        """Queue `observation` on stream `generation`; False (not sent) if that stream is not open."""
+    def send(self, message: bridge_pb2.ClientMessage, *, generation: int) -> bool:
+        """Queue `message` on stream `generation`; False (not sent) if that stream is not open.
+
+        The caller builds the stream's message itself (the node fills the observation in place):
+        wrapping an `Observation` here would copy it on the control thread's critical path."""
         with self._lock:
             if self._outbox is None or generation != self._generation:
                 return False
-            self._outbox.put(bridge_pb2.ClientMessage(observation=observation))
+            self._outbox.put(message)
             return True
 
     def reset(self, reason: str) -> None:

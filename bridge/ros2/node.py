@@ -33,6 +33,17 @@ Threads. Three run code of ours; none waits on another's locks for long:
   It never waits on the network: `send` only queues, and a reply that takes longer than
   `reply_timeout_s` resets the stream.
 
+Latency. `stats.rtt_ns` runs from the control tick to the reply reaching the control thread;
+`stats.gateway_ns` and `stats.inference_ns` are its parts inside the gateway and, within that,
+Triton's, from the gateway's own timestamps (`Action.timing`), so the rest is the edge and the
+network. benchmarks/ros2_edge.py reports them beside a plain grpc.aio session on the same
+gateway, paced like the node and back to back. On a small shared machine compare with the paced
+one: a loop that idles between steps finds every process and cache cold (on the 2-core dev box
+Triton's inference doubles, ~1.1 -> ~2.2 ms, and so does each socket hop), so any client at
+100 Hz sees about twice the back-to-back round trip. The node's own share is the assembly before
+the send (~0.3 ms there, most of it cold topic-map and guard code) and the thread hops between
+the control thread and gRPC (~0.1-0.3 ms, no more than with a grpc.aio link on its own thread).
+
 E-stop (see `bridge.ros2.estop`): True on the topic map's e-stop topic latches the guard, False
 does not release it; a `std_msgs/String` with the operator's name on `release_topic` does. The
 node reports its latch on `state_topic`.
@@ -67,7 +78,7 @@ from bridge.ros2.link import GatewayLink, LinkDown, LinkReply, LinkUp
 from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, MissingMessageError, TopicMap, load_topic_map  # noqa: F401
 from bridge.ros2.transport import Transport, TransportError, ros_topic
 from protos import bridge_pb2
-from protos.codec import TensorError, check_all, encode, encode_all
+from protos.codec import Spec, TensorError, check_all, dtype_to_proto, encode
 
 log = logging.getLogger("tether.edge")
 
@@ -156,14 +167,52 @@ class EdgeStats:
     errors: Counter[str] = field(default_factory=Counter)   # StepError codes and the node's own
     skipped: Counter[str] = field(default_factory=Counter)  # periods without an observation, why
     rtt_ns: deque[int] = field(default_factory=lambda: deque(maxlen=10_000))  # observation -> reply
+    # Of an action's round trip, the part inside the gateway (receive -> send) and, of that, Triton's
+    # inference: differences of the gateway's own timestamps (Action.timing), so no clock is compared
+    # with another machine's. rtt - gateway = the edge itself plus the network, both ways.
+    gateway_ns: deque[int] = field(default_factory=lambda: deque(maxlen=10_000))
+    inference_ns: deque[int] = field(default_factory=lambda: deque(maxlen=10_000))
     policy_version: int = 0
 
     def rtt_ms(self) -> dict[str, float | None]:
-        rtt = np.fromiter(list(self.rtt_ns), np.int64)
-        if rtt.size == 0:
-            return {"p50": None, "p99": None}
-        p50, p99 = np.percentile(rtt, [50, 99]) / 1e6
-        return {"p50": round(float(p50), 3), "p99": round(float(p99), 3)}
+        return _percentiles_ms(self.rtt_ns)
+
+    def gateway_ms(self) -> dict[str, float | None]:
+        return _percentiles_ms(self.gateway_ns)
+
+    def inference_ms(self) -> dict[str, float | None]:
+        return _percentiles_ms(self.inference_ns)
+
+
+def _percentiles_ms(samples_ns: deque[int]) -> dict[str, float | None]:
+    ns = np.fromiter(list(samples_ns), np.int64)
+    if ns.size == 0:
+        return {"p50": None, "p99": None}
+    p50, p99 = np.percentile(ns, [50, 99]) / 1e6
+    return {"p50": round(float(p50), 3), "p99": round(float(p99), 3)}
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """One tensor's wire form, worked out once: each step fills and checks its messages with it
+    rather than through the generic codec (less code per step; a paced step runs cold)."""
+
+    name: str
+    code: int                      # tether.v1 DType
+    shape: list[int]               # a list: compares equal to a repeated proto field
+    dtype: np.dtype
+    nbytes: int
+    part: slice                    # where the tensor sits in the guard's command vector
+
+    @classmethod
+    def of(cls, specs: tuple[Spec, ...]) -> tuple[_Layout, ...]:
+        out, start = [], 0
+        for s in specs:
+            n = math.prod(s.shape)
+            out.append(cls(s.name, dtype_to_proto(s.dtype), list(s.shape), s.dtype, n * s.dtype.itemsize,
+                            slice(start, start + n)))
+            start += n
+        return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -192,7 +241,8 @@ class EdgeNode:
         if sum(sizes) != guard.size:
             raise EdgeConfigError(f"guard: limits for {guard.size} values, but the topic map's action "
                                   f"tensors have {sum(sizes)}")
-        self._splits = np.cumsum(sizes)[:-1]
+        self._obs_layout = _Layout.of(topic_map.observation_specs())
+        self._action_layout = _Layout.of(self._action_specs)
         estop = topic_map.estop
         self.estop_topic = estop.topic if estop else ESTOP_TOPIC
         self._estop_reliable = estop.reliable if estop else True
@@ -266,6 +316,9 @@ class EdgeNode:
         s, g, rtt = self.stats, self.guard.counts, self.stats.rtt_ms()
         link = f"up v{s.policy_version}" if self.connected else "DOWN"
         rtt_text = "-" if rtt["p50"] is None else f"{rtt['p50']:.2f}/{rtt['p99']:.2f} ms"
+        gateway, inference = s.gateway_ms()["p50"], s.inference_ms()["p50"]
+        if gateway is not None and inference is not None:
+            rtt_text += f" (p50 in gateway {gateway:.2f}, of it inference {inference:.2f})"
         return (f"edge {time.monotonic() - self._t0:7.1f}s  gateway {link}  obs {s.observations}  "
                 f"actions {s.actions}  commands {s.commands} (safe {s.safe_commands})  rtt p50/p99 {rtt_text}  "
                 f"errors {dict(s.errors)}  guard clamped={g.clamped} rate_limited={g.rate_limited} "
@@ -385,9 +438,7 @@ class EdgeNode:
         if any(now - received[e.topic] > self.config.stale_after_s for e in self.topic_map.observation):
             self.stats.skipped["stale"] += 1
             return False
-        obs = bridge_pb2.Observation(step=self._step, t_sent_ns=time.time_ns(), step_type=step_type,
-                                     tensors=encode_all(arrays), applied_action=self._applied, guard=report)
-        if not self._link.send(obs, generation=self._generation):
+        if not self._link.send(self._message(arrays, step_type, report), generation=self._generation):
             self.stats.skipped["disconnected"] += 1
             return False
         self._in_flight = _InFlight(self._step, now)
@@ -395,6 +446,20 @@ class EdgeNode:
         self._first = False
         self.stats.observations += 1
         return True
+
+    def _message(self, arrays: dict[str, np.ndarray], step_type: int,
+                 report: bridge_pb2.GuardReport) -> bridge_pb2.ClientMessage:
+        """This step's observation, filled in place in the message the stream sends (no copies of
+        intermediate messages); `arrays` already have the specs' dtypes and shapes."""
+        msg = bridge_pb2.ClientMessage()
+        obs = msg.observation
+        obs.step, obs.t_sent_ns, obs.step_type = self._step, time.time_ns(), step_type
+        add = obs.tensors.add
+        for t in self._obs_layout:
+            add(name=t.name, dtype=t.code, shape=t.shape, data=arrays[t.name].tobytes())
+        obs.applied_action.extend(self._applied)
+        obs.guard.CopyFrom(report)
+        return msg
 
     def _on_reply(self, event: LinkReply) -> None:
         msg = event.message
@@ -414,15 +479,19 @@ class EdgeNode:
             self._warn_once(f"{Code.Name(body.code)}: {body.message}")
         elif kind == "action":
             self._on_action(body)
+            timing = body.timing            # bookkeeping after the commands are out
+            if timing.gateway_send_ns and timing.gateway_recv_ns:
+                self.stats.gateway_ns.append(timing.gateway_send_ns - timing.gateway_recv_ns)
+            if timing.infer_end_ns and timing.infer_start_ns:
+                self.stats.inference_ns.append(timing.infer_end_ns - timing.infer_start_ns)
 
     def _on_action(self, action: bridge_pb2.Action) -> None:
         try:
-            arrays = check_all(self._action_specs, action.tensors)
+            vector = self._action_vector(action.tensors)
         except TensorError as exc:
             self.stats.errors["INVALID_ACTION"] += 1
             self._warn_once(f"invalid action from the gateway: {exc}")
             return
-        vector = np.concatenate([np.asarray(arrays[s.name], np.float64).reshape(-1) for s in self._action_specs])
         try:
             decision = self.guard.filter(vector)
         except GuardError as exc:
@@ -433,12 +502,31 @@ class EdgeNode:
         self.stats.policy_version = action.policy_version
         self._publish(decision)
 
+    def _action_vector(self, tensors) -> np.ndarray:
+        """The action's tensors as the guard's float64 command vector (spec order). The usual case,
+        exactly the spec's tensors in its order, is checked field by field; anything else goes
+        through `check_all`, which names what is wrong (TensorError) or accepts another order."""
+        layout = self._action_layout
+        if len(tensors) == len(layout):
+            parts = []
+            for t, want in zip(tensors, layout, strict=True):
+                if t.name != want.name or t.dtype != want.code or t.shape != want.shape or len(t.data) != want.nbytes:
+                    break
+                parts.append(np.frombuffer(t.data, want.dtype))
+            else:
+                vector = (parts[0] if len(parts) == 1 else np.concatenate(parts)).astype(np.float64)
+                if np.isfinite(vector).all():
+                    return vector
+        arrays = check_all(self._action_specs, tensors)
+        return np.concatenate([np.asarray(arrays[t.name], np.float64).reshape(-1) for t in layout])
+
     def _publish(self, decision: GuardDecision) -> None:
-        parts = np.split(decision.sent, self._splits)
-        arrays = {s.name: p.reshape(s.shape) for s, p in zip(self._action_specs, parts, strict=True)}
+        """Commands out first; then what the next observation reports as applied."""
+        sent = decision.sent
+        arrays = {t.name: sent[t.part].reshape(t.shape) for t in self._action_layout}
         for entry, msg in self.topic_map.commands(arrays):
             self._publishers[entry.topic](msg)
-        self._applied = [encode(s.name, arrays[s.name].astype(s.dtype)) for s in self._action_specs]
+        self._applied = [encode(t.name, arrays[t.name].astype(t.dtype)) for t in self._action_layout]
         self.last_decision = decision
         self.stats.commands += 1
         self.stats.safe_commands += decision.requested is None or decision.estopped

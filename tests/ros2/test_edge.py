@@ -125,6 +125,9 @@ def test_commands_arrive_in_order_with_bounded_latency(ros_domain, robot, gatewa
           f"p99 {p99:.2f} ms, max {latency.max():.2f} ms over {latency.size}; "
           f"edge rtt {node.stats.rtt_ms()}; stats {node.stats.skipped}")
     assert p99 < 200, latency
+    rtt, in_gateway, inference = node.stats.rtt_ms(), node.stats.gateway_ms(), node.stats.inference_ms()
+    assert 0 < inference["p50"] <= in_gateway["p50"] <= rtt["p50"]             # nested parts, from Action.timing
+    assert f"(p50 in gateway {in_gateway['p50']:.2f}, of it inference {inference['p50']:.2f})" in node.status_line()
     assert set(node.stats.errors) <= {"DEADLINE_EXCEEDED"}, node.stats.errors   # the gateway's, under load
     assert node.guard.counts.clamped == 0 and node.stats.connects == 1
     steps = [(sid, o.step, o.step_type) for sid, o in gateway_log]

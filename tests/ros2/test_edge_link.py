@@ -19,7 +19,7 @@ from bridge.ros2.link import GatewayLink, LinkDown
 from bridge.ros2.node import EdgeConfig, EdgeConfigError, EdgeNode, guard_config
 from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, load_topic_map, parse_topic_map
 from protos import bridge_pb2, bridge_pb2_grpc
-from protos.codec import encode
+from protos.codec import TensorError, encode
 from tests.ros2.edge_support import wait_until
 
 TMAP = load_topic_map(DEFAULT_TOPIC_MAP)
@@ -66,7 +66,7 @@ def test_unreachable_gateway_is_retried_with_bounded_backoff(unused_port):
     assert all(isinstance(d, LinkDown) and "not reachable" in d.reason for d in downs)
     assert [d.retry_in_s for d in downs] == [0.02, 0.04, 0.08, 0.08, 0.08, 0.08]
     assert [d.generation for d in downs] == list(range(1, 7))
-    assert not link.send(bridge_pb2.Observation(), generation=6)
+    assert not link.send(bridge_pb2.ClientMessage(observation=bridge_pb2.Observation()), generation=6)
 
 
 def test_hung_gateway_is_reset_while_the_watchdog_holds_the_robot_safe(ros_domain, unused_port):
@@ -127,6 +127,28 @@ def test_configuration_errors_name_the_value():
         with pytest.raises(ValueError, match=message):
             EdgeNode(config=EdgeConfig(gateway="127.0.0.1:1", **kwargs), topic_map=TMAP, transport=None,
                      guard=guard_config(TMAP, deadline_s=0.05))
+
+
+def test_an_action_is_checked_against_the_spec_and_put_in_its_order():
+    command = TMAP_DICT["action"][0]
+    arm = {**command, "joints": list(JOINTS[:4]), "tensors": {"arm": {"field": "data", "bounds": [-1.0, 1.0]}}}
+    grip = {**command, "topic": "/gripper/commands", "joints": list(JOINTS[4:]),
+            "tensors": {"grip": {"field": "data", "bounds": [0.0, 1.0]}}}
+    tmap = parse_topic_map({**TMAP_DICT, "action": [arm, grip]})
+    node = EdgeNode(config=EdgeConfig(gateway="127.0.0.1:1"), topic_map=tmap, transport=None,
+                    guard=guard_config(tmap, deadline_s=0.05))
+    a, g = np.arange(4, dtype=np.float32) / 8, np.array([0.5, 0.25], np.float32)
+    for tensors in ([encode("arm", a), encode("grip", g)], [encode("grip", g), encode("arm", a)]):
+        vector = node._action_vector(tensors)
+        assert vector.dtype == np.float64 and vector.tolist() == [0, 0.125, 0.25, 0.375, 0.5, 0.25]
+    for tensors, problem in [
+            ([encode("arm", a)], "grip: missing"),
+            ([encode("arm", a), encode("grip", g), encode("wrist", g)], "wrist: not in the declared spec"),
+            ([encode("arm", a.astype(np.float64)), encode("grip", g)], "arm: dtype float64, expected float32"),
+            ([encode("arm", a[:3]), encode("grip", g)], r"arm: shape \[3\], expected \[4\]"),
+            ([encode("arm", a), encode("grip", np.array([0.5, np.inf], np.float32))], "grip: contains NaN or inf")]:
+        with pytest.raises(TensorError, match=problem):
+            node._action_vector(tensors)
 
 
 TMAP_DICT = {
