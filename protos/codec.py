@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -75,7 +76,7 @@ def decode(tensor: tensor_pb2.Tensor) -> np.ndarray:
     shape = tuple(tensor.shape)
     if any(d < 0 for d in shape):
         raise TensorError(tensor.name, f"negative dimension in shape {list(shape)}")
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    expected = math.prod(shape) * dtype.itemsize
     if len(tensor.data) != expected:
         raise TensorError(tensor.name, f"{len(tensor.data)} bytes for shape {list(shape)} of "
                                        f"{dtype.name} (expected {expected})")

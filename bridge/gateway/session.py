@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -58,7 +59,7 @@ class Session:
         self._last_step = obs.step
         try:
             arrays = check_all(self.observation_spec, obs.tensors)
-            if not np.isfinite(obs.reward):
+            if not math.isfinite(obs.reward):
                 raise TensorError("reward", f"non-finite reward {obs.reward}")
         except TensorError as exc:
             return self._error(obs.step, Code.INVALID_OBSERVATION, exc.field, str(exc))
