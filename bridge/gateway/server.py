@@ -125,8 +125,10 @@ class Gateway:
         if self.sessions.get(session.id) is session:
             del self.sessions[session.id]
             self.closed_stats.append(session.stats)
-            log.info("session %s closed: %d steps, %d episodes, errors %s", session.id, session.stats.steps,
-                     session.stats.episodes, session.stats.errors or "none")
+            stats, guard = session.stats, session.stats.guard
+            log.info("session %s closed: %d steps, %d episodes, errors %s, edge guard clamped %d rate-limited %d "
+                     "watchdog %d estop %d", session.id, stats.steps, stats.episodes, stats.errors or "none",
+                     guard.clamped, guard.rate_limited, guard.watchdog, guard.estop)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

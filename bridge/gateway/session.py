@@ -26,6 +26,7 @@ class SessionStats:
     steps: int = 0
     episodes: int = 0
     errors: dict[str, int] = field(default_factory=dict)
+    guard: bridge_pb2.GuardReport = field(default_factory=bridge_pb2.GuardReport)  # the edge's latest counts
 
     def count_error(self, code: int) -> None:
         name = Code.Name(code)
@@ -64,6 +65,8 @@ class Session:
         except TensorError as exc:
             return self._error(obs.step, Code.INVALID_OBSERVATION, exc.field, str(exc))
         self._track_episode(obs)
+        if obs.HasField("guard"):
+            self.stats.guard = obs.guard
         if obs.step_type == bridge_pb2.LAST:
             return self._end_episode(obs.step)
         return await self._act(obs, arrays, received)

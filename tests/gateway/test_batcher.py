@@ -101,3 +101,15 @@ def test_a_step_past_its_deadline_is_an_error_and_the_session_goes_on():
     assert late.error.code == bridge_pb2.StepError.DEADLINE_EXCEEDED and "50 ms" in late.error.message
     assert on_time.action.step == 1 and decode(on_time.action.tensors[0]).tolist() == [2.0, 2.0]
     assert session.stats.errors == {"DEADLINE_EXCEEDED": 1} and session.stats.steps == 1
+
+
+def test_the_session_keeps_the_edge_guard_counts_it_is_sent():
+    session = Session(session_id="s", source="test", policy=ServedPolicy("m", 1, OBS, ACT),
+                      observation_spec=OBS, action_spec=ACT, batcher=MicroBatcher(SlowDoubler(0)), deadline_s=1)
+    report = bridge_pb2.GuardReport(clamped=3, watchdog=1, estopped=True)
+    obs = bridge_pb2.Observation(step=0, step_type=bridge_pb2.FIRST, guard=report,
+                                 tensors=[encode("obs", np.ones(2, np.float32))],
+                                 applied_action=[encode("act", np.zeros(2, np.float32))])
+    reply = asyncio.run(session.handle(obs))
+    assert reply.WhichOneof("kind") == "action"
+    assert session.stats.guard == report
