@@ -35,8 +35,10 @@ import threading
 import time
 from pathlib import Path
 
+from bridge.ros2.edge_config import EdgeConfig, EdgeConfigError, guard_config
+from bridge.ros2.edge_stats import EdgeStats
 from bridge.ros2.estop import ESTOP_TOPIC, RELEASE_TOPIC, STATE_TOPIC, EstopError, request_estop, request_release
-from bridge.ros2.node import EdgeConfig, EdgeConfigError, EdgeError, EdgeNode, EdgeStats, guard_config
+from bridge.ros2.node import EdgeError, EdgeNode
 from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, TopicMapError, load_topic_map
 from bridge.ros2.transport import TransportError, open_transport
 

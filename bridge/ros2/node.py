@@ -48,171 +48,44 @@ E-stop (see `bridge.ros2.estop`): True on the topic map's e-stop topic latches t
 does not release it; a `std_msgs/String` with the operator's name on `release_topic` does. The
 node reports its latch on `state_topic`.
 
-    >>> tmap = load_topic_map(DEFAULT_TOPIC_MAP)
-    >>> cfg = guard_config(tmap, deadline_s=0.05, max_delta=0.1, safe_action="zero")
-    >>> cfg.size, cfg.position_high[2], cfg.max_delta[0], cfg.deadline_s
-    (6, 3.1416, 0.1, 0.05)
-    >>> EdgeConfig(gateway="127.0.0.1:50051", rate_hz=0)
-    Traceback (most recent call last):
-    ...
-    bridge.ros2.node.EdgeConfigError: rate_hz: expected a number of Hz in (0, 2000], got 0
+Beside it: `bridge.ros2.edge_config` (EdgeConfig, guard_config: the settings, checked up front),
+`bridge.ros2.edge_stats` (EdgeStats: what the node counts and times) and
+`bridge.ros2.tensor_layout` (TensorLayout: the tensors' wire form, worked out once).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import math
 import queue
 import threading
 import time
-from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from bridge.ros2 import messages
-from bridge.ros2.estop import ESTOP_TOPIC, RELEASE_TOPIC, STATE_TOPIC
+from bridge.ros2.edge_config import EdgeConfig, EdgeConfigError
+from bridge.ros2.edge_stats import EdgeStats
+from bridge.ros2.estop import ESTOP_TOPIC
 from bridge.ros2.guard import GuardConfig, GuardDecision, GuardError, SafetyGuard
 from bridge.ros2.link import GatewayLink, LinkDown, LinkReply, LinkUp
-from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, MissingMessageError, TopicMap, load_topic_map  # noqa: F401
-from bridge.ros2.transport import Transport, TransportError, ros_topic
+from bridge.ros2.tensor_layout import TensorLayout
+from bridge.ros2.topic_map import MissingMessageError, TopicMap
+from bridge.ros2.transport import Transport
 from protos import bridge_pb2
-from protos.codec import Spec, TensorError, check_all, dtype_to_proto, encode
+from protos.codec import TensorError
 
 log = logging.getLogger("tether.edge")
 
-__all__ = ["EdgeConfig", "EdgeConfigError", "EdgeError", "EdgeNode", "EdgeStats", "guard_config"]
+__all__ = ["EdgeError", "EdgeNode"]
 
 Code = bridge_pb2.StepError.Code
 _STATE_PERIOD_S = 1.0
 
 
-class EdgeConfigError(ValueError):
-    """An edge-node setting that cannot work; the message names the setting and its value."""
-
-
 class EdgeError(RuntimeError):
     """The control loop stopped on an error (e.g. the transport failed); the cause is chained."""
-
-
-def _seconds(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
-        raise EdgeConfigError(f"{name}: expected a finite number of seconds > 0, got {value!r}")
-    return float(value)
-
-
-@dataclass(frozen=True, kw_only=True)
-class EdgeConfig:
-    """How the node talks to the gateway and how often; the guard's limits are a `GuardConfig`."""
-
-    gateway: str                               # HOST:PORT of the gateway
-    rate_hz: float = 100.0                     # control rate: observations, guard ticks
-    policy: str = ""                           # Triton model; "" = the gateway's default
-    node_name: str = "tether_edge"
-    release_topic: str = RELEASE_TOPIC         # std_msgs/String operator name: releases the e-stop
-    state_topic: str = STATE_TOPIC             # std_msgs/Bool: the node's e-stop latch
-    stale_after_s: float = 0.5                 # older observation messages are not sent
-    reply_timeout_s: float = 1.0               # no reply for this long: the stream is reset
-    connect_timeout_s: float = 2.0
-    backoff_s: tuple[float, float] = (0.1, 2.0)  # reconnect delay: initial, doubling up to max
-
-    def __post_init__(self) -> None:
-        rate = self.rate_hz
-        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate <= 2000:
-            raise EdgeConfigError(f"rate_hz: expected a number of Hz in (0, 2000], got {rate!r}")
-        if not isinstance(self.gateway, str) or not self.gateway.rpartition(":")[2].isdigit():
-            raise EdgeConfigError(f"gateway: expected HOST:PORT, got {self.gateway!r}")
-        if not isinstance(self.node_name, str) or not self.node_name.isidentifier():
-            raise EdgeConfigError(f"node_name: expected a ROS 2 node name, got {self.node_name!r}")
-        for name in ("stale_after_s", "reply_timeout_s", "connect_timeout_s"):
-            _seconds(name, getattr(self, name))
-        for name in ("release_topic", "state_topic"):
-            try:
-                ros_topic(getattr(self, name))
-            except TransportError as exc:
-                raise EdgeConfigError(f"{name}: {exc}") from None
-
-
-def guard_config(topic_map: TopicMap, *, deadline_s: float, velocity_limit: object = None,
-                 max_delta: object = None, safe_action: object = "hold") -> GuardConfig:
-    """The guard for the topic map's action tensors, concatenated in spec order; the position
-    limits are the topic map's bounds, which every action tensor must declare."""
-    low: list[float] = []
-    high: list[float] = []
-    for spec in topic_map.action_specs():
-        n = math.prod(spec.shape)
-        if not spec.low:
-            raise EdgeConfigError(f"action tensor {spec.name!r} has no bounds in the topic map: "
-                                  "the safety guard needs limits for every command")
-        if len(spec.low) not in (1, n):
-            raise EdgeConfigError(f"action tensor {spec.name!r}: {len(spec.low)} bounds for {n} values")
-        low += list(spec.low) * (n if len(spec.low) == 1 else 1)
-        high += list(spec.high) * (n if len(spec.high) == 1 else 1)
-    return GuardConfig(position_low=tuple(low), position_high=tuple(high), velocity_limit=velocity_limit,
-                       max_delta=max_delta, deadline_s=deadline_s, safe_action=safe_action)
-
-
-@dataclass
-class EdgeStats:
-    """Counters of one node (written by the control thread; read them from anywhere)."""
-
-    observations: int = 0          # sent to the gateway
-    actions: int = 0               # policy actions passed to the guard
-    commands: int = 0              # command sets published, policy or safe
-    safe_commands: int = 0         # of which the guard's safe action (watchdog, e-stop)
-    connects: int = 0              # streams welcomed
-    disconnects: int = 0           # welcomed streams lost
-    overruns: int = 0              # control periods that started late by a whole period
-    errors: Counter[str] = field(default_factory=Counter)   # StepError codes and the node's own
-    skipped: Counter[str] = field(default_factory=Counter)  # periods without an observation, why
-    rtt_ns: deque[int] = field(default_factory=lambda: deque(maxlen=10_000))  # observation -> reply
-    # Of an action's round trip, the part inside the gateway (receive -> send) and, of that, Triton's
-    # inference: differences of the gateway's own timestamps (Action.timing), so no clock is compared
-    # with another machine's. rtt - gateway = the edge itself plus the network, both ways.
-    gateway_ns: deque[int] = field(default_factory=lambda: deque(maxlen=10_000))
-    inference_ns: deque[int] = field(default_factory=lambda: deque(maxlen=10_000))
-    policy_version: int = 0
-
-    def rtt_ms(self) -> dict[str, float | None]:
-        return _percentiles_ms(self.rtt_ns)
-
-    def gateway_ms(self) -> dict[str, float | None]:
-        return _percentiles_ms(self.gateway_ns)
-
-    def inference_ms(self) -> dict[str, float | None]:
-        return _percentiles_ms(self.inference_ns)
-
-
-def _percentiles_ms(samples_ns: deque[int]) -> dict[str, float | None]:
-    ns = np.fromiter(list(samples_ns), np.int64)
-    if ns.size == 0:
-        return {"p50": None, "p99": None}
-    p50, p99 = np.percentile(ns, [50, 99]) / 1e6
-    return {"p50": round(float(p50), 3), "p99": round(float(p99), 3)}
-
-
-@dataclass(frozen=True)
-class _Layout:
-    """One tensor's wire form, worked out once: each step fills and checks its messages with it
-    rather than through the generic codec (less code per step; a paced step runs cold)."""
-
-    name: str
-    code: int                      # tether.v1 DType
-    shape: list[int]               # a list: compares equal to a repeated proto field
-    dtype: np.dtype
-    nbytes: int
-    part: slice                    # where the tensor sits in the guard's command vector
-
-    @classmethod
-    def of(cls, specs: tuple[Spec, ...]) -> tuple[_Layout, ...]:
-        out, start = [], 0
-        for s in specs:
-            n = math.prod(s.shape)
-            out.append(cls(s.name, dtype_to_proto(s.dtype), list(s.shape), s.dtype, n * s.dtype.itemsize,
-                            slice(start, start + n)))
-            start += n
-        return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -236,13 +109,11 @@ class EdgeNode:
     def __init__(self, *, config: EdgeConfig, topic_map: TopicMap, transport: Transport, guard: GuardConfig):
         self.config, self.topic_map, self.transport = config, topic_map, transport
         self.guard = SafetyGuard(guard)
-        self._action_specs = topic_map.action_specs()
-        sizes = [math.prod(s.shape) for s in self._action_specs]
-        if sum(sizes) != guard.size:
+        self._action_layout = TensorLayout(topic_map.action_specs())
+        if self._action_layout.size != guard.size:
             raise EdgeConfigError(f"guard: limits for {guard.size} values, but the topic map's action "
-                                  f"tensors have {sum(sizes)}")
-        self._obs_layout = _Layout.of(topic_map.observation_specs())
-        self._action_layout = _Layout.of(self._action_specs)
+                                  f"tensors have {self._action_layout.size}")
+        self._obs_layout = TensorLayout(topic_map.observation_specs())
         estop = topic_map.estop
         self.estop_topic = estop.topic if estop else ESTOP_TOPIC
         self._estop_reliable = estop.reliable if estop else True
@@ -255,8 +126,8 @@ class EdgeNode:
         self._latest_lock = threading.Lock()
         hello = bridge_pb2.Hello(
             policy=config.policy, source=f"ros2:{config.node_name}",
-            observation_spec=[s.to_proto() for s in topic_map.observation_specs()],
-            action_spec=[s.to_proto() for s in self._action_specs],
+            observation_spec=[s.to_proto() for s in self._obs_layout.specs],
+            action_spec=[s.to_proto() for s in self._action_layout.specs],
             labels={"node": config.node_name, "rate_hz": f"{config.rate_hz:g}"})
         self._link = GatewayLink(config.gateway, hello, self._events, connect_timeout_s=config.connect_timeout_s,
                                  backoff_s=config.backoff_s)
@@ -454,9 +325,7 @@ class EdgeNode:
         msg = bridge_pb2.ClientMessage()
         obs = msg.observation
         obs.step, obs.t_sent_ns, obs.step_type = self._step, time.time_ns(), step_type
-        add = obs.tensors.add
-        for t in self._obs_layout:
-            add(name=t.name, dtype=t.code, shape=t.shape, data=arrays[t.name].tobytes())
+        self._obs_layout.fill(obs.tensors, arrays)
         obs.applied_action.extend(self._applied)
         obs.guard.CopyFrom(report)
         return msg
@@ -487,7 +356,7 @@ class EdgeNode:
 
     def _on_action(self, action: bridge_pb2.Action) -> None:
         try:
-            vector = self._action_vector(action.tensors)
+            vector = self._action_layout.vector(action.tensors)
         except TensorError as exc:
             self.stats.errors["INVALID_ACTION"] += 1
             self._warn_once(f"invalid action from the gateway: {exc}")
@@ -502,31 +371,12 @@ class EdgeNode:
         self.stats.policy_version = action.policy_version
         self._publish(decision)
 
-    def _action_vector(self, tensors) -> np.ndarray:
-        """The action's tensors as the guard's float64 command vector (spec order). The usual case,
-        exactly the spec's tensors in its order, is checked field by field; anything else goes
-        through `check_all`, which names what is wrong (TensorError) or accepts another order."""
-        layout = self._action_layout
-        if len(tensors) == len(layout):
-            parts = []
-            for t, want in zip(tensors, layout, strict=True):
-                if t.name != want.name or t.dtype != want.code or t.shape != want.shape or len(t.data) != want.nbytes:
-                    break
-                parts.append(np.frombuffer(t.data, want.dtype))
-            else:
-                vector = (parts[0] if len(parts) == 1 else np.concatenate(parts)).astype(np.float64)
-                if np.isfinite(vector).all():
-                    return vector
-        arrays = check_all(self._action_specs, tensors)
-        return np.concatenate([np.asarray(arrays[t.name], np.float64).reshape(-1) for t in layout])
-
     def _publish(self, decision: GuardDecision) -> None:
         """Commands out first; then what the next observation reports as applied."""
-        sent = decision.sent
-        arrays = {t.name: sent[t.part].reshape(t.shape) for t in self._action_layout}
+        arrays = self._action_layout.split(decision.sent)
         for entry, msg in self.topic_map.commands(arrays):
             self._publishers[entry.topic](msg)
-        self._applied = [encode(t.name, arrays[t.name].astype(t.dtype)) for t in self._action_layout]
+        self._applied = self._action_layout.encode(arrays)
         self.last_decision = decision
         self.stats.commands += 1
         self.stats.safe_commands += decision.requested is None or decision.estopped

@@ -20,7 +20,8 @@ import torch
 
 from bridge.gateway import Gateway, GatewayConfig
 from bridge.ros2.dds import DdsTransport
-from bridge.ros2.node import EdgeConfig, EdgeNode, guard_config
+from bridge.ros2.edge_config import EdgeConfig, guard_config
+from bridge.ros2.node import EdgeNode
 from protos.codec import Spec
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,8 +15,10 @@ import pytest
 
 from bridge.ros2 import messages
 from bridge.ros2.dds import DdsTransport
+from bridge.ros2.edge_config import EdgeConfig, EdgeConfigError, guard_config
 from bridge.ros2.link import GatewayLink, LinkDown
-from bridge.ros2.node import EdgeConfig, EdgeConfigError, EdgeNode, guard_config
+from bridge.ros2.node import EdgeNode
+from bridge.ros2.tensor_layout import TensorLayout
 from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, load_topic_map, parse_topic_map
 from protos import bridge_pb2, bridge_pb2_grpc
 from protos.codec import TensorError, encode
@@ -135,11 +137,11 @@ def test_an_action_is_checked_against_the_spec_and_put_in_its_order():
     grip = {**command, "topic": "/gripper/commands", "joints": list(JOINTS[4:]),
             "tensors": {"grip": {"field": "data", "bounds": [0.0, 1.0]}}}
     tmap = parse_topic_map({**TMAP_DICT, "action": [arm, grip]})
-    node = EdgeNode(config=EdgeConfig(gateway="127.0.0.1:1"), topic_map=tmap, transport=None,
-                    guard=guard_config(tmap, deadline_s=0.05))
+    layout = TensorLayout(tmap.action_specs())
+    assert layout.size == guard_config(tmap, deadline_s=0.05).size == 6
     a, g = np.arange(4, dtype=np.float32) / 8, np.array([0.5, 0.25], np.float32)
     for tensors in ([encode("arm", a), encode("grip", g)], [encode("grip", g), encode("arm", a)]):
-        vector = node._action_vector(tensors)
+        vector = layout.vector(tensors)
         assert vector.dtype == np.float64 and vector.tolist() == [0, 0.125, 0.25, 0.375, 0.5, 0.25]
     for tensors, problem in [
             ([encode("arm", a)], "grip: missing"),
@@ -148,7 +150,7 @@ def test_an_action_is_checked_against_the_spec_and_put_in_its_order():
             ([encode("arm", a[:3]), encode("grip", g)], r"arm: shape \[3\], expected \[4\]"),
             ([encode("arm", a), encode("grip", np.array([0.5, np.inf], np.float32))], "grip: contains NaN or inf")]:
         with pytest.raises(TensorError, match=problem):
-            node._action_vector(tensors)
+            layout.vector(tensors)
 
 
 TMAP_DICT = {

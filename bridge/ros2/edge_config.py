@@ -1,0 +1,86 @@
+"""The edge node's settings: how it talks to the gateway (`EdgeConfig`) and the safety guard's
+limits for a topic map's commands (`guard_config`). A bad setting fails here, named, before any
+topic or socket is opened:
+
+    >>> tmap = load_topic_map(DEFAULT_TOPIC_MAP)
+    >>> cfg = guard_config(tmap, deadline_s=0.05, max_delta=0.1, safe_action="zero")
+    >>> cfg.size, cfg.position_high[2], cfg.max_delta[0], cfg.deadline_s
+    (6, 3.1416, 0.1, 0.05)
+    >>> EdgeConfig(gateway="127.0.0.1:50051", rate_hz=0)
+    Traceback (most recent call last):
+    ...
+    bridge.ros2.edge_config.EdgeConfigError: rate_hz: expected a number of Hz in (0, 2000], got 0
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from bridge.ros2.estop import RELEASE_TOPIC, STATE_TOPIC
+from bridge.ros2.guard import GuardConfig
+from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, TopicMap, load_topic_map  # noqa: F401
+from bridge.ros2.transport import TransportError, ros_topic
+
+__all__ = ["EdgeConfig", "EdgeConfigError", "guard_config"]
+
+
+class EdgeConfigError(ValueError):
+    """An edge-node setting that cannot work; the message names the setting and its value."""
+
+
+def _seconds(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise EdgeConfigError(f"{name}: expected a finite number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EdgeConfig:
+    """How the node talks to the gateway and how often; the guard's limits are a `GuardConfig`."""
+
+    gateway: str                               # HOST:PORT of the gateway
+    rate_hz: float = 100.0                     # control rate: observations, guard ticks
+    policy: str = ""                           # Triton model; "" = the gateway's default
+    node_name: str = "tether_edge"
+    release_topic: str = RELEASE_TOPIC         # std_msgs/String operator name: releases the e-stop
+    state_topic: str = STATE_TOPIC             # std_msgs/Bool: the node's e-stop latch
+    stale_after_s: float = 0.5                 # older observation messages are not sent
+    reply_timeout_s: float = 1.0               # no reply for this long: the stream is reset
+    connect_timeout_s: float = 2.0
+    backoff_s: tuple[float, float] = (0.1, 2.0)  # reconnect delay: initial, doubling up to max
+
+    def __post_init__(self) -> None:
+        rate = self.rate_hz
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate <= 2000:
+            raise EdgeConfigError(f"rate_hz: expected a number of Hz in (0, 2000], got {rate!r}")
+        if not isinstance(self.gateway, str) or not self.gateway.rpartition(":")[2].isdigit():
+            raise EdgeConfigError(f"gateway: expected HOST:PORT, got {self.gateway!r}")
+        if not isinstance(self.node_name, str) or not self.node_name.isidentifier():
+            raise EdgeConfigError(f"node_name: expected a ROS 2 node name, got {self.node_name!r}")
+        for name in ("stale_after_s", "reply_timeout_s", "connect_timeout_s"):
+            _seconds(name, getattr(self, name))
+        for name in ("release_topic", "state_topic"):
+            try:
+                ros_topic(getattr(self, name))
+            except TransportError as exc:
+                raise EdgeConfigError(f"{name}: {exc}") from None
+
+
+def guard_config(topic_map: TopicMap, *, deadline_s: float, velocity_limit: object = None,
+                 max_delta: object = None, safe_action: object = "hold") -> GuardConfig:
+    """The guard for the topic map's action tensors, concatenated in spec order; the position
+    limits are the topic map's bounds, which every action tensor must declare."""
+    low: list[float] = []
+    high: list[float] = []
+    for spec in topic_map.action_specs():
+        n = math.prod(spec.shape)
+        if not spec.low:
+            raise EdgeConfigError(f"action tensor {spec.name!r} has no bounds in the topic map: "
+                                  "the safety guard needs limits for every command")
+        if len(spec.low) not in (1, n):
+            raise EdgeConfigError(f"action tensor {spec.name!r}: {len(spec.low)} bounds for {n} values")
+        low += list(spec.low) * (n if len(spec.low) == 1 else 1)
+        high += list(spec.high) * (n if len(spec.high) == 1 else 1)
+    return GuardConfig(position_low=tuple(low), position_high=tuple(high), velocity_limit=velocity_limit,
+                       max_delta=max_delta, deadline_s=deadline_s, safe_action=safe_action)
