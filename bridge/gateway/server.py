@@ -14,6 +14,7 @@ import asyncio
 import itertools
 import logging
 import signal
+from collections import deque
 from dataclasses import dataclass
 
 import grpc
@@ -23,7 +24,7 @@ from bridge.gateway.batcher import MicroBatcher
 from bridge.gateway.errors import DuplicateSession, InvalidHello
 from bridge.gateway.policies import PolicyCatalog, check_compatible
 from bridge.gateway.service import BridgeService
-from bridge.gateway.session import Session
+from bridge.gateway.session import Session, SessionStats
 from inference_server import PolicyClient
 from protos import bridge_pb2, bridge_pb2_grpc
 from protos.codec import TensorError, specs_from_proto
@@ -58,7 +59,7 @@ class Gateway:
         self.batcher = MicroBatcher(self._client, max_batch=config.max_batch,
                                     max_inflight=config.max_inflight)
         self.sessions: dict[str, Session] = {}
-        self.closed_stats = []
+        self.closed_stats: deque[SessionStats] = deque(maxlen=1024)  # the most recent closed sessions
         self.server_version = ""
         self._ids = itertools.count(1)
         self._server: grpc.aio.Server | None = None
