@@ -64,7 +64,7 @@ from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, TopicMap, load_topic_map
 from inference_server import ModelRepository, TritonServer
 from protos import bridge_pb2, bridge_pb2_grpc
 from protos.codec import encode_all
-from tether.topology import gateway_process, write_json
+from tether.topology import gateway_process, stop_process, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "bench_edge_echo"
@@ -201,13 +201,7 @@ def child(cmd: list[str], log_path: Path):
         try:
             yield proc
         finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop_process(proc)
 
 
 def block(robot: Robot, cmd: list[str], log_path: Path, *, rate: float, a: argparse.Namespace, label: str) -> dict:

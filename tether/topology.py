@@ -65,7 +65,8 @@ def gateway_process(*, triton_url: str, policy: str, log_path: Path, timeout: fl
             log.write(line)
         ready.set()
 
-    threading.Thread(target=pump, daemon=True).start()
+    pumping = threading.Thread(target=pump, daemon=True)
+    pumping.start()
     try:
         ready.wait(timeout)
         if not address:
@@ -74,14 +75,20 @@ def gateway_process(*, triton_url: str, policy: str, log_path: Path, timeout: fl
                                + log_path.read_text()[-2000:])
         yield address[0]
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc)
+        pumping.join(5)
         log.close()
+
+
+def stop_process(proc: subprocess.Popen, *, grace_s: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL after `grace_s`; returns once the process is gone."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @dataclass(frozen=True, kw_only=True)
