@@ -31,6 +31,7 @@ from protos.codec import TensorError, specs_from_proto
 
 log = logging.getLogger("tether.gateway")
 SERVICE_NAME = bridge_pb2.DESCRIPTOR.services_by_name["Bridge"].full_name
+MAX_MESSAGE_BYTES = 64 << 20  # camera observations: a 1080p RGB frame alone is 6 MB (gRPC's default cap: 4 MB)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,7 +75,8 @@ class Gateway:
             raise ConnectionError(f"Triton at {self.config.triton_url} is not ready after "
                                   f"{self.config.triton_timeout_s:g} s: {exc}") from exc
         self.server_version = await self._client.server_version()
-        self._server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        self._server = grpc.aio.server(options=[("grpc.so_reuseport", 0),  # a taken port is an error, not shared
+                                                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
         bridge_pb2_grpc.add_BridgeServicer_to_server(BridgeService(self), self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         port = self._server.add_insecure_port(f"{self.config.host}:{self.config.port}")

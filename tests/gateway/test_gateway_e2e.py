@@ -186,3 +186,18 @@ def test_a_client_vanishing_mid_stream_frees_its_session_and_others_run_on(trito
                                  run_steps(gw.address, triton, "other", 10, 2))
 
     asyncio.run(scenario())
+
+
+def test_a_camera_frame_rides_along_with_the_policy_input(triton):
+    camera = Spec("camera", np.uint8, (1080, 1920, 3))  # 6.2 MB: over gRPC's default 4 MB cap
+    frame = np.random.default_rng(0).integers(0, 255, camera.shape, dtype=np.uint8)
+
+    async def scenario():
+        async with running_gateway(triton.url, policy="tiny") as gw:
+            async with RawSession(gw.address, hello(obs=(*OBS, camera), act=ACT)) as s:
+                obs = np.ones(11, np.float32)
+                reply = await s.send([encode("observation", obs), encode("camera", frame)])
+                assert reply.WhichOneof("kind") == "action", reply
+                np.testing.assert_allclose(decode(reply.action.tensors[0]), triton.expected_action(obs), atol=1e-5)
+
+    asyncio.run(scenario())
