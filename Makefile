@@ -10,8 +10,12 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
-	  echo "python3-venv missing: installing it with apt-get"; \
+	  echo "python3-venv missing: installing it with apt-get"; rm -rf $(VENV); \
 	  apt-get update -qq && apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(VENV); }
+	# Triton's python backend stub embeds libpython: Debian ships it apart from the interpreter
+	@$(PY) -c 'import os, sysconfig as s; v = s.get_config_var; raise SystemExit(not os.path.exists(os.path.join(v("LIBDIR") or "", v("INSTSONAME") or "-")))' || { \
+	  echo "shared libpython missing: installing it with apt-get"; \
+	  apt-get update -qq && apt-get install -y -qq "lib$$($(PY) -c 'import sys; print(f"python{sys.version_info[0]}.{sys.version_info[1]}")')"; }
 	$(PY) -m pip install -q --upgrade pip
 	# torch first: the CPU build on disk, before anything pulls a CUDA build
 	$(PY) -m pip install -q torch==2.13.0
