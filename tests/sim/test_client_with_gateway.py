@@ -1,0 +1,29 @@
+"""sim.client against the real gateway and a real tritonserver: MuJoCo Hopper sessions end to end.
+
+(tests/sim/test_client.py drives the client against a protocol peer that injects faults the real
+gateway never makes: silence, malformed actions.)"""
+
+from __future__ import annotations
+
+import asyncio
+
+from sim.client import run_sessions
+from sim.mujoco import make_env
+from tests.gateway.helpers import running_gateway
+
+
+def test_hopper_sessions_through_the_real_gateway(triton):
+    # the session-wide Triton serves "tiny": 11 float32 in, 3 float32 in [-1, 1] out, Hopper-v5's shapes
+    async def scenario():
+        async with running_gateway(triton.url, policy="tiny") as gw:
+            stats = await run_sessions(gw.address, lambda i: make_env("Hopper-v5", seed=i), envs=3, steps=600)
+            await asyncio.sleep(0.2)  # let the gateway close the streams
+            return stats, list(gw.closed_stats), gw.batcher.stats
+
+    stats, closed, batches = asyncio.run(scenario())
+    assert stats.sessions == 3 and stats.steps == 600 and not stats.errors
+    assert stats.policy_versions == {1: 600}
+    assert stats.episodes >= 3  # an untrained Hopper falls within tens of steps
+    # the gateway saw the same loop: one action per env step, one EpisodeEnd per episode
+    assert sum(s.steps for s in closed) == 600 and sum(s.episodes for s in closed) == stats.episodes
+    assert batches.requests == 600
