@@ -8,6 +8,7 @@ and records every command it receives with its arrival time (see edge_robot.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -15,8 +16,10 @@ import subprocess
 import sys
 import time
 
+import grpc
 import numpy as np
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bridge.gateway import session as gateway_session
 from bridge.ros2 import messages
@@ -36,6 +39,7 @@ from tests.ros2.edge_support import (
     running_edge,
     wait_until,
 )
+from tether.topology import stop_process
 
 TMAP = load_topic_map(DEFAULT_TOPIC_MAP)
 JOINTS = TMAP.observation[0].joints
@@ -202,6 +206,45 @@ def test_watchdog_on_a_dead_gateway_then_reconnect(ros_domain, robot, triton, ga
         types = [o.step_type for s, o in gateway_log if s == sid]
         assert types[0] == bridge_pb2.FIRST and bridge_pb2.FIRST not in types[1:]
     assert gateway_log[-1][1].guard.watchdog == watchdogs + 1                # reported after the fact
+
+
+def _serving(address: str) -> bool:
+    with grpc.insecure_channel(address) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=0.5)
+        except grpc.RpcError:
+            return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_a_frozen_gateway_process_is_survived(ros_domain, robot, triton, unused_port, tmp_path):
+    """SIGSTOP freezes a real `tether gateway` process, as a GC pause, a debugger or a swapped-out
+    host would: the watchdog holds the robot safe, the link times the stream out, and the policy
+    comes back once the process runs again."""
+    address = f"127.0.0.1:{unused_port}"
+    with open(tmp_path / "gateway.log", "w") as log:
+        gw = subprocess.Popen([sys.executable, "-m", "tether", "gateway", "--triton", triton.grpc_url,
+                               "--policy", "echo6", "--port", str(unused_port)],
+                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_until(lambda: _serving(address), timeout=60, what="the gateway process", period=0.1)
+            with running_edge(ros_domain, address, TMAP, policy="echo6", safe_action="zero") as node:
+                const(robot, 0.5)
+                t_freeze = time.monotonic()
+                os.kill(gw.pid, signal.SIGSTOP)
+                robot.wait_for(lambda d: np.allclose(d, 0.0), after=t_freeze, timeout=5,
+                               what="the safe action while the gateway is frozen")
+                wait_until(lambda: node.stats.errors.get("REPLY_TIMEOUT", 0) >= 1, timeout=10,
+                           what="the link giving up on the frozen stream")
+                t_thaw = time.monotonic()
+                os.kill(gw.pid, signal.SIGCONT)
+                robot.wait_for(lambda d: np.allclose(d, 0.5), after=t_thaw, timeout=20,
+                               what="policy actions once the gateway runs again")
+                assert node.stats.connects >= 2
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(gw.pid, signal.SIGCONT)
+            stop_process(gw)
 
 
 def test_estop_latches_until_released_by_name(ros_domain, robot, gateway):

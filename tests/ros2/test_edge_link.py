@@ -1,6 +1,7 @@
 """The edge node's gateway link when the gateway misbehaves: unreachable (bounded backoff), or
 welcoming and then never answering (reply timeout, reset, reconnect) while the watchdog holds the
-robot safe. The hung gateway is a minimal Bridge servicer: a real gateway cannot be made to hang."""
+robot safe. The hung gateway here is a minimal Bridge servicer that answers exactly five observations
+and then none, so the counts below are exact; test_edge.py freezes a real gateway process (SIGSTOP)."""
 
 from __future__ import annotations
 
