@@ -60,7 +60,7 @@ def _triton(argv: list[str]) -> None:
         signal.signal(sig, lambda *_: stop.set())
     try:
         with TritonServer(repo.root, models=models, grpc_port=a.grpc_port, http_port=a.http_port) as server:
-            print(f"triton {server.version} serving {models} on grpc {server.grpc_url} http {server.http_url}",
+            print(f"triton {server.version} serving {models} on {server.grpc_url} (gRPC) and {server.http_url}",
                   flush=True)
             stop.wait()
     except TritonStartError as exc:
