@@ -34,16 +34,12 @@ class ServedPolicy:
 
 class PolicyCatalog:
     """Resolves a requested policy to the version sessions are served now: the newest ready
-    version in Triton, unless `pin(name, version)` says otherwise."""
+    version in Triton."""
 
     def __init__(self, server: PolicyServer, *, default: str):
         self._server = server
         self.default = default
-        self._pinned: dict[str, int] = {}
         self._io: dict[tuple[str, int], tuple[tuple[Spec, ...], tuple[Spec, ...]]] = {}
-
-    def pin(self, name: str, version: int) -> None:
-        self._pinned[name] = version
 
     async def resolve(self, name: str = "") -> ServedPolicy:
         name = name or self.default
@@ -55,9 +51,7 @@ class PolicyCatalog:
             raise PolicyUnavailable(f"cannot list versions of policy {name!r}: {exc}") from exc
         if not ready:
             raise UnknownPolicy(f"policy {name!r} has no ready version in Triton")
-        version = self._pinned.get(name, max(ready))
-        if version not in ready:
-            raise PolicyUnavailable(f"policy {name!r} version {version} is not ready (ready: {ready})")
+        version = max(ready)
         key = (name, version)
         if key not in self._io:
             self._io[key] = await self._server.model_io(name, version)

@@ -7,7 +7,6 @@ and records every command it receives with its arrival time (see edge_robot.py).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -26,7 +25,7 @@ from bridge.ros2 import messages
 from bridge.ros2.dds import DdsTransport
 from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, load_topic_map, parse_topic_map
 from bridge.ros2.transport import open_transport, rclpy_available, wait_for_subscribers
-from inference_server import ModelRepository, PolicyClient, TritonServer
+from inference_server import ModelRepository, TritonServer
 from protos import bridge_pb2
 from protos.codec import decode
 from tests.ros2.edge_support import (
@@ -61,20 +60,7 @@ def triton(tmp_path_factory):
     repo.write_version("echo6", 1, EchoVelocity(), *joint_specs(6))
     repo.write_version("echo3", 1, EchoPosition(), *joint_specs(3))
     with TritonServer(repo.root, models=["echo6", "echo3"], log_path=repo.root.parent / "triton.log") as server:
-        asyncio.run(warm_up(server.grpc_url, {"echo6": 6, "echo3": 3}))
         yield server
-
-
-async def warm_up(url: str, models: dict[str, int]) -> None:
-    """A few requests per model first: TorchScript's first calls are slow, not the edge's fault."""
-    client = PolicyClient(url, timeout_s=10)
-    try:
-        for model, n in models.items():
-            inputs = {s.name: np.zeros((1, n), np.float32) for s in joint_specs(n)[0]}
-            for _ in range(3):
-                await client.infer(model, 1, inputs, ["action"])
-    finally:
-        await client.close()
 
 
 @pytest.fixture(scope="module")
