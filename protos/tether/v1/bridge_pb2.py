@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from protos.tether.v1 import tensor_pb2 as protos_dot_tether_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dprotos/tether/v1/bridge.proto\x12\ttether.v1\x1a\x1dprotos/tether/v1/tensor.proto\"i\n\rClientMessage\x12!\n\x05hello\x18\x01 \x01(\x0b\x32\x10.tether.v1.HelloH\x00\x12-\n\x0bobservation\x18\x02 \x01(\x0b\x32\x16.tether.v1.ObservationH\x00\x42\x06\n\x04kind\"\xb8\x01\n\rServerMessage\x12%\n\x07welcome\x18\x01 \x01(\x0b\x32\x12.tether.v1.WelcomeH\x00\x12#\n\x06\x61\x63tion\x18\x02 \x01(\x0b\x32\x11.tether.v1.ActionH\x00\x12%\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x14.tether.v1.StepErrorH\x00\x12,\n\x0b\x65pisode_end\x18\x04 \x01(\x0b\x32\x15.tether.v1.EpisodeEndH\x00\x42\x06\n\x04kind\"\xf5\x01\n\x05Hello\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12/\n\x10observation_spec\x18\x03 \x03(\x0b\x32\x15.tether.v1.TensorSpec\x12*\n\x0b\x61\x63tion_spec\x18\x04 \x03(\x0b\x32\x15.tether.v1.TensorSpec\x12\x0e\n\x06source\x18\x05 \x01(\t\x12,\n\x06labels\x18\x06 \x03(\x0b\x32\x1c.tether.v1.Hello.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"r\n\x07Welcome\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x03\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x04 \x01(\r\x12\x16\n\x0eserver_version\x18\x05 \x01(\t\"\xf0\x01\n\x0bObservation\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x11\n\tt_sent_ns\x18\x02 \x01(\x03\x12&\n\tstep_type\x18\x03 \x01(\x0e\x32\x13.tether.v1.StepType\x12\"\n\x07tensors\x18\x04 \x03(\x0b\x32\x11.tether.v1.Tensor\x12\x0e\n\x06reward\x18\x05 \x01(\x01\x12\x12\n\nterminated\x18\x06 \x01(\x08\x12)\n\x0e\x61pplied_action\x18\x07 \x03(\x0b\x32\x11.tether.v1.Tensor\x12%\n\x05guard\x18\x08 \x01(\x0b\x32\x16.tether.v1.GuardReport\"g\n\x0bGuardReport\x12\x0f\n\x07\x63lamped\x18\x01 \x01(\x04\x12\x14\n\x0crate_limited\x18\x02 \x01(\x04\x12\x10\n\x08watchdog\x18\x03 \x01(\x04\x12\r\n\x05\x65stop\x18\x04 \x01(\x04\x12\x10\n\x08\x65stopped\x18\x05 \x01(\x08\"{\n\x06Timing\x12\x11\n\tt_sent_ns\x18\x01 \x01(\x03\x12\x17\n\x0fgateway_recv_ns\x18\x02 \x01(\x03\x12\x16\n\x0einfer_start_ns\x18\x03 \x01(\x03\x12\x14\n\x0cinfer_end_ns\x18\x04 \x01(\x03\x12\x17\n\x0fgateway_send_ns\x18\x05 \x01(\x03\"\x85\x01\n\x06\x41\x63tion\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\"\n\x07tensors\x18\x02 \x03(\x0b\x32\x11.tether.v1.Tensor\x12\x0e\n\x06policy\x18\x03 \x01(\t\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03\x12!\n\x06timing\x18\x05 \x01(\x0b\x32\x11.tether.v1.Timing\"\xd8\x01\n\tStepError\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\'\n\x04\x63ode\x18\x02 \x01(\x0e\x32\x19.tether.v1.StepError.Code\x12\r\n\x05\x66ield\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\"t\n\x04\x43ode\x12\x14\n\x10\x43ODE_UNSPECIFIED\x10\x00\x12\x17\n\x13INVALID_OBSERVATION\x10\x01\x12\x10\n\x0cOUT_OF_ORDER\x10\x02\x12\x15\n\x11\x44\x45\x41\x44LINE_EXCEEDED\x10\x03\x12\x14\n\x10INFERENCE_FAILED\x10\x04\"S\n\nEpisodeEnd\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x0f\n\x07\x65pisode\x18\x02 \x01(\x04\x12\x0e\n\x06length\x18\x03 \x01(\x04\x12\x16\n\x0e\x65pisode_return\x18\x04 \x01(\x01*C\n\x08StepType\x12\x19\n\x15STEP_TYPE_UNSPECIFIED\x10\x00\x12\t\n\x05\x46IRST\x10\x01\x12\x07\n\x03MID\x10\x02\x12\x08\n\x04LAST\x10\x03\x32K\n\x06\x42ridge\x12\x41\n\x07\x43onnect\x12\x18.tether.v1.ClientMessage\x1a\x18.tether.v1.ServerMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dprotos/tether/v1/bridge.proto\x12\ttether.v1\x1a\x1dprotos/tether/v1/tensor.proto\"\x8e\x01\n\rClientMessage\x12!\n\x05hello\x18\x01 \x01(\x0b\x32\x10.tether.v1.HelloH\x00\x12-\n\x0bobservation\x18\x02 \x01(\x0b\x32\x16.tether.v1.ObservationH\x00\x12#\n\x06replay\x18\x03 \x01(\x0b\x32\x11.tether.v1.ReplayH\x00\x42\x06\n\x04kind\"\xfa\x01\n\rServerMessage\x12%\n\x07welcome\x18\x01 \x01(\x0b\x32\x12.tether.v1.WelcomeH\x00\x12#\n\x06\x61\x63tion\x18\x02 \x01(\x0b\x32\x11.tether.v1.ActionH\x00\x12%\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x14.tether.v1.StepErrorH\x00\x12,\n\x0b\x65pisode_end\x18\x04 \x01(\x0b\x32\x15.tether.v1.EpisodeEndH\x00\x12\'\n\x08replayed\x18\x05 \x01(\x0b\x32\x13.tether.v1.ReplayedH\x00\x12\x17\n\x0f\x64urable_through\x18\n \x01(\x04\x42\x06\n\x04kind\"\xf5\x01\n\x05Hello\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12/\n\x10observation_spec\x18\x03 \x03(\x0b\x32\x15.tether.v1.TensorSpec\x12*\n\x0b\x61\x63tion_spec\x18\x04 \x03(\x0b\x32\x15.tether.v1.TensorSpec\x12\x0e\n\x06source\x18\x05 \x01(\t\x12,\n\x06labels\x18\x06 \x03(\x0b\x32\x1c.tether.v1.Hello.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa3\x01\n\x07Welcome\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x03\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x04 \x01(\r\x12\x16\n\x0eserver_version\x18\x05 \x01(\t\x12\x17\n\x0f\x64urable_through\x18\x06 \x01(\x04\x12\x16\n\x0ereward_version\x18\x07 \x01(\t\"\x81\x02\n\x0bObservation\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x11\n\tt_sent_ns\x18\x02 \x01(\x03\x12&\n\tstep_type\x18\x03 \x01(\x0e\x32\x13.tether.v1.StepType\x12\"\n\x07tensors\x18\x04 \x03(\x0b\x32\x11.tether.v1.Tensor\x12\x0e\n\x06reward\x18\x05 \x01(\x01\x12\x12\n\nterminated\x18\x06 \x01(\x08\x12)\n\x0e\x61pplied_action\x18\x07 \x03(\x0b\x32\x11.tether.v1.Tensor\x12%\n\x05guard\x18\x08 \x01(\x0b\x32\x16.tether.v1.GuardReport\x12\x0f\n\x07\x65pisode\x18\t \x01(\x04\"~\n\x06Replay\x12+\n\x0bobservation\x18\x01 \x01(\x0b\x32\x16.tether.v1.Observation\x12!\n\x06\x61\x63tion\x18\x02 \x01(\x0b\x32\x11.tether.v1.Action\x12$\n\x04next\x18\x03 \x01(\x0b\x32\x16.tether.v1.Observation\"+\n\x08Replayed\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x11\n\tduplicate\x18\x02 \x01(\x08\"g\n\x0bGuardReport\x12\x0f\n\x07\x63lamped\x18\x01 \x01(\x04\x12\x14\n\x0crate_limited\x18\x02 \x01(\x04\x12\x10\n\x08watchdog\x18\x03 \x01(\x04\x12\r\n\x05\x65stop\x18\x04 \x01(\x04\x12\x10\n\x08\x65stopped\x18\x05 \x01(\x08\"{\n\x06Timing\x12\x11\n\tt_sent_ns\x18\x01 \x01(\x03\x12\x17\n\x0fgateway_recv_ns\x18\x02 \x01(\x03\x12\x16\n\x0einfer_start_ns\x18\x03 \x01(\x03\x12\x14\n\x0cinfer_end_ns\x18\x04 \x01(\x03\x12\x17\n\x0fgateway_send_ns\x18\x05 \x01(\x03\"\x96\x01\n\x06\x41\x63tion\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\"\n\x07tensors\x18\x02 \x03(\x0b\x32\x11.tether.v1.Tensor\x12\x0e\n\x06policy\x18\x03 \x01(\t\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03\x12!\n\x06timing\x18\x05 \x01(\x0b\x32\x11.tether.v1.Timing\x12\x0f\n\x07\x65pisode\x18\x06 \x01(\x04\"\xd8\x01\n\tStepError\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\'\n\x04\x63ode\x18\x02 \x01(\x0e\x32\x19.tether.v1.StepError.Code\x12\r\n\x05\x66ield\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\"t\n\x04\x43ode\x12\x14\n\x10\x43ODE_UNSPECIFIED\x10\x00\x12\x17\n\x13INVALID_OBSERVATION\x10\x01\x12\x10\n\x0cOUT_OF_ORDER\x10\x02\x12\x15\n\x11\x44\x45\x41\x44LINE_EXCEEDED\x10\x03\x12\x14\n\x10INFERENCE_FAILED\x10\x04\"S\n\nEpisodeEnd\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x0f\n\x07\x65pisode\x18\x02 \x01(\x04\x12\x0e\n\x06length\x18\x03 \x01(\x04\x12\x16\n\x0e\x65pisode_return\x18\x04 \x01(\x01*C\n\x08StepType\x12\x19\n\x15STEP_TYPE_UNSPECIFIED\x10\x00\x12\t\n\x05\x46IRST\x10\x01\x12\x07\n\x03MID\x10\x02\x12\x08\n\x04LAST\x10\x03\x32K\n\x06\x42ridge\x12\x41\n\x07\x43onnect\x12\x18.tether.v1.ClientMessage\x1a\x18.tether.v1.ServerMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,32 +34,36 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_HELLO_LABELSENTRY']._loaded_options = None
   _globals['_HELLO_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_STEPTYPE']._serialized_start=1646
-  _globals['_STEPTYPE']._serialized_end=1713
-  _globals['_CLIENTMESSAGE']._serialized_start=75
-  _globals['_CLIENTMESSAGE']._serialized_end=180
-  _globals['_SERVERMESSAGE']._serialized_start=183
-  _globals['_SERVERMESSAGE']._serialized_end=367
-  _globals['_HELLO']._serialized_start=370
-  _globals['_HELLO']._serialized_end=615
-  _globals['_HELLO_LABELSENTRY']._serialized_start=570
-  _globals['_HELLO_LABELSENTRY']._serialized_end=615
-  _globals['_WELCOME']._serialized_start=617
-  _globals['_WELCOME']._serialized_end=731
-  _globals['_OBSERVATION']._serialized_start=734
-  _globals['_OBSERVATION']._serialized_end=974
-  _globals['_GUARDREPORT']._serialized_start=976
-  _globals['_GUARDREPORT']._serialized_end=1079
-  _globals['_TIMING']._serialized_start=1081
-  _globals['_TIMING']._serialized_end=1204
-  _globals['_ACTION']._serialized_start=1207
-  _globals['_ACTION']._serialized_end=1340
-  _globals['_STEPERROR']._serialized_start=1343
-  _globals['_STEPERROR']._serialized_end=1559
-  _globals['_STEPERROR_CODE']._serialized_start=1443
-  _globals['_STEPERROR_CODE']._serialized_end=1559
-  _globals['_EPISODEEND']._serialized_start=1561
-  _globals['_EPISODEEND']._serialized_end=1644
-  _globals['_BRIDGE']._serialized_start=1715
-  _globals['_BRIDGE']._serialized_end=1790
+  _globals['_STEPTYPE']._serialized_start=2007
+  _globals['_STEPTYPE']._serialized_end=2074
+  _globals['_CLIENTMESSAGE']._serialized_start=76
+  _globals['_CLIENTMESSAGE']._serialized_end=218
+  _globals['_SERVERMESSAGE']._serialized_start=221
+  _globals['_SERVERMESSAGE']._serialized_end=471
+  _globals['_HELLO']._serialized_start=474
+  _globals['_HELLO']._serialized_end=719
+  _globals['_HELLO_LABELSENTRY']._serialized_start=674
+  _globals['_HELLO_LABELSENTRY']._serialized_end=719
+  _globals['_WELCOME']._serialized_start=722
+  _globals['_WELCOME']._serialized_end=885
+  _globals['_OBSERVATION']._serialized_start=888
+  _globals['_OBSERVATION']._serialized_end=1145
+  _globals['_REPLAY']._serialized_start=1147
+  _globals['_REPLAY']._serialized_end=1273
+  _globals['_REPLAYED']._serialized_start=1275
+  _globals['_REPLAYED']._serialized_end=1318
+  _globals['_GUARDREPORT']._serialized_start=1320
+  _globals['_GUARDREPORT']._serialized_end=1423
+  _globals['_TIMING']._serialized_start=1425
+  _globals['_TIMING']._serialized_end=1548
+  _globals['_ACTION']._serialized_start=1551
+  _globals['_ACTION']._serialized_end=1701
+  _globals['_STEPERROR']._serialized_start=1704
+  _globals['_STEPERROR']._serialized_end=1920
+  _globals['_STEPERROR_CODE']._serialized_start=1804
+  _globals['_STEPERROR_CODE']._serialized_end=1920
+  _globals['_EPISODEEND']._serialized_start=1922
+  _globals['_EPISODEEND']._serialized_end=2005
+  _globals['_BRIDGE']._serialized_start=2076
+  _globals['_BRIDGE']._serialized_end=2151
 # @@protoc_insertion_point(module_scope)

@@ -20,24 +20,30 @@ MID: StepType
 LAST: StepType
 
 class ClientMessage(_message.Message):
-    __slots__ = ("hello", "observation")
+    __slots__ = ("hello", "observation", "replay")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_FIELD_NUMBER: _ClassVar[int]
+    REPLAY_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     observation: Observation
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., observation: _Optional[_Union[Observation, _Mapping]] = ...) -> None: ...
+    replay: Replay
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., observation: _Optional[_Union[Observation, _Mapping]] = ..., replay: _Optional[_Union[Replay, _Mapping]] = ...) -> None: ...
 
 class ServerMessage(_message.Message):
-    __slots__ = ("welcome", "action", "error", "episode_end")
+    __slots__ = ("welcome", "action", "error", "episode_end", "replayed", "durable_through")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     EPISODE_END_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    DURABLE_THROUGH_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     action: Action
     error: StepError
     episode_end: EpisodeEnd
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., action: _Optional[_Union[Action, _Mapping]] = ..., error: _Optional[_Union[StepError, _Mapping]] = ..., episode_end: _Optional[_Union[EpisodeEnd, _Mapping]] = ...) -> None: ...
+    replayed: Replayed
+    durable_through: int
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., action: _Optional[_Union[Action, _Mapping]] = ..., error: _Optional[_Union[StepError, _Mapping]] = ..., episode_end: _Optional[_Union[EpisodeEnd, _Mapping]] = ..., replayed: _Optional[_Union[Replayed, _Mapping]] = ..., durable_through: _Optional[int] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("session_id", "policy", "observation_spec", "action_spec", "source", "labels")
@@ -63,21 +69,25 @@ class Hello(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., policy: _Optional[str] = ..., observation_spec: _Optional[_Iterable[_Union[_tensor_pb2.TensorSpec, _Mapping]]] = ..., action_spec: _Optional[_Iterable[_Union[_tensor_pb2.TensorSpec, _Mapping]]] = ..., source: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("session_id", "policy", "policy_version", "deadline_ms", "server_version")
+    __slots__ = ("session_id", "policy", "policy_version", "deadline_ms", "server_version", "durable_through", "reward_version")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
     SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DURABLE_THROUGH_FIELD_NUMBER: _ClassVar[int]
+    REWARD_VERSION_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     policy: str
     policy_version: int
     deadline_ms: int
     server_version: str
-    def __init__(self, session_id: _Optional[str] = ..., policy: _Optional[str] = ..., policy_version: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., server_version: _Optional[str] = ...) -> None: ...
+    durable_through: int
+    reward_version: str
+    def __init__(self, session_id: _Optional[str] = ..., policy: _Optional[str] = ..., policy_version: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., server_version: _Optional[str] = ..., durable_through: _Optional[int] = ..., reward_version: _Optional[str] = ...) -> None: ...
 
 class Observation(_message.Message):
-    __slots__ = ("step", "t_sent_ns", "step_type", "tensors", "reward", "terminated", "applied_action", "guard")
+    __slots__ = ("step", "t_sent_ns", "step_type", "tensors", "reward", "terminated", "applied_action", "guard", "episode")
     STEP_FIELD_NUMBER: _ClassVar[int]
     T_SENT_NS_FIELD_NUMBER: _ClassVar[int]
     STEP_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -86,6 +96,7 @@ class Observation(_message.Message):
     TERMINATED_FIELD_NUMBER: _ClassVar[int]
     APPLIED_ACTION_FIELD_NUMBER: _ClassVar[int]
     GUARD_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_FIELD_NUMBER: _ClassVar[int]
     step: int
     t_sent_ns: int
     step_type: StepType
@@ -94,7 +105,26 @@ class Observation(_message.Message):
     terminated: bool
     applied_action: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
     guard: GuardReport
-    def __init__(self, step: _Optional[int] = ..., t_sent_ns: _Optional[int] = ..., step_type: _Optional[_Union[StepType, str]] = ..., tensors: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., reward: _Optional[float] = ..., terminated: _Optional[bool] = ..., applied_action: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., guard: _Optional[_Union[GuardReport, _Mapping]] = ...) -> None: ...
+    episode: int
+    def __init__(self, step: _Optional[int] = ..., t_sent_ns: _Optional[int] = ..., step_type: _Optional[_Union[StepType, str]] = ..., tensors: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., reward: _Optional[float] = ..., terminated: _Optional[bool] = ..., applied_action: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., guard: _Optional[_Union[GuardReport, _Mapping]] = ..., episode: _Optional[int] = ...) -> None: ...
+
+class Replay(_message.Message):
+    __slots__ = ("observation", "action", "next")
+    OBSERVATION_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FIELD_NUMBER: _ClassVar[int]
+    observation: Observation
+    action: Action
+    next: Observation
+    def __init__(self, observation: _Optional[_Union[Observation, _Mapping]] = ..., action: _Optional[_Union[Action, _Mapping]] = ..., next: _Optional[_Union[Observation, _Mapping]] = ...) -> None: ...
+
+class Replayed(_message.Message):
+    __slots__ = ("step", "duplicate")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    duplicate: bool
+    def __init__(self, step: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class GuardReport(_message.Message):
     __slots__ = ("clamped", "rate_limited", "watchdog", "estop", "estopped")
@@ -125,18 +155,20 @@ class Timing(_message.Message):
     def __init__(self, t_sent_ns: _Optional[int] = ..., gateway_recv_ns: _Optional[int] = ..., infer_start_ns: _Optional[int] = ..., infer_end_ns: _Optional[int] = ..., gateway_send_ns: _Optional[int] = ...) -> None: ...
 
 class Action(_message.Message):
-    __slots__ = ("step", "tensors", "policy", "policy_version", "timing")
+    __slots__ = ("step", "tensors", "policy", "policy_version", "timing", "episode")
     STEP_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     TIMING_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_FIELD_NUMBER: _ClassVar[int]
     step: int
     tensors: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
     policy: str
     policy_version: int
     timing: Timing
-    def __init__(self, step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., policy: _Optional[str] = ..., policy_version: _Optional[int] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ...) -> None: ...
+    episode: int
+    def __init__(self, step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., policy: _Optional[str] = ..., policy_version: _Optional[int] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., episode: _Optional[int] = ...) -> None: ...
 
 class StepError(_message.Message):
     __slots__ = ("step", "code", "field", "message")
