@@ -86,11 +86,25 @@ class PolicyVersion(_message.Message):
     def __init__(self, version: _Optional[int] = ..., sha256: _Optional[str] = ..., lineage: _Optional[_Union[Lineage, _Mapping]] = ..., published_unix_ns: _Optional[int] = ..., sessions: _Optional[int] = ...) -> None: ...
 
 class PolicyList(_message.Message):
-    __slots__ = ("policy", "newest", "versions")
+    __slots__ = ("policy", "newest", "versions", "inputs", "outputs")
     POLICY_FIELD_NUMBER: _ClassVar[int]
     NEWEST_FIELD_NUMBER: _ClassVar[int]
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     policy: str
     newest: int
     versions: _containers.RepeatedCompositeFieldContainer[PolicyVersion]
-    def __init__(self, policy: _Optional[str] = ..., newest: _Optional[int] = ..., versions: _Optional[_Iterable[_Union[PolicyVersion, _Mapping]]] = ...) -> None: ...
+    inputs: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.TensorSpec]
+    outputs: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.TensorSpec]
+    def __init__(self, policy: _Optional[str] = ..., newest: _Optional[int] = ..., versions: _Optional[_Iterable[_Union[PolicyVersion, _Mapping]]] = ..., inputs: _Optional[_Iterable[_Union[_tensor_pb2.TensorSpec, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[_tensor_pb2.TensorSpec, _Mapping]]] = ...) -> None: ...
+
+class FetchRequest(_message.Message):
+    __slots__ = ("policy", "version", "chunk_bytes")
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    policy: str
+    version: int
+    chunk_bytes: int
+    def __init__(self, policy: _Optional[str] = ..., version: _Optional[int] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...

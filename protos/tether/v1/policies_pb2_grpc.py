@@ -44,6 +44,11 @@ class PoliciesStub:
                 request_serializer=protos_dot_tether_dot_v1_dot_policies__pb2.ListRequest.SerializeToString,
                 response_deserializer=protos_dot_tether_dot_v1_dot_policies__pb2.PolicyList.FromString,
                 _registered_method=True)
+        self.Fetch = channel.unary_stream(
+                '/tether.v1.Policies/Fetch',
+                request_serializer=protos_dot_tether_dot_v1_dot_policies__pb2.FetchRequest.SerializeToString,
+                response_deserializer=protos_dot_tether_dot_v1_dot_policies__pb2.PublishChunk.FromString,
+                _registered_method=True)
 
 
 class PoliciesServicer:
@@ -61,6 +66,14 @@ class PoliciesServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Fetch(self, request, context):
+        """A served version's weights, as Publish sends them: a header (policy, format, size, sha256,
+        lineage), then the safetensors bytes. A trainer starts from these (its lineage parent).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PoliciesServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -73,6 +86,11 @@ def add_PoliciesServicer_to_server(servicer, server):
                     servicer.List,
                     request_deserializer=protos_dot_tether_dot_v1_dot_policies__pb2.ListRequest.FromString,
                     response_serializer=protos_dot_tether_dot_v1_dot_policies__pb2.PolicyList.SerializeToString,
+            ),
+            'Fetch': grpc.unary_stream_rpc_method_handler(
+                    servicer.Fetch,
+                    request_deserializer=protos_dot_tether_dot_v1_dot_policies__pb2.FetchRequest.FromString,
+                    response_serializer=protos_dot_tether_dot_v1_dot_policies__pb2.PublishChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -129,6 +147,33 @@ class Policies:
             '/tether.v1.Policies/List',
             protos_dot_tether_dot_v1_dot_policies__pb2.ListRequest.SerializeToString,
             protos_dot_tether_dot_v1_dot_policies__pb2.PolicyList.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Fetch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tether.v1.Policies/Fetch',
+            protos_dot_tether_dot_v1_dot_policies__pb2.FetchRequest.SerializeToString,
+            protos_dot_tether_dot_v1_dot_policies__pb2.PublishChunk.FromString,
             options,
             channel_credentials,
             insecure,
