@@ -69,7 +69,7 @@ class Hello(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., policy: _Optional[str] = ..., observation_spec: _Optional[_Iterable[_Union[_tensor_pb2.TensorSpec, _Mapping]]] = ..., action_spec: _Optional[_Iterable[_Union[_tensor_pb2.TensorSpec, _Mapping]]] = ..., source: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("session_id", "policy", "policy_version", "deadline_ms", "server_version", "durable_through", "reward_version")
+    __slots__ = ("session_id", "policy", "policy_version", "deadline_ms", "server_version", "durable_through", "reward_version", "logging")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -77,6 +77,7 @@ class Welcome(_message.Message):
     SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     DURABLE_THROUGH_FIELD_NUMBER: _ClassVar[int]
     REWARD_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LOGGING_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     policy: str
     policy_version: int
@@ -84,7 +85,8 @@ class Welcome(_message.Message):
     server_version: str
     durable_through: int
     reward_version: str
-    def __init__(self, session_id: _Optional[str] = ..., policy: _Optional[str] = ..., policy_version: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., server_version: _Optional[str] = ..., durable_through: _Optional[int] = ..., reward_version: _Optional[str] = ...) -> None: ...
+    logging: bool
+    def __init__(self, session_id: _Optional[str] = ..., policy: _Optional[str] = ..., policy_version: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., server_version: _Optional[str] = ..., durable_through: _Optional[int] = ..., reward_version: _Optional[str] = ..., logging: _Optional[bool] = ...) -> None: ...
 
 class Observation(_message.Message):
     __slots__ = ("step", "t_sent_ns", "step_type", "tensors", "reward", "terminated", "applied_action", "guard", "episode")
@@ -195,13 +197,15 @@ class StepError(_message.Message):
     def __init__(self, step: _Optional[int] = ..., code: _Optional[_Union[StepError.Code, str]] = ..., field: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class EpisodeEnd(_message.Message):
-    __slots__ = ("step", "episode", "length", "episode_return")
+    __slots__ = ("step", "episode", "length", "episode_return", "reason")
     STEP_FIELD_NUMBER: _ClassVar[int]
     EPISODE_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
     EPISODE_RETURN_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     step: int
     episode: int
     length: int
     episode_return: float
-    def __init__(self, step: _Optional[int] = ..., episode: _Optional[int] = ..., length: _Optional[int] = ..., episode_return: _Optional[float] = ...) -> None: ...
+    reason: str
+    def __init__(self, step: _Optional[int] = ..., episode: _Optional[int] = ..., length: _Optional[int] = ..., episode_return: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
