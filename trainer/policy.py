@@ -62,3 +62,82 @@ class MLPPolicy(nn.Module):
         if self.squash:
             out = self.center + self.half_range * torch.tanh(out)
         return out
+
+
+_LOG_SQRT_2PI = 0.9189385332046727  # log(sqrt(2 pi))
+
+
+class GaussianPolicy(nn.Module):
+    """A stochastic MLP policy for PPO: a diagonal Gaussian around a (bounded) mean.
+
+    `forward(observation) -> (action, log_prob, action_mean)` samples inside TorchScript (so
+    Triton serves the sampling): action = mean + exp(log_std) * randn, log_prob of that action,
+    shape (B, 1), and the deterministic mean (what probes compare). The mean is squashed into
+    the action bounds when the spec has them; the sample is not clipped (the actuator clips).
+
+        >>> import numpy as np, torch
+        >>> from protos.codec import Spec
+        >>> policy = GaussianPolicy(Spec("observation", np.float32, (4,)),
+        ...                         Spec("action", np.float32, (1,), low=(-3.0,), high=(3.0,)), seed=0)
+        >>> action, log_prob, mean = torch.jit.script(policy)(torch.zeros(5, 4))
+        >>> tuple(action.shape), tuple(log_prob.shape), tuple(mean.shape)
+        ((5, 1), (5, 1), (5, 1))
+        >>> [s.name for s in GaussianPolicy.output_specs(Spec("action", np.float32, (1,)))]
+        ['action', 'log_prob', 'action_mean']
+    """
+
+    def __init__(self, observation: Spec, action: Spec, *, hidden: tuple[int, ...] = (64, 64),
+                 log_std_init: float = -0.5, seed: int | None = None):
+        super().__init__()
+        if len(observation.shape) != 1 or len(action.shape) != 1:
+            raise ValueError(f"GaussianPolicy takes vectors, got {observation.name}{list(observation.shape)} "
+                             f"-> {action.name}{list(action.shape)}")
+        if not np.isfinite(log_std_init):
+            raise ValueError(f"log_std_init must be finite, got {log_std_init}")
+        if seed is not None:
+            torch.manual_seed(seed)
+        sizes = (observation.shape[0], *hidden)
+        layers: list[nn.Module] = []
+        for a, b in zip(sizes[:-1], sizes[1:], strict=True):
+            layers += [nn.Linear(a, b), nn.Tanh()]
+        head = nn.Linear(sizes[-1], action.shape[0])
+        with torch.no_grad():  # a small initial mean: the policy starts near the centre of the bounds
+            head.weight.mul_(0.01)
+            head.bias.zero_()
+        layers.append(head)
+        self.net = nn.Sequential(*layers)
+        self.log_std = nn.Parameter(torch.full((action.shape[0],), float(log_std_init)))
+        bounds = _bounds(action)
+        self.squash = bounds is not None
+        low, high = bounds if bounds is not None else (torch.zeros(action.shape), torch.zeros(action.shape))
+        self.register_buffer("center", (high + low) / 2)
+        self.register_buffer("half_range", (high - low) / 2)
+
+    @staticmethod
+    def output_specs(action: Spec) -> tuple[Spec, ...]:
+        """The served outputs for `action`: (action, log_prob (1,), action_mean like action)."""
+        return (action, Spec("log_prob", np.float32, (1,)), Spec("action_mean", np.float32, action.shape))
+
+    def mean(self, observation: torch.Tensor) -> torch.Tensor:
+        out = self.net(observation)
+        if self.squash:
+            out = self.center + self.half_range * torch.tanh(out)
+        return out
+
+    def forward(self, observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        mean = self.mean(observation)
+        noise = torch.randn_like(mean)
+        action = mean + torch.exp(self.log_std) * noise
+        # 0.9189... = log(sqrt(2 pi)); TorchScript cannot close over the module constant
+        log_prob = (-0.5 * noise * noise - self.log_std - 0.9189385332046727).sum(dim=-1, keepdim=True)
+        return action, log_prob, mean
+
+    @torch.jit.unused
+    def log_prob(self, observation: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log-probability of `action`, shape (B,), entropy per sample, shape (B,)) under this policy."""
+        mean = self.mean(observation).float()
+        log_std = self.log_std.float()
+        z = (action.float() - mean) * torch.exp(-log_std)
+        log_prob = (-0.5 * z * z - log_std - _LOG_SQRT_2PI).sum(dim=-1)
+        entropy = (log_std + 0.5 + _LOG_SQRT_2PI).sum().expand(log_prob.shape[0])
+        return log_prob, entropy
