@@ -1,0 +1,155 @@
+"""Reading the experience log's segments in offset order, while the log may be writing them.
+
+    for t in read_transitions(log_dir, from_offset=0):   # everything complete on disk now
+        print(t.offset, t.session, t.step, t.reward)
+
+    cursor = LogCursor(log_dir, from_offset=1000)        # resumable: the Subscribe stream's reader
+    batch = cursor.read(max_count=256, end_offset=log.durable_offset)
+    more = cursor.read(max_count=256, end_offset=log.durable_offset)   # continues where it stopped
+
+Only complete records are read: the open segment's last, partly written record (or a torn tail
+after a crash) is where reading stops, and the next call resumes from there.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from mcap.opcode import Opcode
+
+from bridge.experience.segment import SegmentError, iter_records, list_segments, read_opening
+from protos import experience_pb2
+
+_REC = 9
+_MSG_FIELDS = 22
+
+
+class LogCursor:
+    """A resumable position in the log (see module docstring). Not thread-safe: one reader thread
+    at a time (the Subscribe stream calls it through `asyncio.to_thread`, one call at a time)."""
+
+    def __init__(self, directory: str | Path, from_offset: int = 0):
+        self.directory = Path(directory)
+        self.next_offset = from_offset   # the next offset to look at
+        self._file = None
+        self._index = 0                  # the open segment's index
+        self._first = 0                  # its first offset
+        self._count = 0                  # messages passed in it
+        self._pos = 0                    # file position of the next record
+        self._openings: dict[Path, int | None] = {}
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def read(self, *, max_count: int = 256, end_offset: int | None = None, max_bytes: int = 64 << 20,
+             keep: Callable[[experience_pb2.Transition], bool] | None = None,
+             follow: bool = True) -> list[experience_pb2.Transition]:
+        """Up to `max_count` transitions (those `keep` accepts) with offset in [next_offset, end_offset),
+        reading at most about `max_bytes`. With follow=False an incomplete segment that is not the
+        last is skipped (a damaged file in a static directory); with follow=True reading waits at it."""
+        out: list[experience_pb2.Transition] = []
+        scanned = 0
+        while len(out) < max_count and scanned < max_bytes:
+            if end_offset is not None and self.next_offset >= end_offset:
+                break
+            if self._file is None and not self._open_next(follow):
+                break
+            f = self._file
+            size = os.fstat(f.fileno()).st_size
+            f.seek(self._pos)
+            moved_on = False
+            for opcode, start, end in iter_records(f, size):
+                if opcode != Opcode.MESSAGE:
+                    self._next_segment()  # closing metadata / DataEnd: this segment is complete
+                    moved_on = True
+                    break
+                offset = self._first + self._count
+                if end_offset is not None and offset >= end_offset:
+                    return out
+                if offset >= self.next_offset:
+                    f.seek(start + _REC + _MSG_FIELDS)
+                    data = f.read(end - start - _REC - _MSG_FIELDS)
+                    t = experience_pb2.Transition.FromString(data)
+                    if t.offset != offset:
+                        raise SegmentError(f"{f.name}: message {self._count} has offset {t.offset}, expected {offset}")
+                    scanned += len(data)
+                    self.next_offset = offset + 1
+                    if keep is None or keep(t):
+                        out.append(t)
+                self._count += 1
+                self._pos = end
+                if len(out) >= max_count or scanned >= max_bytes:
+                    return out
+                f.seek(end)
+            if moved_on:
+                continue
+            # the end of the complete records: a segment being written, or a torn one
+            if not follow and self._later_segment_exists():
+                self._next_segment()
+                continue
+            break
+        return out
+
+    def _later_segment_exists(self) -> bool:
+        return any(i > self._index for i, _ in list_segments(self.directory))
+
+    def _opening(self, path: Path) -> tuple[int, int] | None:
+        try:
+            with open(path, "rb") as f:
+                opening = read_opening(f, path)
+        except FileNotFoundError:
+            return None
+        return None if opening is None else (opening[0], opening[1])
+
+    def _open_next(self, follow: bool) -> bool:
+        """Opens the segment holding next_offset (or the first after it); False if none is readable yet."""
+        segments = [(i, p) for i, p in list_segments(self.directory) if i > self._index]
+        chosen = None
+        for i, p in segments:
+            opening = self._opening(p)
+            if opening is None:
+                if follow:
+                    break  # being created: wait for it
+                continue
+            first, pos = opening
+            if chosen is None or first <= self.next_offset:
+                chosen = (i, p, first, pos)
+            if first > self.next_offset:
+                break
+        if chosen is None:
+            return False
+        i, p, first, pos = chosen
+        self._file = open(p, "rb")  # noqa: SIM115 - held across read() calls, closed by close()
+        self._index, self._first, self._count, self._pos = i, first, 0, pos
+        self.next_offset = max(self.next_offset, first)
+        return True
+
+    def _next_segment(self) -> None:
+        self.close()
+
+
+def read_transitions(directory: str | Path, from_offset: int = 0) -> Iterator[experience_pb2.Transition]:
+    """Every complete transition in `directory` with offset >= from_offset, in offset order."""
+    cursor = LogCursor(directory, from_offset)
+    try:
+        while True:
+            batch = cursor.read(max_count=256, follow=False)
+            if not batch:
+                return
+            yield from batch
+    finally:
+        cursor.close()
+
+
+def segment_first_offset(path: Path) -> int | None:
+    """The first offset a segment file declares (None if its opening records are incomplete)."""
+    with open(path, "rb") as f:
+        opening = read_opening(f, Path(path))
+    return None if opening is None else opening[0]
+
+
+__all__ = ["LogCursor", "read_transitions", "segment_first_offset"]
