@@ -144,6 +144,14 @@ class PolicyClient:
         return sorted(int(m.version) for m in index.models
                       if m.name == model and m.state == "READY" and m.version.isdigit())
 
+    async def load_model(self, model: str, *, timeout_s: float = 60.0) -> None:
+        """(Re)load `model` from the repository: Triton loads new version folders and unloads the
+        ones that are gone, while the unchanged versions keep serving."""
+        try:
+            await self._triton().load_model(model, client_timeout=timeout_s)
+        except Exception as exc:
+            raise self._error("load model", exc, model) from exc
+
     async def model_io(self, model: str, version: int) -> tuple[tuple[Spec, ...], tuple[Spec, ...]]:
         """The (inputs, outputs) tensor specs `model` `version` serves, without the batch dimension."""
         try:

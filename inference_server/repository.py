@@ -10,6 +10,9 @@ never sees half a version. Usage (plain text: writing a version TorchScripts the
     repo = ModelRepository(Path("runs/triton"))
     repo.write_version("policy", 1, mlp, obs_spec, action_spec)   # -> runs/triton/policy/1
     repo.versions("policy")                                        # -> [1]
+    repo.write_weights("policy", 2, state_dict)   # version 1's architecture, new weights -> .../policy/2
+    repo.state_dict("policy", 2)                  # the weights a version serves
+    repo.retire("policy", 1)                      # out of Triton's sight (kept under root/.retired)
 
 Errors come early and name the bad value:
 
@@ -31,7 +34,7 @@ import re
 import shutil
 import tempfile
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -110,6 +113,80 @@ class ModelRepository:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         return final
+
+
+    def write_weights(self, model: str, version: int, weights: Mapping[str, torch.Tensor], *,
+                      base_version: int | None = None) -> Path:
+        """A new version: the TorchScript architecture of `base_version` (default: the newest on
+        disk) with `weights` loaded over it, strictly: every name, shape and dtype must match and
+        every value be finite (ValueError naming the tensor otherwise)."""
+        _check_model_name(model)
+        on_disk = self.versions(model)
+        if not on_disk:
+            raise FileNotFoundError(f"model {model!r} has no version to take the architecture from")
+        base = base_version if base_version is not None else on_disk[-1]
+        final = self.root / model / str(version)
+        if final.exists():
+            raise FileExistsError(f"version {version} of model {model!r} already exists at {final}")
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.jit")
+            scripted = torch.jit.load(str(self.root / model / str(base) / "policy.pt"), map_location="cpu")
+            check_weights(scripted.state_dict(), weights)
+            scripted.load_state_dict(dict(weights), strict=True)
+            buffer = io.BytesIO()
+            torch.jit.save(scripted, buffer)
+        staging = Path(tempfile.mkdtemp(prefix=f".v{version}-", dir=self.root / model))
+        try:
+            (staging / "policy.pt").write_bytes(buffer.getvalue())
+            shutil.copyfile(_MODEL_PY, staging / "model.py")
+            os.chmod(staging, 0o755)
+            os.rename(staging, final)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return final
+
+    def state_dict(self, model: str, version: int) -> dict[str, torch.Tensor]:
+        """The weights `version` of `model` serves (its TorchScript's state_dict)."""
+        path = self.root / _check_model_name(model) / str(version) / "policy.pt"
+        if not path.exists():
+            raise FileNotFoundError(f"version {version} of model {model!r} is not in {self.root}")
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.jit")
+            return {k: v.detach().contiguous() for k, v in torch.jit.load(str(path), map_location="cpu")
+                    .state_dict().items()}
+
+    def retire(self, model: str, version: int) -> None:
+        """Move a version folder out of the model (under root/.retired) so that the next
+        `load_model` unloads it; its files stay for audit."""
+        source = self.root / _check_model_name(model) / str(version)
+        target = self.root / ".retired" / model / str(version)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(source, target)
+
+
+def check_weights(expected: Mapping[str, torch.Tensor], weights: Mapping[str, torch.Tensor]) -> None:
+    """ValueError naming the first tensor that is missing, unexpected, misshapen, of another dtype,
+    or not finite.
+
+    >>> w = {"w": torch.zeros(2)}
+    >>> check_weights(w, {"w": torch.tensor([0.0, float("nan")])})
+    Traceback (most recent call last):
+    ...
+    ValueError: weight 'w' has non-finite values
+    """
+    missing = sorted(expected.keys() - weights.keys())
+    unexpected = sorted(weights.keys() - expected.keys())
+    if missing or unexpected:
+        raise ValueError(f"weights do not match the architecture: missing {missing}, unexpected {unexpected}")
+    for name, want in expected.items():
+        got = weights[name]
+        if tuple(got.shape) != tuple(want.shape):
+            raise ValueError(f"weight {name!r} has shape {list(got.shape)}, the architecture {list(want.shape)}")
+        if got.dtype != want.dtype:
+            raise ValueError(f"weight {name!r} has dtype {got.dtype}, the architecture {want.dtype}")
+        if got.is_floating_point() and not bool(torch.isfinite(got).all()):
+            raise ValueError(f"weight {name!r} has non-finite values")
 
 
 def _check_model_name(model: str) -> str:

@@ -13,9 +13,16 @@ From Python (plain text, it needs a gateway):
 Each session sends Hello, awaits Welcome, then loops: Observation -> one reply. An Action is
 stepped inline (MuJoCo steps take microseconds); a StepError is counted and the last applied
 action (zeros after a reset) is stepped instead; a LAST observation is answered by EpisodeEnd
-and the env is reset. When the budget (`seconds` or `steps`) runs out, a session in mid-episode
-sends its last observation as a truncated LAST, so the gateway sees every reward, then closes
-its stream.
+and the env is reset (so is a MID one the gateway ends, when a reward term's condition fired).
+When the budget (`seconds` or `steps`) runs out, a session in mid-episode sends its last
+observation as a truncated LAST, so the gateway sees every reward, then closes its stream.
+
+When the gateway logs experience (`Welcome.logging`), a session keeps every step it sent until a
+reply says it is durable (`durable_through`). If the gateway goes away, the session reconnects
+(`reconnect_s`), says Hello again with the same id and resends, as `Replay`, what the new
+gateway's log lacks, then goes on: no acknowledged or answered step is lost or logged twice.
+With a `controller`, the env steps the controller's action instead of the policy's, and reports
+it as the applied action (scripted demonstrations for behaviour cloning).
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ class SimStats:
     policy_versions: Counter[int] = field(default_factory=Counter)
     returns: deque[float] = field(default_factory=lambda: deque(maxlen=1000))  # client-side returns
     sessions: int = 0              # sessions welcomed by the gateway
+    reconnects: int = 0            # sessions that reconnected after the gateway went away
     elapsed_s: float = 0.0
 
     def rtt_ms(self) -> dict[str, float | None]:
@@ -97,12 +105,26 @@ class _Budget:
             self.left -= 1
 
 
+class _Broken(Exception):
+    """The stream to the gateway broke (the gateway went away): reconnect, or give up."""
+
+
+Controller = Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
+
+
 class _Session:
-    def __init__(self, call, env: Environment, *, session_id: str, target: str, stats: SimStats,
-                 budget: _Budget, reply_timeout: float):
-        self.call, self.env, self.id, self.target = call, env, session_id, target
+    def __init__(self, channel, env: Environment, *, hello: bridge_pb2.Hello, target: str, stats: SimStats,
+                 budget: _Budget, connect_timeout: float, reply_timeout: float, reconnect_s: float,
+                 controller: Controller | None = None):
+        self.channel, self.env, self.hello_msg, self.id, self.target = channel, env, hello, hello.session_id, target
         self.stats, self.budget, self.reply_timeout = stats, budget, reply_timeout
+        self.connect_timeout, self.reconnect_s, self.controller = connect_timeout, reconnect_s, controller
         self.fallback = zeros(env.action_spec())
+        self.call = None
+        self.logging = False
+        self.unacked: deque[tuple[bridge_pb2.Observation, bridge_pb2.Action | None]] = deque()  # sent, not durable
+        self.reconnects = 0
+        self.welcomed = False
 
     async def _reply(self, timeout: float, what: str) -> bridge_pb2.ServerMessage:
         try:
@@ -110,23 +132,89 @@ class _Session:
         except TimeoutError:
             raise TimeoutError(f"session {self.id}: no {what} from {self.target} "
                                f"within {timeout:g} s") from None
+        except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.UNAVAILABLE:
+                raise _Broken(e.details()) from None
+            raise
         if msg is grpc.aio.EOF:
             code, details = await self.call.code(), await self.call.details()
+            if code == grpc.StatusCode.UNAVAILABLE:
+                raise _Broken(details)
             raise SessionError(f"session {self.id}: {self.target} ended the stream while we awaited "
                                f"{what}: {code.name} {details}")
         return msg
 
-    async def hello(self, hello: bridge_pb2.Hello, timeout: float) -> bridge_pb2.Welcome:
-        await self.call.write(bridge_pb2.ClientMessage(hello=hello))
+    async def _write(self, message: bridge_pb2.ClientMessage) -> None:
+        try:
+            await self.call.write(message)
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as e:
+            raise _Broken(str(e)) from None
+
+    async def hello(self, timeout: float, *, wait_for_ready: bool = False) -> bridge_pb2.Welcome:
+        if self.call is not None:
+            self.call.cancel()
+        self.call = bridge_pb2_grpc.BridgeStub(self.channel).Connect(wait_for_ready=wait_for_ready)
+        await self._write(bridge_pb2.ClientMessage(hello=self.hello_msg))
         msg = await self._reply(timeout, "Welcome")
         if msg.WhichOneof("kind") != "welcome":
             raise SessionError(f"session {self.id}: expected Welcome, got {msg.WhichOneof('kind')}")
+        if not self.welcomed:
+            self.welcomed = True
+            self.stats.sessions += 1
         self.id = msg.welcome.session_id or self.id
-        self.stats.sessions += 1
+        self.hello_msg.session_id = self.id
+        self.logging = msg.welcome.logging
+        self._durable(msg.welcome.durable_through)
         return msg.welcome
 
+    def _durable(self, through: int) -> None:
+        while self.unacked and self.unacked[0][0].step < through:
+            self.unacked.popleft()
+
+    async def _exchange(self, observation: bridge_pb2.Observation) -> bridge_pb2.ServerMessage:
+        """Send one observation and return its reply, reconnecting (and replaying) if the gateway
+        went away in between."""
+        deadline = None
+        while True:
+            try:
+                await self._write(bridge_pb2.ClientMessage(observation=observation))
+                msg = await self._reply(self.reply_timeout, f"reply to step {observation.step}")
+                break
+            except _Broken as e:
+                deadline = deadline or time.monotonic() + self.reconnect_s
+                if time.monotonic() >= deadline:
+                    raise ConnectionError(f"session {self.id}: gateway {self.target} gone ({e}) and not back "
+                                          f"within {self.reconnect_s:g} s") from None
+                await self._reconnect(deadline)
+        if self.logging:
+            action = msg.action if msg.WhichOneof("kind") == "action" else None
+            self.unacked.append((observation, action))
+        self._durable(msg.durable_through)
+        return msg
+
+    async def _reconnect(self, deadline: float) -> None:
+        """Hello again with the same id, then replay what the gateway's log lacks."""
+        await asyncio.sleep(0.05)
+        try:
+            await self.hello(max(0.1, deadline - time.monotonic()), wait_for_ready=True)
+        except (TimeoutError, _Broken):
+            return  # not back yet: the caller retries until its deadline
+        self.reconnects += 1
+        entries = list(self.unacked)
+        for i, (obs, action) in enumerate(entries):
+            if action is None:
+                continue  # answered by an error: no transition to log
+            replay = bridge_pb2.Replay(observation=obs, action=action)
+            if i + 1 < len(entries):
+                replay.next.CopyFrom(entries[i + 1][0])
+            await self._write(bridge_pb2.ClientMessage(replay=replay))
+            msg = await self._reply(self.reply_timeout, f"Replayed for step {obs.step}")
+            if msg.WhichOneof("kind") == "error":
+                raise SessionError(f"session {self.id}: replay of step {obs.step} refused: {msg.error.message}")
+            self._durable(msg.durable_through)
+
     async def run(self) -> None:
-        ts, step, episode_return = self.env.reset(), 0, 0.0
+        ts, step, episode, episode_return = self.env.reset(), 0, 0, 0.0
         while True:
             stop = self.budget.exhausted()
             if stop and ts.step_type is StepType.FIRST:
@@ -135,18 +223,17 @@ class _Session:
             if step_type is not StepType.LAST:
                 self.budget.claim()
             t0 = time.perf_counter_ns()
-            await self.call.write(bridge_pb2.ClientMessage(observation=bridge_pb2.Observation(
-                step=step, t_sent_ns=time.time_ns(), step_type=int(step_type),
+            msg = await self._exchange(bridge_pb2.Observation(
+                step=step, t_sent_ns=time.time_ns(), step_type=int(step_type), episode=episode,
                 tensors=encode_all(ts.observation), reward=ts.reward, terminated=ts.terminated,
-                applied_action=encode_all(ts.applied_action or {}))))
-            msg = await self._reply(self.reply_timeout, f"reply to step {step}")
+                applied_action=encode_all(ts.applied_action or {})))
             kind = msg.WhichOneof("kind")
             reply = getattr(msg, kind) if kind else None
             if reply is None or kind == "welcome" or reply.step != step:
                 raise SessionError(f"session {self.id}: step {step} ({step_type.name}) got "
                                    f"{kind} for step {getattr(reply, 'step', '?')}")
             step += 1
-            if step_type is StepType.LAST:
+            if step_type is StepType.LAST or kind == "episode_end":
                 if kind == "error":
                     self.stats.errors[bridge_pb2.StepError.Code.Name(reply.code)] += 1
                 elif kind != "episode_end":
@@ -155,20 +242,21 @@ class _Session:
                 self.stats.returns.append(episode_return)
                 if stop:
                     return
-                ts, episode_return = self.env.reset(), 0.0
+                ts, episode_return, episode = self.env.reset(), 0.0, episode + 1
                 self.fallback = zeros(self.env.action_spec())
                 continue
-            ts = self._act(kind, reply, time.perf_counter_ns() - t0)
+            ts = self._act(kind, reply, time.perf_counter_ns() - t0, ts)
             self.fallback = ts.applied_action
             self.stats.steps += 1
             episode_return += ts.reward
 
-    def _act(self, kind: str, reply, rtt_ns: int) -> TimeStep:
+    def _act(self, kind: str, reply, rtt_ns: int, current: TimeStep) -> TimeStep:
         if kind == "action":
             self.stats.rtt_ns.append(rtt_ns)
             self.stats.policy_versions[reply.policy_version] += 1
             try:
-                return self.env.step(decode_all(reply.tensors))
+                action = decode_all(reply.tensors)
+                return self.env.step(action if self.controller is None else self.controller(current.observation))
             except TensorError:
                 self.stats.errors["INVALID_ACTION"] += 1
         elif kind == "error":
@@ -200,32 +288,41 @@ def _rpc_error(e: grpc.aio.AioRpcError, *, target: str, session_id: str) -> Exce
 
 async def _one_session(channel, env: Environment, *, index: int, session_id: str, target: str,
                        policy: str, labels: Mapping[str, str], stats: SimStats, budget: _Budget,
-                       connect_timeout: float, reply_timeout: float) -> None:
-    call = bridge_pb2_grpc.BridgeStub(channel).Connect()
-    session = _Session(call, env, session_id=session_id, target=target, stats=stats, budget=budget,
-                       reply_timeout=reply_timeout)
+                       connect_timeout: float, reply_timeout: float, reconnect_s: float,
+                       controller: Controller | None) -> None:
     hello = bridge_pb2.Hello(
         session_id=session_id, policy=policy, source=getattr(env, "source", f"sim:{type(env).__name__}"),
         observation_spec=[s.to_proto() for s in env.observation_spec()],
         action_spec=[s.to_proto() for s in env.action_spec()],
         labels={"env_index": str(index), **labels})
+    session = _Session(channel, env, hello=hello, target=target, stats=stats, budget=budget,
+                       connect_timeout=connect_timeout, reply_timeout=reply_timeout, reconnect_s=reconnect_s,
+                       controller=controller)
     try:
-        await session.hello(hello, connect_timeout)
+        await session.hello(connect_timeout)
         await session.run()
         await session.close()
     except grpc.aio.AioRpcError as e:
         raise _rpc_error(e, target=target, session_id=session.id) from None
+    except _Broken as e:
+        raise ConnectionError(f"gateway {target} unavailable (session {session.id}): {e}") from None
     finally:
-        call.cancel()  # a no-op once the stream has ended
+        stats.reconnects += session.reconnects
+        if session.call is not None:
+            session.call.cancel()  # a no-op once the stream has ended
 
 
 async def run_sessions(target: str, make_env: Callable[[int], Environment], *, envs: int,
                        seconds: float | None = None, steps: int | None = None, policy: str = "",
                        on_progress: Callable[[SimStats], None] | None = None,
                        connect_timeout: float = 10.0, reply_timeout: float = 10.0,
-                       progress_every: float = 1.0, labels: Mapping[str, str] | None = None) -> SimStats:
+                       progress_every: float = 1.0, labels: Mapping[str, str] | None = None,
+                       reconnect_s: float = 0.0, controller: Controller | None = None) -> SimStats:
     """Run `envs` sessions against the gateway at `target` until `seconds` or `steps` (total env
     steps over all sessions, exact) runs out; return their `SimStats`.
+
+    `reconnect_s` > 0: a session whose gateway goes away reconnects for up to that long (and
+    replays what was not logged). `controller`: see the module docstring.
 
     Raises ConnectionError if the gateway is not reachable within `connect_timeout`,
     SessionError if it rejects a session or breaks the protocol, TimeoutError if a reply takes
@@ -257,7 +354,7 @@ async def run_sessions(target: str, make_env: Callable[[int], Environment], *, e
                     tg.create_task(_one_session(
                         channel, env, index=i, session_id=f"sim-{run_id}-{i}", target=target, policy=policy,
                         labels=labels or {}, stats=stats, budget=budget, connect_timeout=connect_timeout,
-                        reply_timeout=reply_timeout))
+                        reply_timeout=reply_timeout, reconnect_s=reconnect_s, controller=controller))
         except BaseExceptionGroup as group:
             first = group.exceptions[0]
             if len(group.exceptions) > 1:

@@ -5,6 +5,8 @@
     tether gateway --triton 127.0.0.1:8001 --policy hopper_v5
     tether sim --gateway 127.0.0.1:50051 --env Hopper-v5 --envs 8 --seconds 10
     tether edge --gateway 127.0.0.1:50051 --topic-map launch/config/topic_map.yaml --transport dds
+    tether train --gateway 127.0.0.1:50051 --algo ppo --policy invertedpendulum_v5 --nproc 2
+    tether log inspect runs/demo/experience
 """
 
 from __future__ import annotations
@@ -85,7 +87,20 @@ def _edge(argv: list[str]) -> None:
     main(argv)
 
 
-COMMANDS = {"demo": _demo, "triton": _triton, "gateway": _gateway, "sim": _sim, "edge": _edge}
+def _train(argv: list[str]) -> None:
+    from trainer.main import main
+
+    main(argv)
+
+
+def _log(argv: list[str]) -> None:
+    from bridge.experience.tool import main
+
+    main(argv)
+
+
+COMMANDS = {"demo": _demo, "triton": _triton, "gateway": _gateway, "sim": _sim, "edge": _edge, "train": _train,
+            "log": _log}
 
 
 def main(argv: list[str] | None = None) -> None:

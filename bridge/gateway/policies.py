@@ -4,6 +4,8 @@ session gets.
     catalog = PolicyCatalog(client, default="hopper")
     policy = await catalog.resolve("")           # "" = the default policy
     policy.name, policy.version, policy.inputs, policy.outputs
+    await catalog.promote("hopper", 2)           # after a verified load: sessions move to v2
+    catalog.current("hopper")                    # what a session switching now gets (no Triton call)
 """
 
 from __future__ import annotations
@@ -31,39 +33,53 @@ class ServedPolicy:
     inputs: tuple[Spec, ...]
     outputs: tuple[Spec, ...]
 
+    @property
+    def log_prob(self) -> bool:
+        """A stochastic policy also gives the log-probability of the action it sampled."""
+        return any(s.name == LOG_PROB for s in self.outputs)
+
+
+LOG_PROB = "log_prob"  # the output a stochastic policy reports its action's log-probability in
+
 
 class PolicyCatalog:
-    """Resolves a requested policy to the version sessions are served now: the newest ready
-    version in Triton."""
+    """Which version of each policy sessions get now: at first the newest ready version in Triton,
+    then whatever `promote` says (after a new version was loaded and verified)."""
 
     def __init__(self, server: PolicyServer, *, default: str):
         self._server = server
         self.default = default
-        self._io: dict[tuple[str, int], tuple[tuple[Spec, ...], tuple[Spec, ...]]] = {}
+        self._current: dict[str, ServedPolicy] = {}
 
     async def resolve(self, name: str = "") -> ServedPolicy:
         name = name or self.default
         if not name:
             raise UnknownPolicy("no policy requested and the gateway has no default policy")
+        if name in self._current:
+            return self._current[name]
         try:
             ready = await self._server.ready_versions(name)
         except Exception as exc:
             raise PolicyUnavailable(f"cannot list versions of policy {name!r}: {exc}") from exc
         if not ready:
             raise UnknownPolicy(f"policy {name!r} has no ready version in Triton")
-        version = max(ready)
-        key = (name, version)
-        if key not in self._io:
-            self._io[key] = await self._server.model_io(name, version)
-        inputs, outputs = self._io[key]
-        return ServedPolicy(name, version, inputs, outputs)
+        return await self.promote(name, max(ready))
+
+    async def promote(self, name: str, version: int) -> ServedPolicy:
+        inputs, outputs = await self._server.model_io(name, version)
+        policy = self._current[name] = ServedPolicy(name, version, inputs, outputs)
+        return policy
+
+    def current(self, name: str) -> ServedPolicy:
+        return self._current[name]
 
 
 def check_compatible(policy: ServedPolicy, observation: Sequence[Spec], action: Sequence[Spec]) -> str | None:
     """Why a session's declared specs cannot be served by `policy`, or None if they can.
 
     Every policy input must be declared as an observation tensor (extra observation tensors are
-    fine: they are logged, not inferred); the action spec must be exactly the policy's outputs.
+    fine: they are logged, not inferred); every action tensor must be a policy output (extra
+    outputs, e.g. a stochastic policy's `log_prob` and `action_mean`, stay in the gateway).
     """
     declared = {s.name: s for s in observation}
     for spec in policy.inputs:
@@ -73,12 +89,12 @@ def check_compatible(policy: ServedPolicy, observation: Sequence[Spec], action: 
         if got != spec:
             return (f"observation_spec {spec.name!r} is {got.dtype.name}{list(got.shape)}, policy "
                     f"{policy.name!r} takes {spec.dtype.name}{list(spec.shape)}")
-    wanted = {s.name: s for s in policy.outputs}
+    outputs = {s.name: s for s in policy.outputs}
     given = {s.name: s for s in action}
-    if wanted.keys() != given.keys():
-        return f"action_spec names {sorted(given)} differ from policy {policy.name!r} outputs {sorted(wanted)}"
-    for name, spec in wanted.items():
-        if given[name] != spec:
-            return (f"action_spec {name!r} is {given[name].dtype.name}{list(given[name].shape)}, policy "
-                    f"{policy.name!r} gives {spec.dtype.name}{list(spec.shape)}")
+    if given.keys() - outputs.keys():
+        return f"action_spec names {sorted(given)} are not all outputs of policy {policy.name!r}: {sorted(outputs)}"
+    for name, spec in given.items():
+        if outputs[name] != spec:
+            return (f"action_spec {name!r} is {spec.dtype.name}{list(spec.shape)}, policy "
+                    f"{policy.name!r} gives {outputs[name].dtype.name}{list(outputs[name].shape)}")
     return None

@@ -1,10 +1,16 @@
 """The gateway process: a `grpc.aio` server for `tether.v1.Bridge` plus the standard gRPC health
 service, in front of a Triton server.
 
-    gateway = Gateway(GatewayConfig(triton_url="127.0.0.1:8001", policy="hopper"))
+    gateway = Gateway(GatewayConfig(triton_url="127.0.0.1:8001", policy="hopper",
+                                    model_repository=Path("run/models"),     # to publish versions
+                                    experience_dir=Path("run/experience"),   # to log transitions
+                                    rewards={"hopper": Path("hopper.yaml")}))
     await gateway.start()          # waits for Triton, then serves; gateway.address is HOST:PORT
     ...
     await gateway.stop()
+
+Services: `tether.v1.Bridge` (sessions), `tether.v1.Policies` (publish, list, fetch versions),
+`tether.v1.Experience` (the log, when there is one), and gRPC health.
 """
 
 from __future__ import annotations
@@ -14,8 +20,10 @@ import asyncio
 import itertools
 import logging
 import signal
-from collections import deque
-from dataclasses import dataclass
+from collections import Counter, deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -23,10 +31,14 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from bridge.gateway.batcher import MicroBatcher
 from bridge.gateway.errors import DuplicateSession, InvalidHello
 from bridge.gateway.policies import PolicyCatalog, check_compatible
+from bridge.gateway.policies_service import PoliciesService
+from bridge.gateway.publisher import Publisher
+from bridge.gateway.recorder import Recorder
 from bridge.gateway.service import BridgeService
 from bridge.gateway.session import Session, SessionStats
-from inference_server import PolicyClient
-from protos import bridge_pb2, bridge_pb2_grpc
+from bridge.rewards import RewardConfigError, RewardFunction
+from inference_server import ModelRepository, PolicyClient
+from protos import bridge_pb2, bridge_pb2_grpc, policies_pb2_grpc
 from protos.codec import TensorError, specs_from_proto
 
 log = logging.getLogger("tether.gateway")
@@ -44,21 +56,36 @@ class GatewayConfig:
     max_batch: int = 64
     max_inflight: int = 1            # concurrent Triton batches per policy version (1 = biggest batches)
     triton_timeout_s: float = 10.0   # how long start() waits for Triton to be ready
+    model_repository: Path | None = None  # Triton's repository (same host): needed to publish versions
+    experience_dir: Path | None = None    # the experience log; None = no logging
+    fsync_interval_ms: float = 5.0        # group commit: the longest a transition waits to be on disk
+    rewards: Mapping[str, Path] = field(default_factory=dict)  # policy -> reward config YAML
+    switch: str = "episode"          # when sessions move to a new version: "episode" or "step"
 
     def __post_init__(self):
         if self.deadline_ms <= 0:
             raise ValueError(f"deadline_ms must be positive, got {self.deadline_ms}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"port out of range: {self.port}")
+        if self.switch not in ("episode", "step"):
+            raise ValueError(f"switch must be 'episode' or 'step', got {self.switch!r}")
+        if self.fsync_interval_ms < 0:
+            raise ValueError(f"fsync_interval_ms must be >= 0, got {self.fsync_interval_ms}")
 
 
 class Gateway:
     def __init__(self, config: GatewayConfig):
         self.config = config
         self._client = PolicyClient(config.triton_url, timeout_s=config.deadline_ms / 1e3)
-        self.catalog = PolicyCatalog(self._client, default=config.policy)
+        self.control = PolicyClient(config.triton_url, timeout_s=60.0)  # loads, probes, metadata
+        self.catalog = PolicyCatalog(self.control, default=config.policy)
         self.batcher = MicroBatcher(self._client, max_batch=config.max_batch,
                                     max_inflight=config.max_inflight)
+        self.repository = ModelRepository(config.model_repository) if config.model_repository else None
+        self.publisher = Publisher(repository=self.repository, client=self.control, catalog=self.catalog,
+                                   in_use=lambda name: set(self.acting_versions(name)))
+        self.rewards = {policy: RewardFunction.from_yaml(path) for policy, path in config.rewards.items()}
+        self.experience = None  # the ExperienceLog, once started
         self.sessions: dict[str, Session] = {}
         self.closed_stats: deque[SessionStats] = deque(maxlen=1024)  # the most recent closed sessions
         self.server_version = ""
@@ -76,8 +103,18 @@ class Gateway:
                                   f"{self.config.triton_timeout_s:g} s: {exc}") from exc
         self.server_version = await self._client.server_version()
         self._server = grpc.aio.server(options=[("grpc.so_reuseport", 0),  # a taken port is an error, not shared
-                                                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
+                                                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                                                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
         bridge_pb2_grpc.add_BridgeServicer_to_server(BridgeService(self), self._server)
+        policies_pb2_grpc.add_PoliciesServicer_to_server(PoliciesService(self), self._server)
+        if self.config.experience_dir is not None:
+            from bridge.experience import ExperienceLog, ExperienceService
+            from protos import experience_pb2_grpc
+
+            self.experience = ExperienceLog(self.config.experience_dir,
+                                            fsync_interval_s=self.config.fsync_interval_ms / 1e3)
+            await self.experience.start()
+            experience_pb2_grpc.add_ExperienceServicer_to_server(ExperienceService(self.experience), self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         port = self._server.add_insecure_port(f"{self.config.host}:{self.config.port}")
         if port == 0:
@@ -93,7 +130,12 @@ class Gateway:
         await self._health.enter_graceful_shutdown()
         if self._server is not None:
             await self._server.stop(grace)
+        for session in list(self.sessions.values()):
+            session.flush()
+        if self.experience is not None:
+            await self.experience.close()
         await self._client.close()
+        await self.control.close()
 
     async def wait(self) -> None:
         await self._server.wait_for_termination()
@@ -109,12 +151,20 @@ class Gateway:
         policy = await self.catalog.resolve(hello.policy)
         if why := check_compatible(policy, observation, action):
             raise InvalidHello(why)
+        rewards = self.rewards.get(policy.name) or RewardFunction.passthrough()
+        try:
+            rewards.check_specs(observation, action)
+        except RewardConfigError as exc:
+            raise InvalidHello(f"the reward config of policy {policy.name!r} does not fit this session: {exc}") from exc
         session_id = hello.session_id or f"session-{next(self._ids)}"
         if session_id in self.sessions:
             raise DuplicateSession(f"session {session_id!r} is already connected")
+        recorder = Recorder(session=session_id, source=hello.source, log=self.experience,
+                            reward_version=rewards.version)
         session = Session(session_id=session_id, source=hello.source, policy=policy,
                           observation_spec=observation, action_spec=action, batcher=self.batcher,
-                          deadline_s=self.config.deadline_ms / 1e3)
+                          deadline_s=self.config.deadline_ms / 1e3, rewards=rewards, recorder=recorder,
+                          catalog=self.catalog, switch=self.config.switch)
         self.sessions[session_id] = session
         log.info("session %s from %s on %s v%d", session_id, hello.source or "?", policy.name, policy.version)
         return session
@@ -122,10 +172,17 @@ class Gateway:
     def welcome(self, session: Session) -> bridge_pb2.Welcome:
         return bridge_pb2.Welcome(session_id=session.id, policy=session.policy.name,
                                   policy_version=session.policy.version,
-                                  deadline_ms=self.config.deadline_ms, server_version=self.server_version)
+                                  deadline_ms=self.config.deadline_ms, server_version=self.server_version,
+                                  durable_through=session.recorder.durable_through,
+                                  reward_version=session.rewards.version, logging=session.recorder.logging)
+
+    def acting_versions(self, policy: str) -> dict[int, int]:
+        """Version -> how many sessions act with it now."""
+        return dict(Counter(s.policy.version for s in self.sessions.values() if s.policy.name == policy))
 
     def close_session(self, session: Session) -> None:
         if self.sessions.get(session.id) is session:
+            session.flush()
             del self.sessions[session.id]
             self.closed_stats.append(session.stats)
             stats, guard = session.stats, session.stats.guard
@@ -144,7 +201,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-batch", type=int, default=64)
     p.add_argument("--triton-timeout", type=float, default=10.0, help="seconds to wait for Triton at start")
     p.add_argument("--max-inflight", type=int, default=1, help="concurrent Triton batches per policy version")
+    p.add_argument("--model-repository", type=Path, help="Triton's model repository (to publish new versions)")
+    p.add_argument("--experience-dir", type=Path, help="log every transition here (MCAP segments)")
+    p.add_argument("--fsync-interval-ms", type=float, default=5.0, help="group commit interval of the log")
+    p.add_argument("--rewards", action="append", default=[], metavar="POLICY=YAML",
+                   help="reward config of a policy (repeatable); default: the simulator's reward")
+    p.add_argument("--switch", choices=("episode", "step"), default="episode",
+                   help="when sessions move to a newly published version")
     return p.parse_args(argv)
+
+
+def _reward_configs(items: list[str]) -> dict[str, Path]:
+    configs = {}
+    for item in items:
+        policy, sep, path = item.partition("=")
+        if not sep or not policy or not path:
+            raise SystemExit(f"tether gateway: --rewards takes POLICY=YAML, got {item!r}")
+        configs[policy] = Path(path)
+    return configs
 
 
 async def serve(config: GatewayConfig) -> None:
@@ -163,6 +237,12 @@ async def serve(config: GatewayConfig) -> None:
 def main(argv: list[str] | None = None) -> None:
     a = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    asyncio.run(serve(GatewayConfig(triton_url=a.triton, policy=a.policy, host=a.host, port=a.port,
-                                    deadline_ms=a.deadline_ms, max_batch=a.max_batch,
-                                    max_inflight=a.max_inflight, triton_timeout_s=a.triton_timeout)))
+    config = GatewayConfig(triton_url=a.triton, policy=a.policy, host=a.host, port=a.port,
+                           deadline_ms=a.deadline_ms, max_batch=a.max_batch, max_inflight=a.max_inflight,
+                           triton_timeout_s=a.triton_timeout, model_repository=a.model_repository,
+                           experience_dir=a.experience_dir, fsync_interval_ms=a.fsync_interval_ms,
+                           rewards=_reward_configs(a.rewards), switch=a.switch)
+    try:
+        asyncio.run(serve(config))
+    except RewardConfigError as exc:
+        raise SystemExit(f"tether gateway: {exc}") from None

@@ -28,9 +28,16 @@ class BridgeService(bridge_pb2_grpc.BridgeServicer):
         try:
             yield bridge_pb2.ServerMessage(welcome=self._gateway.welcome(session))
             async for msg in request_iterator:
-                if msg.WhichOneof("kind") != "observation":
+                kind = msg.WhichOneof("kind")
+                if kind == "observation":
+                    reply = await session.handle(msg.observation)
+                elif kind == "replay":
+                    reply = session.replay(msg.replay)
+                else:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                        "after the Hello, a Connect stream carries only observations")
-                yield await session.handle(msg.observation)
+                                        "after the Hello, a Connect stream carries only observations and replays")
+                reply.durable_through = session.recorder.durable_through
+                yield reply
+                session.flush()  # log what this step completed, now that the reply is on its way
         finally:
             self._gateway.close_session(session)

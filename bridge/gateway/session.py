@@ -1,7 +1,10 @@
-"""One connected robot or simulated env: its specs, its step order, its episodes.
+"""One connected robot or simulated env: its specs, its step order, its episodes, its rewards.
 
 `Session.handle(observation)` turns one observation into exactly one reply: an `Action`, a
-`StepError` (the session goes on), or an `EpisodeEnd` for a LAST step.
+`StepError` (the session goes on), or an `EpisodeEnd` for a LAST step (or when a reward term's
+condition ends the episode). The servicer calls `session.flush()` after each reply, which logs
+the completed transitions off the critical path. Which policy version acts follows the catalog
+at each episode start (`switch="episode"`) or at every step (`switch="step"`).
 """
 
 from __future__ import annotations
@@ -10,13 +13,16 @@ import asyncio
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
 from bridge.gateway.batcher import MicroBatcher
-from bridge.gateway.policies import ServedPolicy
+from bridge.gateway.policies import LOG_PROB, PolicyCatalog, ServedPolicy
+from bridge.gateway.recorder import Recorder, RewardOutcome
+from bridge.rewards import RewardFunction
 from protos import bridge_pb2
-from protos.codec import Spec, TensorError, check_all, encode
+from protos.codec import Spec, TensorError, check_all, decode_all, encode
 
 Code = bridge_pb2.StepError.Code
 
@@ -33,24 +39,45 @@ class SessionStats:
         self.errors[name] = self.errors.get(name, 0) + 1
 
 
+class Rewards(Protocol):
+    """What a session needs from a reward function (bridge.rewards.RewardFunction fits)."""
+
+    version: str
+
+    def compute(self, observation, action, next_observation, env_reward, previous_action=None): ...
+
+
 class Session:
     def __init__(self, *, session_id: str, source: str, policy: ServedPolicy,
                  observation_spec: tuple[Spec, ...], action_spec: tuple[Spec, ...],
-                 batcher: MicroBatcher, deadline_s: float):
+                 batcher: MicroBatcher, deadline_s: float, rewards: Rewards | None = None,
+                 recorder: Recorder | None = None, catalog: PolicyCatalog | None = None, switch: str = "episode"):
         self.id = session_id
         self.source = source
         self.policy = policy
         self.observation_spec = observation_spec
         self.action_spec = action_spec
+        self.rewards = rewards or RewardFunction.passthrough()
+        self.recorder = recorder or Recorder(session=session_id, source=source, log=None,
+                                             reward_version=self.rewards.version)
+        self._catalog = catalog
+        self._switch_every_step = switch == "step"
         self._batcher = batcher
         self._deadline_s = deadline_s
-        self._last_step: int | None = None
+        last = self.recorder.durable_through - 1
+        self._last_step: int | None = last if last >= 0 else None
         self._episode_return = 0.0
         self._episode_length = 0
-        self._outputs = tuple(s.name for s in policy.outputs)
-        self._input_names = tuple(s.name for s in policy.inputs)
+        self._acted: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None = None  # obs, action of the last step
+        self._previous_action: dict[str, np.ndarray] | None = None
         self._action_dtypes = {s.name: s.dtype for s in action_spec}
         self.stats = SessionStats()
+        self._use(policy)
+
+    def _use(self, policy: ServedPolicy) -> None:
+        self.policy = policy
+        self._outputs = tuple(self._action_dtypes) + ((LOG_PROB,) if policy.log_prob else ())
+        self._input_names = tuple(s.name for s in policy.inputs)
 
     async def handle(self, obs: bridge_pb2.Observation) -> bridge_pb2.ServerMessage:
         received = time.time_ns()
@@ -64,24 +91,53 @@ class Session:
                 raise TensorError("reward", f"non-finite reward {obs.reward}")
         except TensorError as exc:
             return self._error(obs.step, Code.INVALID_OBSERVATION, exc.field, str(exc))
-        self._track_episode(obs)
         if obs.HasField("guard"):
             self.stats.guard = obs.guard
-        if obs.step_type == bridge_pb2.LAST:
-            return self._end_episode(obs.step)
+        end_reason = self._track_episode(obs, arrays)
+        if obs.step_type == bridge_pb2.LAST or end_reason:
+            return self._end_episode(obs.step, end_reason)
+        if self._catalog is not None and (self._switch_every_step or obs.step_type == bridge_pb2.FIRST):
+            current = self._catalog.current(self.policy.name)
+            if current is not self.policy:
+                self._use(current)
         return await self._act(obs, arrays, received)
 
-    def _track_episode(self, obs: bridge_pb2.Observation) -> None:
-        if obs.step_type == bridge_pb2.FIRST:
-            self._episode_return, self._episode_length = 0.0, 0
-        else:
-            self._episode_return += obs.reward
-            self._episode_length += 1
+    def flush(self) -> None:
+        """Log what the last reply completed (the servicer calls it once the reply is sent)."""
+        self.recorder.flush()
 
-    def _end_episode(self, step: int) -> bridge_pb2.ServerMessage:
+    def _track_episode(self, obs: bridge_pb2.Observation, arrays: dict[str, np.ndarray]) -> str:
+        """Reward the previous action; returns why the episode ends here ("" = it goes on,
+        "last" = the client said so, "reward:..." = a reward term's condition)."""
+        if obs.step_type == bridge_pb2.FIRST:
+            self.recorder.abandon()
+            self._episode_return, self._episode_length = 0.0, 0
+            self._acted, self._previous_action = None, None
+            return ""
+        self._episode_length += 1
+        if self._acted is None:  # the previous step got no action: nothing to reward
+            return "last" if obs.step_type == bridge_pb2.LAST else ""
+        outcome = self._reward(obs, arrays)
+        self._episode_return += outcome.reward
+        last = obs.step_type == bridge_pb2.LAST
+        self.recorder.completed(obs, outcome, ended=last or bool(outcome.end_reason))
+        return outcome.end_reason or ("last" if last else "")
+
+    def _reward(self, obs: bridge_pb2.Observation, arrays: dict[str, np.ndarray]) -> RewardOutcome:
+        (observation, action), previous = self._acted, self._previous_action
+        self._previous_action, self._acted = action, None
+        result = self.rewards.compute(_batch(observation), _batch(action), _batch(arrays),
+                                      np.array([obs.reward]), None if previous is None else _batch(previous))
+        terms = {name: float(value[0]) for name, value in result.terms.items()}
+        ended = bool(result.terminate[0])
+        return RewardOutcome(float(result.reward[0]), terms, "reward:terminate" if ended else "")
+
+    def _end_episode(self, step: int, reason: str) -> bridge_pb2.ServerMessage:
         self.stats.episodes += 1
+        self._acted = None
         end = bridge_pb2.EpisodeEnd(step=step, episode=self.stats.episodes, length=self._episode_length,
-                                    episode_return=self._episode_return)
+                                    episode_return=self._episode_return,
+                                    reason="" if reason == "last" else reason)
         return bridge_pb2.ServerMessage(episode_end=end)
 
     async def _act(self, obs: bridge_pb2.Observation, arrays: dict[str, np.ndarray],
@@ -99,17 +155,49 @@ class Session:
             return self._error(obs.step, Code.INFERENCE_FAILED, "",
                                f"policy {self.policy.name!r} v{self.policy.version}: {exc}")
         finished = time.time_ns()
-        tensors = [encode(name, result[name].astype(self._action_dtypes[name], copy=False))
-                   for name in self._outputs]
+        actions = {name: result[name].astype(dtype, copy=False) for name, dtype in self._action_dtypes.items()}
+        tensors = [encode(name, value) for name, value in actions.items()]
         self.stats.steps += 1
         timing = bridge_pb2.Timing(t_sent_ns=obs.t_sent_ns, gateway_recv_ns=received,
                                    infer_start_ns=started, infer_end_ns=finished,
                                    gateway_send_ns=time.time_ns())
         action = bridge_pb2.Action(step=obs.step, tensors=tensors, policy=self.policy.name,
-                                   policy_version=self.policy.version, timing=timing)
+                                   policy_version=self.policy.version, timing=timing, episode=obs.episode)
+        self._acted = (arrays, actions)
+        if self.recorder.logging:
+            log_prob = float(result[LOG_PROB].reshape(-1)[0]) if LOG_PROB in result else None
+            self.recorder.acted(obs, action, log_prob)
         return bridge_pb2.ServerMessage(action=action)
+
+    def replay(self, replay: bridge_pb2.Replay) -> bridge_pb2.ServerMessage:
+        """A step answered before a reconnect, resent for the log (no inference)."""
+        obs, action = replay.observation, replay.action
+        if self._last_step is not None and obs.step <= self._last_step:
+            self.recorder.duplicates += 1
+            return bridge_pb2.ServerMessage(replayed=bridge_pb2.Replayed(step=obs.step, duplicate=True))
+        try:
+            arrays = check_all(self.observation_spec, obs.tensors)
+            actions = decode_all(action.tensors)
+            following = replay.next if replay.HasField("next") else None
+            after = check_all(self.observation_spec, following.tensors) if following is not None else None
+        except TensorError as exc:
+            return self._error(obs.step, Code.INVALID_OBSERVATION, exc.field, f"replay: {exc}")
+        self._last_step = obs.step
+        self._acted = (arrays, actions)
+        if self.recorder.logging:
+            self.recorder.acted(obs, action, None)
+        if following is not None:  # complete it now; without `next` it waits for the live observation
+            ended = following.step_type == bridge_pb2.LAST
+            outcome = self._reward(following, after)
+            self.recorder.completed(following, outcome, ended=ended or bool(outcome.end_reason))
+        return bridge_pb2.ServerMessage(replayed=bridge_pb2.Replayed(step=obs.step))
 
     def _error(self, step: int, code: int, field_name: str, message: str) -> bridge_pb2.ServerMessage:
         self.stats.count_error(code)
         err = bridge_pb2.StepError(step=step, code=code, field=field_name, message=message)
         return bridge_pb2.ServerMessage(error=err)
+
+
+def _batch(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A batch of one (views, no copies)."""
+    return {name: value[None] for name, value in arrays.items()}

@@ -1,0 +1,119 @@
+"""Turns one session's steps into logged transitions (the Acme "adder" of the gateway).
+
+A transition is RLDS-shaped: the observation of step t, the action answered to it, and what the
+next observation brought (the reward for that action, terminated/truncated, the action the edge
+reports it really applied). So step t is recorded when step t+1 arrives:
+
+    recorder = Recorder(session="s1", source="sim", log=log, reward_version=fn.version)
+    recorder.acted(obs_t, action_t, log_prob)       # after answering step t
+    recorder.completed(obs_t1, result, ended=False)  # step t+1 arrived: t is complete
+    recorder.flush()                                 # build and append (after the reply went out)
+    recorder.durable_through                         # steps < this are on disk
+
+`flush` does the copying (tensor bytes into a `Transition`) off the reply's critical path; the log
+acknowledges a transition once it is fsynced, and `durable_through` follows those acks in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from protos import bridge_pb2, experience_pb2
+
+log = logging.getLogger("tether.gateway")
+
+
+class ExperienceSink(Protocol):
+    """What the recorder needs from the experience log (bridge.experience.ExperienceLog fits)."""
+
+    def append(self, transition: experience_pb2.Transition) -> asyncio.Future | None: ...
+
+    def last_step(self, session: str) -> int | None: ...
+
+
+@dataclass(frozen=True)
+class RewardOutcome:
+    """The gateway's reward for one action: the total, each term, and whether a term ended the episode."""
+
+    reward: float
+    terms: Mapping[str, float]
+    end_reason: str = ""
+
+
+@dataclass
+class _Acted:
+    observation: bridge_pb2.Observation
+    action: bridge_pb2.Action
+    log_prob: float | None
+
+
+class Recorder:
+    def __init__(self, *, session: str, source: str, log: ExperienceSink | None, reward_version: str):
+        self.session, self.source, self.reward_version = session, source, reward_version
+        self._log = log
+        self.pending: _Acted | None = None
+        self._ready: list[experience_pb2.Transition] = []
+        last = log.last_step(session) if log is not None else None
+        self.durable_through = 0 if last is None else last + 1
+        self.duplicates = 0
+        self.failed = 0
+
+    @property
+    def logging(self) -> bool:
+        return self._log is not None
+
+    def acted(self, observation: bridge_pb2.Observation, action: bridge_pb2.Action,
+              log_prob: float | None) -> None:
+        self.pending = _Acted(observation, action, log_prob)
+
+    def abandon(self) -> None:
+        """The pending step will get no successor (a new episode began without a LAST)."""
+        self.pending = None
+
+    def completed(self, following: bridge_pb2.Observation, outcome: RewardOutcome, *, ended: bool) -> None:
+        """`following` answered the pending step: its reward, applied action, and, when the episode
+        `ended` there, whether by termination (MDP end) or truncation."""
+        acted, self.pending = self.pending, None
+        if acted is None or self._log is None:
+            return
+        obs, action = acted.observation, acted.action
+        terminated = ended and (following.terminated or bool(outcome.end_reason))
+        t = experience_pb2.Transition(
+            session=self.session, episode=obs.episode, step=obs.step, step_type=obs.step_type,
+            reward=outcome.reward, reward_terms=outcome.terms, terminated=terminated,
+            truncated=ended and not terminated, policy=action.policy, policy_version=action.policy_version,
+            reward_version=self.reward_version, timing=action.timing, source=self.source,
+            env_reward=following.reward)
+        t.observation.extend(obs.tensors)
+        t.action.extend(action.tensors)
+        t.applied_action.extend(following.applied_action or action.tensors)  # sims step what they got
+        if following.HasField("guard"):
+            t.guard.CopyFrom(following.guard)
+        if ended:
+            t.next_observation.extend(following.tensors)
+        if acted.log_prob is not None:
+            t.has_log_prob, t.log_prob = True, acted.log_prob
+        self._ready.append(t)
+
+    def flush(self) -> None:
+        """Append what `completed` built; called after the reply is on its way."""
+        ready, self._ready = self._ready, []
+        for t in ready:
+            future = self._log.append(t)
+            if future is None:
+                self.duplicates += 1
+                self.durable_through = max(self.durable_through, t.step + 1)
+            else:
+                future.add_done_callback(lambda f, step=t.step: self._acked(f, step))
+
+    def _acked(self, future: asyncio.Future, step: int) -> None:
+        if future.cancelled() or future.exception() is not None:
+            self.failed += 1
+            log.error("session %s: step %d was not logged: %s", self.session, step,
+                      "cancelled" if future.cancelled() else future.exception())
+            return
+        self.durable_through = max(self.durable_through, step + 1)
