@@ -1,0 +1,77 @@
+"""`torch.distributed` helpers that also work in a single process (no process group).
+
+    >>> world()
+    (0, 1)
+    >>> all_reduce_sum(torch.tensor([1.0, 2.0])).tolist()
+    [1.0, 2.0]
+    >>> broadcast_int(7)
+    7
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["all_reduce_sum", "barrier", "broadcast_int", "device", "init", "is_distributed", "shutdown", "world"]
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def world() -> tuple[int, int]:
+    """(rank, world_size); (0, 1) without a process group."""
+    if is_distributed():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def device() -> torch.device:
+    """This rank's device: its CUDA device when CUDA is present, else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def init() -> tuple[int, int]:
+    """Join the process group torchrun described in the environment (NCCL with CUDA, else gloo)."""
+    torch.set_num_threads(1)
+    if "WORLD_SIZE" not in os.environ or is_distributed():
+        return world()
+    if torch.cuda.is_available():
+        torch.cuda.set_device(device())
+        dist.init_process_group("nccl", device_id=device())
+    else:
+        dist.init_process_group("gloo")
+    return world()
+
+
+def shutdown() -> None:
+    if is_distributed():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum over ranks, in place (and returned)."""
+    if is_distributed():
+        moved = tensor.to(device())
+        dist.all_reduce(moved)
+        tensor.copy_(moved.to(tensor.device))
+    return tensor
+
+
+def broadcast_int(value: int, *, src: int = 0) -> int:
+    """`value` as rank `src` has it, on every rank."""
+    if not is_distributed():
+        return int(value)
+    t = torch.tensor([int(value)], dtype=torch.int64, device=device())
+    dist.broadcast(t, src=src)
+    return int(t.item())
+
+
+def barrier() -> None:
+    if is_distributed():
+        dist.barrier()

@@ -1,0 +1,289 @@
+"""Where the trainer's transitions come from (Acme-style roles): the live stream or the log files.
+
+`StreamSource` is a `tether.v1.Experience.Subscribe` client: it reads from an offset (the
+gateway replays its log, then goes live), only this rank's shard of sessions, acknowledges what
+was consumed, and reconnects with backoff where it left off. The call loop (needs a gateway):
+
+    source = StreamSource("127.0.0.1:50051", shard=rank, num_shards=world_size, policy="pendulum")
+    while training:
+        batch = source.poll(timeout=0.5)          # transitions, possibly none
+        ...
+        source.ack(batch[-1].offset + 1)          # consumed: the gateway may send more
+    source.close()
+
+`LogDataset` reads the MCAP segments of a log directory directly (each message a serialized
+`tether.v1.Transition`), shuffles with a seeded generator and shards across ranks:
+
+    >>> import tempfile
+    >>> from protos import experience_pb2
+    >>> d = tempfile.mkdtemp()
+    >>> write_transitions(f"{d}/seg-0.mcap", [experience_pb2.Transition(offset=i) for i in range(10)])
+    >>> ds = LogDataset(d, rank=1, world_size=2, seed=0)
+    >>> len(ds), [len(b) for b in ds.batches(2, epoch=0)]
+    (10, [2, 2, 1])
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+
+from protos import experience_pb2, experience_pb2_grpc
+
+__all__ = ["LogDataset", "StreamError", "StreamSource", "TRANSITION_SCHEMA", "read_segment", "write_transitions"]
+
+log = logging.getLogger(__name__)
+
+TRANSITION_SCHEMA = "tether.v1.Transition"
+_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED,
+              grpc.StatusCode.ABORTED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
+              grpc.StatusCode.RESOURCE_EXHAUSTED}
+
+
+class StreamError(RuntimeError):
+    """The gateway refused the subscription (a non-retryable status, e.g. an unknown policy)."""
+
+
+class StreamSource:
+    """`Experience.Subscribe` for one rank: poll transitions, ack them, reconnect on failure.
+
+    `from_offset`: first transition wanted; `window`: unacknowledged transitions the gateway may
+    send ahead; `shard`/`num_shards`: this rank's sessions; `policy`: only this policy's
+    transitions (empty = all). Reconnects resume at the batch after the last one received.
+    """
+
+    def __init__(self, address: str, *, from_offset: int = 0, window: int = 4096, max_batch: int = 256,
+                 shard: int = 0, num_shards: int = 1, policy: str = "",
+                 backoff_s: tuple[float, float] = (0.05, 2.0)):
+        if not address or ":" not in address:
+            raise ValueError(f"gateway address {address!r} must be HOST:PORT")
+        if from_offset < 0:
+            raise ValueError(f"from_offset must be >= 0, got {from_offset}")
+        if num_shards < 1 or not 0 <= shard < num_shards:
+            raise ValueError(f"shard {shard} must be in [0, num_shards={num_shards})")
+        if window < 1 or max_batch < 1:
+            raise ValueError(f"window ({window}) and max_batch ({max_batch}) must be >= 1")
+        if not 0 < backoff_s[0] <= backoff_s[1]:
+            raise ValueError(f"backoff_s {backoff_s} must be (initial, max) with 0 < initial <= max")
+        self.address = address
+        self._start = dict(window=window, max_batch=max_batch, shard=shard, num_shards=num_shards, policy=policy)
+        self._backoff = backoff_s
+        self._resume = from_offset
+        self._acked = from_offset
+        self.log_end = 0
+        self.reconnects = 0
+        self._out: queue.Queue[list[experience_pb2.Transition]] = queue.Queue()
+        self._pending: list[experience_pb2.Transition] = []
+        self._requests: queue.Queue | None = None
+        self._call = None
+        self._error: BaseException | None = None
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._channel = grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", 64 << 20)])
+        self._stub = experience_pb2_grpc.ExperienceStub(self._channel)
+        self._thread = threading.Thread(target=self._run, name=f"stream-{address}", daemon=True)
+        self._thread.start()
+
+    @property
+    def next_offset(self) -> int:
+        """Where a new subscription would resume: after the last batch received."""
+        return self._resume
+
+    def poll(self, *, timeout: float = 0.0, max_items: int | None = None) -> list[experience_pb2.Transition]:
+        """Transitions received so far (waits up to `timeout` s for the first); [] when none came."""
+        if self._error is not None:
+            raise self._error
+        items, self._pending = self._pending, []
+        try:
+            if not items:
+                items = list(self._out.get(timeout=timeout) if timeout > 0 else self._out.get_nowait())
+            while max_items is None or len(items) < max_items:
+                items.extend(self._out.get_nowait())
+        except queue.Empty:
+            pass
+        if self._error is not None and not items:
+            raise self._error
+        if max_items is not None and len(items) > max_items:
+            items, self._pending = items[:max_items], items[max_items:]
+        return items
+
+    def ack(self, through_offset: int) -> None:
+        """Everything with offset < `through_offset` is consumed (the gateway may send more)."""
+        with self._lock:
+            if through_offset <= self._acked:
+                return
+            self._acked = through_offset
+            if self._requests is not None:
+                self._requests.put(experience_pb2.SubscribeRequest(
+                    ack=experience_pb2.SubscribeAck(through_offset=through_offset)))
+
+    def close(self) -> None:
+        self._closed.set()
+        with self._lock:
+            if self._requests is not None:
+                self._requests.put(None)
+            if self._call is not None:
+                self._call.cancel()
+        self._thread.join(timeout=5)
+        self._channel.close()
+
+    def __enter__(self) -> StreamSource:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _run(self) -> None:
+        delay = self._backoff[0]
+        while not self._closed.is_set():
+            requests: queue.Queue = queue.Queue()
+            start = experience_pb2.SubscribeStart(from_offset=self._resume, **self._start)
+            requests.put(experience_pb2.SubscribeRequest(start=start))
+            with self._lock:
+                self._requests = requests
+                self._call = call = self._stub.Subscribe(_drain(requests))
+            try:
+                for batch in call:
+                    self.log_end = batch.log_end
+                    if batch.transitions:
+                        self._out.put(list(batch.transitions))
+                    self._resume = max(self._resume, batch.next_offset)
+                    delay = self._backoff[0]
+            except grpc.RpcError as e:
+                if self._closed.is_set():
+                    break
+                if e.code() not in _RETRYABLE:
+                    self._error = StreamError(f"Experience.Subscribe at {self.address}: {e.code().name}: "
+                                              f"{e.details()}")
+                    break
+                log.info("experience stream %s: %s, reconnecting in %.2f s", self.address, e.code().name, delay)
+            finally:
+                requests.put(None)
+                with self._lock:
+                    self._requests = None
+            if self._closed.wait(delay):
+                break
+            delay = min(2 * delay, self._backoff[1])
+            self.reconnects += 1
+
+
+def _drain(requests: queue.Queue) -> Iterator[experience_pb2.SubscribeRequest]:
+    while (item := requests.get()) is not None:
+        yield item
+
+
+def write_transitions(path: str | Path, transitions: Iterable[experience_pb2.Transition], *,
+                      topic: str = "/tether/transitions") -> None:
+    """An MCAP file of `transitions` with the protobuf schema (for tests and exports)."""
+    from google.protobuf import descriptor_pb2
+    from mcap.writer import Writer
+
+    fds = descriptor_pb2.FileDescriptorSet()
+    seen: set[str] = set()
+
+    def add(fd) -> None:
+        if fd.name in seen:
+            return
+        seen.add(fd.name)
+        for dep in fd.dependencies:
+            add(dep)
+        proto = fds.file.add()
+        fd.CopyToProto(proto)
+
+    add(experience_pb2.Transition.DESCRIPTOR.file)
+    with open(path, "wb") as f:
+        writer = Writer(f)
+        writer.start(profile="", library="tether")
+        schema = writer.register_schema(TRANSITION_SCHEMA, "protobuf", fds.SerializeToString())
+        channel = writer.register_channel(topic, "protobuf", schema)
+        for t in transitions:
+            stamp = t.timing.gateway_recv_ns or 0
+            writer.add_message(channel, log_time=stamp, publish_time=stamp, data=t.SerializeToString(),
+                               sequence=t.offset & 0xFFFFFFFF)
+        writer.finish()
+
+
+def read_segment(path: str | Path) -> list[experience_pb2.Transition]:
+    """The complete `tether.v1.Transition` messages of one MCAP file, in file order.
+
+    A segment still being written (or torn) is read up to its last complete record.
+    """
+    from mcap.exceptions import McapError
+    from mcap.records import Channel, Message, Schema
+    from mcap.stream_reader import StreamReader
+
+    schemas: dict[int, str] = {}
+    channels: set[int] = set()
+    out: list[experience_pb2.Transition] = []
+    with open(path, "rb") as f:
+        try:
+            for record in StreamReader(f, record_size_limit=1 << 30).records:
+                if isinstance(record, Schema):
+                    schemas[record.id] = record.name
+                elif isinstance(record, Channel):
+                    if schemas.get(record.schema_id) == TRANSITION_SCHEMA:
+                        channels.add(record.id)
+                elif isinstance(record, Message) and record.channel_id in channels:
+                    out.append(experience_pb2.Transition.FromString(record.data))
+        except (McapError, EOFError, ValueError, OSError) as e:  # an unfinished tail: keep what is complete
+            log.debug("%s: stopped at an incomplete record (%s)", path, e)
+        except Exception as e:  # zstd/lz4 errors on a torn chunk, struct errors on a torn header
+            log.debug("%s: stopped at an unreadable record (%s: %s)", path, type(e).__name__, e)
+    return out
+
+
+class LogDataset:
+    """The transitions in the `*.mcap` segments under `log_dir`, shuffled and sharded per epoch.
+
+    Every rank sees the same number of samples per epoch (the remainder is left out), so all
+    ranks take the same number of optimiser steps. `policy` keeps only that policy's transitions.
+    """
+
+    def __init__(self, log_dir: str | Path, *, rank: int = 0, world_size: int = 1, seed: int = 0,
+                 policy: str | None = None):
+        root = Path(log_dir)
+        if not root.is_dir():
+            raise FileNotFoundError(f"log directory {str(root)!r} does not exist")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} must be in [0, world_size={world_size})")
+        self.root, self.rank, self.world_size, self.seed = root, rank, world_size, seed
+        segments = sorted(root.rglob("*.mcap"))
+        if not segments:
+            raise FileNotFoundError(f"no *.mcap segments under {str(root)!r}")
+        by_offset: dict[int, experience_pb2.Transition] = {}
+        for seg in segments:
+            for t in read_segment(seg):
+                if policy is None or t.policy == policy:
+                    by_offset.setdefault(t.offset, t)
+        if not by_offset:
+            raise ValueError(f"no tether.v1.Transition messages{f' of policy {policy!r}' if policy else ''} "
+                             f"in {len(segments)} segment(s) under {str(root)!r}")
+        self.transitions = [by_offset[k] for k in sorted(by_offset)]
+        self.segments = segments
+
+    def __len__(self) -> int:
+        return len(self.transitions)
+
+    def per_rank(self) -> int:
+        """Samples each rank sees per epoch."""
+        return len(self.transitions) // self.world_size
+
+    def order(self, epoch: int) -> np.ndarray:
+        """This rank's indices for `epoch` (a seeded permutation, strided by rank)."""
+        rng = np.random.default_rng([self.seed, epoch])
+        perm = rng.permutation(len(self.transitions))
+        return perm[self.rank::self.world_size][:self.per_rank()]
+
+    def batches(self, batch_size: int, *, epoch: int, start: int = 0) -> Iterator[list[experience_pb2.Transition]]:
+        """This rank's batches of `epoch`, from its `start`-th sample on."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        order = self.order(epoch)
+        for i in range(start, len(order), batch_size):
+            yield [self.transitions[j] for j in order[i:i + batch_size]]
