@@ -153,8 +153,6 @@ class PPOLearner:
                 boot_index.append(len(boot))
                 boot.append(np.asarray(seg.bootstrap_observation[self.observation], np.float32))
         width = self.policy.net[0].in_features
-        as_tensor = (lambda rows, w: torch.from_numpy(np.stack(rows).astype(np.float32)) if rows
-                     else torch.zeros(0, w))
         return _Batch(obs=as_tensor(obs, width).to(self.device),
                       act=as_tensor(act, self.policy.log_std.shape[0]).to(self.device),
                       rewards=np.asarray(rewards, np.float64),
@@ -236,6 +234,10 @@ class PPOLearner:
                      log_std=float(self.policy.log_std.detach().mean()))
         stats.update(_lag_dict(lag))
         return stats
+
+
+def as_tensor(rows: list[np.ndarray], width: int) -> torch.Tensor:
+    return torch.from_numpy(np.stack(rows).astype(np.float32)) if rows else torch.zeros(0, width)
 
 
 def _one(tensors, name: str) -> np.ndarray:
