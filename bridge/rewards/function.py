@@ -1,0 +1,138 @@
+"""`RewardFunction`: a validated reward config compiled into vectorised terms; `RewardResult`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from bridge.rewards.config import RewardConfigError, TermSpec, canonical, parse_terms, version
+from bridge.rewards.terms import Condition, RewardInputError, Step, compile_term
+from protos.codec import Spec
+
+__all__ = ["RewardFunction", "RewardResult"]
+
+Arrays = Mapping[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    """`reward` (B,) float64 = the sum of `terms` (name -> (B,) float64 weighted contribution, in config
+    order); `terminate` (B,) bool: a condition with `terminate: true` holds."""
+
+    reward: np.ndarray
+    terms: dict[str, np.ndarray]
+    terminate: np.ndarray
+
+
+class RewardFunction:
+    """Build with `from_yaml`, `from_dict` or `passthrough`; call `compute` once per (batched) step."""
+
+    def __init__(self, terms: Sequence[TermSpec], *, source: str | None = None):
+        if not terms:
+            raise RewardConfigError("a reward function needs at least one term", source=source)
+        self.specs: tuple[TermSpec, ...] = tuple(terms)
+        self.source = source
+        self.version: str = version(self.specs)
+        self.terms: tuple[str, ...] = tuple(t.name for t in self.specs)
+        self._compiled = tuple(compile_term(t) for t in self.specs)
+        self._conditions = tuple(t for t in self._compiled if isinstance(t, Condition))
+        self._terminating = tuple(t.name for t in self._conditions if t.spec.terminate)
+
+    @classmethod
+    def from_dict(cls, config: Any, *, source: str | None = None) -> RewardFunction:
+        """From a parsed config `{"reward": {"terms": [...]}}`; `source` prefixes error messages."""
+        return cls(parse_terms(config, source=source), source=source)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> RewardFunction:
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise RewardConfigError(f"cannot read the file: {exc}", source=str(path)) from None
+        try:
+            config = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise RewardConfigError(f"not valid YAML: {exc}", source=str(path)) from None
+        return cls.from_dict(config, source=str(path))
+
+    @classmethod
+    def passthrough(cls) -> RewardFunction:
+        """The simulator's reward, unchanged: one `env_reward` term of weight 1."""
+        return cls.from_dict({"reward": {"terms": [{"type": "env_reward"}]}}, source="passthrough")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config with defaults filled in; `from_dict(fn.to_dict())` has the same version."""
+        return {"reward": {"terms": [t.fields() for t in self.specs]}}
+
+    def canonical(self) -> str:
+        """The JSON text whose hash is `version` (worth storing beside the data it labels)."""
+        return canonical(self.specs)
+
+    def check_specs(self, observation_specs: Sequence[Spec], action_specs: Sequence[Spec]) -> None:
+        """Raise `RewardConfigError` naming the term and field if a term reads a tensor the session does not
+        declare, or selects values the tensor does not have. Call it once per session (at Hello)."""
+        declared = {"observation": {s.name: s for s in observation_specs}, "action": {s.name: s for s in action_specs}}
+        for t in self.specs:
+            if t.tensor is None:
+                continue
+            specs = declared[t.role]
+            if t.tensor not in specs:
+                raise self._spec_error(t, t.role, f"tensor {t.tensor!r} is not among the session's {t.role} "
+                                                  f"tensors {sorted(specs)}")
+            shape = specs[t.tensor].shape
+            n = math.prod(shape)
+            what = f"tensor {t.tensor!r} of shape {list(shape)} ({n} values)"
+            if n == 0:
+                raise self._spec_error(t, t.role, f"{what} has no values to read")
+            if t.indices is not None:
+                bad = [i for i in t.indices if i >= n]
+                if bad:
+                    raise self._spec_error(t, "indices", f"index {bad[0]} is out of range for {what}")
+                continue
+            for key in ("goal", "low", "high"):
+                vec = getattr(t, key)
+                if vec is not None and len(vec) != n:
+                    raise self._spec_error(t, key, f"has {len(vec)} values, {what} (set 'indices' to select "
+                                                   f"{len(vec)} of them)")
+
+    def _spec_error(self, t: TermSpec, field: str, detail: str) -> RewardConfigError:
+        return RewardConfigError(f"field '{field}' {detail}", term_index=t.index, term_name=t.name, field=field,
+                                 source=self.source)
+
+    def compute(self, observation: Arrays, action: Arrays, next_observation: Arrays, env_reward: np.ndarray,
+                previous_action: Arrays | None = None, *, first_step: np.ndarray | None = None) -> RewardResult:
+        """The reward of `action` taken in `observation`, which led to `next_observation`, for a batch of B.
+
+        Every mapping holds arrays with a leading batch dimension B; `env_reward` is (B,). Observation terms
+        read `next_observation`. `previous_action` None means the first step of an episode for every row
+        (smoothness gives 0); `first_step`, a (B,) bool mask, says the same for some rows only.
+        Raises `RewardInputError` (naming the tensor) for inputs that do not fit the config.
+        """
+        env = np.asarray(env_reward, dtype=np.float64)
+        if env.ndim != 1:
+            raise RewardInputError("env_reward", f"shape {list(env.shape)}: expected (B,)")
+        step = Step(observation, action, next_observation, env, previous_action, first_step)
+        if first_step is not None and np.shape(first_step) != env.shape:
+            raise RewardInputError("first_step", f"shape {list(np.shape(first_step))}, expected {list(env.shape)}")
+        terminate = np.zeros(step.batch, dtype=bool)
+        for c in self._conditions:
+            holds = step.conditions[c.name] = c.holds(step)
+            if c.name in self._terminating:
+                terminate |= holds
+            if c.condition_kind == "failure":
+                step.failed = holds if step.failed is None else step.failed | holds
+        values = [t.value(step) for t in self._compiled]
+        reward = values[0].copy()
+        for v in values[1:]:
+            reward += v
+        return RewardResult(reward, dict(zip(self.terms, values, strict=True)), terminate)
+
+    def __repr__(self) -> str:
+        return f"RewardFunction({', '.join(self.terms)}; {self.version})"

@@ -1,0 +1,219 @@
+"""Vectorised reward terms: each compiled once from a `TermSpec`, then called per step on a batch.
+
+Every term returns its weighted contribution as a (B,) float64 array; conditions (success, failure)
+also give a (B,) bool array, evaluated before the other terms so that `alive_bonus` can read them.
+Nothing here loops over the batch in Python.
+
+    >>> import numpy as np
+    >>> from bridge.rewards.config import TermSpec
+    >>> term = compile_term(TermSpec(0, "goal_distance", "goal_distance", weight=-1.0, role="observation",
+    ...                              tensor="obs", indices=(0, 1), goal=(3.0, 0.0)))
+    >>> step = Step({}, {}, {"obs": np.array([[0.0, 4.0, 9.0]], np.float32)}, np.zeros(1), None, None)
+    >>> term.value(step).tolist()
+    [-5.0]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from bridge.rewards.config import TermSpec
+
+__all__ = ["RewardInputError", "Step", "Term", "compile_term"]
+
+Arrays = Mapping[str, np.ndarray]
+
+
+class RewardInputError(ValueError):
+    """`compute` got inputs that do not fit the config (a missing tensor, a wrong width or batch size);
+    `field` names the tensor, or "env_reward"."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class Step:
+    """One call's inputs, plus what the conditions found (`conditions`, `failed`) for the other terms.
+
+    `block(where, tensor, reader)` gives a tensor as an (n, B) float64 array (feature-major: each selected
+    element is one contiguous row, so elementwise work runs along the batch, not along a handful of
+    features), converted once per call however many terms read it.
+    """
+
+    __slots__ = ("inputs", "env_reward", "previous_action", "first_step", "batch", "conditions", "failed",
+                 "_blocks")
+
+    def __init__(self, observation: Arrays, action: Arrays, next_observation: Arrays, env_reward: np.ndarray,
+                 previous_action: Arrays | None, first_step: np.ndarray | None):
+        self.inputs = {"observation": observation, "action": action, "next_observation": next_observation,
+                       "previous_action": previous_action}
+        self.env_reward, self.previous_action, self.first_step = env_reward, previous_action, first_step
+        self.batch = env_reward.shape[0]
+        self.conditions: dict[str, np.ndarray] = {}
+        self.failed: np.ndarray | None = None
+        self._blocks: dict[tuple[str, str], np.ndarray] = {}
+
+    def block(self, where: str, tensor: str, reader: str) -> np.ndarray:
+        key = (where, tensor)
+        x = self._blocks.get(key)
+        if x is not None:
+            return x
+        try:
+            x = np.asarray(self.inputs[where][tensor])
+        except KeyError:
+            raise RewardInputError(tensor, f"missing from {where} (read by {reader})") from None
+        if x.ndim == 0 or x.shape[0] != self.batch:
+            raise RewardInputError(tensor, f"{where} has shape {list(x.shape)}: expected a leading batch "
+                                           f"dimension of {self.batch} (from env_reward)")
+        x = self._blocks[key] = x.reshape(self.batch, -1).T.astype(np.float64, order="C")
+        return x
+
+
+class _Select:
+    """Picks a term's values from one tensor of a batch: an (n, B) float64 view or copy."""
+
+    __slots__ = ("tensor", "label", "index", "exact", "need")
+
+    def __init__(self, spec: TermSpec):
+        self.tensor, self.label = spec.tensor, f"reward term {spec.index} ({spec.name})"
+        idx = spec.indices
+        self.exact = spec.width if idx is None else None      # no indices: the tensor must have this many values
+        self.need = None if idx is None else max(idx) + 1     # indices: the tensor must have at least this many
+        if idx is None:
+            self.index = None
+        elif idx == tuple(range(idx[0], idx[0] + len(idx))):
+            self.index = slice(idx[0], idx[0] + len(idx))     # a slice is a view: cheaper than fancy indexing
+        else:
+            self.index = np.asarray(idx, dtype=np.intp)
+
+    def __call__(self, step: Step, where: str) -> np.ndarray:
+        x = step.block(where, self.tensor, self.label)
+        n = x.shape[0]
+        if (self.exact is not None and n != self.exact) or (self.need is not None and n < self.need):
+            want = f"{self.exact}" if self.exact is not None else f"at least {self.need}"
+            raise RewardInputError(self.tensor, f"{where} has {n} values per row, {self.label} needs {want}")
+        return x if self.index is None else x[self.index]
+
+
+def _sq_norm(d: np.ndarray) -> np.ndarray:
+    return np.einsum("ij,ij->j", d, d)  # (n, B) -> (B,)
+
+
+class Term:
+    """A compiled term: `value(step)` is its weighted (B,) float64 contribution."""
+
+    condition_kind: str | None = None   # "success" / "failure" for conditions
+
+    def __init__(self, spec: TermSpec):
+        self.spec, self.name, self.weight = spec, spec.name, spec.weight
+
+    def value(self, step: Step) -> np.ndarray:
+        raise NotImplementedError
+
+
+class EnvReward(Term):
+    def value(self, step: Step) -> np.ndarray:
+        return step.env_reward * self.weight
+
+
+class AliveBonus(Term):
+    """`weight` on every row that no failure condition flags this step."""
+
+    def value(self, step: Step) -> np.ndarray:
+        out = np.full(step.batch, self.weight)
+        if step.failed is not None:
+            out[step.failed] = 0.0
+        return out
+
+
+class GoalDistance(Term):
+    def __init__(self, spec: TermSpec):
+        super().__init__(spec)
+        self.select, self.goal = _Select(spec), np.asarray(spec.goal, dtype=np.float64)[:, None]
+
+    def value(self, step: Step) -> np.ndarray:
+        d = self.select(step, "next_observation") - self.goal
+        return np.sqrt(_sq_norm(d)) * self.weight
+
+
+class ActionMagnitude(Term):
+    def __init__(self, spec: TermSpec):
+        super().__init__(spec)
+        self.select = _Select(spec)
+
+    def value(self, step: Step) -> np.ndarray:
+        a = self.select(step, "action")
+        return _sq_norm(a) * self.weight
+
+
+class ActionSmoothness(Term):
+    """||a_t - a_{t-1}||^2 on the selected elements; 0 without a previous action (or where `first_step`)."""
+
+    def __init__(self, spec: TermSpec):
+        super().__init__(spec)
+        self.select = _Select(spec)
+
+    def value(self, step: Step) -> np.ndarray:
+        a = self.select(step, "action")
+        if step.previous_action is None:
+            return np.zeros(step.batch)
+        p = self.select(step, "previous_action")
+        if p.shape != a.shape:
+            raise RewardInputError(self.spec.tensor, f"previous_action has {p.shape[0]} values per row, action has "
+                                                     f"{a.shape[0]} (read by {self.select.label})")
+        d = a - p
+        out = _sq_norm(d) * self.weight
+        if step.first_step is not None:
+            out[step.first_step] = 0.0
+        return out
+
+
+class JointLimitProximity(Term):
+    """Sum over elements of how far each is inside its margin band (or beyond its limit): linear in the
+    distance past `low + margin` or `high - margin`, 0 in between."""
+
+    def __init__(self, spec: TermSpec):
+        super().__init__(spec)
+        self.select = _Select(spec)
+        self.lo = np.asarray(spec.low, dtype=np.float64)[:, None] + spec.margin
+        self.hi = np.asarray(spec.high, dtype=np.float64)[:, None] - spec.margin
+
+    def value(self, step: Step) -> np.ndarray:
+        q = self.select(step, "next_observation")
+        past = np.maximum(self.lo - q, q - self.hi)
+        return np.maximum(past, 0.0).sum(axis=0) * self.weight
+
+
+class Condition(Term):
+    """distance = ||selected - goal|| (goal 0 when absent: with one index, the absolute value); the condition
+    holds where distance < below (or > above). Its value is `bonus` where it holds, else 0."""
+
+    def __init__(self, spec: TermSpec):
+        super().__init__(spec)
+        self.condition_kind = spec.type
+        self.select = _Select(spec)
+        self.goal = None if spec.goal is None else np.asarray(spec.goal, dtype=np.float64)[:, None]
+        self.below, self.above, self.bonus = spec.below, spec.above, spec.bonus
+
+    def holds(self, step: Step) -> np.ndarray:
+        x = self.select(step, "next_observation")
+        d = x - self.goal if self.goal is not None else x
+        dist = np.sqrt(_sq_norm(d))
+        return dist < self.below if self.below is not None else dist > self.above
+
+    def value(self, step: Step) -> np.ndarray:
+        return step.conditions[self.name] * self.bonus
+
+
+_CLASSES: dict[str, type[Term]] = {
+    "env_reward": EnvReward, "alive_bonus": AliveBonus, "goal_distance": GoalDistance,
+    "action_magnitude": ActionMagnitude, "action_smoothness": ActionSmoothness,
+    "joint_limit_proximity": JointLimitProximity, "success": Condition, "failure": Condition,
+}
+
+
+def compile_term(spec: TermSpec) -> Term:
+    return _CLASSES[spec.type](spec)
