@@ -72,6 +72,10 @@ class SimStats:
         p50, p99 = np.percentile(np.fromiter(self.rtt_ns, np.int64), [50, 99]) / 1e6
         return {"p50": round(float(p50), 3), "p99": round(float(p99), 3)}
 
+    @property
+    def newest_version(self) -> int | None:
+        return max(self.policy_versions, default=None)
+
     def summary(self) -> dict:
         return {"steps": self.steps,
                 "steps_per_s": round(self.steps / self.elapsed_s, 1) if self.elapsed_s > 0 else 0.0,
@@ -79,14 +83,25 @@ class SimStats:
                 "mean_return": round(float(np.mean(self.returns)), 3) if self.returns else None,
                 "rtt_ms": self.rtt_ms(), "errors": dict(self.errors),
                 "policy_versions": {str(v): n for v, n in sorted(self.policy_versions.items())},
+                "recent_return": None if self.recent_return() is None else round(self.recent_return(), 3),
+                "reconnects": self.reconnects,
                 "elapsed_s": round(self.elapsed_s, 3)}
+
+    def recent_return(self, episodes: int = 20) -> float | None:
+        """The mean return of the last `episodes` episodes."""
+        recent = list(self.returns)[-episodes:]
+        return float(np.mean(recent)) if recent else None
 
     def status_line(self) -> str:
         s, rtt = self.summary(), self.rtt_ms()
         rtt_text = "-" if rtt["p50"] is None else f"{rtt['p50']:.2f}/{rtt['p99']:.2f} ms"
+        recent = self.recent_return()
+        versions = sorted(self.policy_versions) or ["-"]
+        version_text = f"v{versions[0]}" if len(versions) == 1 else f"v{versions[0]}..v{versions[-1]}"
         return (f"sim {s['elapsed_s']:7.1f}s  sessions {s['sessions']}  steps {s['steps']} "
-                f"({s['steps_per_s']:.0f}/s)  episodes {s['episodes']}  rtt p50/p99 {rtt_text}  "
-                f"errors {sum(self.errors.values())}  versions {dict(self.policy_versions)}")
+                f"({s['steps_per_s']:.0f}/s)  episodes {s['episodes']}  "
+                f"return(last 20) {'-' if recent is None else f'{recent:.1f}'}  rtt p50/p99 {rtt_text}  "
+                f"errors {sum(self.errors.values())}  versions {version_text}")
 
 
 class _Budget:

@@ -21,14 +21,21 @@ def _demo(argv: list[str]) -> None:
     from tether.topology import DemoConfig, run_demo
 
     p = argparse.ArgumentParser(prog="tether demo", description="Triton + gateway + MuJoCo sims, closed loop.")
-    p.add_argument("--env", default="Hopper-v5")
+    p.add_argument("--env", help="gymnasium id (default Hopper-v5; InvertedPendulum-v5 with --train)")
     p.add_argument("--envs", type=int, default=8)
-    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--seconds", type=float, help="default 10 s; 240 s with --train")
     p.add_argument("--summary", type=Path, help="write the summary as JSON here")
     p.add_argument("--run-dir", type=Path, help="model repository and logs (default: a temp dir)")
+    p.add_argument("--train", action="store_true",
+                   help="the learning loop: log experience, train PPO (torchrun), publish versions as it learns")
+    p.add_argument("--trainer-nproc", type=int, default=2, help="trainer ranks")
+    p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
+    env = a.env or ("InvertedPendulum-v5" if a.train else "Hopper-v5")
+    seconds = a.seconds or (240.0 if a.train else 10.0)
     try:
-        config = DemoConfig(env=a.env, envs=a.envs, seconds=a.seconds, summary=a.summary, run_dir=a.run_dir)
+        config = DemoConfig(env=env, envs=a.envs, seconds=seconds, summary=a.summary, run_dir=a.run_dir,
+                            train=a.train, trainer_nproc=a.trainer_nproc, seed=a.seed)
     except ValueError as exc:
         p.error(str(exc))
     try:

@@ -2,7 +2,13 @@
 
     Triton (subprocess) ◀── gateway (subprocess `tether gateway`) ◀── N MuJoCo sims (this process)
 
-Every piece also runs alone: `tether triton`, `tether gateway`, `tether sim`.
+and with `train=True` the learning loop around it:
+
+    gateway ── experience log (run_dir/experience) ──▶ trainer (subprocess `tether train`, torchrun)
+       ▲                                                   │
+       └──────────── Policies.Publish (new versions) ◀─────┘
+
+Every piece also runs alone: `tether triton`, `tether gateway`, `tether sim`, `tether train`.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from pathlib import Path
 from inference_server import ModelRepository, TritonServer
 from sim.client import run_sessions
 from sim.mujoco import make_env
-from trainer.policy import MLPPolicy
+from trainer.policy import GaussianPolicy, MLPPolicy
 
 
 def policy_name(env_id: str) -> str:
@@ -33,8 +39,10 @@ def policy_name(env_id: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", env_id.lower()).strip("_")
 
 
-def write_initial_policy(repo: ModelRepository, env_id: str, *, seed: int = 0) -> str:
-    """A freshly initialised MLP for `env_id`, written as version 1 of its model; returns the name."""
+def write_initial_policy(repo: ModelRepository, env_id: str, *, seed: int = 0, stochastic: bool = False) -> str:
+    """A freshly initialised policy for `env_id`, written as version 1 of its model; returns the
+    name. `stochastic`: a Gaussian policy that samples in Triton and reports its log-probability
+    (what PPO learns from); otherwise a deterministic MLP."""
     env = make_env(env_id)
     try:
         observation, action = env.observation_spec(), env.action_spec()
@@ -42,17 +50,21 @@ def write_initial_policy(repo: ModelRepository, env_id: str, *, seed: int = 0) -
         env.close()
     name = policy_name(env_id)
     if not repo.versions(name):
-        repo.write_version(name, 1, MLPPolicy(observation[0], action[0], seed=seed), observation, action)
+        if stochastic:
+            module = GaussianPolicy(observation[0], action[0], seed=seed)
+            repo.write_version(name, 1, module, observation, GaussianPolicy.output_specs(action[0]))
+        else:
+            repo.write_version(name, 1, MLPPolicy(observation[0], action[0], seed=seed), observation, action)
     return name
 
 
 @contextlib.contextmanager
 def gateway_process(*, triton_url: str, policy: str, log_path: Path, timeout: float = 30.0,
-                    extra_args: tuple[str, ...] = ()) -> Iterator[str]:
-    """Start `tether gateway` on a free loopback port; yields its address, stops it on exit."""
-    log = open(log_path, "w")  # noqa: SIM115 - closed below, after the process
-    cmd = [sys.executable, "-m", "tether", "gateway", "--triton", triton_url, "--policy", policy, "--port", "0",
-           *extra_args]
+                    extra_args: tuple[str, ...] = (), port: int = 0) -> Iterator[str]:
+    """Start `tether gateway` on a loopback port (0 = a free one); yields its address, stops it on exit."""
+    log = open(log_path, "a")  # noqa: SIM115 - closed below, after the process
+    cmd = [sys.executable, "-m", "tether", "gateway", "--triton", triton_url, "--policy", policy,
+           "--port", str(port), *extra_args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
     address: list[str] = []
     ready = threading.Event()
@@ -98,34 +110,87 @@ class DemoConfig:
     seconds: float = 10.0
     summary: Path | None = None
     run_dir: Path | None = None
+    train: bool = False              # the learning loop: experience log + a PPO trainer publishing versions
+    trainer_nproc: int = 2
+    seed: int = 0
 
     def __post_init__(self):
         if self.envs < 1:
             raise ValueError(f"--envs must be at least 1, got {self.envs}")
         if self.seconds <= 0:
             raise ValueError(f"--seconds must be positive, got {self.seconds}")
+        if self.trainer_nproc < 1:
+            raise ValueError(f"--trainer-nproc must be at least 1, got {self.trainer_nproc}")
 
 
-def _progress(stats) -> None:
-    print(f"  {stats.status_line()}", flush=True)
+class _Progress:
+    """Prints the status line each tick and keeps the learning curve: (seconds, env steps, mean
+    return of the last 20 episodes, newest acting version)."""
+
+    def __init__(self):
+        self.curve: list[dict] = []
+
+    def __call__(self, stats) -> None:
+        print(f"  {stats.status_line()}", flush=True)
+        self.curve.append({"seconds": round(stats.elapsed_s, 2), "steps": stats.steps,
+                           "return": None if stats.recent_return() is None else round(stats.recent_return(), 2),
+                           "version": stats.newest_version})
+
+    def first_reaching(self, target: float) -> dict | None:
+        return next((p for p in self.curve if p["return"] is not None and p["return"] >= target), None)
+
+
+@contextlib.contextmanager
+def trainer_process(*, gateway: str, policy: str, run_dir: Path, nproc: int, seed: int,
+                    extra_args: tuple[str, ...] = ()) -> Iterator[subprocess.Popen]:
+    """`tether train --algo ppo` against the gateway, its output in run_dir/trainer.log."""
+    log = open(run_dir / "trainer.log", "a")  # noqa: SIM115 - closed below, after the process
+    cmd = [sys.executable, "-m", "tether", "train", "--gateway", gateway, "--algo", "ppo", "--policy", policy,
+           "--nproc", str(nproc), "--seed", str(seed), "--checkpoint-dir", str(run_dir / "checkpoints"),
+           "--summary", str(run_dir / "trainer.json"), *extra_args]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        stop_process(proc)
+        log.close()
 
 
 def run_demo(config: DemoConfig) -> dict:
-    """Triton + gateway + N MuJoCo sessions for `config.seconds`; returns the summary dict."""
+    """Triton + gateway + N MuJoCo sessions for `config.seconds` (plus a trainer with `train`);
+    returns the summary dict."""
     run_dir = config.run_dir or Path(tempfile.mkdtemp(prefix="tether-demo-"))
     run_dir.mkdir(parents=True, exist_ok=True)
     repo = ModelRepository(run_dir / "models")
-    name = write_initial_policy(repo, config.env)
-    print(f"run dir {run_dir}\npolicy  {name} v1 (freshly initialised MLP)", flush=True)
+    name = write_initial_policy(repo, config.env, seed=config.seed, stochastic=config.train)
+    kind = "Gaussian policy, sampled in Triton" if config.train else "MLP"
+    print(f"run dir {run_dir}\npolicy  {name} v{repo.versions(name)[-1]} (freshly initialised {kind})", flush=True)
+    gateway_args: tuple[str, ...] = ()
+    if config.train:
+        gateway_args = ("--model-repository", str(repo.root), "--experience-dir", str(run_dir / "experience"))
     t0 = time.monotonic()
     with TritonServer(repo.root, models=[name], log_path=run_dir / "triton.log") as triton:
         print(f"triton  {triton.version} on {triton.grpc_url} (ready in {time.monotonic() - t0:.1f} s)")
-        with gateway_process(triton_url=triton.grpc_url, policy=name, log_path=run_dir / "gateway.log") as gw:
-            print(f"gateway {gw}\nsim     {config.envs} x {config.env} for {config.seconds:g} s", flush=True)
-            stats = asyncio.run(run_sessions(gw, lambda i: make_env(config.env, seed=i), envs=config.envs,
-                                             seconds=config.seconds, on_progress=_progress))
+        with contextlib.ExitStack() as stack:
+            gw = stack.enter_context(gateway_process(triton_url=triton.grpc_url, policy=name,
+                                                     log_path=run_dir / "gateway.log", extra_args=gateway_args))
+            print(f"gateway {gw}", flush=True)
+            if config.train:
+                stack.enter_context(trainer_process(gateway=gw, policy=name, run_dir=run_dir,
+                                                    nproc=config.trainer_nproc, seed=config.seed))
+                print(f"trainer PPO, {config.trainer_nproc} ranks (torchrun), log {run_dir / 'trainer.log'}")
+            print(f"sim     {config.envs} x {config.env} for {config.seconds:g} s", flush=True)
+            progress = _Progress()
+            stats = asyncio.run(run_sessions(gw, lambda i: make_env(config.env, seed=config.seed + i),
+                                             envs=config.envs, seconds=config.seconds, on_progress=progress,
+                                             reconnect_s=10.0))
         summary = stats.summary()
         summary["triton_version"] = triton.version
+        if config.train:
+            reached = progress.first_reaching(500.0)
+            summary["curve"] = progress.curve
+            summary["seconds_to_500"] = None if reached is None else reached["seconds"]
+            summary["steps_to_500"] = None if reached is None else reached["steps"]
     summary["error_codes"] = summary["errors"]
     summary["errors"] = sum(summary["error_codes"].values())
     print_table(summary)
@@ -139,6 +204,11 @@ def print_table(summary: dict) -> None:
             ("sessions", f"{summary['sessions']}"), ("round trip p50", f"{summary['rtt_ms']['p50']} ms"),
             ("round trip p99", f"{summary['rtt_ms']['p99']} ms"),
             ("triton version", summary["triton_version"]), ("errors", f"{summary['errors']}")]
+    if "curve" in summary:
+        rows += [("policy versions", ", ".join(f"v{v}: {n}" for v, n in summary["policy_versions"].items())),
+                 ("return (last 20)", f"{summary['recent_return']}"),
+                 ("return >= 500 after", "-" if summary["seconds_to_500"] is None
+                  else f"{summary['seconds_to_500']} s, {summary['steps_to_500']} env steps")]
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
 
