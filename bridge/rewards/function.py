@@ -84,8 +84,8 @@ class RewardFunction:
                 continue
             specs = declared[t.role]
             if t.tensor not in specs:
-                raise self._spec_error(t, t.role, f"tensor {t.tensor!r} is not among the session's {t.role} "
-                                                  f"tensors {sorted(specs)}")
+                raise self._spec_error(t, t.role, f"names tensor {t.tensor!r}, which is not among the session's "
+                                                  f"{t.role} tensors {sorted(specs)}")
             shape = specs[t.tensor].shape
             n = math.prod(shape)
             what = f"tensor {t.tensor!r} of shape {list(shape)} ({n} values)"
