@@ -27,6 +27,7 @@ on eth0. Tests set `loopback_config(domain_id)` before any participant exists:
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import re
 import threading
@@ -48,7 +49,9 @@ from cyclonedds.util import duration
 from rosbags.interfaces import Nodetype
 
 from bridge.ros2 import messages
-from bridge.ros2.transport import TransportError, check_depth, ros_topic
+from bridge.ros2.transport import DeliveryErrors, TransportError, check_depth, ros_topic
+
+log = logging.getLogger("tether.dds")
 
 _ANY_STATE = SampleState.Any | ViewState.Any | InstanceState.Any
 _TAKE_BATCH = 64
@@ -207,6 +210,7 @@ class DdsTransport:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._closed = False
+        self.delivery_errors = DeliveryErrors(log)
 
     def __enter__(self) -> DdsTransport:
         return self
@@ -266,17 +270,20 @@ class DdsTransport:
                 if not info.valid_data:
                     continue
                 try:
-                    sub.callback(messages.deserialize(data, sub.msg_type))
-                except Exception as exc:  # handed to the owner by raise_if_failed / close
-                    self._error = TransportError(f"callback for {sub.topic} ({sub.msg_type}) failed: {exc!r}")
-                    self._error.__cause__ = exc
-                    return False
+                    msg = messages.deserialize(data, sub.msg_type)
+                except Exception as exc:  # a bad sample is counted, never fatal
+                    self.delivery_errors.record(sub.topic, f"undecodable {sub.msg_type} sample", exc)
+                    continue
+                try:
+                    sub.callback(msg)
+                except Exception as exc:  # counted; the next sample is delivered as usual
+                    self.delivery_errors.record(sub.topic, "callback failed", exc)
             if len(samples) < _TAKE_BATCH:
                 return True
         return True
 
     def raise_if_failed(self) -> None:
-        """Raise the `TransportError` a callback or a take left (delivery stopped there)."""
+        """Raise the `TransportError` a failed take left (delivery stopped there)."""
         if self._error is not None:
             raise self._error
 

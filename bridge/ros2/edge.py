@@ -1,9 +1,10 @@
 """`tether edge`: the ROS 2 edge node as a command, and the operator's e-stop and release.
 
     tether edge --gateway 127.0.0.1:50051 --topic-map launch/config/topic_map.yaml --transport dds \\
-                --rate 100 --domain-id 0 --policy arm --node-name tether_edge --deadline-ms 50
-    tether edge estop --operator ada --domain-id 0
-    tether edge release --operator ada --domain-id 0
+                --rate 100 --domain-id 0 --policy arm --node-name tether_edge --deadline-ms 50 \\
+                --operators ada,bob [--chunk 20 --chunk-threshold 10 --chunk-merge ensemble]
+    tether edge estop --operator ada --reason "person in the cell" --domain-id 0
+    tether edge release --operator ada --reason "cell clear" --domain-id 0
 
 The flags mirror the launch arguments. The node prints a status line every `--status-s` seconds
 and stops cleanly on Ctrl-C or SIGTERM: it ends the episode, publishes the safe action and
@@ -78,7 +79,17 @@ def _node_parser() -> argparse.ArgumentParser:
     p.add_argument("--deadline-ms", type=float, default=50.0, help="watchdog: no fresh action this long -> safe action")
     p.add_argument("--safe-action", default="hold", help="hold | zero | comma-separated values")
     p.add_argument("--max-delta", help="largest command change per step (one value or one per joint)")
-    p.add_argument("--velocity-limit", help="largest command change per second (one value or one per joint)")
+    p.add_argument("--velocity-limit", help="largest command change per second (one value or one per joint); "
+                   "default: the topic map's velocity_limit, else 0.5")
+    p.add_argument("--operators", default="", help="comma-separated names allowed to release the e-stop "
+                   "(default: nobody)")
+    p.add_argument("--chunk", type=int, default=0, help="action chunks: the policy returns H actions per "
+                   "observation, executed one per period (0: one action per observation)")
+    p.add_argument("--chunk-threshold", type=int, help="request the next chunk with this many actions left "
+                   "(default H // 2)")
+    p.add_argument("--chunk-merge", choices=("newest", "ensemble"), default="newest",
+                   help="overlapping chunks: the newest wins, or ACT's temporal ensembling")
+    p.add_argument("--ensemble-decay", type=float, default=0.01, help="ensembling weight exp(-decay * i)")
     p.add_argument("--status-s", type=float, default=5.0, help="seconds between status lines")
     return p
 
@@ -97,7 +108,10 @@ def main(argv: list[str] | None = None) -> None:
             tmap, deadline_s=a.deadline_ms / 1e3, safe_action=parse_vector("--safe-action", a.safe_action),
             max_delta=None if a.max_delta is None else parse_vector("--max-delta", a.max_delta),
             velocity_limit=None if a.velocity_limit is None else parse_vector("--velocity-limit", a.velocity_limit))
-        config = EdgeConfig(gateway=a.gateway, rate_hz=a.rate, policy=a.policy, node_name=a.node_name)
+        config = EdgeConfig(gateway=a.gateway, rate_hz=a.rate, policy=a.policy, node_name=a.node_name,
+                            operators=tuple(o.strip() for o in a.operators.split(",") if o.strip()),
+                            chunk=a.chunk, chunk_threshold=a.chunk_threshold, chunk_merge=a.chunk_merge,
+                            ensemble_decay=a.ensemble_decay)
         if not a.status_s > 0:
             raise EdgeConfigError(f"--status-s: expected seconds > 0, got {a.status_s}")
     except (TopicMapError, ValueError) as exc:
@@ -114,7 +128,8 @@ def main(argv: list[str] | None = None) -> None:
         node = EdgeNode(config=config, topic_map=tmap, transport=transport, guard=guard)
         node.start()
         print(f"edge node {a.node_name}: {type(transport).__name__} on domain {a.domain_id}, gateway {a.gateway}, "
-              f"{a.rate:g} Hz, deadline {a.deadline_ms:g} ms, safe action {a.safe_action}", flush=True)
+              f"{a.rate:g} Hz, deadline {a.deadline_ms:g} ms, safe action {a.safe_action}, velocity limit "
+              f"{list(guard.velocity_limit)}, chunk {a.chunk or 'off'}, operators {list(config.operators)}", flush=True)
         next_status = time.monotonic() + a.status_s
         while not stop.wait(0.05) and node.running:
             if time.monotonic() >= next_status:
@@ -133,13 +148,14 @@ def _operator(command: str, argv: list[str]) -> None:
                                 description="Latch the edge nodes' e-stop" if command == "estop" else
                                 "Release the edge nodes' e-stop (an operator's explicit act)")
     p.add_argument("--operator", required=True, help="who does this (logged; the release carries it)")
+    p.add_argument("--reason", default="", help="why (logged by the node with the release)")
     _common(p)
     p.add_argument("--release-topic", default=RELEASE_TOPIC)
     p.add_argument("--state-topic", default=STATE_TOPIC)
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an edge node to confirm")
     a = p.parse_args(argv)
-    if not a.operator.strip():
-        p.error(f"--operator: expected a non-empty name, got {a.operator!r}")
+    if not a.operator.strip() or ":" in a.operator:
+        p.error(f"--operator: expected a non-empty name without ':', got {a.operator!r}")
     try:
         tmap = load_topic_map(a.topic_map)
     except TopicMapError as exc:
@@ -154,7 +170,7 @@ def _operator(command: str, argv: list[str]) -> None:
             request_estop(transport, estop_topic=entry.topic if entry else ESTOP_TOPIC,
                           reliable=entry.reliable if entry else True, state_topic=a.state_topic, timeout_s=a.timeout)
         else:
-            request_release(transport, operator=a.operator, release_topic=a.release_topic,
+            request_release(transport, operator=a.operator, reason=a.reason, release_topic=a.release_topic,
                             state_topic=a.state_topic, timeout_s=a.timeout)
     except EstopError as exc:
         raise SystemExit(f"tether edge {command}: {exc}") from None

@@ -6,6 +6,12 @@ topic or socket is opened:
     >>> cfg = guard_config(tmap, deadline_s=0.05, max_delta=0.1, safe_action="zero")
     >>> cfg.size, cfg.position_high[2], cfg.max_delta[0], cfg.deadline_s
     (6, 3.1416, 0.1, 0.05)
+    >>> cfg.velocity_limit                      # the topic map's, per joint (rate limits are always on)
+    (1.0, 1.0, 1.5, 2.0, 2.0, 2.0)
+    >>> guard_config(tmap, deadline_s=0.05, velocity_limit=3.0).velocity_limit[:2]   # a flag overrides
+    (3.0, 3.0)
+    >>> EdgeConfig(gateway="127.0.0.1:50051", chunk=10).chunk_threshold           # default: half
+    5
     >>> EdgeConfig(gateway="127.0.0.1:50051", rate_hz=0)
     Traceback (most recent call last):
     ...
@@ -17,12 +23,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from bridge.ros2.chunks import MERGES
 from bridge.ros2.estop import RELEASE_TOPIC, STATE_TOPIC
 from bridge.ros2.guard import GuardConfig
 from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, TopicMap, load_topic_map  # noqa: F401
 from bridge.ros2.transport import TransportError, ros_topic
 
-__all__ = ["EdgeConfig", "EdgeConfigError", "guard_config"]
+__all__ = ["DEFAULT_VELOCITY_LIMIT", "EdgeConfig", "EdgeConfigError", "guard_config"]
+
+DEFAULT_VELOCITY_LIMIT = 0.5   # units/s (rad/s for joint targets) where the topic map sets none
 
 
 class EdgeConfigError(ValueError):
@@ -49,8 +58,32 @@ class EdgeConfig:
     reply_timeout_s: float = 1.0               # no reply for this long: the stream is reset
     connect_timeout_s: float = 2.0
     backoff_s: tuple[float, float] = (0.1, 2.0)  # reconnect delay: initial, doubling up to max
+    operators: tuple[str, ...] = ()            # who may release the e-stop (nobody if empty)
+    chunk: int = 0                             # 0: one action per reply; H: chunks of H actions
+    chunk_threshold: int | None = None         # ask for the next chunk with this many left (H // 2)
+    chunk_merge: str = "newest"                # overlapping chunks: newest | ensemble (ACT)
+    ensemble_decay: float = 0.01               # ensemble weight exp(-decay * i), i = 0 the oldest
 
     def __post_init__(self) -> None:
+        ops = self.operators
+        if isinstance(ops, str) or not all(isinstance(o, str) and o.strip() and o == o.strip() and ":" not in o
+                                           for o in ops):
+            raise EdgeConfigError(f"operators: expected names (no ':', no surrounding spaces), got {ops!r}")
+        object.__setattr__(self, "operators", tuple(ops))
+        chunk = self.chunk
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or not 0 <= chunk <= 10_000:
+            raise EdgeConfigError(f"chunk: expected 0 (no chunks) or a horizon H in [1, 10000], got {chunk!r}")
+        threshold = self.chunk_threshold
+        if threshold is None:
+            object.__setattr__(self, "chunk_threshold", chunk // 2)
+        elif isinstance(threshold, bool) or not isinstance(threshold, int) or not 0 <= threshold < max(chunk, 1):
+            raise EdgeConfigError(f"chunk_threshold: expected an integer in [0, {max(chunk - 1, 0)}] "
+                                  f"(actions left when the next chunk is requested), got {threshold!r}")
+        if self.chunk_merge not in MERGES:
+            raise EdgeConfigError(f"chunk_merge: expected one of {list(MERGES)}, got {self.chunk_merge!r}")
+        decay = self.ensemble_decay
+        if isinstance(decay, bool) or not isinstance(decay, int | float) or not math.isfinite(decay) or decay < 0:
+            raise EdgeConfigError(f"ensemble_decay: expected a finite number >= 0, got {decay!r}")
         rate = self.rate_hz
         if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate <= 2000:
             raise EdgeConfigError(f"rate_hz: expected a number of Hz in (0, 2000], got {rate!r}")
@@ -70,7 +103,9 @@ class EdgeConfig:
 def guard_config(topic_map: TopicMap, *, deadline_s: float, velocity_limit: object = None,
                  max_delta: object = None, safe_action: object = "hold") -> GuardConfig:
     """The guard for the topic map's action tensors, concatenated in spec order; the position
-    limits are the topic map's bounds, which every action tensor must declare."""
+    limits are the topic map's bounds, which every action tensor must declare. Rate limits are
+    always on: `velocity_limit` (one value or one per element) overrides the topic map's, which
+    default to `DEFAULT_VELOCITY_LIMIT` (pass `math.inf` to turn them off, knowingly)."""
     low: list[float] = []
     high: list[float] = []
     for spec in topic_map.action_specs():
@@ -82,5 +117,7 @@ def guard_config(topic_map: TopicMap, *, deadline_s: float, velocity_limit: obje
             raise EdgeConfigError(f"action tensor {spec.name!r}: {len(spec.low)} bounds for {n} values")
         low += list(spec.low) * (n if len(spec.low) == 1 else 1)
         high += list(spec.high) * (n if len(spec.high) == 1 else 1)
+    if velocity_limit is None:
+        velocity_limit = topic_map.velocity_limits(DEFAULT_VELOCITY_LIMIT)
     return GuardConfig(position_low=tuple(low), position_high=tuple(high), velocity_limit=velocity_limit,
                        max_delta=max_delta, deadline_s=deadline_s, safe_action=safe_action)

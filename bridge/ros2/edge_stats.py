@@ -31,6 +31,8 @@ class EdgeStats:
     connects: int = 0              # streams welcomed
     disconnects: int = 0           # welcomed streams lost
     overruns: int = 0              # control periods that started late by a whole period
+    ticks: int = 0                 # control periods run
+    starved: int = 0               # chunk mode: periods that found no queued action (after the first chunk)
     errors: Counter[str] = field(default_factory=Counter)   # StepError codes and the node's own
     skipped: Counter[str] = field(default_factory=Counter)  # periods without an observation, why
     rtt_ns: deque[int] = field(default_factory=lambda: deque(maxlen=10_000))  # observation -> reply

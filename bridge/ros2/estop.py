@@ -4,7 +4,8 @@ Three topics, all reliable:
 
     /tether/estop          std_msgs/Bool    True latches the edge's guard; False does nothing
                                             (the topic map's `estop` entry names this one)
-    /tether/estop_release  std_msgs/String  the operator's name: releases the latch
+    /tether/estop_release  std_msgs/String  "name" or "name: why": releases the latch if the
+                                            node lists `name` among its operators (EdgeConfig)
     /tether/estop_state    std_msgs/Bool    the edge node's latch, published on every e-stop or
                                             release message it receives and once a second
 
@@ -17,12 +18,14 @@ publish, and re-publish every `resend_s`, until an edge node reports the request
         request_estop(transport, estop_topic="/tether/estop")
         request_release(transport, operator="ada")
 
-An operator name is required to release:
+An operator name is required to release; the reason travels with it:
 
     >>> check_operator("  ")
     Traceback (most recent call last):
     ...
-    ValueError: operator: expected a non-empty name, got '  '
+    ValueError: operator: expected a non-empty name without ':', got '  '
+    >>> release_text("ada", "arm cleared"), parse_release(" ada: arm cleared "), parse_release("bob")
+    ('ada: arm cleared', ('ada', 'arm cleared'), ('bob', ''))
 """
 
 from __future__ import annotations
@@ -37,8 +40,8 @@ ESTOP_TOPIC = "/tether/estop"
 RELEASE_TOPIC = "/tether/estop_release"
 STATE_TOPIC = "/tether/estop_state"
 
-__all__ = ["ESTOP_TOPIC", "RELEASE_TOPIC", "STATE_TOPIC", "EstopError", "check_operator",
-           "request_estop", "request_release"]
+__all__ = ["ESTOP_TOPIC", "RELEASE_TOPIC", "STATE_TOPIC", "EstopError", "check_operator", "parse_release",
+           "release_text", "request_estop", "request_release"]
 
 
 class EstopError(TransportError):
@@ -46,10 +49,22 @@ class EstopError(TransportError):
 
 
 def check_operator(operator: object) -> str:
-    """The operator's name, stripped; ValueError for an empty or non-string one."""
-    if not isinstance(operator, str) or not operator.strip():
-        raise ValueError(f"operator: expected a non-empty name, got {operator!r}")
+    """The operator's name, stripped; ValueError for an empty or non-string one, or one with ':'."""
+    if not isinstance(operator, str) or not operator.strip() or ":" in operator:
+        raise ValueError(f"operator: expected a non-empty name without ':', got {operator!r}")
     return operator.strip()
+
+
+def release_text(operator: str, reason: str = "") -> str:
+    """The release message's text: `name` or `name: why`."""
+    operator = check_operator(operator)
+    return f"{operator}: {reason.strip()}" if reason.strip() else operator
+
+
+def parse_release(text: str) -> tuple[str, str]:
+    """(name, why) from a release message's text; name is "" if there is none."""
+    name, _, why = text.partition(":")
+    return name.strip(), why.strip()
 
 
 def request_estop(transport: Transport, *, estop_topic: str = ESTOP_TOPIC, state_topic: str = STATE_TOPIC,
@@ -60,12 +75,14 @@ def request_estop(transport: Transport, *, estop_topic: str = ESTOP_TOPIC, state
                  what=f"an e-stop on {estop_topic}", timeout_s=timeout_s, resend_s=resend_s)
 
 
-def request_release(transport: Transport, *, operator: str, release_topic: str = RELEASE_TOPIC,
+def request_release(transport: Transport, *, operator: str, reason: str = "", release_topic: str = RELEASE_TOPIC,
                     state_topic: str = STATE_TOPIC, timeout_s: float = 5.0, resend_s: float = 0.2) -> None:
-    """Publish `operator` on `release_topic` until an edge node reports its latch released."""
+    """Publish `operator` (and why) on `release_topic` until an edge node reports its latch released.
+    A node that does not list `operator` refuses (and logs it): this then times out."""
+    text = release_text(operator, reason)
     operator = check_operator(operator)
     publish = transport.publisher(release_topic, messages.STRING, reliable=True)
-    _until_state(transport, publish, messages.string_msg(operator), latched=False, state_topic=state_topic,
+    _until_state(transport, publish, messages.string_msg(text), latched=False, state_topic=state_topic,
                  what=f"a release by {operator!r} on {release_topic}", timeout_s=timeout_s, resend_s=resend_s)
 
 

@@ -23,10 +23,12 @@ The call loop (one action per gateway reply, one `tick` per control period):
     >>> d.sent.round(6).tolist(), d.watchdog, d.requested is None
     ([0.3, 1.0], True, True)
     >>> guard.estop("operator pressed the button")
+    True
     >>> d = guard.filter(np.array([0.0, 0.0]))                   # t=0.3: latched, holds
     >>> d.sent.round(6).tolist(), d.estopped, d.requested.tolist()
     ([0.3, 1.0], True, [0.0, 0.0])
     >>> guard.release(operator="ada")                            # t=0.3
+    True
     >>> guard.counts
     GuardCounts(clamped=1, rate_limited=1, watchdog=1, estop=1, estopped=False)
     >>> guard.counts.to_proto().watchdog
@@ -278,27 +280,51 @@ class SafetyGuard:
                 s.counts["watchdog"] += 1
             return self._send(None, self._safe(), t, watchdog=True)
 
-    def estop(self, reason: str) -> None:
-        """Latch the e-stop: from now on every output is the safe action, until `release`."""
+    @property
+    def commanded(self) -> bool:
+        """Whether the guard has a command to start from (one was sent, or `initial`/`start_from`)."""
+        return self._s.last_sent is not None
+
+    def start_from(self, measured: Sequence[float] | np.ndarray) -> bool:
+        """Before any command: the robot's measured pose becomes the command the first action is
+        rate-limited from (clipped into the position limits). Ignored (False) once one was sent.
+
+            >>> g = SafetyGuard(GuardConfig(position_low=[-1.0], position_high=[1.0], max_delta=0.1))
+            >>> g.start_from([0.5]), g.filter(np.array([-1.0])).sent.tolist(), g.start_from([0.0])
+            (True, [0.4], False)
+        """
+        init = np.clip(np.array(_vector("measured", measured, self.config.size)), self._low, self._high)
+        with self._lock:
+            if self._s.last_sent is not None:
+                return False
+            self._s.last_sent, self._s.t_sent = _frozen(init), self._now()
+            return True
+
+    def estop(self, reason: str) -> bool:
+        """Latch the e-stop: from now on every output is the safe action, until `release`. True if
+        this call latched it (False: it already was)."""
         if not isinstance(reason, str) or not reason.strip():
             raise ValueError(f"reason: expected a non-empty string, got {reason!r}")
         with self._lock:
             if self._s.estop_reason is None:
                 self._s.estop_reason = reason
                 self._s.counts["estop"] += 1
+                return True
+            return False
 
-    def release(self, *, operator: str) -> None:
-        """Unlatch the e-stop (an operator's explicit act). The policy then gets `deadline_s` to
-        send a fresh action before the watchdog fires; the first one is rate-limited from the
-        safe action."""
+    def release(self, *, operator: str) -> bool:
+        """Unlatch the e-stop (an operator's explicit act; who may is the caller's policy). The
+        policy then gets `deadline_s` to send a fresh action before the watchdog fires; the first
+        one is rate-limited from the safe action. True if it was latched."""
         if not isinstance(operator, str) or not operator.strip():
             raise ValueError(f"operator: expected a non-empty name, got {operator!r}")
         with self._lock:
             if self._s.estop_reason is None:
-                return
+                return False
             self._s.estop_reason = None
             if self._s.t_fresh is not None:
                 self._s.t_fresh, self._s.in_watchdog = self._now(), False
+            return True
 
     # -- internals (called with the lock held) --
 

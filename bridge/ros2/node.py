@@ -12,13 +12,34 @@ From Python (plain text: it needs a gateway and a robot; `tether edge` wraps exa
         node.stop()                # LAST observation, safe action, e-stop latched; raises EdgeError
                                    # if the control loop failed
 
-Each control period (`rate_hz`) the node assembles the latest message of every observation topic
-into an observation and sends it on the gateway's Connect stream, unless one is still in flight
-(at most one is). The reply's action goes through `SafetyGuard.filter` and out on the command
-topics; every period also runs `SafetyGuard.tick`, whose watchdog publishes the safe action once
-no fresh action came within the guard's deadline, gateway or no gateway. Each observation
-carries `applied_action` (what went out last, after the guard) and the guard's cumulative
-`GuardReport`. Steps increase across reconnects; the first observation of every stream is FIRST.
+When an observation goes out. Event-driven: the moment the robot's state arrives on an
+observation topic, the latest message of every observation topic becomes an observation and goes
+on the gateway's Connect stream, unless one is still in flight (at most one is) or the last one
+left less than about a period ago (sends are capped at `rate_hz`: a token bucket with half a
+period of slack). A state that arrives while one is in flight goes out when the reply lands. The
+control timer (`rate_hz`) is the fallback: it sends the latest state when none went out for 1.5
+periods (a silent topic). So the reaction to a new state is one round trip, not a wait for the
+next tick plus a round trip.
+
+What goes out on the command topics. Per step (`chunk=0`): the reply's action, through
+`SafetyGuard.filter`, published the moment it arrives. With chunks (`chunk=H`, the policy's action
+tensors are `(H, ...)`): the chunk's actions queue by control tick (`bridge.ros2.chunks`), every
+tick publishes the next one through the guard, and the next chunk is requested once no more than
+`chunk_threshold` actions are left, so it lands before the queue runs dry (`stats.starved` counts
+ticks that found it empty). Either way every period also runs `SafetyGuard.tick`, whose watchdog
+publishes the safe action once no fresh action came within the guard's deadline, gateway or no
+gateway, and every command is kept in `node.command_log` with what produced it (policy version,
+chunk id = the step of the observation it answers, index in the chunk). Each observation carries
+`applied_action` (what went out last, after the guard) and the guard's cumulative `GuardReport`.
+Steps increase across reconnects; the first observation of every stream is FIRST. The first
+command starts from the robot's measured pose (`TopicMap.measured_command`): it is rate-limited
+from where the robot is, never a jump.
+
+A guard that never stops: an undecodable sample or a failing callback is counted by the transport
+(`transport.delivery_errors`) and delivery goes on; a malformed message (a wrong-length array) is
+counted as BAD_MESSAGE and skipped; an exception in the control thread is counted and logged, and
+only a failing transport ends the loop. However the loop ends, the guard latches and the safe
+action is published first.
 
 Threads. Three run code of ours; none waits on another's locks for long:
 
@@ -45,8 +66,9 @@ the send (~0.3 ms there, most of it cold topic-map and guard code) and the threa
 the control thread and gRPC (~0.1-0.3 ms, no more than with a grpc.aio link on its own thread).
 
 E-stop (see `bridge.ros2.estop`): True on the topic map's e-stop topic latches the guard, False
-does not release it; a `std_msgs/String` with the operator's name on `release_topic` does. The
-node reports its latch on `state_topic`.
+does not release it; a `std_msgs/String` "name: why" on `release_topic` does, if `name` is one of
+`EdgeConfig.operators` (otherwise it is refused). Every latch, release and refusal is logged with
+who and why. The node reports its latch on `state_topic`.
 
 Beside it: `bridge.ros2.edge_config` (EdgeConfig, guard_config: the settings, checked up front),
 `bridge.ros2.edge_stats` (EdgeStats: what the node counts and times) and
@@ -60,28 +82,32 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 
 from bridge.ros2 import messages
+from bridge.ros2.chunks import ActionQueue, CommandSource
 from bridge.ros2.edge_config import EdgeConfig, EdgeConfigError
 from bridge.ros2.edge_stats import EdgeStats
-from bridge.ros2.estop import ESTOP_TOPIC
+from bridge.ros2.estop import ESTOP_TOPIC, parse_release
 from bridge.ros2.guard import GuardConfig, GuardDecision, GuardError, SafetyGuard
 from bridge.ros2.link import GatewayLink, LinkDown, LinkReply, LinkUp
 from bridge.ros2.tensor_layout import TensorLayout
 from bridge.ros2.topic_map import MissingMessageError, TopicMap
-from bridge.ros2.transport import Transport
+from bridge.ros2.transport import Transport, TransportError
 from protos import bridge_pb2
-from protos.codec import TensorError
+from protos.codec import Spec, TensorError
 
 log = logging.getLogger("tether.edge")
 
-__all__ = ["EdgeError", "EdgeNode"]
+__all__ = ["CommandRecord", "EdgeError", "EdgeNode"]
 
 Code = bridge_pb2.StepError.Code
 _STATE_PERIOD_S = 1.0
+_STATE = object()                  # event: a new state arrived while the node wants one
+_LOG_EVERY_S = 5.0
 
 
 class EdgeError(RuntimeError):
@@ -92,12 +118,27 @@ class EdgeError(RuntimeError):
 class _InFlight:
     step: int
     t_sent: float                  # time.monotonic()
+    tick: int                      # the control tick a chunk's first action is for
 
 
 @dataclass(frozen=True)
 class _Operator:                   # an e-stop (latch=True/False on the e-stop topic) or a release
     latch: bool | None
     operator: str = ""
+    why: str = ""
+    released: bool = False         # a release by an allowed operator that unlatched the guard
+    refused: bool = False          # a release by a name not in the node's operators
+
+
+@dataclass(frozen=True)
+class CommandRecord:
+    """One published command: when (monotonic), the control tick, what produced it (None for the
+    guard's own safe action) and whether the guard clamped or rate-limited it."""
+
+    t: float
+    tick: int
+    source: CommandSource | None
+    limited: bool
 
 
 class EdgeNode:
@@ -113,6 +154,15 @@ class EdgeNode:
         if self._action_layout.size != guard.size:
             raise EdgeConfigError(f"guard: limits for {guard.size} values, but the topic map's action "
                                   f"tensors have {self._action_layout.size}")
+        horizon = config.chunk
+        self._queue: ActionQueue | None = None
+        self._reply_layout = self._action_layout
+        if horizon:
+            self._reply_layout = TensorLayout(tuple(Spec(s.name, s.dtype, (horizon, *s.shape), s.low, s.high)
+                                                    for s in self._action_layout.specs))
+            self._queue = ActionQueue(horizon=horizon, size=guard.size, merge=config.chunk_merge,
+                                      decay=config.ensemble_decay)
+        self.command_log: deque[CommandRecord] = deque(maxlen=200_000)
         self._obs_layout = TensorLayout(topic_map.observation_specs())
         estop = topic_map.estop
         self.estop_topic = estop.topic if estop else ESTOP_TOPIC
@@ -127,8 +177,8 @@ class EdgeNode:
         hello = bridge_pb2.Hello(
             policy=config.policy, source=f"ros2:{config.node_name}",
             observation_spec=[s.to_proto() for s in self._obs_layout.specs],
-            action_spec=[s.to_proto() for s in self._action_layout.specs],
-            labels={"node": config.node_name, "rate_hz": f"{config.rate_hz:g}"})
+            action_spec=[s.to_proto() for s in self._reply_layout.specs],
+            labels={"node": config.node_name, "rate_hz": f"{config.rate_hz:g}", "chunk": str(horizon)})
         self._link = GatewayLink(config.gateway, hello, self._events, connect_timeout_s=config.connect_timeout_s,
                                  backoff_s=config.backoff_s)
         self._thread = threading.Thread(target=self._run, name=f"edge-control-{config.node_name}", daemon=True)
@@ -146,6 +196,14 @@ class EdgeNode:
         self._applied: list = []
         self._next_state = 0.0
         self._warned: set[str] = set()
+        self._logged: dict[str, float] = {}
+        self._ticks = 0                          # control ticks run; a chunk's actions are keyed by tick
+        self._period = 1.0 / config.rate_hz
+        self._last_send = -1e300                 # monotonic time of the last observation sent
+        self._next_send = 0.0                    # the rate cap: no observation before this
+        self._fresh = False                      # a state arrived since the last observation went out
+        self._want_state = False                 # receive thread: post _STATE on the next state
+        self._chunks_seen = False                # chunk mode: a chunk arrived once (starvation counts)
 
     # -- the caller's side ----------------------------------------------------------------------
 
@@ -192,8 +250,14 @@ class EdgeNode:
             rtt_text += f" (p50 in gateway {gateway:.2f}, of it inference {inference:.2f})"
         return (f"edge {time.monotonic() - self._t0:7.1f}s  gateway {link}  obs {s.observations}  "
                 f"actions {s.actions}  commands {s.commands} (safe {s.safe_commands})  rtt p50/p99 {rtt_text}  "
-                f"errors {dict(s.errors)}  guard clamped={g.clamped} rate_limited={g.rate_limited} "
+                f"{f'starved {s.starved}/{s.ticks}  ' if self._queue is not None else ''}"
+                f"errors {dict(s.errors)}  undelivered {self._delivery_errors()}  "
+                f"guard clamped={g.clamped} rate_limited={g.rate_limited} "
                 f"watchdog={g.watchdog} estop={g.estop}{'  ESTOPPED' if g.estopped else ''}")
+
+    def _delivery_errors(self) -> dict[str, int]:
+        errors = getattr(self.transport, "delivery_errors", None)
+        return {} if errors is None else errors.counts
 
     # -- the transport's receive thread ---------------------------------------------------------
 
@@ -201,6 +265,10 @@ class EdgeNode:
         with self._latest_lock:
             self._latest[topic] = msg
             self._received[topic] = time.monotonic()
+            self._fresh = True
+        if self._want_state:
+            self._want_state = False
+            self._events.put(_STATE)
 
     def _on_estop(self, msg: object) -> None:
         if msg.data:
@@ -208,37 +276,68 @@ class EdgeNode:
         self._events.put(_Operator(latch=bool(msg.data)))
 
     def _on_release(self, msg: object) -> None:
-        operator = msg.data.strip()
-        if operator:
-            self.guard.release(operator=operator)
-        self._events.put(_Operator(latch=None, operator=operator))
+        operator, why = parse_release(msg.data)
+        if not operator:
+            self._events.put(_Operator(latch=None))
+        elif operator not in self.config.operators:
+            self._events.put(_Operator(latch=None, operator=operator, why=why, refused=True))
+        else:
+            released = self.guard.release(operator=operator)
+            self._events.put(_Operator(latch=None, operator=operator, why=why, released=released))
 
     # -- the control thread ---------------------------------------------------------------------
 
     def _run(self) -> None:
-        period = 1.0 / self.config.rate_hz
+        period = self._period
         next_tick = time.monotonic()
         try:
             self._publish_state()
             while not self._stopping.is_set():
                 now = time.monotonic()
-                if now >= next_tick:
-                    next_tick += period
-                    if next_tick <= now:
-                        self.stats.overruns += 1
-                        next_tick = now + period
-                    self._tick(now)
-                    continue
                 try:
-                    event = self._events.get(timeout=next_tick - now)
-                except queue.Empty:
-                    continue
-                self._handle(event)
+                    if now >= next_tick:
+                        next_tick += period
+                        if next_tick <= now:
+                            self.stats.overruns += 1
+                            next_tick = now + period
+                        self._tick(now)
+                    else:
+                        try:
+                            event = self._events.get(timeout=next_tick - now)
+                        except queue.Empty:
+                            continue
+                        self._handle(event)
+                except TransportError:
+                    raise                # publishing cannot work any more: end, safely
+                except Exception as exc:  # a bug or a bad value: counted, logged, the loop goes on
+                    self.stats.errors["EXCEPTION"] += 1
+                    self._log_every("exception", "control thread: %r (counted; the loop goes on)", exc)
+                self._want_state = self._wants_state()
             self._finish()
         except BaseException as exc:  # handed to the owner by stop() / raise_if_failed()
             self._failure = exc
+            self._fail_safe(exc)
         finally:
             self._link.close()
+
+    def _fail_safe(self, exc: BaseException) -> None:
+        """The loop is ending on an error: latch the guard and publish the safe action first."""
+        log.error("edge node %s: control loop failed (%r); latching the e-stop, safe action out", self.config.node_name,
+                  exc)
+        try:
+            self.guard.estop(f"control loop of {self.config.node_name} failed: {exc!r}")
+            decision = self.guard.tick()
+            if decision is not None:
+                self._publish(decision, None)
+            self._publish_state()
+        except Exception as inner:  # the transport itself is gone: nothing more can be sent
+            log.error("edge node %s: could not publish the safe action: %r", self.config.node_name, inner)
+
+    def _wants_state(self) -> bool:
+        """Whether a new state should wake the control thread (it would be sent at once)."""
+        if self._generation is None or self._in_flight is not None:
+            return False
+        return self._queue is None or self._queue.remaining(self._ticks) <= self.config.chunk_threshold
 
     def _tick(self, now: float) -> None:
         flight = self._in_flight
@@ -246,21 +345,54 @@ class EdgeNode:
             self.stats.errors["REPLY_TIMEOUT"] += 1
             self._lose_stream()
             self._link.reset(f"no reply to step {flight.step} within {self.config.reply_timeout_s:g} s")
-        if self._generation is None:
-            self.stats.skipped["disconnected"] += 1
-        elif self._in_flight is not None:
-            self.stats.skipped["in_flight"] += 1
-        else:
-            self._send(now, bridge_pb2.FIRST if self._first else bridge_pb2.MID, self.guard.counts.to_proto())
-        decision = self.guard.tick()
-        if decision is not None:
-            self._publish(decision)
+        self.stats.ticks += 1
+        published = self._execute_chunk(now) if self._queue is not None else False
+        self._ticks += 1
+        if not published and (decision := self.guard.tick()) is not None:
+            self._publish(decision, None)
+        self._maybe_send(now, timer=True)
         if now >= self._next_state:
             self._publish_state()
 
+    def _execute_chunk(self, now: float) -> bool:
+        """Chunk mode: this tick's queued action through the guard and out; False if none."""
+        item = self._queue.pop(self._ticks)
+        if item is None:
+            self.stats.starved += self._chunks_seen and self._generation is not None
+            return False
+        vector, source = item
+        decision = self._filter(vector)
+        if decision is None:
+            return False
+        self._publish(decision, source)
+        return True
+
+    def _maybe_send(self, now: float, *, timer: bool) -> None:
+        """Send the latest state if one is due (see the module doc: event first, timer as fallback)."""
+        if self._stopping.is_set():
+            return
+        if self._generation is None or self._in_flight is not None:
+            if timer:
+                self.stats.skipped["disconnected" if self._generation is None else "in_flight"] += 1
+            return
+        if self._queue is not None:
+            if self._queue.remaining(self._ticks) > self.config.chunk_threshold:
+                return
+        elif not self._fresh and now - self._last_send < 1.5 * self._period:
+            return
+        if now < self._next_send:
+            return
+        if self._send(now, bridge_pb2.FIRST if self._first else bridge_pb2.MID, self.guard.counts.to_proto()):
+            self._last_send = now
+            self._next_send = max(self._next_send, now - self._period / 2) + self._period
+
     def _handle(self, event: object) -> None:
-        if isinstance(event, LinkReply):
+        if event is _STATE:
+            self._maybe_send(time.monotonic(), timer=False)
+        elif isinstance(event, LinkReply):
             self._on_reply(event)
+            if self._fresh:
+                self._maybe_send(time.monotonic(), timer=False)
         elif isinstance(event, LinkUp):
             self._generation = self._welcomed = event.generation
             self._first, self._in_flight, self.welcome = True, None, event.welcome
@@ -282,16 +414,24 @@ class EdgeNode:
 
     def _on_operator(self, event: _Operator) -> None:
         if event.latch is True:
-            log.warning("e-stop latched (True on %s)", self.estop_topic)
+            log.warning("e-stop latched by a True on %s (%s)", self.estop_topic, self.guard.estop_reason)
+            if self._queue is not None:
+                self._queue.clear()          # a release starts from fresh chunks, not stale ones
         elif event.latch is False:
             log.info("False on %s: the e-stop stays %s (release on %s)", self.estop_topic,
                      "latched" if self.guard.estopped else "released", self.config.release_topic)
+        elif event.refused:
+            self.stats.errors["RELEASE_REFUSED"] += 1
+            log.warning("e-stop release by %r (%s) refused: not one of this node's operators %s; the e-stop "
+                        "stays %s", event.operator, event.why or "no reason given", list(self.config.operators),
+                        "latched" if self.guard.estopped else "released")
         elif event.operator:
-            log.warning("e-stop released by %s", event.operator)
+            log.warning("e-stop %s by %s: %s", "released" if event.released else "release (not latched)",
+                        event.operator, event.why or "no reason given")
         else:
             log.warning("ignored a release without an operator name on %s", self.config.release_topic)
         if self.guard.estopped and (decision := self.guard.tick()) is not None:
-            self._publish(decision)
+            self._publish(decision, None)
         self._publish_state()
 
     def _send(self, now: float, step_type: int, report: bridge_pb2.GuardReport) -> bool:
@@ -312,7 +452,9 @@ class EdgeNode:
         if not self._link.send(self._message(arrays, step_type, report), generation=self._generation):
             self.stats.skipped["disconnected"] += 1
             return False
-        self._in_flight = _InFlight(self._step, now)
+        with self._latest_lock:
+            self._fresh = False
+        self._in_flight = _InFlight(self._step, now, self._ticks)
         self._step += 1
         self._first = False
         self.stats.observations += 1
@@ -347,31 +489,56 @@ class EdgeNode:
             self.stats.errors[Code.Name(body.code)] += 1
             self._warn_once(f"{Code.Name(body.code)}: {body.message}")
         elif kind == "action":
-            self._on_action(body)
+            self._on_action(body, flight)
             timing = body.timing            # bookkeeping after the commands are out
             if timing.gateway_send_ns and timing.gateway_recv_ns:
                 self.stats.gateway_ns.append(timing.gateway_send_ns - timing.gateway_recv_ns)
             if timing.infer_end_ns and timing.infer_start_ns:
                 self.stats.inference_ns.append(timing.infer_end_ns - timing.infer_start_ns)
 
-    def _on_action(self, action: bridge_pb2.Action) -> None:
+    def _on_action(self, action: bridge_pb2.Action, flight: _InFlight) -> None:
         try:
-            vector = self._action_layout.vector(action.tensors)
+            vector = self._reply_layout.vector(action.tensors)
         except TensorError as exc:
             self.stats.errors["INVALID_ACTION"] += 1
             self._warn_once(f"invalid action from the gateway: {exc}")
             return
+        self.stats.actions += 1
+        self.stats.policy_version = action.policy_version
+        if self._queue is not None:      # (H, size): each tensor's (H, n) side by side
+            horizon = self._queue.horizon
+            parts = self._reply_layout.split(vector)
+            chunk = np.concatenate([parts[s.name].reshape(horizon, -1) for s in self._reply_layout.specs], axis=1)
+            self._chunks_seen = True
+            self._queue.add(chunk, start=flight.tick, now=self._ticks, chunk=flight.step,
+                            policy_version=action.policy_version)
+            return
+        decision = self._filter(vector)
+        if decision is not None:
+            self._publish(decision, CommandSource(flight.step, 0, action.policy_version))
+
+    def _filter(self, vector: np.ndarray) -> GuardDecision | None:
+        """The guard's command for a policy action; the very first starts from the measured pose."""
+        if not self.guard.commanded:
+            with self._latest_lock:
+                latest = dict(self._latest)
+            measured = self.topic_map.measured_command(latest)
+            if measured is not None:
+                self.guard.start_from(measured)
+                log.info("first command rate-limited from the measured pose %s", np.round(measured, 4).tolist())
+            else:
+                self._warn_once("no measured pose for the commanded joints: the first command is only clamped")
         try:
-            decision = self.guard.filter(vector)
+            return self.guard.filter(vector)
         except GuardError as exc:
             self.stats.errors["NOTHING_TO_HOLD"] += 1
             self._warn_once(str(exc))
-            return
-        self.stats.actions += 1
-        self.stats.policy_version = action.policy_version
-        self._publish(decision)
+        except ValueError as exc:        # a non-finite action: not sent; the watchdog takes over
+            self.stats.errors["INVALID_ACTION"] += 1
+            self._warn_once(f"invalid action from the gateway: {exc}")
+        return None
 
-    def _publish(self, decision: GuardDecision) -> None:
+    def _publish(self, decision: GuardDecision, source: CommandSource | None) -> None:
         """Commands out first; then what the next observation reports as applied."""
         arrays = self._action_layout.split(decision.sent)
         for entry, msg in self.topic_map.commands(arrays):
@@ -379,11 +546,20 @@ class EdgeNode:
         self._applied = self._action_layout.encode(arrays)
         self.last_decision = decision
         self.stats.commands += 1
-        self.stats.safe_commands += decision.requested is None or decision.estopped
+        safe = decision.requested is None or decision.estopped
+        self.stats.safe_commands += safe
+        self.command_log.append(CommandRecord(decision.t, self._ticks, None if safe else source,
+                                              decision.clamped or decision.rate_limited))
 
     def _publish_state(self) -> None:
         self._state_publisher(messages.bool_msg(self.guard.estopped))
         self._next_state = time.monotonic() + _STATE_PERIOD_S
+
+    def _log_every(self, key: str, fmt: str, *args: object) -> None:
+        now = time.monotonic()
+        if now - self._logged.get(key, -1e300) >= _LOG_EVERY_S:
+            self._logged[key] = now
+            log.warning(fmt, *args)
 
     def _warn_once(self, text: str) -> None:
         if text not in self._warned and len(self._warned) < 100:
@@ -398,10 +574,11 @@ class EdgeNode:
         if self._generation is not None and self._in_flight is None \
                 and self._send(time.monotonic(), bridge_pb2.LAST, report):
             self._drain(lambda: self._in_flight is None, 0.5)
-        self.guard.estop(f"edge node {self.config.node_name} stopped")
+        if self.guard.estop(f"edge node {self.config.node_name} stopped"):
+            log.info("e-stop latched by the node itself: it stopped")
         decision = self.guard.tick()
         if decision is not None:
-            self._publish(decision)
+            self._publish(decision, None)
         self._publish_state()
 
     def _drain(self, done, timeout_s: float) -> None:

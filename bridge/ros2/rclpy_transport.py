@@ -16,11 +16,14 @@ time, so this module imports anywhere:
 from __future__ import annotations
 
 import importlib
+import logging
 import threading
 from collections.abc import Callable
 
 from bridge.ros2 import messages
-from bridge.ros2.transport import TransportError, check_depth, ros_topic
+from bridge.ros2.transport import DeliveryErrors, TransportError, check_depth, ros_topic
+
+log = logging.getLogger("tether.rclpy")
 
 
 def _message_class(msg_type: str) -> type:
@@ -84,6 +87,7 @@ class RclpyTransport:
         self._executor.add_node(self._node)
         self._topics: dict[str, str] = {}
         self._error: BaseException | None = None
+        self.delivery_errors = DeliveryErrors(log)
         self._stop = threading.Event()
         self._closed = False
         self._thread = threading.Thread(target=self._spin, name=f"rclpy-{node_name}", daemon=True)
@@ -113,13 +117,15 @@ class RclpyTransport:
         topic, msg_type = self._check(topic, msg_type)
 
         def on_raw(data: bytes) -> None:
-            if self._error is not None:
-                return  # delivery stopped at the first failure, as in DdsTransport
             try:
-                callback(messages.deserialize(data, msg_type))
-            except Exception as exc:  # handed to the owner by raise_if_failed / close
-                self._error = TransportError(f"callback for {topic} ({msg_type}) failed: {exc!r}")
-                self._error.__cause__ = exc
+                msg = messages.deserialize(data, msg_type)
+            except Exception as exc:  # a bad sample is counted, never fatal
+                self.delivery_errors.record(topic, f"undecodable {msg_type} sample", exc)
+                return
+            try:
+                callback(msg)
+            except Exception as exc:  # counted; the next sample is delivered as usual
+                self.delivery_errors.record(topic, "callback failed", exc)
 
         self._node.create_subscription(_message_class(msg_type), topic, on_raw,
                                        _qos(reliable=reliable, depth=depth), raw=True)
@@ -132,11 +138,15 @@ class RclpyTransport:
         return RclpyPublisher(self, pub, topic, msg_type)
 
     def _spin(self) -> None:
-        while not self._stop.is_set() and self._context.ok():
-            self._executor.spin_once(timeout_sec=0.1)
+        try:
+            while not self._stop.is_set() and self._context.ok():
+                self._executor.spin_once(timeout_sec=0.1)
+        except Exception as exc:  # the executor itself broke: publishing and close() raise it
+            self._error = TransportError(f"rclpy executor of {self.node_name} stopped: {exc!r}")
+            self._error.__cause__ = exc
 
     def raise_if_failed(self) -> None:
-        """Raise the `TransportError` a callback left (delivery stopped there)."""
+        """Raise the `TransportError` the executor left (delivery stopped there)."""
         if self._error is not None:
             raise self._error
 

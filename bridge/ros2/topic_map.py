@@ -56,10 +56,12 @@ class MissingMessageError(LookupError):
 
 @dataclass(frozen=True)
 class TensorMap:
-    """One tensor: which array `field` of the topic's message it is, and its `Spec`."""
+    """One tensor: which array `field` of the topic's message it is, and its `Spec`; for action
+    tensors, optionally the guard's per-element velocity limit (units/s)."""
 
     field: str
     spec: Spec
+    velocity_limit: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,38 @@ class TopicMap:
 
     def action_specs(self) -> tuple[Spec, ...]:
         return tuple(t.spec for e in self.action for t in e.tensors)
+
+    def velocity_limits(self, default: float) -> tuple[float, ...]:
+        """The guard's velocity limit per command element, spec order; `default` where the topic
+        map sets none."""
+        out: list[float] = []
+        for e in self.action:
+            for t in e.tensors:
+                n = math.prod(t.spec.shape)
+                out += list(t.velocity_limit) * (n if len(t.velocity_limit) == 1 else 1) or [default] * n
+        return tuple(out)
+
+    def measured_command(self, latest: Mapping[str, object]) -> np.ndarray | None:
+        """The command vector that holds the robot where it is: every action tensor of an entry with
+        joints, read from the latest JointState positions of those joints (spec order). None if an
+        action tensor has no joints or no JointState received so far names them all."""
+        positions: dict[str, float] = {}
+        for entry in self.observation:
+            msg = latest.get(entry.topic)
+            if entry.type != messages.JOINT_STATE or msg is None:
+                continue
+            if len(msg.position) != len(msg.name):
+                continue
+            positions.update(zip(msg.name, (float(x) for x in msg.position), strict=True))
+        out: list[float] = []
+        for entry in self.action:
+            if not entry.joints or any(j not in positions for j in entry.joints):
+                return None
+            for t in entry.tensors:
+                if t.spec.shape != (len(entry.joints),):
+                    return None
+                out += [positions[j] for j in entry.joints]
+        return np.array(out, np.float64)
 
     def observation_arrays(self, latest: Mapping[str, object]) -> dict[str, np.ndarray]:
         """The observation from the latest message per topic (`{topic: msg}`), in spec dtypes."""
@@ -233,7 +267,8 @@ def _entry(ctx: _Ctx, value: object, key: str, *, action: bool, tensors: bool) -
 
 
 def _tensor(ctx: _Ctx, entry: TopicEntry, name: str, value: object, key: str, *, action: bool) -> TensorMap:
-    d = ctx.mapping(value, key, {"field", "dtype", "shape"} | ({"bounds"} if action else set()), {"field"})
+    d = ctx.mapping(value, key, {"field", "dtype", "shape"} | ({"bounds", "velocity_limit"} if action else set()),
+                    {"field"})
     field = d["field"]
     if field not in messages.FIELDS[entry.type]:
         raise ctx.error(f"{key}.field", f"{field!r} is not one of {list(messages.FIELDS[entry.type])}")
@@ -259,7 +294,31 @@ def _tensor(ctx: _Ctx, entry: TopicEntry, name: str, value: object, key: str, *,
     if shape is None:
         raise ctx.error(f"{key}.shape", f"missing: {entry.type}.{field} has no fixed shape")
     low, high = _bounds(ctx, d.get("bounds"), entry, shape, f"{key}.bounds")
-    return TensorMap(field, Spec(name, dtype, shape, low, high))
+    limit = _velocity_limit(ctx, d.get("velocity_limit"), entry, shape, f"{key}.velocity_limit")
+    return TensorMap(field, Spec(name, dtype, shape, low, high), limit)
+
+
+def _velocity_limit(ctx: _Ctx, value: object, entry: TopicEntry, shape: tuple[int, ...],
+                    key: str) -> tuple[float, ...]:
+    """One limit for every element, or `{joint: limit}` for each joint; units per second, > 0."""
+    if value is None:
+        return ()
+    if isinstance(value, Mapping):
+        if not entry.joints or shape != (len(entry.joints),):
+            raise ctx.error(key, f"per-joint limits need the entry's joints and shape [n], not {list(shape)}")
+        for joint in value:
+            if joint not in entry.joints:
+                raise ctx.error(f"{key}.{joint}", f"not one of the joints {list(entry.joints)}")
+        missing = [j for j in entry.joints if j not in value]
+        if missing:
+            raise ctx.error(f"{key}.{missing[0]}", "missing")
+        values = [value[j] for j in entry.joints]
+    else:
+        values = [value]
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int | float) or math.isnan(v) or v <= 0:
+            raise ctx.error(key, f"expected a velocity limit > 0 (units/s), got {v!r}")
+    return tuple(float(v) for v in values)
 
 
 def _bounds(ctx: _Ctx, value: object, entry: TopicEntry, shape: tuple[int, ...],

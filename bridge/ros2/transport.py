@@ -3,7 +3,9 @@
 Two implementations share it: `RclpyTransport` (rclpy, on a robot with ROS 2 installed) and
 `DdsTransport` (the ROS 2 wire itself: Cyclone DDS with ROS 2 topic and type names and CDR).
 Messages are rosbags message objects (see `bridge.ros2.messages`); callbacks run on the
-transport's own receive thread, one at a time.
+transport's own receive thread, one at a time. A sample that does not decode, or a callback that
+raises, is counted per topic (`transport.delivery_errors`) and logged at most once per topic every
+few seconds; delivery goes on, for that topic and every other one (`DeliveryErrors`).
 
 The call loop, as the edge node runs it (plain text; the DDS tests run it for real):
 
@@ -22,8 +24,11 @@ Topic names follow ROS 2 rules; relative names are taken from the root namespace
 
 from __future__ import annotations
 
+import collections
 import importlib.util
+import logging
 import re
+import threading
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -34,6 +39,45 @@ _TOPIC = re.compile(rf"/?{_TOKEN}(/{_TOKEN})*")
 
 class TransportError(RuntimeError):
     """A transport that cannot open, publish or deliver; the message names the topic or setting."""
+
+
+class DeliveryErrors:
+    """Samples a transport could not hand over, counted per topic; logged rate-limited, never raised.
+
+        >>> errors = DeliveryErrors(logging.getLogger("doctest"), every_s=60.0)
+        >>> errors.record("/joint_states", "undecodable sample", ValueError("short buffer"))
+        >>> errors.record("/joint_states", "callback failed", KeyError("x"))
+        >>> errors.counts, errors.total
+        ({'/joint_states': 2}, 2)
+    """
+
+    def __init__(self, log: logging.Logger, *, every_s: float = 5.0):
+        self._log, self._every_s = log, every_s
+        self._counts: collections.Counter[str] = collections.Counter()
+        self._logged: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def record(self, topic: str, what: str, exc: BaseException) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._counts[topic] += 1
+            n = self._counts[topic]
+            due = now - self._logged.get(topic, -1e300) >= self._every_s
+            if due:
+                self._logged[topic] = now
+        if due:
+            self._log.warning("%s: %s (%s); delivery goes on, %d so far on this topic", topic, what,
+                              f"{type(exc).__name__}: {exc}"[:300], n)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+    @property
+    def total(self) -> int:
+        with self._lock:
+            return sum(self._counts.values())
 
 
 class Publisher(Protocol):
@@ -59,7 +103,13 @@ class Transport(Protocol):
         ...
 
     def close(self) -> None:
-        """Stop delivering, leave the ROS 2 graph; raises `TransportError` if a callback failed."""
+        """Stop delivering, leave the ROS 2 graph; raises `TransportError` if delivery itself broke
+        (a failed take), never for a bad sample or a failing callback (those are counted)."""
+        ...
+
+    @property
+    def delivery_errors(self) -> DeliveryErrors:
+        """Samples not delivered (undecodable, or their callback raised), per topic."""
         ...
 
 

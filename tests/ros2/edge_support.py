@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import queue
 import subprocess
@@ -148,13 +149,17 @@ class Robot:
 
 @contextlib.contextmanager
 def running_edge(domain: int, address: str, topic_map, *, policy: str, rate_hz: float = 100.0,
-                 transport=None, **guard):
-    """An `EdgeNode` on its own DDS participant (or the given transport), started and stopped."""
+                 transport=None, config: dict | None = None, **guard):
+    """An `EdgeNode` on its own DDS participant (or the given transport), started and stopped.
+    Operator "ada" may release; no velocity limit unless the test sets one (these tests check the
+    pipeline; test_guard.py and test_edge_guard.py check the limits)."""
     guard.setdefault("deadline_s", 0.05)
+    guard.setdefault("velocity_limit", math.inf)
     own = transport is None
     transport = DdsTransport(domain_id=domain, node_name="edge_under_test") if own else transport
+    settings = {"operators": ("ada",), "backoff_s": (0.05, 0.5), **(config or {})}
     node = EdgeNode(config=EdgeConfig(gateway=address, rate_hz=rate_hz, policy=policy, node_name="edge_under_test",
-                                      backoff_s=(0.05, 0.5)),
+                                      **settings),
                     topic_map=topic_map, transport=transport, guard=guard_config(topic_map, **guard))
     try:
         node.start()

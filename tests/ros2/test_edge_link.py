@@ -5,6 +5,7 @@ and then none, so the counts below are exact; test_edge.py freezes a real gatewa
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
 import time
@@ -90,7 +91,7 @@ def test_hung_gateway_is_reset_while_the_watchdog_holds_the_robot_safe(ros_domai
             publisher = threading.Thread(target=joint_states, args=(robot, stop), daemon=True)
             publisher.start()
             node = EdgeNode(config=config, topic_map=TMAP, transport=transport,
-                            guard=guard_config(TMAP, deadline_s=0.05, safe_action="zero"))
+                            guard=guard_config(TMAP, deadline_s=0.05, safe_action="zero", velocity_limit=math.inf))
             node.start()
             try:
                 wait_until(lambda: len(fake.streams) >= 2 and len(fake.streams[1]) >= 1, timeout=10,
