@@ -27,6 +27,28 @@ $(STAMP): pyproject.toml Makefile
 	ln -sf $(CURDIR)/launch/robot.launch.py $(CURDIR)/launch/sim.launch.py $(VENV)/share/tether/launch/
 	ln -sf $(CURDIR)/launch/config/topic_map.yaml $(VENV)/share/tether/config/
 	bash tests/peers/setup.sh
+	# --- ROS 2 (rclpy, launch): their own environment, .venv/ros ----------------------------------
+	# The Jazzy rclpy wheels need numpy 2; the bundled Triton (nvidia-pytriton 0.7.0) pins numpy<2.
+	# So rclpy, the message packages, `ros2 launch` (wheels in ../shared/ros2-launch: not on the
+	# registries) and the edge node's own deps live in a second venv; the edge node and the rclpy
+	# robot processes run from it, the tests reach it through subprocesses (and skip, saying why,
+	# where it is missing). Best effort: without the wheels the rest of the setup still completes.
+	$(PYTHON) -m venv $(VENV)/ros && \
+	$(VENV)/ros/bin/python -m pip install -q 'ros-jazzy-rclpy[fastrtps]==7.1.6' ros-jazzy-std-msgs ros-jazzy-sensor-msgs \
+	  ros-jazzy-geometry-msgs ros-jazzy-nav-msgs 'grpcio==1.85.1' 'protobuf>=6.33.5,<7' 'rosbags==0.11.9' \
+	  pyyaml osrf-pycommon lark catkin-pkg argcomplete psutil packaging && \
+	$(VENV)/ros/bin/python -m pip install -q --no-deps -e . || { rm -rf $(VENV)/ros; \
+	  echo "WARNING: rclpy (ros-jazzy-* wheels) not installed: the rclpy tests will skip" >&2; }
+	@if [ -x $(VENV)/ros/bin/python ] && ls ../shared/ros2-launch/*.whl >/dev/null 2>&1; then \
+	  $(VENV)/ros/bin/python -m pip install -q --no-deps ../shared/ros2-launch/*.whl; \
+	else echo "WARNING: no ROS 2 launch wheels in ../shared/ros2-launch: the ros2 launch test will skip" >&2; fi
+	@if [ -x $(VENV)/ros/bin/python ]; then \
+	  mkdir -p $(VENV)/ros/share/ament_index/resource_index/packages $(VENV)/ros/share/tether/launch \
+	    $(VENV)/ros/share/tether/config && \
+	  touch $(VENV)/ros/share/ament_index/resource_index/packages/tether && \
+	  ln -sf $(CURDIR)/launch/robot.launch.py $(CURDIR)/launch/sim.launch.py $(VENV)/ros/share/tether/launch/ && \
+	  ln -sf $(CURDIR)/launch/config/topic_map.yaml $(VENV)/ros/share/tether/config/; fi
+	# --- end ROS 2 ------------------------------------------------------------------------------
 	touch $(STAMP)
 
 demo: setup
