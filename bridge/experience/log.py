@@ -161,10 +161,14 @@ class ExperienceLog:
             return self._durable_offset
         fut = self._loop.create_future()
         self._waiters.append((offset, fut))
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(asyncio.shield(fut), timeout)
-        if not fut.done():
-            fut.cancel()
+        try:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(fut), timeout)
+        finally:
+            if not fut.done():
+                fut.cancel()
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove((offset, fut))
         return self._durable_offset
 
     def _resolve(self, batch: list[tuple[int, asyncio.Future | None]], durable: int) -> None:
