@@ -1,0 +1,258 @@
+"""`tether log`: summarise an experience log, or export it as a flat dataset for behaviour cloning.
+
+    tether log inspect runs/demo              # a run dir (its experience/) or a log dir; --json for JSON
+    tether log export runs/demo/experience out/bc-data [--complete-only]
+
+The export is LeRobotDataset-like without parquet: one `.npz` per episode,
+`data/chunk-000/episode_000000.npz` with columns `observation.<tensor>`, `action.<tensor>`,
+`applied_action.<tensor>`, `reward`, `terminated`, `truncated`, `step`, `offset`, `timestamp_ns`,
+`policy_version`, `log_prob` (NaN when not stochastic), `frame_index`, `episode_index`; plus
+`meta/info.json` (features with dtype and shape, totals) and `meta/episodes.jsonl`. Read it with
+`np.load(path)`: no Tether needed. Reading the log never changes it (a torn tail is read up to its
+last complete record).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from bridge.experience.reader import read_transitions
+from bridge.experience.segment import list_segments, scan_segment
+from protos import codec, experience_pb2
+
+CHUNK_EPISODES = 1000
+
+
+def find_log_dir(path: str | Path) -> Path:
+    """`path` itself if it holds segments, else its `experience/` (a run dir), else its one child that does."""
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path}: no such directory")
+    if list_segments(path):
+        return path
+    if list_segments(path / "experience"):
+        return path / "experience"
+    found = [c for c in sorted(path.iterdir()) if c.is_dir() and list_segments(c)]
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise ValueError(f"{path}: several experience logs inside ({', '.join(c.name for c in found)}); name one")
+    raise FileNotFoundError(f"{path}: no experience log (segment-*.mcap) here or in {path / 'experience'}")
+
+
+def inspect(path: str | Path) -> dict:
+    """The summary `tether log inspect` prints, as a dict."""
+    log_dir = find_log_dir(path)
+    segments = []
+    for _, p in list_segments(log_dir):
+        scan = scan_segment(p)
+        segments.append({"name": p.name, "bytes": p.stat().st_size, "first_offset": scan.first_offset,
+                         "transitions": scan.count, "finished": scan.finished,
+                         "start_ns": scan.start_ns, "end_ns": scan.end_ns})
+    n, first, last = 0, None, None
+    sessions: Counter[str] = Counter()
+    episodes: dict[tuple[str, int], dict] = {}
+    versions: Counter[str] = Counter()
+    rewards: Counter[str] = Counter()
+    for t in read_transitions(log_dir):
+        n += 1
+        first = t.offset if first is None else first
+        last = t.offset
+        sessions[t.session] += 1
+        ep = episodes.setdefault((t.session, t.episode), {"return": 0.0, "length": 0, "done": False})
+        ep["return"] += t.reward
+        ep["length"] += 1
+        ep["done"] = ep["done"] or t.terminated or t.truncated
+        versions[f"{t.policy}:{t.policy_version}"] += 1
+        rewards[t.reward_version or "-"] += 1
+    done = [e["return"] for e in episodes.values() if e["done"]]
+    starts = [s["start_ns"] for s in segments if s["transitions"]]
+    ends = [s["end_ns"] for s in segments if s["transitions"]]
+    return {
+        "log_dir": str(log_dir),
+        "segments": segments,
+        "transitions": n,
+        "offsets": [first, last] if n else None,
+        "bytes": sum(s["bytes"] for s in segments),
+        "sessions": len(sessions),
+        "episodes": len(episodes),
+        "completed_episodes": len(done),
+        "returns": ({"mean": float(np.mean(done)), "min": float(np.min(done)), "max": float(np.max(done)),
+                     "last": done[-1]} if done else None),
+        "policy_versions": dict(sorted(versions.items())),
+        "reward_versions": dict(sorted(rewards.items())),
+        "time_span_s": (max(ends) - min(starts)) / 1e9 if starts else 0.0,
+    }
+
+
+def print_summary(s: dict, out=None) -> None:
+    out = out or sys.stdout
+
+    def row(k, v):
+        print(f"{k:<20}{v}", file=out)
+
+    row("log", s["log_dir"])
+    row("transitions", f"{s['transitions']}" + (f"  (offsets {s['offsets'][0]}..{s['offsets'][1]})" if s["offsets"]
+                                                 else ""))
+    row("sessions", s["sessions"])
+    row("episodes", f"{s['episodes']} ({s['completed_episodes']} completed)")
+    if s["returns"]:
+        r = s["returns"]
+        row("return", f"mean {r['mean']:.2f}  min {r['min']:.2f}  max {r['max']:.2f}  last {r['last']:.2f}")
+    row("bytes", f"{s['bytes']} ({s['bytes'] / 1e6:.1f} MB)")
+    row("time span", f"{s['time_span_s']:.1f} s")
+    row("reward versions", ", ".join(f"{k} ({v})" for k, v in s["reward_versions"].items()) or "-")
+    print(f"\n{'policy:version':<30}{'transitions':>12}", file=out)
+    for k, v in s["policy_versions"].items():
+        print(f"{k:<30}{v:>12}", file=out)
+    print(f"\n{'segment':<22}{'first offset':>13}{'transitions':>12}{'bytes':>12}  finished", file=out)
+    for seg in s["segments"]:
+        print(f"{seg['name']:<22}{seg['first_offset']!s:>13}{seg['transitions']:>12}{seg['bytes']:>12}  "
+              f"{'yes' if seg['finished'] else 'no (open or torn)'}", file=out)
+
+
+class _Episode:
+    """The columns of one episode, gathered transition by transition."""
+
+    def __init__(self, index: int, session: str, episode: int):
+        self.index, self.session, self.episode = index, session, episode
+        self.cols: dict[str, list] = defaultdict(list)
+        self.next_obs: dict[str, np.ndarray] = {}
+        self.terminated = self.truncated = False
+
+    def add(self, t: experience_pb2.Transition) -> None:
+        for prefix, tensors in (("observation", t.observation), ("action", t.action),
+                                ("applied_action", t.applied_action)):
+            for x in tensors:
+                key = f"{prefix}.{x.name}"
+                a = codec.decode(x)
+                if self.cols[key] and self.cols[key][-1].shape != a.shape:
+                    raise ValueError(f"session {self.session!r} episode {self.episode} step {t.step}: {key} has "
+                                     f"shape {list(a.shape)}, earlier steps {list(self.cols[key][-1].shape)}")
+                self.cols[key].append(a)
+        for x in t.next_observation:
+            self.next_obs[f"next_observation.{x.name}"] = codec.decode(x)[None]
+        c = self.cols
+        c["reward"].append(t.reward)
+        c["terminated"].append(t.terminated)
+        c["truncated"].append(t.truncated)
+        c["step"].append(t.step)
+        c["offset"].append(t.offset)
+        c["timestamp_ns"].append(t.timing.gateway_recv_ns)
+        c["policy_version"].append(t.policy_version)
+        c["log_prob"].append(t.log_prob if t.has_log_prob else np.nan)
+        self.terminated, self.truncated = t.terminated, t.truncated
+
+    @property
+    def length(self) -> int:
+        return len(self.cols["step"])
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        dtypes = {"reward": np.float64, "terminated": np.bool_, "truncated": np.bool_, "step": np.int64,
+                  "offset": np.int64, "timestamp_ns": np.int64, "policy_version": np.int64, "log_prob": np.float32}
+        out = {k: np.asarray(v, dtype=dtypes.get(k)) if k in dtypes else np.stack(v) for k, v in self.cols.items()}
+        out["frame_index"] = np.arange(self.length, dtype=np.int64)
+        out["episode_index"] = np.full(self.length, self.index, dtype=np.int64)
+        out.update(self.next_obs)
+        return out
+
+
+def export(log_dir: str | Path, out_dir: str | Path, *, complete_only: bool = False) -> dict:
+    """Writes the dataset (see module docstring) into `out_dir`, which must not exist or be empty. It is
+    built in a sibling temporary directory and renamed into place: never half-written. Returns info.json."""
+    log_dir, out_dir = find_log_dir(log_dir), Path(out_dir)
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise FileExistsError(f"{out_dir}: exists and is not an empty directory")
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "meta").mkdir(parents=True)
+    open_eps: dict[tuple[str, int], _Episode] = {}
+    written: list[dict] = []
+    features: dict[str, dict] = {}
+
+    def write(ep: _Episode, complete: bool) -> None:
+        if complete_only and not complete:
+            return
+        ep.index = len(written)
+        arrays = ep.arrays()
+        for k, a in arrays.items():
+            spec = {"dtype": str(a.dtype), "shape": list(a.shape[1:])}
+            if features.setdefault(k, spec) != spec:
+                raise ValueError(f"session {ep.session!r} episode {ep.episode}: {k} is {spec}, "
+                                 f"earlier episodes {features[k]}")
+        path = tmp / "data" / f"chunk-{ep.index // CHUNK_EPISODES:03d}" / f"episode_{ep.index:06d}.npz"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(path, **arrays)
+        written.append({"episode_index": ep.index, "session": ep.session, "episode": ep.episode,
+                        "length": ep.length, "return": float(arrays["reward"].sum()), "complete": complete,
+                        "terminated": ep.terminated, "truncated": ep.truncated,
+                        "policy_versions": sorted({int(v) for v in arrays["policy_version"]})})
+
+    try:
+        frames, policies, reward_versions = 0, Counter(), Counter()
+        for t in read_transitions(log_dir):
+            key = (t.session, t.episode)
+            if key not in open_eps:
+                for other in [k for k in open_eps if k[0] == t.session]:  # a new episode ends the session's last
+                    write(open_eps.pop(other), complete=False)
+                open_eps[key] = _Episode(0, t.session, t.episode)
+            ep = open_eps[key]
+            ep.add(t)
+            frames += 1
+            policies[t.policy] += 1
+            reward_versions[t.reward_version] += 1
+            if t.terminated or t.truncated:
+                write(open_eps.pop(key), complete=True)
+        for ep in open_eps.values():
+            write(ep, complete=False)
+        info = {"codebase": "tether", "format": "npz per episode (LeRobotDataset-like layout)",
+                "source": str(log_dir), "total_episodes": len(written),
+                "total_frames": sum(e["length"] for e in written), "transitions_read": frames,
+                "chunks_size": CHUNK_EPISODES, "data_path": "data/chunk-{chunk:03d}/episode_{episode_index:06d}.npz",
+                "features": features, "policies": dict(policies), "reward_versions": dict(reward_versions)}
+        (tmp / "meta" / "info.json").write_text(json.dumps(info, indent=2) + "\n")
+        (tmp / "meta" / "episodes.jsonl").write_text("".join(json.dumps(e) + "\n" for e in written))
+        if out_dir.exists():
+            out_dir.rmdir()
+        os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return info
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="tether log", description="Inspect or export an experience log.")
+    sub = p.add_subparsers(dest="command", required=True)
+    i = sub.add_parser("inspect", help="summary: segments, transitions, sessions, episodes, returns, versions")
+    i.add_argument("path", type=Path, help="a run dir (with experience/) or a log dir")
+    i.add_argument("--json", action="store_true", help="print the summary as JSON")
+    e = sub.add_parser("export", help="a flat per-episode .npz dataset for behaviour cloning")
+    e.add_argument("log_dir", type=Path)
+    e.add_argument("out_dir", type=Path)
+    e.add_argument("--complete-only", action="store_true", help="only episodes that ended (terminated/truncated)")
+    a = p.parse_args(argv)
+    try:
+        if a.command == "inspect":
+            summary = inspect(a.path)
+            if a.json:
+                print(json.dumps(summary, indent=2))
+            else:
+                print_summary(summary)
+        else:
+            info = export(a.log_dir, a.out_dir, complete_only=a.complete_only)
+            print(f"wrote {info['total_episodes']} episodes, {info['total_frames']} frames to {a.out_dir}")
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"tether log {a.command}: {exc}") from None
+
+
+if __name__ == "__main__":
+    main()
