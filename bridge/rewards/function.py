@@ -20,6 +20,22 @@ __all__ = ["RewardFunction", "RewardResult"]
 Arrays = Mapping[str, np.ndarray]
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load, except that a key given twice in one mapping is an error, not a silent overwrite."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _UniqueKeyLoader.construct_mapping)
+
+
 @dataclass(frozen=True)
 class RewardResult:
     """`reward` (B,) float64 = the sum of `terms` (name -> (B,) float64 weighted contribution, in config
@@ -57,7 +73,7 @@ class RewardFunction:
         except (OSError, UnicodeDecodeError) as exc:
             raise RewardConfigError(f"cannot read the file: {exc}", source=str(path)) from None
         try:
-            config = yaml.safe_load(text)
+            config = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader
         except yaml.YAMLError as exc:
             raise RewardConfigError(f"not valid YAML: {exc}", source=str(path)) from None
         return cls.from_dict(config, source=str(path))
@@ -118,9 +134,11 @@ class RewardFunction:
         env = np.asarray(env_reward, dtype=np.float64)
         if env.ndim != 1:
             raise RewardInputError("env_reward", f"shape {list(env.shape)}: expected (B,)")
+        if first_step is not None:
+            first_step = np.asarray(first_step, dtype=bool)
+            if first_step.shape != env.shape:
+                raise RewardInputError("first_step", f"shape {list(first_step.shape)}, expected {list(env.shape)}")
         step = Step(observation, action, next_observation, env, previous_action, first_step)
-        if first_step is not None and np.shape(first_step) != env.shape:
-            raise RewardInputError("first_step", f"shape {list(np.shape(first_step))}, expected {list(env.shape)}")
         terminate = np.zeros(step.batch, dtype=bool)
         for c in self._conditions:
             holds = step.conditions[c.name] = c.holds(step)

@@ -85,7 +85,7 @@ class _Select:
         if idx is None:
             self.index = None
         elif idx == tuple(range(idx[0], idx[0] + len(idx))):
-            self.index = slice(idx[0], idx[0] + len(idx))     # a slice is a view: cheaper than fancy indexing
+            self.index = slice(idx[0], idx[0] + len(idx))     # a slice is a view: cheaper than a gather
         else:
             self.index = np.asarray(idx, dtype=np.intp)
 
@@ -95,7 +95,9 @@ class _Select:
         if (self.exact is not None and n != self.exact) or (self.need is not None and n < self.need):
             want = f"{self.exact}" if self.exact is not None else f"at least {self.need}"
             raise RewardInputError(self.tensor, f"{where} has {n} values per row, {self.label} needs {want}")
-        return x if self.index is None else x[self.index]
+        if self.index is None:
+            return x
+        return x[self.index] if isinstance(self.index, slice) else x.take(self.index, axis=0)
 
 
 def _sq_norm(d: np.ndarray) -> np.ndarray:

@@ -191,6 +191,10 @@ def test_file_errors_name_the_file(tmp_path):
     broken.write_text("reward:\n  terms: [{type: env_reward\n")
     with pytest.raises(RewardConfigError, match="broken.yaml: reward config: not valid YAML"):
         RewardFunction.from_yaml(broken)
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("reward:\n  terms:\n    - {type: alive_bonus, weight: 1.0, weight: 2.0}\n")
+    with pytest.raises(RewardConfigError, match="twice.yaml: reward config: not valid YAML: duplicate key 'weight'"):
+        RewardFunction.from_yaml(twice)
     bad = tmp_path / "bad.yaml"
     bad.write_text("reward:\n  terms:\n    - {type: alive_bonus, weight: x}\n")
     with pytest.raises(RewardConfigError, match=r"bad.yaml: reward term 0 \(alive_bonus\): field 'weight'"):

@@ -1,0 +1,96 @@
+"""Microseconds per `RewardFunction.compute` call, for B=1 (one session's step) and larger batches
+(vectorised sims), for the pass-through function and for a config with every kind of term.
+
+    python benchmarks/rewards.py [--batches 1 64 1024 4096 --repeat 7 --json PATH]
+
+Prints a table and writes JSON (default benchmarks/results/rewards.json). Each figure is the median,
+over `--repeat` runs, of the mean time per call in a run of about 0.1 s, and the best run (the
+machine's floor, when other processes share the cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bridge.rewards import RewardFunction
+from protos.codec import Spec
+
+OBS = (Spec("observation", np.float32, (11,)), Spec("joint_position", np.float32, (6,)))
+ACT = (Spec("action", np.float32, (6,)),)
+FULL = {"reward": {"terms": [
+    {"type": "env_reward"},
+    {"type": "alive_bonus", "weight": 1.0},
+    {"type": "goal_distance", "observation": "observation", "indices": [0, 1, 2], "goal": [0.5, 0.0, 0.2],
+     "weight": -1.0},
+    {"type": "action_magnitude", "action": "action", "weight": -0.01},
+    {"type": "action_smoothness", "action": "action", "weight": -0.01},
+    {"type": "joint_limit_proximity", "observation": "joint_position", "low": [-3.0] * 6, "high": [3.0] * 6,
+     "margin": 0.1, "weight": -1.0},
+    {"type": "success", "observation": "observation", "indices": [0, 1, 2], "goal": [0.5, 0.0, 0.2],
+     "below": 0.05, "bonus": 10.0, "terminate": True},
+    {"type": "failure", "observation": "observation", "indices": [4], "above": 0.8, "terminate": True},
+]}}
+
+
+def batch(specs: tuple[Spec, ...], b: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    return {s.name: rng.standard_normal((b, *s.shape)).astype(s.dtype) for s in specs}
+
+
+def time_call(fn: RewardFunction, b: int, repeat: int) -> tuple[float, float]:
+    rng = np.random.default_rng(0)
+    args = (batch(OBS, b, rng), batch(ACT, b, rng), batch(OBS, b, rng), rng.standard_normal(b))
+    prev = batch(ACT, b, rng)
+    fn.compute(*args, prev)
+    n = 1
+    while True:  # calibrate: calls per ~0.1 s run
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn.compute(*args, prev)
+        if time.perf_counter() - t0 > 0.05 or n >= 1 << 20:
+            break
+        n *= 2
+    runs = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for _ in range(n * 2):
+            fn.compute(*args, prev)
+        runs.append((time.perf_counter() - t0) / (n * 2) * 1e6)
+    return float(np.median(runs)), float(min(runs))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 64, 1024, 4096])
+    p.add_argument("--repeat", type=int, default=7)
+    p.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "rewards.json")
+    args = p.parse_args(argv)
+    functions = {"passthrough": RewardFunction.passthrough(), "all_terms": RewardFunction.from_dict(FULL)}
+    functions["all_terms"].check_specs(OBS, ACT)
+    rows = []
+    print(f"{'config':<12} {'terms':>5} {'B':>6} {'us/call':>9} {'best us':>8} {'ns/row':>8}")
+    for name, fn in functions.items():
+        for b in args.batches:
+            us, best = time_call(fn, b, args.repeat)
+            rows.append({"config": name, "terms": len(fn.terms), "batch": b, "us_per_call": us,
+                         "best_us_per_call": best, "ns_per_row": us * 1e3 / b})
+            print(f"{name:<12} {len(fn.terms):>5} {b:>6} {us:>9.1f} {best:>8.1f} {us * 1e3 / b:>8.1f}")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    result = {"python": sys.version.split()[0], "numpy": np.__version__, "machine": platform.machine(),
+              "load_average": list(os.getloadavg()), "results": rows}
+    tmp = args.json.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    tmp.replace(args.json)
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
