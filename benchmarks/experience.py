@@ -1,0 +1,148 @@
+"""Experience log throughput (durable transitions/s and MB/s, small vectors and 224x224 rgb), and the
+control-loop round trip through the gateway with logging on vs off, side by side in one run.
+
+    python benchmarks/experience.py [--seconds 5 --fsync-interval-ms 5 --loop-rounds 5 --per-round 300 --json PATH]
+    python benchmarks/experience.py --no-loop       # the log alone (no Triton, no gateway)
+
+Prints a table and writes JSON (default benchmarks/results/experience.json). "Durable" means the
+append's future resolved: the record was fsynced. The log writes under a temporary directory on the
+same disk as the run (set TMPDIR to measure another disk).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bridge.experience import ExperienceLog, read_transitions
+from protos import bridge_pb2, codec, experience_pb2
+from tether.topology import write_json
+
+VECTOR = {"observation": ((11,), np.float32)}
+RGB = {"observation": ((11,), np.float32), "image": ((224, 224, 3), np.uint8)}
+KINDS = {  # name -> (observation tensors, transitions kept in flight)
+    "vector": (VECTOR, 4096),     # throughput: many sessions' worth of appends outstanding
+    "rgb224": (RGB, 256),
+    "vector-1": (VECTOR, 1),      # one append at a time: the ack latency is the group commit's
+}
+
+
+def make_transition(kind: str, rng: np.random.Generator) -> experience_pb2.Transition:
+    obs = []
+    for name, (shape, dtype) in KINDS[kind][0].items():
+        a = rng.integers(0, 256, shape, dtype=np.uint8) if dtype == np.uint8 else rng.standard_normal(shape)
+        obs.append(codec.encode(name, a.astype(dtype)))
+    return experience_pb2.Transition(session="bench", episode=0, step_type=bridge_pb2.MID, observation=obs,
+                                     action=[codec.encode("action", np.zeros(3, np.float32))], reward=1.0,
+                                     policy="bench", policy_version=1, reward_version="r")
+
+
+async def durable_rate(kind: str, seconds: float, *, fsync_interval_s: float, directory: Path) -> dict:
+    """Appends `kind` transitions for `seconds`, keeping a bounded number in flight; measures acks."""
+    template = make_transition(kind, np.random.default_rng(0))
+    inflight = KINDS[kind][1]
+    latencies: list[int] = []
+    async with ExperienceLog(directory, fsync_interval_s=fsync_interval_s) as log:
+        t0 = time.perf_counter()
+        next_report, step = t0 + 1.0, 0
+        while (now := time.perf_counter()) < t0 + seconds:
+            while log.next_offset - log.durable_offset < inflight:
+                t = experience_pb2.Transition()
+                t.CopyFrom(template)
+                t.step = step
+                step += 1
+                sent = time.perf_counter_ns()
+                log.append(t).add_done_callback(lambda _f, s=sent: latencies.append(time.perf_counter_ns() - s))
+            await log.wait_durable(log.durable_offset, timeout=1.0)
+            if now >= next_report:
+                s = log.stats
+                print(f"  {kind:<9}{now - t0:5.1f}s  durable {s.durable:>8}  ({s.durable / (now - t0):,.0f}/s, "
+                      f"{s.bytes / 1e6 / (now - t0):.1f} MB/s)  fsyncs {s.fsyncs}", flush=True)
+                next_report += 1.0
+        elapsed = time.perf_counter() - t0
+        stats = log.stats
+        durable, nbytes = stats.durable, stats.durable * (template.ByteSize() + 31)  # + the MCAP record header
+    ms = np.asarray(latencies) / 1e6
+    return {"kind": kind, "transition_bytes": template.ByteSize(), "seconds": elapsed, "durable": durable,
+            "transitions_per_s": durable / elapsed, "mb_per_s": nbytes / 1e6 / elapsed, "fsyncs": stats.fsyncs,
+            "mean_group": durable / max(stats.fsyncs, 1), "segments": stats.segments,
+            "ack_ms": {"p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99))}}
+
+
+def loop_overhead(rounds: int, per_round: int, *, fsync_interval_ms: float, run_dir: Path) -> dict:
+    """Batch-1 round trips through two gateways in front of one Triton, one logging every transition
+    and one not, in alternating blocks (so both see the same machine)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from loop_latency import ACT, MODEL, OBS, gateway_round_trips, percentiles
+
+    from inference_server import ModelRepository, TritonServer
+    from tether.topology import gateway_process
+    from trainer.policy import MLPPolicy
+
+    repo = ModelRepository(run_dir / "models")
+    repo.write_version(MODEL, 1, MLPPolicy(OBS[0], ACT[0], seed=0), OBS, ACT)
+    logged = ("--experience-dir", str(run_dir / "experience"), "--fsync-interval-ms", str(fsync_interval_ms))
+    with TritonServer(repo.root, models=[MODEL], log_path=run_dir / "triton.log") as triton, \
+            gateway_process(triton_url=triton.grpc_url, policy=MODEL, log_path=run_dir / "gw-off.log") as off, \
+            gateway_process(triton_url=triton.grpc_url, policy=MODEL, log_path=run_dir / "gw-on.log",
+                            extra_args=logged) as on:
+        asyncio.run(gateway_round_trips(off, 100, "warm-off"))
+        asyncio.run(gateway_round_trips(on, 100, "warm-on"))
+        without, with_log = [], []
+        for r in range(rounds):
+            without += asyncio.run(gateway_round_trips(off, per_round, f"off{r}"))
+            with_log += asyncio.run(gateway_round_trips(on, per_round, f"on{r}"))
+            print(f"  round {r + 1}/{rounds}: p50 without log {np.median(without) / 1e6:.3f} ms, "
+                  f"with log {np.median(with_log) / 1e6:.3f} ms", flush=True)
+    logged_transitions = sum(1 for _ in read_transitions(run_dir / "experience"))
+    return {"without_log": percentiles(without), "with_log": percentiles(with_log),
+            "ratio_p50": float(np.median(with_log) / np.median(without)),
+            "ratio_p99": float(np.percentile(with_log, 99) / np.percentile(without, 99)),
+            "transitions_logged": logged_transitions}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seconds", type=float, default=5.0, help="per transition kind")
+    p.add_argument("--fsync-interval-ms", type=float, default=5.0)
+    p.add_argument("--no-loop", action="store_true", help="skip the gateway with/without log comparison")
+    p.add_argument("--loop-rounds", type=int, default=5)
+    p.add_argument("--per-round", type=int, default=300)
+    p.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "experience.json")
+    a = p.parse_args(argv)
+    run_dir = Path(tempfile.mkdtemp(prefix="tether-bench-exp-"))
+    rates = [asyncio.run(durable_rate(kind, a.seconds, fsync_interval_s=a.fsync_interval_ms / 1e3,
+                                      directory=run_dir / f"log-{kind}")) for kind in KINDS]
+    result = {"machine": {"python": sys.version.split()[0], "platform": platform.platform()},
+              "fsync_interval_ms": a.fsync_interval_ms, "durable": rates}
+    if not a.no_loop:
+        result["control_loop"] = loop_overhead(a.loop_rounds, a.per_round, fsync_interval_ms=a.fsync_interval_ms,
+                                               run_dir=run_dir)
+    print_table(result)
+    write_json(a.json, result)
+    print(f"wrote {a.json}")
+    return result
+
+
+def print_table(r: dict) -> None:
+    print(f"\n{'kind':<10}{'bytes':>9}{'durable/s':>12}{'MB/s':>9}{'fsyncs':>8}{'group':>8}{'ack p50':>9}{'p99 ms':>9}")
+    for x in r["durable"]:
+        print(f"{x['kind']:<10}{x['transition_bytes']:>9}{x['transitions_per_s']:>12,.0f}{x['mb_per_s']:>9.1f}"
+              f"{x['fsyncs']:>8}{x['mean_group']:>8.1f}{x['ack_ms']['p50']:>9.2f}{x['ack_ms']['p99']:>9.2f}")
+    if "control_loop" in r:
+        c = r["control_loop"]
+        print(f"\n{'gateway round trip':<22}{'p50 ms':>10}{'p99 ms':>10}")
+        for name in ("without_log", "with_log"):
+            print(f"{name:<22}{c[name]['p50']:>10.3f}{c[name]['p99']:>10.3f}")
+        print(f"{'ratio with/without':<22}{c['ratio_p50']:>10.2f}{c['ratio_p99']:>10.2f}")
+
+
+if __name__ == "__main__":
+    main()
