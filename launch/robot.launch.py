@@ -2,6 +2,7 @@
 
     ros2 launch tether robot.launch.py gateway:=10.0.0.5:50051
     ros2 launch tether robot.launch.py gateway:=10.0.0.5:50051 topic_map:=/etc/tether/arm.yaml rate:=200
+    ros2 launch tether robot.launch.py gateway:=10.0.0.5:50051 operators:=ada,bob chunk:=20
 
 Declares only: every argument maps onto a flag of `tether edge` (which runs the same node outside
 ROS 2). With rclpy importable the node speaks through rclpy (`transport:=auto`).
@@ -29,6 +30,11 @@ def generate_launch_description():
         DeclareLaunchArgument("deadline_ms", default_value="50.0",
                               description="watchdog: no fresh action this long -> safe action"),
         DeclareLaunchArgument("safe_action", default_value="hold", description="hold | zero | values"),
+        DeclareLaunchArgument("operators", default_value="",
+                              description="comma-separated names allowed to release the e-stop"),
+        DeclareLaunchArgument("chunk", default_value="0",
+                              description="action chunk horizon H (0: one action per observation)"),
+        DeclareLaunchArgument("chunk_merge", default_value="newest", description="newest | ensemble"),
         SetEnvironmentVariable("ROS_DOMAIN_ID", LaunchConfiguration("domain_id")),
         ExecuteProcess(
             name=LaunchConfiguration("node_name"),
@@ -41,7 +47,10 @@ def generate_launch_description():
                  "--policy", LaunchConfiguration("policy"),
                  "--node-name", LaunchConfiguration("node_name"),
                  "--deadline-ms", LaunchConfiguration("deadline_ms"),
-                 "--safe-action", LaunchConfiguration("safe_action")],
+                 "--safe-action", LaunchConfiguration("safe_action"),
+                 "--operators", LaunchConfiguration("operators"),
+                 "--chunk", LaunchConfiguration("chunk"),
+                 "--chunk-merge", LaunchConfiguration("chunk_merge")],
             output="screen",
             sigterm_timeout="5"),
     ])

@@ -28,6 +28,7 @@ Guard settings are parsed here; a bad one names itself:
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -91,7 +92,31 @@ def _node_parser() -> argparse.ArgumentParser:
                    help="overlapping chunks: the newest wins, or ACT's temporal ensembling")
     p.add_argument("--ensemble-decay", type=float, default=0.01, help="ensembling weight exp(-decay * i)")
     p.add_argument("--status-s", type=float, default=5.0, help="seconds between status lines")
+    p.add_argument("--report", type=Path, help="on stop, write the node's counts and every command with what "
+                   "produced it (policy version, chunk, index) to this JSON file")
     return p
+
+
+def write_report(node: EdgeNode, path: Path) -> None:
+    """The node's counts and command log as JSON, written to a temporary name and renamed."""
+    s, g = node.stats, node.guard.counts
+    errors = getattr(node.transport, "delivery_errors", None)
+    report = {
+        "stats": {"observations": s.observations, "actions": s.actions, "commands": s.commands,
+                  "safe_commands": s.safe_commands, "ticks": s.ticks, "starved": s.starved, "overruns": s.overruns,
+                  "connects": s.connects, "errors": dict(s.errors), "skipped": dict(s.skipped),
+                  "rtt_ms": s.rtt_ms(), "policy_version": s.policy_version,
+                  "undelivered": {} if errors is None else errors.counts},
+        "guard": {"clamped": g.clamped, "rate_limited": g.rate_limited, "watchdog": g.watchdog, "estop": g.estop,
+                  "estopped": g.estopped, "velocity_limit": list(node.guard.config.velocity_limit or ())},
+        "commands": [{"t": r.t, "tick": r.tick, "limited": r.limited,
+                      **({"chunk": r.source.chunk, "index": r.source.index, "policy_version": r.source.policy_version,
+                          "ensembled": r.source.ensembled} if r.source else {"safe": True})}
+                     for r in list(node.command_log)],
+    }
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(report))
+    os.replace(tmp, path)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -135,7 +160,11 @@ def main(argv: list[str] | None = None) -> None:
             if time.monotonic() >= next_status:
                 print(node.status_line(), flush=True)
                 next_status += a.status_s
-        node.stop()
+        try:
+            node.stop()
+        finally:
+            if a.report is not None:
+                write_report(node, a.report)
         print(f"{node.status_line()}  stopped", flush=True)
     except (EdgeError, TransportError) as exc:
         raise SystemExit(f"tether edge: {exc}") from None

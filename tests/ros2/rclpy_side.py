@@ -1,0 +1,88 @@
+"""Tether's rclpy transport, exercised from the ROS environment (.venv/ros) by test_rclpy_transport.py.
+
+    .venv/ros/bin/python tests/ros2/rclpy_side.py selftest
+    .venv/ros/bin/python tests/ros2/rclpy_side.py relay --joints a,b,c
+
+`selftest`: `open_transport("auto")` is an RclpyTransport; 20 JointStates published and taken in
+order on one transport; wrong types are refused, naming the topic; prints one JSON line and exits 0.
+
+`relay`: a `RclpyTransport` that answers every JointState on /joint_states with a
+Float64MultiArray on /policy_controller/commands holding its positions (in --joints order),
+and prints each state it got as {"stamp": s, "position": [...]}. It prints {"event": "ready"} once
+its command publisher is matched, and stops when stdin closes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+
+import numpy as np
+
+from bridge.ros2 import messages
+from bridge.ros2.rclpy_transport import RclpyTransport
+from bridge.ros2.transport import TransportError, open_transport, wait_for_subscribers
+
+
+def selftest(domain: int) -> dict:
+    transport = open_transport("auto", domain_id=domain, node_name="tether_selftest")
+    auto = type(transport).__name__
+    got: list = []
+    with transport:
+        transport.subscribe("/joint_states", messages.JOINT_STATE, got.append, reliable=True, depth=50)
+        pub = transport.publisher("/joint_states", messages.JOINT_STATE, depth=50)
+        assert wait_for_subscribers(pub, timeout=10), "own subscription never matched"
+        for i in range(20):
+            pub(messages.joint_state(names=["a", "b"], position=[i, -i], stamp=i))
+        deadline = time.monotonic() + 10
+        while len(got) < 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        flag = transport.publisher("/flag", messages.BOOL)
+        refused = []
+        for call in (lambda: flag(messages.twist(np.zeros(6))),
+                     lambda: transport.subscribe("/flag", messages.TWIST, print)):
+            try:
+                call()
+            except TransportError as exc:
+                refused.append(str(exc))
+    return {"auto": auto, "stamps": [messages.stamp_of(m) for m in got],
+            "reordered": messages.joint_state_arrays(got[3], ["b", "a"])["position"].tolist() if len(got) > 3 else None,
+            "refused": refused}
+
+
+def relay(domain: int, joints: list[str]) -> None:
+    stop = threading.Event()
+    with RclpyTransport(domain_id=domain, node_name="tether_relay") as transport:
+        command = transport.publisher("/policy_controller/commands", messages.FLOAT64_ARRAY, depth=100)
+
+        def on_state(msg: object) -> None:
+            position = messages.joint_state_arrays(msg, joints)["position"]
+            command(messages.float64_array(position))
+            sys.stdout.write(json.dumps({"stamp": messages.stamp_of(msg), "position": position.tolist()}) + "\n")
+            sys.stdout.flush()
+
+        transport.subscribe("/joint_states", messages.JOINT_STATE, on_state, reliable=False, depth=100)
+        threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+        matched = wait_for_subscribers(command, timeout=20)
+        print(json.dumps({"event": "ready" if matched else "no subscriber"}), flush=True)
+        stop.wait(60)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode", choices=("selftest", "relay"))
+    parser.add_argument("--domain", type=int, required=True)
+    parser.add_argument("--joints", default="")
+    args = parser.parse_args()
+    if args.mode == "selftest":
+        print(json.dumps(selftest(args.domain)), flush=True)
+    else:
+        relay(args.domain, args.joints.split(","))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
