@@ -64,6 +64,7 @@ class SimStats:
     returns: deque[float] = field(default_factory=lambda: deque(maxlen=1000))  # client-side returns
     sessions: int = 0              # sessions welcomed by the gateway
     reconnects: int = 0            # sessions that reconnected after the gateway went away
+    replayed: int = 0              # steps resent as Replay after a reconnect
     elapsed_s: float = 0.0
 
     def rtt_ms(self) -> dict[str, float | None]:
@@ -84,7 +85,7 @@ class SimStats:
                 "rtt_ms": self.rtt_ms(), "errors": dict(self.errors),
                 "policy_versions": {str(v): n for v, n in sorted(self.policy_versions.items())},
                 "recent_return": None if self.recent_return() is None else round(self.recent_return(), 3),
-                "reconnects": self.reconnects,
+                "reconnects": self.reconnects, "replayed": self.replayed,
                 "elapsed_s": round(self.elapsed_s, 3)}
 
     def recent_return(self, episodes: int = 20) -> float | None:
@@ -223,6 +224,7 @@ class _Session:
             if i + 1 < len(entries):
                 replay.next.CopyFrom(entries[i + 1][0])
             await self._write(bridge_pb2.ClientMessage(replay=replay))
+            self.stats.replayed += 1
             msg = await self._reply(self.reply_timeout, f"Replayed for step {obs.step}")
             if msg.WhichOneof("kind") == "error":
                 raise SessionError(f"session {self.id}: replay of step {obs.step} refused: {msg.error.message}")

@@ -108,7 +108,8 @@ class Gateway:
         bridge_pb2_grpc.add_BridgeServicer_to_server(BridgeService(self), self._server)
         policies_pb2_grpc.add_PoliciesServicer_to_server(PoliciesService(self), self._server)
         if self.config.experience_dir is not None:
-            from bridge.experience import ExperienceLog, ExperienceService
+            from bridge.experience.log import ExperienceLog
+            from bridge.experience.service import ExperienceService
             from protos import experience_pb2_grpc
 
             self.experience = ExperienceLog(self.config.experience_dir,
