@@ -71,6 +71,7 @@ class ExperienceLog:
         self._cond = threading.Condition()
         self._queue: deque[tuple[experience_pb2.Transition, int, asyncio.Future | None]] = deque()
         self._closing = False
+        self._writer_idle = False  # set by the writer before it checks the queue and sleeps
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._failed: BaseException | None = None
@@ -129,9 +130,10 @@ class ExperienceLog:
         self._next_offset += 1
         self._counts["appended"] += 1
         fut = self._loop.create_future()
-        with self._cond:
-            self._queue.append((transition, time.time_ns(), fut))
-            self._cond.notify()
+        self._queue.append((transition, time.time_ns(), fut))  # deque.append is atomic: no lock on the hot path
+        if self._writer_idle:
+            with self._cond:
+                self._cond.notify()
         return fut
 
     def last_step(self, session: str) -> int | None:
@@ -226,20 +228,19 @@ class ExperienceLog:
         try:
             while True:
                 with self._cond:
+                    self._writer_idle = True
                     while not self._queue and not self._closing:
                         if not self._cond.wait(timeout=self._age_timeout()):
                             break
+                    self._writer_idle = False
                     closing = self._closing and not self._queue
-                    items = list(self._queue)
-                    self._queue.clear()
+                items = self._drain()
                 if items:
                     batch = self._write(items)
                     wait = last_sync + self.fsync_interval_s - time.monotonic()
                     if wait > 0 and not self._closing:
                         time.sleep(wait)  # group commit: more appends may queue meanwhile
-                        with self._cond:
-                            more = list(self._queue)
-                            self._queue.clear()
+                        more = self._drain()
                         if more:
                             batch += self._write(more)
                     if self.fsync and self._segment is not None:
@@ -257,13 +258,18 @@ class ExperienceLog:
                 self._finish_segment()
         except BaseException as e:  # noqa: BLE001 - reported to every waiting append and on close
             self._failed = e
-            with self._cond:
-                rest = [(t.offset, f) for t, _, f in self._queue]
-                self._queue.clear()
+            rest = [(t.offset, f) for t, _, f in self._drain()]
             if self._segment is not None:
                 self._segment.abandon()
                 self._segment = None
             self._loop.call_soon_threadsafe(self._fail, e, batch + rest)
+
+    def _drain(self) -> list:
+        items = []
+        with contextlib.suppress(IndexError):
+            while True:
+                items.append(self._queue.popleft())
+        return items
 
     def _age_timeout(self) -> float | None:
         if self._segment is None or not self._segment.count:
