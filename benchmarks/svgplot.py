@@ -22,7 +22,9 @@ def cdf(samples: Sequence[float], *, clip_quantile: float = 0.995) -> tuple[np.n
 
 
 def line_plot(series: Mapping[str, tuple[Sequence[float], Sequence[float]]], *, title: str = "",
-              x_label: str = "", y_label: str = "", width: int = 640, height: int = 400) -> str:
+              x_label: str = "", y_label: str = "", width: int = 640, height: int = 400,
+              markers: Sequence[tuple[float, str]] = ()) -> str:
+    """`markers`: (x, label) pairs drawn as dashed vertical lines (e.g. where a new version went live)."""
     left, right, top, bottom = 60, 20, 40, 50
     xs_all = np.concatenate([np.asarray(x, float) for x, _ in series.values()])
     ys_all = np.concatenate([np.asarray(y, float) for _, y in series.values()])
@@ -47,6 +49,10 @@ def line_plot(series: Mapping[str, tuple[Sequence[float], Sequence[float]]], *, 
     out.append(f'<text x="{width / 2}" y="{height - 12}" text-anchor="middle">{x_label}</text>')
     out.append(f'<text x="16" y="{height / 2}" text-anchor="middle" transform="rotate(-90 16 {height / 2})">'
                f'{y_label}</text>')
+    for i, (x, label) in enumerate(markers):
+        out.append(f'<line x1="{px(x):.1f}" y1="{py(y0)}" x2="{px(x):.1f}" y2="{top}" stroke="#999" '
+                   f'stroke-dasharray="3,3"/>')
+        out.append(f'<text x="{px(x) + 2:.1f}" y="{top + 10 + 11 * (i % 4)}" fill="#777" font-size="10">{label}</text>')
     for i, (name, (x, y)) in enumerate(series.items()):
         color = COLORS[i % len(COLORS)]
         points = " ".join(f"{px(a):.1f},{py(b):.1f}" for a, b in zip(x, y, strict=True))
