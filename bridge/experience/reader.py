@@ -53,6 +53,7 @@ class LogCursor:
         last is skipped (a damaged file in a static directory); with follow=True reading waits at it."""
         out: list[experience_pb2.Transition] = []
         scanned = 0
+        rechecked, stalled_at = False, -1
         while len(out) < max_count and scanned < max_bytes:
             if end_offset is not None and self.next_offset >= end_offset:
                 break
@@ -86,10 +87,15 @@ class LogCursor:
                     return out
                 f.seek(end)
             if moved_on:
+                rechecked = False
                 continue
             # the end of the complete records: a segment being written, or a torn one
             if not follow and self._later_segment_exists():
+                if not rechecked or self._pos != stalled_at:
+                    rechecked, stalled_at = True, self._pos  # it may have been finished meanwhile: look again
+                    continue
                 self._next_segment()
+                rechecked = False
                 continue
             break
         return out

@@ -229,3 +229,33 @@ def test_reader_tolerates_the_open_segment(tmp_path):
             assert [t.step for t in read_transitions(tmp_path, from_offset=7)] == [7, 8, 9]
 
     run(main())
+
+
+def test_reading_while_the_log_writes_and_rotates_sees_a_gapless_prefix(tmp_path):
+    problems: list[str] = []
+    reads: list[int] = []
+
+    def reader(stop):
+        while not stop.is_set() and len(reads) < 10_000:
+            offsets = [t.offset for t in read_transitions(tmp_path)]
+            if offsets != list(range(len(offsets))):
+                problems.append(f"gap: {len(offsets)} read, first missing "
+                                f"{next(i for i, o in enumerate(offsets) if o != i)}")
+            reads.append(len(offsets))
+
+    async def main():
+        import threading
+
+        stop = threading.Event()
+        async with ExperienceLog(tmp_path, segment_bytes=8 << 10, fsync=False) as log:
+            thread = threading.Thread(target=reader, args=(stop,))
+            thread.start()
+            for i in range(0, 3000, 50):
+                await asyncio.gather(*(log.append(transition("a", k)) for k in range(i, i + 50)))
+        stop.set()
+        await asyncio.to_thread(thread.join)
+
+    run(main())
+    assert not problems, problems[:3]
+    assert len(reads) > 1 and reads == sorted(reads)
+    assert len(list(read_transitions(tmp_path))) == 3000
