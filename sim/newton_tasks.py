@@ -1,0 +1,326 @@
+"""NVIDIA Newton tasks behind the `sim.vector` contract: N replicated worlds in one Newton model,
+stepped as one batch through Warp (on the CPU here; on CUDA when a GPU is present).
+
+    >>> import numpy as np
+    >>> env = make_newton_task("cartpole", num_envs=8, seed=0)
+    >>> ts = env.reset()
+    >>> ts.observation["observation"].shape, env.action_spec()[0].shape
+    ((8, 6), (1,))
+    >>> ts = env.step({"action": np.zeros((8, 1), np.float32)})
+    >>> ts.reward.shape, ts.last().any()
+    ((8,), False)
+    >>> env.close()
+
+Tasks, built from the assets the `newton` wheel ships (`newton/examples/assets/`, nothing is
+downloaded):
+
+- "cartpole" (`NewtonCartpole`): `cartpole.urdf`, a cart on a rail carrying two poles in series,
+  balanced upright by a force on the cart; reduced-coordinate Featherstone solver, no contacts.
+- "ant" (`NewtonAnt`): `nv_ant.xml`, the four-legged MuJoCo ant on a ground plane, rewarded for
+  running along +x; XPBD solver with contacts (what Newton's own legged examples use on CPU).
+
+Per step the whole batch moves once each way: the actions (N, A) are scattered into one
+`joint_f` array and copied to the device, the solver steps all worlds, and `joint_q`/`joint_qd`
+come back in one copy each; observations, rewards, terminations and the same-step auto-reset
+of ended worlds are numpy over the batch (no per-env Python). One random generator seeded with
+`seed` draws the reset states of the whole batch, so a seeded env replays the same episodes.
+A world whose state becomes non-finite (a solver blow-up) is terminated and reset; its final
+observation has the non-finite values zeroed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from protos.codec import Spec
+from sim.vector import BaseVectorEnvironment
+
+__all__ = ["NewtonAnt", "NewtonCartpole", "NewtonTask", "make_newton_task", "newton_device"]
+
+
+def newton_device(device: str | None = None) -> str:
+    """The Warp device to run on: `device` if given, else "cuda:0" when a GPU is usable, else "cpu"."""
+    import warp as wp
+
+    wp.config.quiet = True  # no banner, and no per-kernel-module load lines, on stdout
+    wp.config.log_level = max(wp.config.log_level, wp.LOG_WARNING)
+    if device is not None:
+        return device
+    return "cuda:0" if wp.is_cuda_available() else "cpu"
+
+
+class NewtonTask(BaseVectorEnvironment):
+    """N copies of one robot in one Newton model; subclasses describe the robot and the task.
+
+    Subclasses set `solver` ("featherstone": reduced coordinates; "xpbd": maximal coordinates,
+    joint coordinates recovered with `eval_ik` each step), `ground` (a ground plane and contacts),
+    the action scaling (`actuated` dof indices, `gear`), and implement `_build`, `_initial`,
+    `_observe` and `_reward`.
+    """
+
+    task = ""
+    solver = "featherstone"
+    ground = False
+    frame_dt = 1.0 / 60.0
+    substeps = 4
+    default_max_episode_steps = 500
+    actuated: tuple[int, ...] = ()
+    gear = 1.0
+
+    def __init__(self, *, num_envs: int, seed: int | None = None, max_episode_steps: int | None = None,
+                 device: str | None = None, observation_spec: tuple[Spec, ...], action_spec: tuple[Spec, ...]):
+        import newton
+        import warp as wp
+
+        super().__init__(num_envs=num_envs, observation_spec=observation_spec, action_spec=action_spec)
+        max_episode_steps = self.default_max_episode_steps if max_episode_steps is None else max_episode_steps
+        if not isinstance(max_episode_steps, int) or max_episode_steps < 1:
+            raise ValueError(f"max_episode_steps must be an int >= 1, got {max_episode_steps!r}")
+        self.max_episode_steps = max_episode_steps
+        self.device = newton_device(device)
+        self.source = f"newton:{self.task}"
+        self._wp, self._newton = wp, newton
+        robot = newton.ModelBuilder()
+        self._build(robot)
+        scene = newton.ModelBuilder()
+        if self.ground:
+            scene.add_ground_plane()
+        scene.replicate(robot, num_envs)  # every world at the origin; worlds do not collide with each other
+        self._model = model = scene.finalize(device=self.device)
+        if model.articulation_count != num_envs:
+            raise ValueError(f"{self.task}: expected one articulation per world, got {model.articulation_count}")
+        self._coords = model.joint_coord_count // num_envs
+        self._dofs = model.joint_dof_count // num_envs
+        if self.solver == "featherstone":
+            self._solver = newton.solvers.SolverFeatherstone(model)
+        elif self.solver == "xpbd":
+            self._solver = newton.solvers.SolverXPBD(model, iterations=2)
+        else:
+            raise ValueError(f"{self.task}: unknown solver {self.solver!r}")
+        self._pipeline = newton.CollisionPipeline(model, deterministic=True) if self.ground else None
+        self._contacts = self._pipeline.contacts() if self._pipeline is not None else None
+        self._state, self._next, self._control = model.state(), model.state(), model.control()
+        self._forces = np.zeros((num_envs, self._dofs), np.float32)
+        self._mask = wp.zeros(num_envs, dtype=bool, device=self.device)
+        self._rng = np.random.default_rng(seed)
+        self._t = np.zeros(num_envs, np.int64)
+        self._q = np.zeros((num_envs, self._coords), np.float32)
+        self._qd = np.zeros((num_envs, self._dofs), np.float32)
+        self._closed = False
+
+    # -- the task: numpy over the batch ------------------------------------------------------
+
+    def _build(self, builder: Any) -> None:
+        raise NotImplementedError
+
+    def _initial(self, rng: np.random.Generator, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """Reset states for `count` worlds: joint_q (count, coords) and joint_qd (count, dofs)."""
+        raise NotImplementedError
+
+    def _observe(self, q: np.ndarray, qd: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def _reward(self, q_before: np.ndarray, q: np.ndarray, qd: np.ndarray,
+                action: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(reward, terminated) for the step from `q_before` to (`q`, `qd`) under `action`."""
+        raise NotImplementedError
+
+    # -- the simulator ----------------------------------------------------------------------
+
+    def _write(self, rows: np.ndarray | None) -> None:
+        """Copy the host joint state to the device and update body poses (only `rows` if given)."""
+        wp, state = self._wp, self._state
+        state.joint_q.assign(self._q.ravel())
+        state.joint_qd.assign(self._qd.ravel())
+        mask = None
+        if rows is not None:
+            host = np.zeros(self.num_envs, bool)
+            host[rows] = True
+            self._mask.assign(host)
+            mask = self._mask
+        self._newton.eval_fk(self._model, state.joint_q, state.joint_qd, state, mask=mask)
+        if rows is None:
+            wp.synchronize_device(self.device)
+
+    def _read(self) -> None:
+        state = self._state
+        if self.solver != "featherstone":
+            self._newton.eval_ik(self._model, state, state.joint_q, state.joint_qd)
+        self._q = state.joint_q.numpy().reshape(self.num_envs, self._coords).copy()
+        self._qd = state.joint_qd.numpy().reshape(self.num_envs, self._dofs).copy()
+
+    def _simulate(self) -> None:
+        dt = self.frame_dt / self.substeps
+        if self._pipeline is not None:
+            self._pipeline.collide(self._state, self._contacts)
+        for _ in range(self.substeps):
+            self._state.clear_forces()
+            self._solver.step(self._state, self._next, self._control, self._contacts, dt)
+            self._state, self._next = self._next, self._state
+
+    def _reset(self, *, seed: int | None) -> dict[str, np.ndarray]:
+        if seed is not None:
+            self._rng = np.random.default_rng(seed)
+        self._q, self._qd = self._initial(self._rng, self.num_envs)
+        self._t[:] = 0
+        self._write(None)
+        return {"observation": self._observe(self._q, self._qd)}
+
+    def _step(self, actions: dict[str, np.ndarray]):
+        action = actions["action"]
+        self._forces[:, list(self.actuated)] = action * self.gear
+        self._control.joint_f.assign(self._forces.ravel())
+        q_before = self._q
+        self._simulate()
+        self._read()
+        broken = ~(np.isfinite(self._q).all(axis=1) & np.isfinite(self._qd).all(axis=1))
+        if broken.any():
+            self._q[broken] = np.nan_to_num(self._q[broken], posinf=0.0, neginf=0.0)
+            self._qd[broken] = np.nan_to_num(self._qd[broken], posinf=0.0, neginf=0.0)
+        reward, terminated = self._reward(q_before, self._q, self._qd, action)
+        terminated = terminated | broken
+        reward = np.where(broken, 0.0, reward)
+        self._t += 1
+        truncated = (self._t >= self.max_episode_steps) & ~terminated
+        observation = self._observe(self._q, self._qd)
+        done = terminated | truncated
+        final = observation
+        if done.any():
+            rows = np.flatnonzero(done)
+            self._q[rows], self._qd[rows] = self._initial(self._rng, len(rows))
+            self._t[rows] = 0
+            self._write(rows)
+            observation = observation.copy()
+            observation[rows] = self._observe(self._q[rows], self._qd[rows])
+        return ({"observation": observation}, reward, terminated, truncated, {"observation": final})
+
+    def close(self) -> None:
+        super().close()
+        if not self._closed:
+            self._closed = True
+            self._solver = self._state = self._next = self._control = self._model = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(num_envs={self.num_envs}, device={self.device!r})"
+
+
+def _asset(name: str) -> str:
+    import newton.examples
+
+    return newton.examples.get_asset(name)
+
+
+class NewtonCartpole(NewtonTask):
+    """`cartpole.urdf`: keep two poles (in series on a cart) upright by pushing the cart.
+
+    Observation (6,): cart position, pole 1 angle, pole 2 angle (relative to pole 1), and their
+    velocities. Action (1,) in [-1, 1]: the cart force, times `gear` (20 N). Reward: 1 per step
+    alive minus the squared absolute pole angles and small velocity costs; -2 on termination.
+    Terminated when the cart leaves [-3, 3] m or either pole leans over `max_angle` (45 deg);
+    truncated after `max_episode_steps` (500, 8.3 s at 60 Hz).
+    """
+
+    task = "cartpole"
+    solver = "featherstone"
+    actuated = (0,)
+    gear = 20.0
+    max_cart = 3.0
+    max_angle = math.pi / 4
+
+    def __init__(self, *, num_envs: int, seed: int | None = None, max_episode_steps: int | None = None,
+                 device: str | None = None):
+        super().__init__(num_envs=num_envs, seed=seed, max_episode_steps=max_episode_steps, device=device,
+                         observation_spec=(Spec("observation", np.float32, (6,)),),
+                         action_spec=(Spec("action", np.float32, (1,), low=(-1.0,), high=(1.0,)),))
+
+    def _build(self, builder: Any) -> None:
+        import newton
+
+        builder.default_joint_cfg.armature = 0.1
+        builder.add_urdf(_asset("cartpole.urdf"), floating=False, enable_self_collisions=False,
+                         collapse_fixed_joints=True)
+        for shape in range(builder.shape_count):
+            builder.shape_flags[shape] &= ~newton.ShapeFlags.COLLIDE_SHAPES
+
+    def _initial(self, rng: np.random.Generator, count: int) -> tuple[np.ndarray, np.ndarray]:
+        q = rng.uniform(-0.1, 0.1, (count, 3)).astype(np.float32)
+        qd = rng.uniform(-0.05, 0.05, (count, 3)).astype(np.float32)
+        return q, qd
+
+    def _observe(self, q: np.ndarray, qd: np.ndarray) -> np.ndarray:
+        return np.concatenate([q, qd], axis=1).astype(np.float32)
+
+    def _reward(self, q_before, q, qd, action):
+        pole1, pole2 = q[:, 1], q[:, 1] + q[:, 2]
+        terminated = (np.abs(q[:, 0]) > self.max_cart) | (np.abs(pole1) > self.max_angle) | \
+            (np.abs(pole2) > self.max_angle)
+        reward = 1.0 - pole1 ** 2 - pole2 ** 2 - 0.01 * np.abs(qd[:, 0]) - 0.005 * np.abs(qd[:, 1:]).sum(axis=1)
+        return np.where(terminated, -2.0, reward), terminated
+
+
+class NewtonAnt(NewtonTask):
+    """`nv_ant.xml`: the four-legged ant on a ground plane, running along +x.
+
+    Observation (27,): torso height, torso orientation (quaternion x, y, z, w), the 8 hinge
+    angles, the torso's linear and angular velocity, the 8 hinge velocities (Gymnasium Ant's
+    layout without the x, y position and contact forces). Action (8,) in [-1, 1]: hinge torques
+    times `gear` (7.5 N m, as Isaac Lab's ant), ordered hip_1, ankle_1, hip_2, ankle_2, ..., hip_4, ankle_4.
+    Reward: forward velocity + 1 while healthy - 0.5 |action|^2. Terminated when the torso drops
+    below `min_height` (0.31 m, Isaac Lab's ant) or rises above 1.5 m; truncated after
+    `max_episode_steps` (1000).
+    """
+
+    task = "ant"
+    solver = "xpbd"
+    ground = True
+    default_max_episode_steps = 1000
+    actuated = tuple(range(6, 14))
+    gear = 7.5  # Isaac Lab's ant: the XML's gear 15 times its action scale 0.5
+    min_height = 0.31
+    max_height = 1.5
+    _pose = np.array([0.0, 0.0, 0.75, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0, -1.0, 0.0, -1.0, 0.0, 1.0], np.float32)
+
+    def __init__(self, *, num_envs: int, seed: int | None = None, max_episode_steps: int | None = None,
+                 device: str | None = None):
+        super().__init__(num_envs=num_envs, seed=seed, max_episode_steps=max_episode_steps, device=device,
+                         observation_spec=(Spec("observation", np.float32, (27,)),),
+                         action_spec=(Spec("action", np.float32, (8,), low=(-1.0,), high=(1.0,)),))
+
+    def _build(self, builder: Any) -> None:
+        import warp as wp
+
+        builder.default_shape_cfg.mu = 1.0
+        builder.add_mjcf(_asset("nv_ant.xml"), ignore_names=["floor", "ground"], enable_self_collisions=False)
+        for body in range(builder.body_count):  # extra rotational inertia keeps XPBD stable at 240 Hz
+            inertia = np.asarray(builder.body_inertia[body], np.float32).reshape(3, 3) + 0.01 * np.eye(3)
+            builder.body_inertia[body] = wp.mat33(inertia.astype(np.float32))
+
+    def _initial(self, rng: np.random.Generator, count: int) -> tuple[np.ndarray, np.ndarray]:
+        q = np.tile(self._pose, (count, 1))
+        q[:, 7:] += rng.uniform(-0.1, 0.1, (count, 8)).astype(np.float32)
+        qd = rng.uniform(-0.1, 0.1, (count, 14)).astype(np.float32)
+        return q, qd
+
+    def _observe(self, q: np.ndarray, qd: np.ndarray) -> np.ndarray:
+        return np.concatenate([q[:, 2:], qd], axis=1).astype(np.float32)
+
+    def _reward(self, q_before, q, qd, action):
+        forward = (q[:, 0] - q_before[:, 0]) / self.frame_dt
+        height = q[:, 2]
+        terminated = (height < self.min_height) | (height > self.max_height)
+        reward = forward + 1.0 - 0.5 * np.square(action).sum(axis=1)
+        return reward, terminated
+
+
+TASKS: dict[str, Callable[..., NewtonTask]] = {"cartpole": NewtonCartpole, "ant": NewtonAnt}
+
+
+def make_newton_task(task: str, *, num_envs: int, **kw: Any) -> NewtonTask:
+    """A Newton task by name ("cartpole", "ant"); keyword arguments go to its constructor."""
+    if task not in TASKS:
+        raise ValueError(f"unknown Newton task {task!r}: the tasks are {sorted(TASKS)}")
+    return TASKS[task](num_envs=num_envs, **kw)
