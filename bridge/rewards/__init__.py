@@ -65,12 +65,12 @@ The gateway checks a config against each session's specs at Hello, then computes
     ('env_reward', 'goal_distance', 'action_magnitude', 'success')
     >>> obs = {"obs": np.array([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]], np.float32)}
     >>> nxt = {"obs": np.array([[0.5, 0.3, 9.0], [0.5, 0.01, 9.0]], np.float32)}
-    >>> act = {"act": np.array([[2.0], [0.0]], np.float32)}
+    >>> act = {"act": np.array([[2.0], [0.2]], np.float32)}
     >>> r = fn.compute(obs, act, nxt, env_reward=np.array([1.0, 1.0]))
     >>> np.round(r.reward, 4).tolist(), r.terminate.tolist()
-    ([-1.3, 10.99], [False, True])
+    ([-1.3, 10.97], [False, True])
     >>> {k: np.round(v, 4).tolist() for k, v in r.terms.items()}
-    {'env_reward': [1.0, 1.0], 'goal_distance': [-0.3, -0.01], 'action_magnitude': [-2.0, -0.0], 'success': [0.0, 10.0]}
+    {'env_reward': [1.0, 1.0], 'goal_distance': [-0.3, -0.01], 'action_magnitude': [-2.0, -0.02], 'success': [0.0, 10.0]}
     >>> fn.version == RewardFunction.from_dict(fn.to_dict()).version != RewardFunction.passthrough().version
     True
 

@@ -111,6 +111,20 @@ class Term:
 
     def __init__(self, spec: TermSpec):
         self.spec, self.name, self.weight = spec, spec.name, spec.weight
+        self._weights: dict[int, np.ndarray] = {}
+
+    def weighted_sum(self, x: np.ndarray) -> np.ndarray:
+        """weight * x.sum(axis=0) for an (n, B) array, as one matrix-vector product."""
+        w = self._weights.get(x.shape[0])
+        if w is None:
+            w = self._weights[x.shape[0]] = np.full(x.shape[0], self.weight)
+        return w @ x
+
+    def weighted_sq_norm(self, d: np.ndarray) -> np.ndarray:
+        """weight * ||d||^2 per column of an (n, B) array, without an (n, B) temporary."""
+        out = _sq_norm(d)
+        out *= self.weight
+        return out
 
     def value(self, step: Step) -> np.ndarray:
         raise NotImplementedError
@@ -138,7 +152,10 @@ class GoalDistance(Term):
 
     def value(self, step: Step) -> np.ndarray:
         d = self.select(step, "next_observation") - self.goal
-        return np.sqrt(_sq_norm(d)) * self.weight
+        out = _sq_norm(d)
+        np.sqrt(out, out=out)
+        out *= self.weight
+        return out
 
 
 class ActionMagnitude(Term):
@@ -147,8 +164,7 @@ class ActionMagnitude(Term):
         self.select = _Select(spec)
 
     def value(self, step: Step) -> np.ndarray:
-        a = self.select(step, "action")
-        return _sq_norm(a) * self.weight
+        return self.weighted_sq_norm(self.select(step, "action"))
 
 
 class ActionSmoothness(Term):
@@ -166,8 +182,7 @@ class ActionSmoothness(Term):
         if p.shape != a.shape:
             raise RewardInputError(self.spec.tensor, f"previous_action has {p.shape[0]} values per row, action has "
                                                      f"{a.shape[0]} (read by {self.select.label})")
-        d = a - p
-        out = _sq_norm(d) * self.weight
+        out = self.weighted_sq_norm(a - p)
         if step.first_step is not None:
             out[step.first_step] = 0.0
         return out
@@ -185,8 +200,10 @@ class JointLimitProximity(Term):
 
     def value(self, step: Step) -> np.ndarray:
         q = self.select(step, "next_observation")
-        past = np.maximum(self.lo - q, q - self.hi)
-        return np.maximum(past, 0.0).sum(axis=0) * self.weight
+        past = np.maximum(q, self.lo)         # q clipped into the free range, then |q - clipped|
+        np.minimum(past, self.hi, out=past)
+        np.subtract(q, past, out=past)
+        return self.weighted_sum(np.abs(past, out=past))
 
 
 class Condition(Term):
