@@ -30,6 +30,7 @@ RGB = {"observation": ((11,), np.float32), "image": ((224, 224, 3), np.uint8)}
 KINDS = {  # name -> (observation tensors, transitions kept in flight)
     "vector": (VECTOR, 4096),     # throughput: many sessions' worth of appends outstanding
     "rgb224": (RGB, 256),
+    "rgb1080": ({"image": ((1080, 1920, 3), np.uint8)}, 8),
     "vector-1": (VECTOR, 1),      # one append at a time: the ack latency is the group commit's
 }
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import zlib
+import hashlib
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import Protocol
@@ -29,6 +29,7 @@ from typing import Protocol
 import grpc
 
 from bridge.experience.reader import LogCursor
+from bridge.experience.segment import SegmentError
 from protos import experience_pb2, experience_pb2_grpc
 
 DEFAULT_WINDOW = 4096
@@ -58,9 +59,16 @@ class SubscribeError(ValueError):
 
 
 def shard_of(session: str, num_shards: int) -> int:
-    """The shard a session's transitions go to: crc32 of its UTF-8 name, modulo num_shards (stable
-    across processes and Python versions, unlike hash())."""
-    return zlib.crc32(session.encode()) % num_shards if num_shards > 1 else 0
+    """The shard a session's transitions go to: the first 8 bytes (little-endian) of the BLAKE2b-64
+    digest of its UTF-8 name, modulo num_shards. Stable across processes and Python versions (unlike
+    hash()), and well mixed (crc32 is linear: "robot-0".."robot-3" all land on shard 0 of 2).
+
+    >>> [shard_of(f"robot-{i}", 2) for i in range(6)], shard_of("robot-0", 1)
+    ([0, 0, 1, 0, 1, 1], 0)
+    """
+    if num_shards <= 1:
+        return 0
+    return int.from_bytes(hashlib.blake2b(session.encode(), digest_size=8).digest(), "little") % num_shards
 
 
 class Subscription:
@@ -202,6 +210,8 @@ class ExperienceService(experience_pb2_grpc.ExperienceServicer):
                 await context.write(await sub.next_batch())
         except SubscribeError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except SegmentError as e:  # a damaged file under a running log: say which, do not guess
+            await context.abort(grpc.StatusCode.DATA_LOSS, str(e))
         finally:
             self.subscriptions.discard(sub)
             acks.cancel()

@@ -75,6 +75,7 @@ def test_kill_9_mid_stream_keeps_every_acknowledged_transition_exactly_once(tmp_
         off, session, step = line.split()
         acked.append((int(off), session, int(step)))
     assert proc.returncode == -signal.SIGKILL
+    assert not is_finished(list_segments(log_dir)[-1][1]), "the open segment was left unfinished by the kill"
 
     async def restart():
         async with ExperienceLog(log_dir) as log:
