@@ -69,8 +69,12 @@ The gateway checks a config against each session's specs at Hello, then computes
     >>> r = fn.compute(obs, act, nxt, env_reward=np.array([1.0, 1.0]))
     >>> np.round(r.reward, 4).tolist(), r.terminate.tolist()
     ([-1.3, 10.97], [False, True])
-    >>> {k: np.round(v, 4).tolist() for k, v in r.terms.items()}
-    {'env_reward': [1.0, 1.0], 'goal_distance': [-0.3, -0.01], 'action_magnitude': [-2.0, -0.02], 'success': [0.0, 10.0]}
+    >>> for name, value in r.terms.items():
+    ...     print(name, np.round(value, 4).tolist())
+    env_reward [1.0, 1.0]
+    goal_distance [-0.3, -0.01]
+    action_magnitude [-2.0, -0.02]
+    success [0.0, 10.0]
     >>> fn.version == RewardFunction.from_dict(fn.to_dict()).version != RewardFunction.passthrough().version
     True
 
