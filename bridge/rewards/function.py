@@ -127,8 +127,9 @@ class RewardFunction:
         """The reward of `action` taken in `observation`, which led to `next_observation`, for a batch of B.
 
         Every mapping holds arrays with a leading batch dimension B; `env_reward` is (B,). Observation terms
-        read `next_observation`. `previous_action` None means the first step of an episode for every row
-        (smoothness gives 0); `first_step`, a (B,) bool mask, says the same for some rows only.
+        read `next_observation` (no term reads `observation` yet; it is there for terms that compare the two).
+        `previous_action` None means the first step of an episode for every row (smoothness gives 0);
+        `first_step`, a (B,) bool mask, says the same for some rows only.
         Raises `RewardInputError` (naming the tensor) for inputs that do not fit the config.
         """
         env = np.asarray(env_reward, dtype=np.float64)

@@ -15,6 +15,7 @@ Nothing here loops over the batch in Python.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -68,7 +69,8 @@ class Step:
         if x.ndim == 0 or x.shape[0] != self.batch:
             raise RewardInputError(tensor, f"{where} has shape {list(x.shape)}: expected a leading batch "
                                            f"dimension of {self.batch} (from env_reward)")
-        x = self._blocks[key] = x.reshape(self.batch, -1).T.astype(np.float64, order="C")
+        flat = x.reshape(self.batch, math.prod(x.shape[1:]))  # (not -1: a batch of 0 rows is fine)
+        x = self._blocks[key] = flat.T.astype(np.float64, order="C")
         return x
 
 

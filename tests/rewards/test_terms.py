@@ -225,3 +225,14 @@ def test_inputs_that_do_not_fit_raise_naming_the_tensor(kwargs, field, words):
     with pytest.raises(RewardInputError, match=re.escape(words)) as info:
         compute(fn, **kwargs)
     assert info.value.field == field
+
+
+def test_an_empty_batch_gives_empty_results():
+    fn = fn_of({"type": "env_reward"}, {"type": "alive_bonus"},
+               {"type": "goal_distance", "observation": "observation", "goal": [0.0, 0.0], "weight": -1.0},
+               {"type": "action_smoothness", "action": "action", "weight": -1.0},
+               {"type": "success", "observation": "observation", "indices": [0], "below": 1.0, "terminate": True})
+    empty = {"observation": np.zeros((0, 2), np.float32)}
+    act = {"action": np.zeros((0, 1), np.float32)}
+    r = compute(fn, next_obs=empty, action=act, prev=act, first_step=np.zeros(0, bool))
+    assert r.reward.shape == (0,) and r.terminate.shape == (0,) and all(v.shape == (0,) for v in r.terms.values())
