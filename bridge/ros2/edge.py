@@ -109,7 +109,7 @@ def write_report(node: EdgeNode, path: Path) -> None:
                   "undelivered": {} if errors is None else errors.counts},
         "guard": {"clamped": g.clamped, "rate_limited": g.rate_limited, "watchdog": g.watchdog, "estop": g.estop,
                   "estopped": g.estopped, "velocity_limit": list(node.guard.config.velocity_limit or ())},
-        "commands": [{"t": r.t, "tick": r.tick, "limited": r.limited,
+        "commands": [{"t": r.t, "tick": r.tick, "sent": r.sent.tolist(), "limited": r.limited,
                       **({"chunk": r.source.chunk, "index": r.source.index, "policy_version": r.source.policy_version,
                           "ensembled": r.source.ensembled} if r.source else {"safe": True})}
                      for r in list(node.command_log)],

@@ -132,11 +132,13 @@ class _Operator:                   # an e-stop (latch=True/False on the e-stop t
 
 @dataclass(frozen=True)
 class CommandRecord:
-    """One published command: when (monotonic), the control tick, what produced it (None for the
-    guard's own safe action) and whether the guard clamped or rate-limited it."""
+    """One published command: when (monotonic, the guard's clock), the control tick, the values sent,
+    what produced it (None for the guard's own safe action) and whether the guard clamped or
+    rate-limited it."""
 
     t: float
     tick: int
+    sent: np.ndarray
     source: CommandSource | None
     limited: bool
 
@@ -162,7 +164,7 @@ class EdgeNode:
                                                     for s in self._action_layout.specs))
             self._queue = ActionQueue(horizon=horizon, size=guard.size, merge=config.chunk_merge,
                                       decay=config.ensemble_decay)
-        self.command_log: deque[CommandRecord] = deque(maxlen=200_000)
+        self.command_log: deque[CommandRecord] = deque(maxlen=100_000)
         self._obs_layout = TensorLayout(topic_map.observation_specs())
         estop = topic_map.estop
         self.estop_topic = estop.topic if estop else ESTOP_TOPIC
@@ -548,7 +550,7 @@ class EdgeNode:
         self.stats.commands += 1
         safe = decision.requested is None or decision.estopped
         self.stats.safe_commands += safe
-        self.command_log.append(CommandRecord(decision.t, self._ticks, None if safe else source,
+        self.command_log.append(CommandRecord(decision.t, self._ticks, decision.sent, None if safe else source,
                                               decision.clamped or decision.rate_limited))
 
     def _publish_state(self) -> None:

@@ -98,11 +98,14 @@ class GatewayThread:
 class Robot:
     """The robot process; its command records (dicts with t, data, lat_ms) collect in `commands`."""
 
-    def __init__(self, domain: int, joints: tuple[str, ...], *, hz: float = 100.0):
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        self.proc = subprocess.Popen(
-            [sys.executable, str(ROBOT), "--domain", str(domain), "--joints", ",".join(joints), "--hz", str(hz)],
-            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    def __init__(self, domain: int, joints: tuple[str, ...], *, hz: float = 100.0, argv: list[str] | None = None,
+                 env: dict[str, str] | None = None):
+        """The Cyclone DDS robot (edge_robot.py), or the process `argv` (e.g. rclpy_robot.py) in `env`."""
+        env = env or {**os.environ, "PYTHONPATH": str(ROOT)}
+        argv = argv or [sys.executable, str(ROBOT), "--domain", str(domain), "--joints", ",".join(joints),
+                        "--hz", str(hz)]
+        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
         self.commands: list[dict] = []
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=self._pump, daemon=True).start()
@@ -111,15 +114,21 @@ class Robot:
         for line in self.proc.stdout:
             record = json.loads(line)
             if "event" in record:
-                self._events.put(record["event"])
+                self._events.put(record["event"] if "data" not in record else f"{record['event']} {record['data']}")
             else:
                 self.commands.append(record)
 
     def wait_ready(self, timeout: float = 20.0) -> None:
+        self.wait_event("ready", timeout=timeout)
+
+    def wait_event(self, name: str, *, timeout: float = 20.0) -> None:
+        """Wait for the event `name` (other events before it are dropped)."""
+        deadline = time.monotonic() + timeout
         try:
-            assert self._events.get(timeout=timeout) == "ready"
+            while self._events.get(timeout=max(deadline - time.monotonic(), 0.001)) != name:
+                pass
         except queue.Empty:
-            raise AssertionError(f"robot not ready in {timeout} s: {self.stderr()}") from None
+            raise AssertionError(f"robot: no {name!r} in {timeout} s: {self.stderr()}") from None
 
     def stderr(self) -> str:
         return self.proc.stderr.read() if self.proc.poll() is not None else "(still running)"

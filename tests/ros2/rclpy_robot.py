@@ -15,7 +15,7 @@ before its period): the robot waits for the edge, as a real controller in lockst
 Lines on stdin steer it; events come back as {"event": ...} lines:
   const V | count        velocities V from now on | back to numbering
   pose V                 positions V from now on
-  wrong                  one JointState whose position array is one short of its names
+  wrong N                the next N JointStates have a position array one short of their names
   garbage                one undecodable sample on /joint_states, /tether/estop, /tether/estop_release
   estop                  True on /tether/estop
   release TEXT           TEXT ("name: why") on /tether/estop_release
@@ -36,7 +36,9 @@ import threading
 import time
 
 MODULO, SCALE = 4000, 2000.0
-GARBAGE = b"\x00\x01\x00\x00\xff\xff\xff\x7f\x01"   # CDR header, then a 2 GB string length
+# An encapsulation header no CDR reader knows; 8 bytes, which Fast DDS still writes for fixed-size
+# types (a longer payload is refused for std_msgs/Bool on the publisher's side)
+GARBAGE = b"\x07\x07\x00\x00\x01\x00\x00\x00"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     lock = threading.Lock()
     velocity: list[float | None] = [None]
     position = [args.position]
+    wrong = [0]
     published: dict[int, float] = {}
     waiting_for: list[int | None] = [None]
 
@@ -119,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             elif word == "pose":
                 position[0] = float(rest)
             elif word == "wrong":
-                states.publish(joint_state(0, n=len(joints) - 1))
+                wrong[0] = int(rest)
             elif word == "garbage":
                 for pub in (states, estop, release):
                     pub.publish(GARBAGE)        # rclpy publishes bytes as they are (serialized)
@@ -149,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
                     published[i % MODULO] = time.monotonic()
                     waiting_for[0] = i % MODULO
                 answered.clear()
-            states.publish(joint_state(i))
+            states.publish(joint_state(i, n=len(joints) - 1 if wrong[0] > 0 else None))
+            wrong[0] = max(wrong[0] - 1, 0)
             if args.lockstep:        # the next state only after this one's command (bounded)
                 answered.wait(timeout=1.0)
             if stop.wait(max(0.0, start + (i + 1) * period - time.monotonic())):

@@ -1,0 +1,201 @@
+"""The edge node on rclpy, end to end with real processes: an rclpy robot node (rclpy_robot.py) ⇄
+`tether edge --transport rclpy` (both from .venv/ros) ⇄ a real gateway ⇄ a real tritonserver.
+Commands are checked where they land, on the robot; the edge's --report says what produced each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from bridge.gateway import session as gateway_session
+from bridge.ros2.edge_config import DEFAULT_VELOCITY_LIMIT
+from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, load_topic_map
+from inference_server import ModelRepository, TritonServer
+from protos.codec import Spec
+from tests.ros2.edge_support import EchoVelocity, GatewayThread, joint_specs, wait_until
+from tests.ros2.rclpy_support import EdgeProcess, rclpy_robot
+from tests.ros2.ros_env import needs_rclpy
+from tests.ros2.test_edge_estop import dead_address
+
+pytestmark = needs_rclpy
+
+TMAP = load_topic_map(DEFAULT_TOPIC_MAP)
+JOINTS = TMAP.observation[0].joints
+LOW, HIGH = np.array(TMAP.action_specs()[0].low), np.array(TMAP.action_specs()[0].high)
+LIMIT = np.array(TMAP.velocity_limits(DEFAULT_VELOCITY_LIMIT))
+H = 200                                      # chunk horizon: 200 ms at 1 kHz
+
+
+class ChunkEcho(torch.nn.Module):
+    """A chunk of H actions: the robot's velocities, ramping on at 0.5 units/s (the robot's own
+    count ramp at 1 kHz), so consecutive chunks agree where they overlap."""
+
+    def __init__(self, horizon: int, step: float):
+        super().__init__()
+        self.register_buffer("ramp", (torch.arange(horizon, dtype=torch.float32) * step).reshape(1, horizon, 1))
+
+    def forward(self, joint_position: torch.Tensor, joint_velocity: torch.Tensor) -> torch.Tensor:
+        return joint_velocity.unsqueeze(1) + self.ramp
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory):
+    repo = ModelRepository(tmp_path_factory.mktemp("rclpy_edge_models"))
+    obs, act = joint_specs(6)
+    repo.write_version("echo6", 1, EchoVelocity(), obs, act)
+    repo.write_version("chunk6", 1, ChunkEcho(H, 0.0005), obs, (Spec("action", np.float32, (H, 6)),))
+    with TritonServer(repo.root, models=["echo6", "chunk6"], log_path=repo.root.parent / "triton.log") as triton:
+        gw = GatewayThread(triton.grpc_url)
+        yield gw.start()
+        gw.close()
+
+
+def policy_commands(report: dict) -> list[dict]:
+    return [c for c in report["commands"] if not c.get("safe")]
+
+
+def assert_within_limits(report: dict) -> None:
+    """Every command inside the position limits, and no faster than the velocity limits (guard clock)."""
+    sent = np.array([c["sent"] for c in report["commands"]])
+    t = np.array([c["t"] for c in report["commands"]])
+    assert ((sent >= LOW) & (sent <= HIGH)).all()
+    steps = np.abs(np.diff(sent, axis=0))
+    assert (steps <= LIMIT * np.diff(t)[:, None] + 1e-9).all(), steps.max(axis=0)
+
+
+def test_rclpy_robot_edge_gateway_triton(ros_domain, gateway, tmp_path):
+    robot = rclpy_robot(ros_domain, JOINTS, hz=100)
+    try:
+        with EdgeProcess(ros_domain, gateway, tmp_path, "--policy", "echo6", "--rate", "100") as edge:
+            wait_until(lambda: sum(c["lat_ms"] is not None for c in robot.commands) >= 100, timeout=30,
+                       what="100 commands answering the robot's JointStates")
+            edge.stop()
+        wait_until(lambda: len(robot.commands) >= len(edge.report["commands"]), timeout=5, what="the last commands")
+    finally:
+        robot.close()
+    assert "RclpyTransport" in edge.text
+    report = edge.report
+    received = np.array([c["data"] for c in robot.commands])
+    np.testing.assert_array_equal(received, [c["sent"] for c in report["commands"]])  # what the guard let out
+    # the first commands ramp from the measured pose (0) to the echo at each joint's own limit; then
+    # every command is the echo of one JointState, on every joint, in order
+    timed = [c for c, r in zip(robot.commands, report["commands"], strict=True)
+             if c["lat_ms"] is not None and not r["limited"] and not r.get("safe")]
+    codes = np.array([round(c["data"][0] * 2000) for c in timed])
+    assert all(np.allclose(c["data"], c["data"][0]) for c in timed)
+    assert (np.diff(codes) >= 0).all(), "commands out of order"
+    latency = np.array([c["lat_ms"] for c in timed])
+    print(f"\nrclpy robot -> rclpy edge -> gateway -> Triton at 100 Hz: state -> command p50 "
+          f"{np.percentile(latency, 50):.2f} ms, p99 {np.percentile(latency, 99):.2f} ms over {latency.size}")
+    assert latency.size >= 90 and np.percentile(latency, 99) < 200
+    policy = policy_commands(report)
+    assert policy and all(c["policy_version"] == 1 and c["index"] == 0 for c in policy)
+    assert [c["chunk"] for c in policy] == sorted({c["chunk"] for c in policy})   # one command per answered step
+    assert report["stats"]["observations"] >= len(policy)
+
+
+def test_malformed_samples_on_every_topic_do_not_stop_the_node(ros_domain, gateway, tmp_path):
+    robot = rclpy_robot(ros_domain, JOINTS, hz=100)
+    try:
+        with EdgeProcess(ros_domain, gateway, tmp_path, "--policy", "echo6", "--safe-action", "hold") as edge:
+            robot.send("matched")
+            robot.wait_event("matched")
+            wait_until(lambda: len(robot.commands) >= 20, timeout=30, what="commands before the bad samples")
+            for line in ("garbage", "wrong 10", "garbage"):
+                robot.send(line)
+            t = time.monotonic()
+            wait_until(lambda: len(robot.since(t)) >= 50, timeout=20, what="commands after the bad samples")
+            robot.send("estop")
+            robot.wait_event("estop_state True", timeout=10)
+            t_latched = time.monotonic()
+            wait_until(lambda: len(robot.since(t_latched)) >= 20, timeout=10, what="safe commands while latched")
+            edge.stop()
+    finally:
+        robot.close()
+    report = edge.report
+    assert report["stats"]["undelivered"] == {"/joint_states": 2, "/tether/estop": 2, "/tether/estop_release": 2}
+    assert report["stats"]["errors"].get("BAD_MESSAGE", 0) >= 1                # 100 ms of wrong-length JointStates
+    assert report["guard"]["estopped"] and report["guard"]["estop"] >= 1
+    held = [c["data"] for c in robot.since(t_latched)[1:]]
+    assert held and all(d == held[0] for d in held)                          # "hold": the last command, unchanged
+    assert "undecodable sensor_msgs/msg/JointState sample" in edge.text
+    assert "undecodable std_msgs/msg/Bool sample" in edge.text
+
+
+def test_first_command_is_rate_limited_from_the_measured_pose(ros_domain, gateway, tmp_path):
+    """The robot stands at 1.0 rad on every joint; the policy asks for -1.0 at once."""
+    robot = rclpy_robot(ros_domain, JOINTS, hz=100, position=1.0)
+    try:
+        robot.send("const -1.0")
+        with EdgeProcess(ros_domain, gateway, tmp_path, "--policy", "echo6", "--rate", "100") as edge:
+            wait_until(lambda: len(robot.commands) >= 30, timeout=30, what="30 commands")
+            edge.stop()
+    finally:
+        robot.close()
+    first = np.array(robot.commands[0]["data"])
+    assert np.abs(first - 1.0).max() < 0.05, first                           # from where the robot is: no jump
+    assert_within_limits(edge.report)
+    assert edge.report["guard"]["rate_limited"] >= 29
+    assert edge.report["guard"]["velocity_limit"] == LIMIT.tolist()          # the topic map's, on by default
+
+
+def test_release_by_a_name_not_in_the_allowlist_is_refused_and_logged(ros_domain, tmp_path):
+    robot = rclpy_robot(ros_domain, JOINTS, hz=100)
+    try:
+        with EdgeProcess(ros_domain, dead_address(), tmp_path, "--operators", "ada,bob",
+                         "--safe-action", "zero") as edge:
+            robot.send("matched")
+            robot.wait_event("matched")
+            robot.send("estop")
+            robot.wait_event("estop_state True", timeout=10)
+            robot.send("release mallory: let me through")
+            robot.wait_event("estop_state True", timeout=10)                 # answered, still latched
+            robot.send("release ada: cell is clear")
+            robot.wait_event("estop_state False", timeout=10)
+            edge.stop()
+    finally:
+        robot.close()
+    assert "e-stop release by 'mallory' (let me through) refused: not one of this node's operators ['ada', 'bob']" \
+        in edge.text
+    assert "e-stop released by ada: cell is clear" in edge.text
+    assert "e-stop latched by a True on /tether/estop" in edge.text
+    assert edge.report["stats"]["errors"]["RELEASE_REFUSED"] == 1
+
+
+def test_chunks_keep_a_1khz_robot_commanded_through_30ms_inference(ros_domain, gateway, tmp_path, monkeypatch):
+    handle = gateway_session.Session.handle
+
+    async def slow(self, obs):                # every policy round trip takes 30 ms more
+        await asyncio.sleep(0.03)
+        return await handle(self, obs)
+
+    monkeypatch.setattr(gateway_session.Session, "handle", slow)
+    robot = rclpy_robot(ros_domain, JOINTS, hz=1000)
+    try:
+        with EdgeProcess(ros_domain, gateway, tmp_path, "--policy", "chunk6", "--rate", "1000", "--chunk", str(H),
+                         "--chunk-threshold", "120", "--deadline-ms", "100") as edge:
+            wait_until(lambda: len(robot.commands) >= 3000, timeout=60, what="3000 commands at 1 kHz")
+            edge.stop()
+        wait_until(lambda: len(robot.commands) >= len(edge.report["commands"]), timeout=10, what="the last commands")
+    finally:
+        robot.close()
+    report = edge.report
+    policy = policy_commands(report)
+    ticks = policy[-1]["tick"] - policy[0]["tick"] + 1
+    answered = len(policy) / ticks
+    stats = report["stats"]
+    print(f"\n1 kHz, chunks of {H}, inference +30 ms: {answered:.2%} of {ticks} periods commanded, starved "
+          f"{stats['starved']}, rtt {stats['rtt_ms']}, overruns {stats['overruns']}, "
+          f"{len(robot.commands)} commands at the robot")
+    assert stats["rtt_ms"]["p50"] >= 30                                      # the slow policy is real
+    assert answered >= 0.99 and stats["starved"] <= 0.01 * ticks
+    assert_within_limits(report)
+    assert all(c["policy_version"] == 1 and 0 <= c["index"] < H for c in policy)
+    assert len({c["chunk"] for c in policy}) >= 10                           # many chunks, each recorded
+    received = np.array([c["data"] for c in robot.commands])
+    np.testing.assert_array_equal(received, [c["sent"] for c in report["commands"]])
