@@ -44,6 +44,21 @@ def test_worlds_do_not_interact(task):
     a.close(), b.close()
 
 
+@pytest.mark.parametrize("task", ["cartpole", "ant"])
+def test_the_captured_graph_replays_the_launches_exactly(task):
+    captured, launched = make_newton_task(task, num_envs=3, seed=6), make_newton_task(task, num_envs=3, seed=6,
+                                                                                        capture=False)
+    assert captured._graph is not None and launched._graph is None
+    a, b = captured.reset(), launched.reset()
+    rng = np.random.default_rng(1)
+    for _ in range(25):
+        action = {"action": rng.uniform(-1, 1, (3, captured.action_spec()[0].shape[0])).astype(np.float32)}
+        a, b = captured.step(action), launched.step(action)
+        np.testing.assert_array_equal(a.final_observation["observation"], b.final_observation["observation"])
+        np.testing.assert_array_equal(a.observation["observation"], b.observation["observation"])
+    captured.close(), launched.close()
+
+
 def test_cartpole_poles_fall_without_control_and_termination_costs():
     env = NewtonCartpole(num_envs=4, seed=2, max_episode_steps=500)
     ts = env.reset()
