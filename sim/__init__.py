@@ -5,6 +5,12 @@
 - `sim.toy`: `PointMass`, a pure-numpy env for tests.
 - `sim.contract`: `EnvironmentContract`, the test suite every adapter passes.
 - `sim.client`: `run_sessions(...)` and `main(argv)` for `tether sim`.
+- `sim.vector`: `VectorEnvironment` (N envs as one batch, same-step auto-reset, per-env refusal),
+  `VectorTimeStep`, `BaseVectorEnvironment`, `make_vector_env("newton:ant" | "isaaclab:<task>" | "Hopper-v5", ...)`.
+- `sim.gym_vector`: `GymnasiumVectorEnv` (gymnasium `SyncVectorEnv`, e.g. over MuJoCo `*-v5`).
+- `sim.newton_tasks`: NVIDIA Newton tasks (`NewtonCartpole`, `NewtonAnt`), N worlds in one model.
+- `sim.isaaclab`: `IsaacLabVectorEnv` (Isaac Lab's torch vector interface), `make_isaaclab_env(task, ...)`.
+- `sim.vector_contract`: `VectorEnvironmentContract`, the suite every vector adapter passes.
 """
 
 from sim.env import BaseEnvironment, Environment, ResetRequired, StepType, TimeStep
