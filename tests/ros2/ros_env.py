@@ -48,5 +48,5 @@ def ros_env(domain: int) -> dict[str, str]:
     see fastdds_loopback.xml), Fast DDS."""
     return {**os.environ, "ROS_DOMAIN_ID": str(domain), "ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST",
             "RMW_IMPLEMENTATION": "rmw_fastrtps_cpp", "FASTRTPS_DEFAULT_PROFILES_FILE": str(FASTDDS_PROFILE),
-            "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "PATH": f"{ROS_PREFIX / 'bin'}:{os.environ['PATH']}",
             "AMENT_PREFIX_PATH": str(ROS_PREFIX), "ROS_LOG_DIR": os.environ.get("ROS_LOG_DIR", "/tmp/tether-ros-log")}

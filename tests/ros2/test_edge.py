@@ -24,7 +24,7 @@ from bridge.gateway import session as gateway_session
 from bridge.ros2 import messages
 from bridge.ros2.dds import DdsTransport
 from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, load_topic_map, parse_topic_map
-from bridge.ros2.transport import open_transport, rclpy_available, wait_for_subscribers
+from bridge.ros2.transport import wait_for_subscribers
 from inference_server import ModelRepository, TritonServer
 from protos import bridge_pb2
 from protos.codec import decode
@@ -38,6 +38,8 @@ from tests.ros2.edge_support import (
     running_edge,
     wait_until,
 )
+from tests.ros2.rclpy_support import EdgeProcess
+from tests.ros2.ros_env import needs_rclpy
 from tether.topology import stop_process
 
 TMAP = load_topic_map(DEFAULT_TOPIC_MAP)
@@ -307,11 +309,11 @@ def test_edge_node_drives_a_fastdds_peer(ros_domain, gateway):
     assert (np.diff(data[:, 2]) >= 0).all() and data[-1, 2] > data[0, 2]   # in order, and moving
 
 
-@pytest.mark.skipif(not rclpy_available(), reason="rclpy not installed")
-def test_edge_over_rclpy(ros_domain, robot, gateway):
-    transport = open_transport("rclpy", domain_id=ros_domain, node_name="edge_rclpy")
-    try:
-        with running_edge(ros_domain, gateway, TMAP, policy="echo6", transport=transport):
-            const(robot, 0.25, timeout=20)
-    finally:
-        transport.close()
+@needs_rclpy
+def test_rclpy_edge_drives_the_cyclone_robot(ros_domain, robot, gateway, tmp_path):
+    """`tether edge --transport rclpy` (Fast DDS, from .venv/ros) and the robot on Cyclone DDS."""
+    with EdgeProcess(ros_domain, gateway, tmp_path, "--policy", "echo6", "--velocity-limit", "inf") as edge:
+        const(robot, 0.25, timeout=30)
+        const(robot, -0.5, timeout=10)
+        report = edge.stop()
+    assert "RclpyTransport" in edge.text and report["stats"]["policy_version"] == 1

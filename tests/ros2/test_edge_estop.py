@@ -29,7 +29,9 @@ def test_cli_estop_and_release_confirmed_by_the_node(ros_domain, capsys):
     with DdsTransport(domain_id=ros_domain, node_name="robot") as robot, \
             running_edge(ros_domain, dead_address(), TMAP, policy="none", safe_action="zero") as node:
         robot.subscribe("/policy_controller/commands", messages.FLOAT64_ARRAY, commands.append, reliable=True)
-        time.sleep(0.2)
+        command_publisher = node._publishers["/policy_controller/commands"]
+        wait_until(lambda: command_publisher.subscriber_count() >= 1, timeout=10, what="the robot's subscription")
+        time.sleep(0.2)                             # matched: a command in these 0.2 s would have arrived
         assert commands == []                       # never commanded: nothing to make safe
         main(["estop", "--operator", "ada", "--domain-id", str(ros_domain), "--transport", "dds"])
         assert node.guard.estopped                  # main returned: the node confirmed the latch
@@ -42,6 +44,20 @@ def test_cli_estop_and_release_confirmed_by_the_node(ros_domain, capsys):
         n = len(commands)
         time.sleep(0.1)
         assert len(commands) == n                   # released, no policy: the node stays silent
+
+
+def test_release_needs_an_allowed_operator(ros_domain, caplog):
+    with running_edge(ros_domain, dead_address(), TMAP, policy="none", safe_action="zero") as node:
+        main(["estop", "--operator", "ada", "--domain-id", str(ros_domain), "--transport", "dds"])
+        with pytest.raises(SystemExit, match="no edge node confirmed a release by 'mallory'"):
+            main(["release", "--operator", "mallory", "--reason", "in a hurry", "--domain-id", str(ros_domain),
+                  "--transport", "dds", "--timeout", "0.5"])
+        assert node.guard.estopped and node.stats.errors["RELEASE_REFUSED"] >= 1
+        main(["release", "--operator", "ada", "--reason", "cell clear", "--domain-id", str(ros_domain),
+              "--transport", "dds"])
+        assert not node.guard.estopped
+    assert "e-stop release by 'mallory' (in a hurry) refused" in caplog.text
+    assert "e-stop released by ada: cell clear" in caplog.text
 
 
 def test_false_and_nameless_release_do_not_release(ros_domain):
@@ -66,7 +82,7 @@ def test_cli_errors_name_the_problem(ros_domain, capsys):
               "--timeout", "0.3"])
     with pytest.raises(SystemExit) as exc:
         main(["release", "--operator", "  ", "--domain-id", str(ros_domain)])
-    assert exc.value.code == 2 and "--operator: expected a non-empty name" in capsys.readouterr().err
+    assert exc.value.code == 2 and "--operator: expected a non-empty name without ':'" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
         main(["--gateway", "127.0.0.1:1", "--rate", "0", "--domain-id", str(ros_domain)])
     assert exc.value.code == 2 and "rate_hz: expected a number of Hz in (0, 2000], got 0.0" in capsys.readouterr().err

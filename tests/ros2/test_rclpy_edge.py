@@ -6,6 +6,8 @@ Commands are checked where they land, on the robot; the edge's --report says wha
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
 import time
 
 import numpy as np
@@ -19,7 +21,7 @@ from inference_server import ModelRepository, TritonServer
 from protos.codec import Spec
 from tests.ros2.edge_support import EchoVelocity, GatewayThread, joint_specs, wait_until
 from tests.ros2.rclpy_support import EdgeProcess, rclpy_robot
-from tests.ros2.ros_env import needs_rclpy
+from tests.ros2.ros_env import needs_launch, needs_rclpy, ros_env
 from tests.ros2.test_edge_estop import dead_address
 
 pytestmark = needs_rclpy
@@ -199,3 +201,28 @@ def test_chunks_keep_a_1khz_robot_commanded_through_30ms_inference(ros_domain, g
     assert len({c["chunk"] for c in policy}) >= 10                           # many chunks, each recorded
     received = np.array([c["data"] for c in robot.commands])
     np.testing.assert_array_equal(received, [c["sent"] for c in report["commands"]])
+
+
+@needs_launch
+def test_ros2_launch_runs_the_edge_and_drives_a_robot(ros_domain, gateway):
+    """`ros2 launch tether robot.launch.py ...` as a robot's operator types it; Ctrl-C stops it cleanly."""
+    robot = rclpy_robot(ros_domain, JOINTS, hz=100)
+    launch = subprocess.Popen(
+        ["ros2", "launch", "tether", "robot.launch.py", f"gateway:={gateway}", f"domain_id:={ros_domain}",
+         "transport:=rclpy", "policy:=echo6", "operators:=ada", "node_name:=tether_edge_launched"],
+        env=ros_env(ros_domain), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until(lambda: sum(c["lat_ms"] is not None for c in robot.commands) >= 50 or launch.poll() is not None,
+                   timeout=60, what="50 commands from the launched edge node")
+        assert launch.poll() is None, launch.stdout.read()
+        launch.send_signal(signal.SIGINT)
+        out, _ = launch.communicate(timeout=30)
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+            launch.wait()
+        robot.close()
+    assert launch.returncode == 0, out
+    assert "edge node tether_edge_launched: RclpyTransport" in out and "stopped" in out, out
+    codes = [round(c["data"][0] * 2000) for c in robot.commands if c["lat_ms"] is not None]
+    assert len(codes) >= 50 and codes == sorted(codes)
