@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,12 +13,13 @@ import numpy as np
 import yaml
 
 from bridge.rewards.config import RewardConfigError, TermSpec, canonical, parse_terms, version
-from bridge.rewards.terms import Condition, RewardInputError, Step, compile_term
+from bridge.rewards.terms import Condition, RewardInputError, Scratch, Step, compile_term
 from protos.codec import Spec
 
 __all__ = ["RewardFunction", "RewardResult"]
 
 Arrays = Mapping[str, np.ndarray]
+SCRATCH_FROM_BATCH = 256   # from this batch size on, temporaries live in reused arrays (see terms.Scratch)
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -59,6 +61,7 @@ class RewardFunction:
         self._compiled = tuple(compile_term(t) for t in self.specs)
         self._conditions = tuple(t for t in self._compiled if isinstance(t, Condition))
         self._terminating = tuple(t.name for t in self._conditions if t.spec.terminate)
+        self._local = threading.local()   # a Scratch per thread
 
     @classmethod
     def from_dict(cls, config: Any, *, source: str | None = None) -> RewardFunction:
@@ -139,7 +142,12 @@ class RewardFunction:
             first_step = np.asarray(first_step, dtype=bool)
             if first_step.shape != env.shape:
                 raise RewardInputError("first_step", f"shape {list(first_step.shape)}, expected {list(env.shape)}")
-        step = Step(observation, action, next_observation, env, previous_action, first_step)
+        scratch = None
+        if env.shape[0] >= SCRATCH_FROM_BATCH:
+            scratch = getattr(self._local, "scratch", None)
+            if scratch is None:
+                scratch = self._local.scratch = Scratch()
+        step = Step(observation, action, next_observation, env, previous_action, first_step, scratch)
         terminate = np.zeros(step.batch, dtype=bool)
         for c in self._conditions:
             holds = step.conditions[c.name] = c.holds(step)

@@ -36,25 +36,42 @@ class RewardInputError(ValueError):
         self.field = field
 
 
+class Scratch:
+    """Float64 work arrays reused from call to call (one `Scratch` per thread): with a steady batch size,
+    the only batch-sized arrays a call allocates are its results. Large fresh temporaries are not free:
+    glibc serves them with mmap, and every call then pays page faults on them."""
+
+    def __init__(self):
+        self._arrays: dict[object, np.ndarray] = {}
+
+    def get(self, key: object, shape: tuple[int, int]) -> np.ndarray:
+        a = self._arrays.get(key)
+        if a is None or a.shape != shape:
+            a = self._arrays[key] = np.empty(shape)
+        return a
+
+
 class Step:
     """One call's inputs, plus what the conditions found (`conditions`, `failed`) for the other terms.
 
     `block(where, tensor, reader)` gives a tensor as an (n, B) float64 array (feature-major: each selected
     element is one contiguous row, so elementwise work runs along the batch, not along a handful of
-    features), converted once per call however many terms read it.
+    features), converted once per call however many terms read it. Terms never return `scratch` arrays.
     """
 
     __slots__ = ("inputs", "env_reward", "previous_action", "first_step", "batch", "conditions", "failed",
-                 "_blocks")
+                 "scratch", "_blocks")
 
     def __init__(self, observation: Arrays, action: Arrays, next_observation: Arrays, env_reward: np.ndarray,
-                 previous_action: Arrays | None, first_step: np.ndarray | None):
+                 previous_action: Arrays | None, first_step: np.ndarray | None, scratch: Scratch | None = None):
+        """`scratch` None: fresh temporaries (cheapest for small batches)."""
         self.inputs = {"observation": observation, "action": action, "next_observation": next_observation,
                        "previous_action": previous_action}
         self.env_reward, self.previous_action, self.first_step = env_reward, previous_action, first_step
         self.batch = env_reward.shape[0]
         self.conditions: dict[str, np.ndarray] = {}
         self.failed: np.ndarray | None = None
+        self.scratch = scratch
         self._blocks: dict[tuple[str, str], np.ndarray] = {}
 
     def block(self, where: str, tensor: str, reader: str) -> np.ndarray:
@@ -70,7 +87,11 @@ class Step:
             raise RewardInputError(tensor, f"{where} has shape {list(x.shape)}: expected a leading batch "
                                            f"dimension of {self.batch} (from env_reward)")
         flat = x.reshape(self.batch, math.prod(x.shape[1:]))  # (not -1: a batch of 0 rows is fine)
-        x = self._blocks[key] = flat.T.astype(np.float64, order="C")
+        if self.scratch is None:
+            x = self._blocks[key] = flat.T.astype(np.float64, order="C")
+        else:
+            x = self._blocks[key] = self.scratch.get(key, flat.shape[::-1])
+            np.copyto(x, flat.T, casting="unsafe")
         return x
 
 
@@ -120,6 +141,11 @@ class Term:
     def __init__(self, spec: TermSpec):
         self.spec, self.name, self.weight = spec, spec.name, spec.weight
         self._weights: dict[int, np.ndarray] = {}
+        self._key = (spec.index, spec.name)   # its scratch array
+
+    def work(self, step: Step, like: np.ndarray) -> np.ndarray | None:
+        """A scratch array shaped like `like` (n, B) for this term's temporaries (None: let numpy allocate)."""
+        return None if step.scratch is None else step.scratch.get(self._key, like.shape)
 
     def weighted_sum(self, x: np.ndarray) -> np.ndarray:
         """weight * x.sum(axis=0) for an (n, B) array, as one matrix-vector product."""
@@ -159,7 +185,8 @@ class GoalDistance(Term):
         self.select, self.goal = _Select(spec), np.asarray(spec.goal, dtype=np.float64)[:, None]
 
     def value(self, step: Step) -> np.ndarray:
-        d = self.select(step, "next_observation") - self.goal
+        x = self.select(step, "next_observation")
+        d = np.subtract(x, self.goal, out=self.work(step, x))
         out = _sq_norm(d)
         np.sqrt(out, out=out)
         out *= self.weight
@@ -190,7 +217,7 @@ class ActionSmoothness(Term):
         if p.shape != a.shape:
             raise RewardInputError(self.spec.tensor, f"previous_action has {p.shape[0]} values per row, action has "
                                                      f"{a.shape[0]} (read by {self.select.label})")
-        out = self.weighted_sq_norm(a - p)
+        out = self.weighted_sq_norm(np.subtract(a, p, out=self.work(step, a)))
         if step.first_step is not None:
             out[step.first_step] = 0.0
         return out
@@ -208,7 +235,7 @@ class JointLimitProximity(Term):
 
     def value(self, step: Step) -> np.ndarray:
         q = self.select(step, "next_observation")
-        past = np.maximum(q, self.lo)         # q clipped into the free range, then |q - clipped|
+        past = np.maximum(q, self.lo, out=self.work(step, q))   # q clipped into the free range, then |q - it|
         np.minimum(past, self.hi, out=past)
         np.subtract(q, past, out=past)
         return self.weighted_sum(np.abs(past, out=past))
@@ -227,7 +254,7 @@ class Condition(Term):
 
     def holds(self, step: Step) -> np.ndarray:
         x = self.select(step, "next_observation")
-        d = x - self.goal if self.goal is not None else x
+        d = x if self.goal is None else np.subtract(x, self.goal, out=self.work(step, x))
         dist = np.sqrt(_sq_norm(d))
         return dist < self.below if self.below is not None else dist > self.above
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from bridge.rewards import RewardFunction, RewardInputError, RewardResult
+from bridge.rewards.function import SCRATCH_FROM_BATCH
 
 
 def fn_of(*terms: dict) -> RewardFunction:
@@ -236,3 +237,33 @@ def test_an_empty_batch_gives_empty_results():
     act = {"action": np.zeros((0, 1), np.float32)}
     r = compute(fn, next_obs=empty, action=act, prev=act, first_step=np.zeros(0, bool))
     assert r.reward.shape == (0,) and r.terminate.shape == (0,) and all(v.shape == (0,) for v in r.terms.values())
+
+
+def test_large_batches_reuse_work_arrays_but_never_share_results():
+    # from SCRATCH_FROM_BATCH rows on, temporaries live in arrays reused across calls: results must not
+    fn = fn_of({"type": "goal_distance", "observation": "observation", "goal": [1.0, 2.0], "weight": -1.0},
+               {"type": "action_smoothness", "action": "action", "weight": -1.0},
+               {"type": "joint_limit_proximity", "observation": "observation", "low": [-1, -1], "high": [1, 1],
+                "weight": -1.0},
+               {"type": "success", "observation": "observation", "goal": [1.0, 2.0], "below": 0.5})
+    b = SCRATCH_FROM_BATCH + 3
+    rng = np.random.default_rng(1)
+
+    def call(scale):
+        nxt = {"observation": (scale * rng.normal(size=(b, 2))).astype(np.float32)}
+        act = {"action": rng.normal(size=(b, 3)).astype(np.float32)}
+        prev = {"action": rng.normal(size=(b, 3)).astype(np.float32)}
+        small = [compute(fn, next_obs={"observation": nxt["observation"][i:i + 1]},
+                         action={"action": act["action"][i:i + 1]}, prev={"action": prev["action"][i:i + 1]})
+                 for i in range(0, b, 37)]
+        return compute(fn, next_obs=nxt, action=act, prev=prev), small
+
+    first, first_small = call(1.0)
+    kept = {k: v.copy() for k, v in first.terms.items()}
+    second, second_small = call(3.0)
+    for name in fn.terms:
+        np.testing.assert_array_equal(first.terms[name], kept[name])     # untouched by the second call
+        assert not np.shares_memory(first.terms[name], second.terms[name])
+        for result, singles in ((first, first_small), (second, second_small)):
+            np.testing.assert_allclose(result.terms[name][::37], np.concatenate([s.terms[name] for s in singles]),
+                                       rtol=1e-12)
