@@ -41,11 +41,16 @@ def init() -> tuple[int, int]:
     torch.set_num_threads(1)
     if "WORLD_SIZE" not in os.environ or is_distributed():
         return world()
+    # torchrun keeps one store across restarts: a restarted group must not read the gloo/NCCL
+    # addresses its dead predecessor published there, so every attempt gets its own key prefix.
+    store, rank, world_size = next(dist.rendezvous("env://"))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.PrefixStore(f"tether/attempt-{attempt}", store)
     if torch.cuda.is_available():
         torch.cuda.set_device(device())
-        dist.init_process_group("nccl", device_id=device())
+        dist.init_process_group("nccl", store=store, rank=rank, world_size=world_size, device_id=device())
     else:
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
     return world()
 
 

@@ -1,0 +1,107 @@
+"""`tether train`: runs `trainer.worker` on N local ranks under torchrun and prints a JSON summary.
+
+    tether train --gateway 127.0.0.1:50051 --algo ppo --policy pendulum --nproc 2 --max-restarts 3 \\
+        --checkpoint-dir runs/x/ckpt --seed 0 --seconds 180 --target-return 900
+    tether train --algo bc --arch mlp --log-dir runs/x/log --steps 2000 --nproc 2 --out bc.safetensors
+
+The launcher's own options are `--nproc` and `--max-restarts`; everything else goes to every
+rank (see `python -m trainer.worker --help`) and is checked here before anything starts.
+torchrun's rendezvous takes a free port (`--standalone`); the ranks die with this process
+(SIGTERM to their process group, and a parent-death signal if this process is killed).
+Status lines come on stderr; the summary (rank 0's) is the last line on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from trainer.worker import parser as worker_parser
+
+__all__ = ["command", "main"]
+
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _launcher() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tether train", add_help=False)
+    p.add_argument("--nproc", type=int, default=2, help="ranks (processes) on this machine")
+    p.add_argument("--max-restarts", type=int, default=3, help="torchrun restarts of a failed group")
+    p.add_argument("--summary", default="")
+    p.add_argument("-h", "--help", action="store_true")
+    return p
+
+
+def command(worker_args: list[str], *, nproc: int, max_restarts: int) -> list[str]:
+    """The torchrun command line for `worker_args`."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            f"--max-restarts={max_restarts}", "--monitor-interval=0.5", "-m", "trainer.worker", *worker_args]
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def main(argv: list[str] | None = None) -> int:
+    launcher, rest = _launcher().parse_known_args(argv)
+    if launcher.help:
+        print(__doc__.strip(), file=sys.stderr)
+        worker_parser().print_help(sys.stderr)
+        return 0
+    if launcher.nproc < 1:
+        raise SystemExit(f"tether train: --nproc must be >= 1, got {launcher.nproc}")
+    if launcher.max_restarts < 0:
+        raise SystemExit(f"tether train: --max-restarts must be >= 0, got {launcher.max_restarts}")
+    checked = worker_parser().parse_args(rest)  # bad options fail here, before torchrun starts
+    if checked.algo == "ppo" and not checked.gateway:
+        raise SystemExit("tether train: --algo ppo needs --gateway HOST:PORT")
+    if checked.algo == "bc" and not Path(checked.log_dir or "/nonexistent").is_dir():
+        raise SystemExit(f"tether train: --algo bc needs --log-dir DIR (an existing directory), got "
+                         f"{checked.log_dir!r}")
+    if not (checked.steps or checked.seconds or checked.target_return is not None):
+        raise SystemExit("tether train: give --steps, --seconds or --target-return")
+    with tempfile.TemporaryDirectory(prefix="tether-train-") as tmp:
+        summary_path = launcher.summary or str(Path(tmp) / "summary.json")
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's pairs on loopback
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH", "")) if p)
+        cmd = command([*rest, "--summary", summary_path], nproc=launcher.nproc, max_restarts=launcher.max_restarts)
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)
+        try:
+            rc = proc.wait()
+        except BaseException:
+            _stop(proc)
+            raise
+        summary = {}
+        if Path(summary_path).is_file():
+            summary = json.loads(Path(summary_path).read_text())
+        summary["exit_code"] = rc
+        print(json.dumps(summary, sort_keys=True), flush=True)
+        return rc
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM the torchrun group (the agent stops its ranks), SIGKILL what is left after 10 s."""
+    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+if __name__ == "__main__":
+    sys.exit(main())

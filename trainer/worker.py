@@ -1,0 +1,215 @@
+"""One trainer process under torchrun: `python -m torch.distributed.run ... -m trainer.worker ARGS`.
+
+Every rank runs the same loop (PPO from the experience stream, or BC from the log); gradients
+are averaged by DDP, rank 0 publishes new versions and all ranks learn the version number.
+`trainer.main` builds the torchrun command; run one rank by hand (no process group) with:
+
+    python -m trainer.worker --algo bc --log-dir runs/x/log --steps 100 --out policy.safetensors
+
+Status lines go to stderr (rank 0); `--summary PATH` gets a JSON summary at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from trainer import checkpoint, dist
+from trainer.weights import ARCHS
+
+__all__ = ["main", "parser"]
+
+
+def _hidden(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--hidden {text!r} must be comma-separated integers") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"--hidden {text!r} must be positive integers, e.g. 64,64")
+    return sizes
+
+
+def _positive(kind):
+    def parse(text: str):
+        value = kind(text)
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+        return value
+    return parse
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tether train", description="Distributed PPO / BC trainer (one rank).")
+    p.add_argument("--gateway", default="", help="HOST:PORT of the gateway (Experience + Policies)")
+    p.add_argument("--algo", choices=("ppo", "bc"), required=True)
+    p.add_argument("--policy", default="", help="the served policy to train (empty: the gateway's default)")
+    p.add_argument("--arch", choices=ARCHS, default="gaussian")
+    p.add_argument("--hidden", type=_hidden, default=(64, 64), help="hidden sizes (offline BC only; "
+                   "with a gateway they must match the served architecture)")
+    p.add_argument("--log-dir", default="", help="BC: a directory of *.mcap segments")
+    p.add_argument("--data-policy", default=None, help="BC: only transitions acted by this policy")
+    p.add_argument("--checkpoint-dir", default="")
+    p.add_argument("--checkpoint-every", type=_positive(int), default=0,
+                   help="PPO: iterations, BC: steps between checkpoints (0: PPO 1, BC 50)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=_positive(int), default=0, help="stop after this many optimiser steps")
+    p.add_argument("--seconds", type=_positive(float), default=0.0, help="stop after this many seconds")
+    p.add_argument("--target-return", type=float, default=None, help="PPO: stop at this mean episode return")
+    p.add_argument("--batch", type=_positive(int), default=0,
+                   help="PPO: transitions per update over all ranks (0: 1024); BC: per-rank batch (0: 256)")
+    p.add_argument("--epochs", type=_positive(int), default=10, help="PPO: epochs per update")
+    p.add_argument("--minibatches", type=_positive(int), default=8, help="PPO: minibatches per epoch")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--gamma", type=float, default=0.99)
+    p.add_argument("--lam", type=float, default=0.95)
+    p.add_argument("--clip", type=float, default=0.2)
+    p.add_argument("--entropy-coef", type=float, default=0.0)
+    p.add_argument("--stale", choices=("drop", "importance"), default="drop")
+    p.add_argument("--max-version-lag", type=_positive(int), default=2)
+    p.add_argument("--rho-max", type=float, default=1.0, help="truncation of importance weights")
+    p.add_argument("--from-offset", type=_positive(int), default=0, help="PPO: first log offset to read")
+    p.add_argument("--publish-every", type=_positive(int), default=1, help="PPO: iterations between publishes "
+                   "(0: never); BC publishes at the end when --gateway is given")
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast")
+    p.add_argument("--out", default="", help="rank 0 writes the final policy weights (safetensors) here")
+    p.add_argument("--summary", default="", help="rank 0 writes a JSON summary here")
+    p.add_argument("--status-every", type=float, default=1.0, help="seconds between status lines (BC)")
+    p.add_argument("--fail-at-step", type=int, default=0, help=argparse.SUPPRESS)  # tests: os._exit once
+    p.add_argument("--fail-rank", type=int, default=1, help=argparse.SUPPRESS)
+    return p
+
+
+def status(line: str) -> None:
+    if dist.world()[0] == 0:
+        print(f"[trainer] {line}", file=sys.stderr, flush=True)
+
+
+def maybe_fail(args: argparse.Namespace, step: int) -> None:
+    """Test hook: rank `--fail-rank` dies at `--fail-at-step`, only in torchrun's first attempt."""
+    if (args.fail_at_step and step >= args.fail_at_step and dist.world()[0] == args.fail_rank
+            and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"):
+        print(f"[trainer] rank {args.fail_rank}: failing on purpose at step {step}", file=sys.stderr, flush=True)
+        os._exit(17)
+
+
+def rng_state(generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+    state = {"torch": torch.get_rng_state()}
+    if generator is not None:
+        state["generator"] = generator.get_state()
+    return state
+
+
+def restore_rng(state: dict[str, torch.Tensor], generator: torch.Generator | None = None) -> None:
+    if "torch" in state:
+        torch.set_rng_state(state["torch"])
+    if generator is not None and "generator" in state:
+        generator.set_state(state["generator"])
+
+
+def per_rank(value: int) -> list[int]:
+    """`value` of every rank, in rank order."""
+    rank, world = dist.world()
+    slots = torch.zeros(world, dtype=torch.int64)
+    slots[rank] = int(value)
+    return [int(v) for v in dist.all_reduce_sum(slots).tolist()]
+
+
+def param_digests(module: torch.nn.Module) -> list[str]:
+    """sha256 of this rank's parameters and buffers, for every rank (identical under DDP)."""
+    h = hashlib.sha256()
+    for name, t in sorted(module.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    rank, world = dist.world()
+    slots = torch.zeros(world, 32, dtype=torch.int64)
+    slots[rank] = torch.tensor(list(h.digest()), dtype=torch.int64)
+    return [bytes(int(b) for b in row).hex() for row in dist.all_reduce_sum(slots).tolist()]
+
+
+def write_json_atomically(path: str | Path, data: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def write_weights(path: str | Path, state_dict: dict[str, torch.Tensor]) -> None:
+    from trainer.weights import to_safetensors
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(to_safetensors(state_dict))
+    os.replace(tmp, path)
+
+
+def trainer_id(algo: str) -> str:
+    return f"{algo}@{socket.gethostname()}:{os.getpid()}"
+
+
+def load_checkpoint(args: argparse.Namespace) -> checkpoint.Checkpoint | None:
+    if not args.checkpoint_dir:
+        return None
+    ckpt = checkpoint.load(args.checkpoint_dir, map_location=dist.device())
+    if ckpt is not None:
+        status(f"resuming from {ckpt.path} (step {ckpt.step}, restart "
+               f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')})")
+    return ckpt
+
+
+def probe_outputs(policy: torch.nn.Module, probe: np.ndarray) -> dict[str, np.ndarray]:
+    """The policy's deterministic outputs on `probe`, by served output name."""
+    from trainer.policy import GaussianPolicy
+
+    with torch.no_grad():
+        x = torch.from_numpy(probe).to(dist.device())
+        if isinstance(policy, GaussianPolicy):
+            return {"action_mean": policy.mean(x).float().cpu().numpy()}
+        return {"action": policy(x).float().cpu().numpy()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.algo == "ppo" and not args.gateway:
+        raise SystemExit("tether train: --algo ppo needs --gateway HOST:PORT")
+    if args.algo == "ppo" and args.arch != "gaussian":
+        raise SystemExit(f"tether train: --algo ppo needs --arch gaussian (a stochastic policy), got {args.arch}")
+    if args.algo == "bc" and not args.log_dir:
+        raise SystemExit("tether train: --algo bc needs --log-dir DIR")
+    if not (args.steps or args.seconds or args.target_return is not None):
+        raise SystemExit("tether train: give --steps, --seconds or --target-return")
+    rank, world = dist.init()
+    torch.manual_seed(args.seed)
+    started = time.monotonic()
+    try:
+        if args.algo == "ppo":
+            from trainer.ppo_loop import run_ppo
+
+            summary = run_ppo(args)
+        else:
+            from trainer.bc_loop import run_bc
+
+            summary = run_bc(args)
+        summary.update(algo=args.algo, world_size=world, seconds=round(time.monotonic() - started, 3),
+                       restarts=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+        if rank == 0 and args.summary:
+            write_json_atomically(args.summary, summary)
+        status("done: " + json.dumps({k: summary[k] for k in ("steps", "seconds") if k in summary}))
+    finally:
+        dist.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
