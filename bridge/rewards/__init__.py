@@ -20,7 +20,8 @@ reward:
     - {type: failure, name: fell, observation: observation, indices: [2], above: 0.2, bonus: -5.0, terminate: true}
 ```
 
-Fields (unknown fields are refused, so a typo never passes silently):
+Only the `reward` section of the file is read (a per-policy file may hold others). Fields (unknown
+fields, and keys given twice, are refused, so a typo never passes silently):
 - `weight` (required by goal_distance, action_magnitude, action_smoothness, joint_limit_proximity, whose
   raw values are distances or penalties >= 0: give them a negative weight; default 1.0 otherwise).
 - `observation` / `action`: the tensor the term reads. Observation terms read the *next* observation
@@ -32,6 +33,9 @@ Fields (unknown fields are refused, so a typo never passes silently):
   `result.terminate` there. `alive_bonus` is 0 on rows where any `failure` holds (with or without
   `terminate`): `alive_bonus` + a failure at `above: 0.2` on the pole angle is exactly gymnasium's
   InvertedPendulum-v5 reward.
+
+Examples, checked against the real MuJoCo envs in tests/rewards: `launch/config/rewards/`
+(`inverted_pendulum.yaml`, `reach.yaml` for Reacher-v5).
 
 Errors name the term (0-based index and name) and the field, before the first step:
 
