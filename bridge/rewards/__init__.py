@@ -79,6 +79,8 @@ The gateway checks a config against each session's specs at Hello, then computes
     goal_distance [-0.3, -0.01]
     action_magnitude [-2.0, -0.02]
     success [0.0, 10.0]
+    >>> r.ended_by(1)     # which condition ended row 1 (EpisodeEnd.reason "reward:success")
+    'success'
     >>> fn.version == RewardFunction.from_dict(fn.to_dict()).version != RewardFunction.passthrough().version
     True
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +41,22 @@ _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
 @dataclass(frozen=True)
 class RewardResult:
     """`reward` (B,) float64 = the sum of `terms` (name -> (B,) float64 weighted contribution, in config
-    order); `terminate` (B,) bool: a condition with `terminate: true` holds."""
+    order); `terminate` (B,) bool: a condition with `terminate: true` holds; `conditions`: each success or
+    failure term's (B,) bool; `terminating`: the names of those with `terminate: true`, in config order."""
 
     reward: np.ndarray
     terms: dict[str, np.ndarray]
     terminate: np.ndarray
+    conditions: dict[str, np.ndarray] = field(default_factory=dict)
+    terminating: tuple[str, ...] = ()
+
+    def ended_by(self, row: int = 0) -> str | None:
+        """The first terminating condition (config order) that holds on `row`, or None: for EpisodeEnd's
+        reason "reward:<term>"."""
+        for name in self.terminating:
+            if self.conditions[name][row]:
+                return name
+        return None
 
 
 class RewardFunction:
@@ -159,7 +170,8 @@ class RewardFunction:
         reward = values[0].copy()
         for v in values[1:]:
             reward += v
-        return RewardResult(reward, dict(zip(self.terms, values, strict=True)), terminate)
+        return RewardResult(reward, dict(zip(self.terms, values, strict=True)), terminate, step.conditions,
+                            self._terminating)
 
     def __repr__(self) -> str:
         return f"RewardFunction({', '.join(self.terms)}; {self.version})"

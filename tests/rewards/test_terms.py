@@ -167,8 +167,14 @@ def test_terminate_is_the_or_of_the_terminating_conditions_only():
     fn = fn_of({"type": "success", "observation": "observation", "indices": [0], "below": 0.1, "terminate": True},
                {"type": "failure", "observation": "observation", "indices": [1], "above": 1.0, "terminate": True},
                {"type": "failure", "name": "warn", "observation": "observation", "indices": [2], "above": 1.0})
-    r = compute(fn, next_obs=obs([0.0, 0.0, 0.0], [5.0, 2.0, 0.0], [5.0, 0.0, 5.0], [5.0, 0.0, 0.0]))
-    assert r.terminate.tolist() == [True, True, False, False]
+    r = compute(fn, next_obs=obs([0.0, 0.0, 0.0], [5.0, 2.0, 0.0], [5.0, 0.0, 5.0], [5.0, 0.0, 0.0],
+                                 [0.0, 2.0, 0.0]))
+    assert r.terminate.tolist() == [True, True, False, False, True]
+    assert r.terminating == ("success", "failure")
+    assert {k: v.tolist() for k, v in r.conditions.items()} == {
+        "success": [True, False, False, False, True], "failure": [False, True, False, False, True],
+        "warn": [False, False, True, False, False]}
+    assert [r.ended_by(i) for i in range(5)] == ["success", "failure", None, None, "success"]
 
 
 def test_batch_rows_are_independent_and_match_single_row_calls():
