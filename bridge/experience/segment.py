@@ -17,6 +17,7 @@ highest logged step, cumulative over the log), DataEnd, the summary and the foot
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 import zlib
@@ -326,29 +327,41 @@ def scan_segment(path: Path, *, decode_messages: bool | None = None) -> SegmentS
                 scan.start_ns, scan.end_ns = stats.message_start_time, stats.message_end_time
                 return scan
             f.seek(scan.good_end)
-        for opcode, start, end in iter_records(f, size):
-            if opcode != Opcode.MESSAGE:
-                break  # closing metadata / DataEnd: the data section's messages end here
-            f.seek(start + _REC_HEAD.size)
-            channel, _seq, log_time, _pub = struct.unpack("<HIQQ", f.read(22))
+        _scan_messages(f, size, scan, decode=decode_messages is not False)
+    return scan
+
+
+def _scan_messages(f, size: int, scan: SegmentScan, *, decode: bool) -> None:
+    """Counts (and optionally decodes) the complete Message records from scan.good_end, in a memory map."""
+    if size <= scan.good_end:
+        return
+    fields = struct.Struct("<HIQQ")
+    first = scan.first_offset
+    sessions = scan.sessions
+    with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        pos = scan.good_end
+        while pos + _MSG_HEAD.size <= size:
+            opcode, length = _REC_HEAD.unpack_from(mm, pos)
+            end = pos + _REC_HEAD.size + length
+            if opcode != Opcode.MESSAGE or end > size or length < 22:
+                break  # closing metadata / DataEnd, or the torn tail
+            channel, _seq, log_time, _pub = fields.unpack_from(mm, pos + _REC_HEAD.size)
             if channel != 1:
                 break
-            if decode_messages is not False:
+            if decode:
                 try:
-                    t = experience_pb2.Transition.FromString(f.read(end - start - _MSG_HEAD.size))
+                    t = experience_pb2.Transition.FromString(mm[pos + _MSG_HEAD.size:end])
                 except Exception:  # noqa: BLE001 - a garbled record is where the torn tail starts
                     break
-                if t.offset != scan.first_offset + scan.count:
+                if t.offset != first + scan.count:
                     break
-                if t.step > scan.sessions.get(t.session, -1):
-                    scan.sessions[t.session] = t.step
-            f.seek(end)
+                if t.step > sessions.get(t.session, -1):
+                    sessions[t.session] = t.step
             if scan.count == 0:
                 scan.start_ns = log_time
             scan.start_ns, scan.end_ns = min(scan.start_ns, log_time), max(scan.end_ns, log_time)
             scan.count += 1
-            scan.good_end = end
-    return scan
+            scan.good_end = pos = end
 
 
 def repair_segment(scan: SegmentScan, sessions: dict[str, int]) -> None:

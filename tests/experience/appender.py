@@ -8,6 +8,7 @@ Prints `offset session step` once each append is durable; runs until killed (bou
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from pathlib import Path
 
@@ -22,10 +23,10 @@ async def main(directory: str, segment_bytes: int) -> None:
     await log.start()
     start = {f"s{i}": (log.last_step(f"s{i}") or -1) + 1 for i in range(4)}
 
-    def acked(fut, session, step):
-        print(fut.result(), session, step, flush=True)
+    def acked(fut, session, step):  # one write(2) of < PIPE_BUF bytes: a line is never split, even by a kill
+        os.write(1, f"{fut.result()} {session} {step}\n".encode())
 
-    print("ready", flush=True)
+    os.write(1, b"ready\n")
     for n in range(1_000_000):
         session = f"s{n % 4}"
         step = start[session] + n // 4

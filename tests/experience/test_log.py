@@ -72,10 +72,10 @@ def test_kill_9_mid_stream_keeps_every_acknowledged_transition_exactly_once(tmp_
     for line in rest.splitlines(keepends=True):  # acknowledged before the kill, still in the pipe
         if not line.endswith("\n"):
             break  # a line cut by the kill
+        assert len(line.split()) == 3, repr(line)
         off, session, step = line.split()
         acked.append((int(off), session, int(step)))
     assert proc.returncode == -signal.SIGKILL
-    assert not is_finished(list_segments(log_dir)[-1][1]), "the open segment was left unfinished by the kill"
 
     async def restart():
         async with ExperienceLog(log_dir) as log:
