@@ -1,5 +1,6 @@
 """Microseconds per `RewardFunction.compute` call, for B=1 (one session's step) and larger batches
-(vectorised sims), for the pass-through function and for a config with every kind of term.
+(vectorised sims), for the pass-through function, the Reacher-v5 example (launch/config/rewards/reach.yaml,
+4 terms) and a config with every kind of term (8).
 
     python benchmarks/rewards.py [--batches 1 64 1024 4096 --repeat 7 --json PATH]
 
@@ -25,6 +26,7 @@ from protos.codec import Spec
 
 OBS = (Spec("observation", np.float32, (11,)), Spec("joint_position", np.float32, (6,)))
 ACT = (Spec("action", np.float32, (6,)),)
+REACH = Path(__file__).resolve().parents[1] / "launch" / "config" / "rewards" / "reach.yaml"
 FULL = {"reward": {"terms": [
     {"type": "env_reward"},
     {"type": "alive_bonus", "weight": 1.0},
@@ -44,10 +46,11 @@ def batch(specs: tuple[Spec, ...], b: int, rng: np.random.Generator) -> dict[str
     return {s.name: rng.standard_normal((b, *s.shape)).astype(s.dtype) for s in specs}
 
 
-def time_call(fn: RewardFunction, b: int, repeat: int) -> tuple[float, float]:
+def time_call(fn: RewardFunction, b: int, repeat: int, obs: tuple[Spec, ...] = OBS,
+              act: tuple[Spec, ...] = ACT) -> tuple[float, float]:
     rng = np.random.default_rng(0)
-    args = (batch(OBS, b, rng), batch(ACT, b, rng), batch(OBS, b, rng), rng.standard_normal(b))
-    prev = batch(ACT, b, rng)
+    args = (batch(obs, b, rng), batch(act, b, rng), batch(obs, b, rng), rng.standard_normal(b))
+    prev = batch(act, b, rng)
     fn.compute(*args, prev)
     n = 1
     while True:  # calibrate: calls per ~0.1 s run
@@ -72,13 +75,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=7)
     p.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "rewards.json")
     args = p.parse_args(argv)
-    functions = {"passthrough": RewardFunction.passthrough(), "all_terms": RewardFunction.from_dict(FULL)}
-    functions["all_terms"].check_specs(OBS, ACT)
+    reach_specs = ((Spec("observation", np.float32, (10,)),), (Spec("action", np.float32, (2,)),))
+    functions = {"passthrough": (RewardFunction.passthrough(), OBS, ACT),
+                 "reach": (RewardFunction.from_yaml(REACH), *reach_specs),
+                 "all_terms": (RewardFunction.from_dict(FULL), OBS, ACT)}
+    for fn, obs, act in functions.values():
+        fn.check_specs(obs, act)
     rows = []
     print(f"{'config':<12} {'terms':>5} {'B':>6} {'us/call':>9} {'best us':>8} {'ns/row':>8}")
-    for name, fn in functions.items():
+    for name, (fn, obs, act) in functions.items():
         for b in args.batches:
-            us, best = time_call(fn, b, args.repeat)
+            us, best = time_call(fn, b, args.repeat, obs, act)
             rows.append({"config": name, "terms": len(fn.terms), "batch": b, "us_per_call": us,
                          "best_us_per_call": best, "ns_per_row": us * 1e3 / b})
             print(f"{name:<12} {len(fn.terms):>5} {b:>6} {us:>9.1f} {best:>8.1f} {us * 1e3 / b:>8.1f}")
