@@ -129,8 +129,8 @@ class Session:
         result = self.rewards.compute(_batch(observation), _batch(action), _batch(arrays),
                                       np.array([obs.reward]), None if previous is None else _batch(previous))
         terms = {name: float(value[0]) for name, value in result.terms.items()}
-        ended = bool(result.terminate[0])
-        return RewardOutcome(float(result.reward[0]), terms, "reward:terminate" if ended else "")
+        ended_by = result.ended_by(0) if result.terminate[0] else None
+        return RewardOutcome(float(result.reward[0]), terms, f"reward:{ended_by}" if ended_by else "")
 
     def _end_episode(self, step: int, reason: str) -> bridge_pb2.ServerMessage:
         self.stats.episodes += 1

@@ -39,7 +39,7 @@ def test_rewards_are_computed_logged_and_end_the_episode(triton, tmp_path):
                 second = await s.step(far, reward=1.0)      # not there yet: an action
                 end = await s.step(near, reward=2.0)        # success: the gateway ends the episode
                 assert second.WhichOneof("kind") == "action"
-                assert end.WhichOneof("kind") == "episode_end" and end.episode_end.reason == "reward:terminate"
+                assert end.WhichOneof("kind") == "episode_end" and end.episode_end.reason == "reward:success"
                 a0, a1 = (decode(r.action.tensors[0]).astype(np.float64) for r in (first, second))
                 r0, r1 = 1.0 - 0.5 * (a0 ** 2).sum(), 2.0 - 0.5 * (a1 ** 2).sum() + 5.0
                 assert abs(end.episode_end.episode_return - (r0 + r1)) < 1e-5
