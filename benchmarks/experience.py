@@ -81,7 +81,7 @@ def loop_overhead(rounds: int, per_round: int, *, fsync_interval_ms: float, run_
     """Batch-1 round trips through two gateways in front of one Triton, one logging every transition
     and one not, in alternating blocks (so both see the same machine)."""
     sys.path.insert(0, str(Path(__file__).parent))
-    from loop_latency import ACT, MODEL, OBS, gateway_round_trips, percentiles
+    from loop_latency import ACT, MODEL, OBS, Session, percentiles
 
     from inference_server import ModelRepository, TritonServer
     from tether.topology import gateway_process
@@ -94,19 +94,33 @@ def loop_overhead(rounds: int, per_round: int, *, fsync_interval_ms: float, run_
             gateway_process(triton_url=triton.grpc_url, policy=MODEL, log_path=run_dir / "gw-off.log") as off, \
             gateway_process(triton_url=triton.grpc_url, policy=MODEL, log_path=run_dir / "gw-on.log",
                             extra_args=logged) as on:
-        asyncio.run(gateway_round_trips(off, 100, "warm-off"))
-        asyncio.run(gateway_round_trips(on, 100, "warm-on"))
+        errors = {"without_log": 0, "with_log": 0}
+
+        async def block(address: str, n: int, name: str, key: str) -> list[int]:
+            """n round trips; a step answered with an error (e.g. a deadline on a loaded machine) is counted."""
+            samples = []
+            async with Session(address, name) as s:
+                for _ in range(n):
+                    try:
+                        samples.append(await s.round_trip())
+                    except RuntimeError:
+                        errors[key] += 1
+            return samples
+
+        asyncio.run(block(off, 100, "warm-off", "without_log"))
+        asyncio.run(block(on, 100, "warm-on", "with_log"))
+        errors.update(without_log=0, with_log=0)
         without, with_log = [], []
         for r in range(rounds):
-            without += asyncio.run(gateway_round_trips(off, per_round, f"off{r}"))
-            with_log += asyncio.run(gateway_round_trips(on, per_round, f"on{r}"))
+            without += asyncio.run(block(off, per_round, f"off{r}", "without_log"))
+            with_log += asyncio.run(block(on, per_round, f"on{r}", "with_log"))
             print(f"  round {r + 1}/{rounds}: p50 without log {np.median(without) / 1e6:.3f} ms, "
                   f"with log {np.median(with_log) / 1e6:.3f} ms", flush=True)
     logged_transitions = sum(1 for _ in read_transitions(run_dir / "experience"))
     return {"without_log": percentiles(without), "with_log": percentiles(with_log),
             "ratio_p50": float(np.median(with_log) / np.median(without)),
             "ratio_p99": float(np.percentile(with_log, 99) / np.percentile(without, 99)),
-            "transitions_logged": logged_transitions}
+            "transitions_logged": logged_transitions, "step_errors": errors}
 
 
 def main(argv: list[str] | None = None) -> dict:

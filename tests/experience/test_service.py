@@ -177,3 +177,23 @@ def test_bad_requests_are_invalid_argument_naming_the_field(tmp_path, requests, 
             assert err.value.details().startswith(field + ":"), err.value.details()
 
     asyncio.run(main())
+
+
+def test_a_subscriber_resumes_from_next_offset_without_loss_or_repeats(tmp_path):
+    async def main():
+        async with served(tmp_path, segment_bytes=16 << 10) as (log, _, stub):
+            await append_all(log, [transition(f"s{i % 3}", i // 3) for i in range(90)])
+            call = stub.Subscribe()
+            await call.write(start(max_batch=10, shard=1, num_shards=2))
+            batch = await asyncio.wait_for(call.read(), 30)
+            first = list(batch.transitions)
+            call.cancel()  # gone mid-stream; more is logged meanwhile
+            await append_all(log, [transition(f"s{i % 3}", 30 + i // 3) for i in range(90)])
+            call = stub.Subscribe()
+            await call.write(start(from_offset=batch.next_offset, shard=1, num_shards=2))
+            expect = [t for t in range(180) if shard_of(f"s{t % 3}", 2) == 1]
+            rest = await receive(call, len(expect) - len(first))
+            call.cancel()
+            assert [t.offset for t in first + rest] == expect
+
+    asyncio.run(main())
