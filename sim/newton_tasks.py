@@ -24,8 +24,9 @@ Per step the whole batch moves once each way: the actions (N, A) are scattered i
 solver launches replayed as a captured Warp graph: a CUDA graph on a GPU, Warp's C++ replay on
 the CPU; `capture=False` launches them one by one), and `joint_q`/`joint_qd` come back in one
 copy each; observations, rewards, terminations and the same-step auto-reset of ended worlds are
-numpy over the batch (no per-env Python). One random generator seeded with
-`seed` draws the reset states of the whole batch, so a seeded env replays the same episodes.
+numpy over the batch (no per-env Python). Reset states come from `ResetNoise`: env i's
+e-th episode starts from a hash of (seed, i, e), so a seeded env replays the same episodes, and
+an env's start states do not depend on when the other envs reset.
 A world whose state becomes non-finite (a solver blow-up) is terminated and reset; its final
 observation has the non-finite values zeroed.
 """
@@ -42,7 +43,7 @@ import numpy as np
 from protos.codec import Spec
 from sim.vector import BaseVectorEnvironment
 
-__all__ = ["NewtonAnt", "NewtonCartpole", "NewtonTask", "make_newton_task", "newton_device"]
+__all__ = ["NewtonAnt", "NewtonCartpole", "NewtonTask", "ResetNoise", "make_newton_task", "newton_device"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,58 @@ def newton_device(device: str | None = None) -> str:
     if device is not None:
         return device
     return "cuda:0" if wp.is_cuda_available() else "cpu"
+
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer, elementwise over uint64 (wrapping arithmetic)."""
+    with np.errstate(over="ignore"):
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+class ResetNoise:
+    """Per-env random streams without per-env Python: the k-th draw for env i's e-th episode is a
+    hash of (seed, i, e, k), so env i's start states depend only on the seed and its own episode
+    count, not on when the other envs reset.
+
+    >>> a = ResetNoise(0).draws(np.array([0, 1, 2]))(-1.0, 1.0, 2)
+    >>> b = ResetNoise(0).draws(np.array([2]))(-1.0, 1.0, 2)
+    >>> a.shape, a.dtype.name, bool(np.array_equal(a[2], b[0])), bool((np.abs(a) <= 1).all())
+    ((3, 2), 'float32', True, True)
+    """
+
+    def __init__(self, seed: int | None):
+        if seed is None:
+            seed = int(np.random.SeedSequence().entropy) & (2 ** 63 - 1)
+        if not isinstance(seed, int | np.integer) or isinstance(seed, bool):
+            raise ValueError(f"seed must be an int or None, got {seed!r}")
+        self._key = _mix(np.array([int(seed) & (2 ** 64 - 1)], np.uint64))[0]
+        self._episode = np.zeros(0, np.uint64)  # per env: episodes started so far
+
+    def draws(self, rows: np.ndarray) -> Callable[[float, float, int], np.ndarray]:
+        """A `noise(low, high, width) -> (len(rows), width)` for the next episode of each env in `rows`."""
+        rows = np.asarray(rows, np.int64)
+        if self._episode.size <= rows.max(initial=-1):
+            self._episode = np.concatenate([self._episode, np.zeros(rows.max() + 1 - self._episode.size, np.uint64)])
+        with np.errstate(over="ignore"):
+            base = _mix(self._key ^ _mix(rows.astype(np.uint64) + np.uint64(1)))
+            base = _mix(base ^ _mix(self._episode[rows] + np.uint64(1)))
+        self._episode[rows] += np.uint64(1)
+        calls = [0]
+
+        def noise(low: float, high: float, width: int) -> np.ndarray:
+            calls[0] += 1
+            with np.errstate(over="ignore"):
+                stream = _mix(base + np.uint64(calls[0]) * _GOLDEN)
+                bits = _mix(stream[:, None] + np.arange(1, width + 1, dtype=np.uint64) * _GOLDEN)
+            unit = (bits >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+            return (low + (high - low) * unit).astype(np.float32)
+
+        return noise
 
 
 class NewtonTask(BaseVectorEnvironment):
@@ -115,7 +168,7 @@ class NewtonTask(BaseVectorEnvironment):
         self._forces = np.zeros((num_envs, self._dofs), np.float32)
         self._mask = wp.zeros(num_envs, dtype=bool, device=self.device)
         self._graph = self._capture() if capture else None
-        self._rng = np.random.default_rng(seed)
+        self._noise = ResetNoise(seed)
         self._t = np.zeros(num_envs, np.int64)
         self._q = np.zeros((num_envs, self._coords), np.float32)
         self._qd = np.zeros((num_envs, self._dofs), np.float32)
@@ -126,8 +179,9 @@ class NewtonTask(BaseVectorEnvironment):
     def _build(self, builder: Any) -> None:
         raise NotImplementedError
 
-    def _initial(self, rng: np.random.Generator, count: int) -> tuple[np.ndarray, np.ndarray]:
-        """Reset states for `count` worlds: joint_q (count, coords) and joint_qd (count, dofs)."""
+    def _initial(self, noise: Callable[..., np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Reset states for some worlds: joint_q (k, coords) and joint_qd (k, dofs); draw randomness
+        with `noise(low, high, width)` -> (k, width) float32, the calls always in the same order."""
         raise NotImplementedError
 
     def _observe(self, q: np.ndarray, qd: np.ndarray) -> np.ndarray:
@@ -194,8 +248,8 @@ class NewtonTask(BaseVectorEnvironment):
 
     def _reset(self, *, seed: int | None) -> dict[str, np.ndarray]:
         if seed is not None:
-            self._rng = np.random.default_rng(seed)
-        self._q, self._qd = self._initial(self._rng, self.num_envs)
+            self._noise = ResetNoise(seed)
+        self._q, self._qd = self._initial(self._noise.draws(np.arange(self.num_envs)))
         self._t[:] = 0
         self._write(None)
         return {"observation": self._observe(self._q, self._qd)}
@@ -221,7 +275,7 @@ class NewtonTask(BaseVectorEnvironment):
         final = observation
         if done.any():
             rows = np.flatnonzero(done)
-            self._q[rows], self._qd[rows] = self._initial(self._rng, len(rows))
+            self._q[rows], self._qd[rows] = self._initial(self._noise.draws(rows))
             self._t[rows] = 0
             self._write(rows)
             observation = observation.copy()
@@ -277,9 +331,9 @@ class NewtonCartpole(NewtonTask):
         for shape in range(builder.shape_count):
             builder.shape_flags[shape] &= ~newton.ShapeFlags.COLLIDE_SHAPES
 
-    def _initial(self, rng: np.random.Generator, count: int) -> tuple[np.ndarray, np.ndarray]:
-        q = rng.uniform(-0.1, 0.1, (count, 3)).astype(np.float32)
-        qd = rng.uniform(-0.05, 0.05, (count, 3)).astype(np.float32)
+    def _initial(self, noise: Callable[..., np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        q = noise(-0.1, 0.1, 3)
+        qd = noise(-0.05, 0.05, 3)
         return q, qd
 
     def _observe(self, q: np.ndarray, qd: np.ndarray) -> np.ndarray:
@@ -331,10 +385,11 @@ class NewtonAnt(NewtonTask):
             inertia = np.asarray(builder.body_inertia[body], np.float32).reshape(3, 3) + 0.01 * np.eye(3)
             builder.body_inertia[body] = wp.mat33(inertia.astype(np.float32))
 
-    def _initial(self, rng: np.random.Generator, count: int) -> tuple[np.ndarray, np.ndarray]:
-        q = np.tile(self._pose, (count, 1))
-        q[:, 7:] += rng.uniform(-0.1, 0.1, (count, 8)).astype(np.float32)
-        qd = rng.uniform(-0.1, 0.1, (count, 14)).astype(np.float32)
+    def _initial(self, noise: Callable[..., np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        hinges = noise(-0.1, 0.1, 8)
+        q = np.tile(self._pose, (len(hinges), 1))
+        q[:, 7:] += hinges
+        qd = noise(-0.1, 0.1, 14)
         return q, qd
 
     def _observe(self, q: np.ndarray, qd: np.ndarray) -> np.ndarray:

@@ -13,7 +13,7 @@ from sim.vector_contract import VectorEnvironmentContract
 
 class TestNewtonCartpole(VectorEnvironmentContract):
     def make_env(self, *, num_envs, seed=None):
-        return NewtonCartpole(num_envs=num_envs, seed=seed, max_episode_steps=40)
+        return NewtonCartpole(num_envs=num_envs, seed=seed, max_episode_steps=100)
 
 
 class TestNewtonAnt(VectorEnvironmentContract):
@@ -42,6 +42,19 @@ def test_worlds_do_not_interact(task):
         np.testing.assert_array_equal(ta.reward[1:], tb.reward[1:])
     assert not np.array_equal(ta.observation["observation"][0], tb.observation["observation"][0])
     a.close(), b.close()
+
+
+def test_a_world_reset_leaves_the_other_worlds_alone():
+    a, b = NewtonCartpole(num_envs=3, seed=2), NewtonCartpole(num_envs=3, seed=2)
+    a.reset(), b.reset()
+    resets_a = resets_b = 0
+    for _ in range(80):
+        push = np.zeros((3, 1), np.float32)
+        ta = a.step({"action": push + np.array([[1.0], [0.0], [0.0]], np.float32)})  # env 0 pushed over
+        tb = b.step({"action": push})
+        resets_a, resets_b = resets_a + ta.last()[0], resets_b + tb.last()[0]
+        np.testing.assert_array_equal(ta.observation["observation"][1:], tb.observation["observation"][1:])
+    assert resets_a != resets_b, "env 0 should end its episodes at other times in the two runs"
 
 
 @pytest.mark.parametrize("task", ["cartpole", "ant"])

@@ -15,6 +15,7 @@ from protos.codec import TensorError
 from sim.env import StepType
 from sim.gym_vector import GymnasiumVectorEnv
 from sim.isaaclab import IsaacLabUnavailable, IsaacLabVectorEnv, make_isaaclab_env
+from sim.mujoco import GymnasiumEnv
 from sim.vector import make_vector_env
 from sim.vector_contract import VectorEnvironmentContract
 
@@ -170,3 +171,30 @@ def test_a_refused_env_is_named_and_others_step():
     with pytest.raises(TensorError, match=r"action: shape \[3, 1\], expected \[4, 1\]"):
         env.step({"action": action[:3]})
     env.close()
+
+
+@pytest.mark.parametrize("env_id", ["InvertedPendulum-v5", "Hopper-v5"])
+def test_vector_env_i_is_the_single_env_seeded_seed_plus_i(env_id):
+    """Episode boundaries, rewards and observations of each env match a single `GymnasiumEnv`
+    seeded with seed + i and given the same actions, across auto-resets (the single env is
+    reset where the vector env reported LAST)."""
+    n, seed, rng = 3, 10, np.random.default_rng(0)
+    vector = GymnasiumVectorEnv(env_id, num_envs=n, seed=seed, max_episode_steps=15)
+    singles = [GymnasiumEnv(env_id, seed=seed + i, max_episode_steps=15) for i in range(n)]
+    ts = vector.reset()
+    for i, env in enumerate(singles):
+        np.testing.assert_array_equal(ts.observation["observation"][i], env.reset().observation["observation"])
+    lasts = 0
+    for _ in range(40):
+        action = rng.uniform(-1, 1, (n, *vector.action_spec()[0].shape)).astype(np.float32)
+        ts = vector.step({"action": action})
+        for i, env in enumerate(singles):
+            one = env.step({"action": action[i]})
+            assert one.step_type == ts.step_type[i] and one.terminated == ts.terminated[i]
+            assert one.reward == ts.reward[i]
+            np.testing.assert_array_equal(one.observation["observation"], ts.final_observation["observation"][i])
+            if one.last():
+                lasts += 1
+                np.testing.assert_array_equal(env.reset().observation["observation"], ts.observation["observation"][i])
+    assert lasts >= n, "the run should cross auto-resets"
+    vector.close()
