@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
+import os
 import threading
 import time
 from collections import deque
@@ -49,6 +51,17 @@ class LogStats:
     next_offset: int
     durable_offset: int
     recovered: int           # transitions found on disk at start
+
+
+def _lock(directory: Path) -> int:
+    """An exclusive lock on `directory/.lock` (released on close, or by the kernel when the process dies)."""
+    fd = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise LogError(f"{directory}: another experience log is writing here (its .lock is held)") from None
+    return fd
 
 
 class ExperienceLog:
@@ -89,7 +102,13 @@ class ExperienceLog:
         if self._thread is not None:
             raise LogError("already started")
         self._loop = asyncio.get_running_loop()
-        await asyncio.to_thread(self._recover)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = _lock(self.directory)
+        try:
+            await asyncio.to_thread(self._recover)
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
         self._thread = threading.Thread(target=self._run, name=f"experience-log:{self.directory.name}", daemon=True)
         self._thread.start()
 
@@ -102,6 +121,7 @@ class ExperienceLog:
             self._cond.notify()
         await asyncio.to_thread(self._thread.join)
         self._thread = None
+        os.close(self._lock_fd)  # releases the directory's lock
         if self._failed is not None:
             raise LogError(f"experience log writer failed: {self._failed!r}") from self._failed
 

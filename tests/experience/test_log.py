@@ -214,6 +214,13 @@ def test_bad_config_and_misuse_are_named(tmp_path):
     log = ExperienceLog(tmp_path)
     with pytest.raises(LogError, match="start"):
         log.append(transition("a", 0))
+
+    async def two_writers():
+        async with ExperienceLog(tmp_path / "shared"):
+            with pytest.raises(LogError, match="another experience log"):
+                await ExperienceLog(tmp_path / "shared").start()
+
+    run(two_writers())
     (tmp_path / "segment-000001.mcap").write_bytes(b"not an mcap file at all")
     with pytest.raises(ValueError, match="segment-000001.mcap"):
         run(log.start())
