@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["RewardConfigError", "TermSpec", "TYPES", "parse_terms", "canonical", "version"]
+__all__ = ["SEMANTICS", "RewardConfigError", "TermSpec", "TYPES", "parse_terms", "canonical", "version"]
 
 
 class RewardConfigError(ValueError):
@@ -232,10 +232,15 @@ def _show(value: Any) -> str:
     return (text if len(text) <= 60 else text[:57] + "...") + f" ({type(value).__name__})"
 
 
+# Bump when what a term computes changes for the same config, so that versions tell the two apart.
+SEMANTICS = 1
+
+
 def canonical(terms: Sequence[TermSpec]) -> str:
-    """The config's content as compact JSON with sorted keys and defaults filled in: what `version` hashes."""
-    return json.dumps({"reward": {"terms": [t.fields() for t in terms]}}, sort_keys=True, separators=(",", ":"),
-                      allow_nan=False)
+    """The config's content as compact JSON with sorted keys and defaults filled in, plus `SEMANTICS`:
+    what `version` hashes."""
+    return json.dumps({"reward": {"terms": [t.fields() for t in terms]}, "semantics": SEMANTICS}, sort_keys=True,
+                      separators=(",", ":"), allow_nan=False)
 
 
 def version(terms: Sequence[TermSpec]) -> str:

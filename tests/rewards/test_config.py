@@ -102,6 +102,13 @@ def _variants():
     yield "goal null -> [0.0]", edit(lambda t: t[6].update(goal=[0.0]))
 
 
+def test_version_changes_with_the_code_semantics(monkeypatch):
+    from bridge.rewards import config
+    before = load(CONFIG).version
+    monkeypatch.setattr(config, "SEMANTICS", config.SEMANTICS + 1)
+    assert load(CONFIG).version != before
+
+
 def test_version_changes_with_any_value():
     versions = {"base": load(CONFIG).version}
     for what, config in _variants():
