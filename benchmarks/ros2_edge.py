@@ -1,51 +1,48 @@
-"""JointState published -> command received on the ROS 2 wire, through the edge node, the gateway
-and Triton, next to a raw DDS ping-pong between the same two kinds of processes, at 100 and 500 Hz.
+"""The robot side on the ROS 2 wire: an independent robot process, the edge node, the gateway and
+Triton, against raw DDS ping-pong as the floor. One run measures:
 
-    python benchmarks/ros2_edge.py [--rates 100,500 --seconds 6 --warmup 1 --domain-id N --json PATH]
+1. lockstep reaction at 100 Hz: the robot publishes state k+1 only after the command for state k
+   arrived (and not before its period); reaction = state published -> its command received;
+2. free-running robots at 100, 500 and 1000 Hz, the edge at the robot's rate: periods answered
+   (wall-clock robot periods in which at least one command arrived), states answered (distinct
+   states a command names, per period) and command jitter (spread of the intervals between
+   commands), per step (one action per observation) and chunked (H actions per observation);
+3. each with the edge on rclpy (Fast DDS, from .venv/ros) and on Cyclone DDS (`--transport dds`).
 
-Everything is on 127.0.0.1; every DDS participant (this process and its DDS children) runs with a
-loopback-only `CYCLONEDDS_URI` (`bridge.ros2.dds.loopback_config`) on one dedicated domain id:
+    python benchmarks/ros2_edge.py [--rates 100,500,1000 --seconds 4 --warmup 1 --chunk 50 --json PATH]
 
-    robot (this process) --/joint_states--> `tether edge --transport dds` --gRPC--> gateway --> Triton
-    robot <--/policy_controller/commands--  (subprocess)                   (subprocess)  (subprocess)
+Processes, all on 127.0.0.1, one DDS domain, loopback only (Cyclone: `loopback_config`; Fast DDS:
+launch/config/fastdds_loopback.xml):
 
-The baseline swaps the edge subprocess for an echo subprocess (this file with `--echo`) that
-answers each JointState at once, in its DDS receive callback, with the Float64MultiArray the topic
-map makes of it: the same message types, QoS, transport code and conversions, no gateway.
+    robot (rclpy, tests/ros2/rclpy_robot.py; the Cyclone robot tests/ros2/edge_robot.py without .venv/ros)
+      --/joint_states--> tether edge (rclpy | dds) --gRPC--> gateway (process) --> Triton (process)
+      <--/policy_controller/commands--
+    floor: the robot <-> an echo process answering each JointState at once in its DDS callback
 
-Matching a command to its JointState: the robot numbers its JointStates and writes the number into
-the first two joint positions as dyadic fractions (seq % 2048 / 1024, seq // 2048 % 2048 / 1024),
-exact in float32 and inside the joint bounds. The policy is action = joint_position (+ 0 x a small
-MLP, so Triton runs a real network); the guard passes it unchanged; so every command names the
-JointState it was computed from. Latency = arrival of the first command naming a JointState minus
-that JointState's publication, both on this process's perf_counter. Later commands naming the same
-JointState (resent state, watchdog hold) are counted as repeats; JointStates that no command names
-(the edge samples the latest state once per period and keeps one observation in flight) are
-counted as unanswered. The edge path therefore includes the wait for the edge's next control tick:
-robot and edge are not phase-locked, so the robot publishes one message per block more than
-`rate * seconds` and the phase sweeps one whole period during each block instead of sitting at one
-arbitrary offset. The edge's own observation -> action round trip is reported beside it.
+The robot numbers its states in the velocities ((i % 4000) / 2000); the policy is action = velocity
+(+ 0 x a 64x64 MLP, so Triton runs a real network; the chunked one repeats it H times), so every
+per-step command names the state it answers, and the robot prints each command's arrival time and,
+for a numbered one, its latency. The guard runs with a velocity limit of 100/s here (the numbering
+jumps from 2 to 0 every 4000 states), so it checks every command and limits none.
 
-The edge's round trip is then compared with a plain grpc.aio Bridge session in this process, on
-the same gateway and policy with the same observation: once stepping like the edge (one
-observation per control period, the next one at the first period boundary after the reply) and
-once back to back, as benchmarks/loop_latency.py does. On a small shared machine the paced loop
-is the fair reference: a process that idles between steps runs every hop of the next one cold
-(Triton, the gateway, the sockets), so a paced round trip is far slower than a back-to-back one
-whoever sends it. For every round trip the gateway's own share comes from Action.timing
-(gateway receive -> send, and Triton's inference inside it, both on the gateway's clock).
+Why an earlier version reported about half of the states answered at 500 Hz, where a robot run by
+hand saw about 98%: its robot lived in the benchmark's own process (its publish loop, its DDS
+receive callbacks and the bookkeeping shared one interpreter), and the edge sent observations on
+its own timer, one in flight, with robot and edge phases sweeping against each other: a state
+published just after a tick waited a whole period, and the next one found the previous still in
+flight. Now the robot is its own process (as on a robot), the edge sends each state as it arrives,
+and "answered" is counted per robot period, the way the robot sees it.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
-import ctypes
+import json
 import os
 import platform
+import queue
 import random
-import re
 import signal
 import subprocess
 import sys
@@ -54,251 +51,241 @@ import threading
 import time
 from pathlib import Path
 
-import grpc
 import numpy as np
 import torch
 
-from bridge.ros2 import messages
 from bridge.ros2.dds import DdsTransport, loopback_config
-from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, TopicMap, load_topic_map
+from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, load_topic_map
 from inference_server import ModelRepository, TritonServer
-from protos import bridge_pb2, bridge_pb2_grpc
-from protos.codec import encode_all
+from protos.codec import Spec
 from tether.topology import gateway_process, stop_process, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL = "bench_edge_echo"
-DIGIT, SCALE = 2048, 1024.0
+ROS_PYTHON = ROOT / ".venv" / "ros" / "bin" / "python"
+FASTDDS_PROFILE = ROOT / "launch" / "config" / "fastdds_loopback.xml"
+RCLPY_ROBOT, DDS_ROBOT = ROOT / "tests" / "ros2" / "rclpy_robot.py", ROOT / "tests" / "ros2" / "edge_robot.py"
+STEP_MODEL, CHUNK_MODEL = "bench_edge_echo", "bench_edge_chunk"
+SCALE = 2000.0
 
 
-class EchoPolicy(torch.nn.Module):
-    """action = joint_position, plus 0 x a 64x64 MLP of the whole observation (a real network runs)."""
+class EchoVelocity(torch.nn.Module):
+    """action = joint_velocity (+ 0 x a 64x64 MLP); with `horizon`, that action H times."""
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, horizon: int = 0):
         super().__init__()
         torch.manual_seed(0)
+        self.horizon = horizon
         self.net = torch.nn.Sequential(torch.nn.Linear(2 * n, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64),
                                        torch.nn.Tanh(), torch.nn.Linear(64, n), torch.nn.Tanh())
 
     def forward(self, joint_position: torch.Tensor, joint_velocity: torch.Tensor) -> torch.Tensor:
-        return joint_position + 0.0 * self.net(torch.cat([joint_position, joint_velocity], dim=1))
+        action = joint_velocity + 0.0 * self.net(torch.cat([joint_position, joint_velocity], dim=1))
+        if self.horizon:
+            return action.unsqueeze(1).repeat(1, self.horizon, 1)
+        return action
 
 
-def encode_seq(seq: int, n: int) -> np.ndarray:
-    position = np.zeros(n)
-    position[0], position[1] = seq % DIGIT / SCALE, seq // DIGIT % DIGIT / SCALE
-    return position
+def ros_env(domain: int) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "ROS_DOMAIN_ID": str(domain),
+            "ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST", "RMW_IMPLEMENTATION": "rmw_fastrtps_cpp",
+            "FASTRTPS_DEFAULT_PROFILES_FILE": str(FASTDDS_PROFILE), "AMENT_PREFIX_PATH": str(ROOT / ".venv" / "ros")}
 
 
-def decode_seq(data) -> int:
-    return round(data[0] * SCALE) + DIGIT * round(data[1] * SCALE)
+def rclpy_ok() -> bool:
+    if not ROS_PYTHON.exists():
+        return False
+    return subprocess.run([str(ROS_PYTHON), "-c", "import rclpy, bridge.ros2.rclpy_transport"], env=ros_env(0),
+                          capture_output=True, timeout=60).returncode == 0
 
 
-def percentiles(ns: list[int]) -> dict:
-    if not ns:
-        return {"p50": None, "p99": None, "n": 0}
-    p50, p99 = np.percentile(np.asarray(ns) / 1e6, [50, 99])
-    return {"p50": round(float(p50), 3), "p99": round(float(p99), 3), "n": len(ns)}
+class RobotProcess:
+    """The robot: its command lines (t, data, lat_ms) collect in `commands`."""
 
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path):
+        self.log = open(log, "w")  # noqa: SIM115 (closed in close())
+        self.out = log.with_suffix(".json")    # the robot keeps its records until it exits: no pipe per command
+        self.proc = subprocess.Popen([*argv, "--out", str(self.out)], env=env, cwd=ROOT, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True, start_new_session=True)
+        self.commands: list[dict] = []
+        self.events: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._pump, daemon=True).start()
+        try:
+            if self.events.get(timeout=60) != "ready":
+                raise RuntimeError(f"robot not ready; see {log}")
+        except queue.Empty:
+            raise RuntimeError(f"robot not ready in 60 s; see {log}") from None
 
-class Robot:
-    """This process's robot: numbered JointStates out, commands in, publish -> command latencies."""
-
-    def __init__(self, domain: int, tmap: TopicMap):
-        self.obs, self.act = tmap.observation[0], tmap.action[0]
-        self.transport = DdsTransport(domain_id=domain, node_name="bench_robot")
-        self.lock = threading.Lock()
-        self.sent: dict[int, int] = {}       # seq -> perf_counter_ns at publication
-        self.latency: dict[int, int] = {}    # seq -> ns until the first command naming it
-        self.repeats = self.unknown = self.seq = 0
-        self.transport.subscribe(self.act.topic, self.act.type, self._on_command, reliable=True, depth=100)
-        self.publish = self.transport.publisher(self.obs.topic, self.obs.type, reliable=self.obs.reliable)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def _on_command(self, msg) -> None:
-        now = time.perf_counter_ns()
-        seq = decode_seq(msg.data)
-        with self.lock:
-            sent = self.sent.get(seq)
-            if sent is None:
-                self.unknown += 1
-            elif seq in self.latency:
-                self.repeats += 1
-            else:
-                self.latency[seq] = now - sent
-
-    def start(self, rate_hz: float) -> None:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, args=(rate_hz,), name="bench-robot", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
-        self.transport.raise_if_failed()
-
-    def _run(self, rate_hz: float) -> None:
-        n, period, t0, i = len(self.obs.joints), 1.0 / rate_hz, time.perf_counter(), 0
-        velocity = np.zeros(n)
-        while not self._stop.is_set():
-            msg = messages.joint_state(names=self.obs.joints, position=encode_seq(self.seq, n), velocity=velocity)
-            with self.lock:
-                self.sent[self.seq] = time.perf_counter_ns()
-            self.publish(msg)
-            self.seq += 1
-            i += 1
-            delay = t0 + i * period - time.perf_counter()
-            if delay < -period:              # fell behind (a busy box): no burst to catch up
-                t0, delay = time.perf_counter() - i * period, 0.0
-            if delay > 0:
-                self._stop.wait(delay)
-
-    def wait_answered(self, after: int, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while not any(s >= after for s in list(self.latency)):
-            self.transport.raise_if_failed()
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no command answered a JointState within {timeout:g} s ({what})")
-            time.sleep(0.01)
-
-    def measure(self, seconds: float, label: str) -> dict:
-        """Time the JointStates published during the next `seconds`; prints progress every second."""
-        with self.lock:
-            lo, repeats, unknown = self.seq, self.repeats, self.unknown
-        t_end = time.monotonic() + seconds
-        while (left := t_end - time.monotonic()) > 0:
-            time.sleep(min(1.0, left))
-            got = [v for s, v in list(self.latency.items()) if s >= lo]
-            print(f"  {label}: {seconds - max(t_end - time.monotonic(), 0):4.1f}/{seconds:g} s  {len(got)} timed  "
-                  f"p50 {np.median(got) / 1e6 if got else float('nan'):.3f} ms", flush=True)
-        hi = self.seq
-        time.sleep(0.3)                      # replies still in flight
-        with self.lock:
-            samples = [self.latency[s] for s in range(lo, hi) if s in self.latency]
-            repeats, unknown = self.repeats - repeats, self.unknown - unknown
-        return {**percentiles(samples), "published": hi - lo, "answered": round(len(samples) / max(hi - lo, 1), 3),
-                "commands_per_s": round(len(samples) / seconds, 1), "repeats": repeats, "unmatched": unknown}
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            record = json.loads(line)
+            if "event" in record:
+                self.events.put(record["event"])
 
     def close(self) -> None:
-        self.stop()
-        self.transport.close()
-
-
-def _die_with_parent() -> None:  # runs in the child before exec: SIGTERM when the benchmark dies
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            stop_process(self.proc)
+        self.log.close()
+        self.commands = json.loads(self.out.read_text()) if self.out.exists() else []
 
 
 @contextlib.contextmanager
-def child(cmd: list[str], log_path: Path):
-    """A DDS child process (inherits the loopback CYCLONEDDS_URI); SIGTERM, then SIGKILL, on exit."""
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONPATH": str(ROOT)}, start_new_session=True,
-                                preexec_fn=_die_with_parent)
+def child(argv: list[str], env: dict[str, str], log: Path):
+    with open(log, "w") as out:
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
         try:
             yield proc
         finally:
-            stop_process(proc)
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    stop_process(proc)
 
 
-def block(robot: Robot, cmd: list[str], log_path: Path, *, rate: float, a: argparse.Namespace, label: str) -> dict:
-    """Start the peer, wait for its first answer, warm up, measure, stop the peer."""
-    t0 = time.monotonic()
-    with child(cmd, log_path) as proc:
-        robot.start(rate + 1.0 / a.seconds)  # one extra message per block: the phase sweeps a period
-        try:
-            start = robot.seq
-            robot.wait_answered(start, 60.0, f"{label}; see {log_path}")
-            print(f"  {label}: first answer after {time.monotonic() - t0:.1f} s; warm-up {a.warmup:g} s", flush=True)
-            time.sleep(a.warmup)
-            result = robot.measure(a.seconds, label)
-        finally:
-            robot.stop()
-        if proc.poll() is not None:
-            raise RuntimeError(f"{label}: the peer exited with code {proc.returncode}; see {log_path}")
+def summarize(commands: list[dict], rate: float, t0: float, seconds: float, *, latency: bool = True) -> dict:
+    """Periods answered, states answered, latency of numbered commands (not for chunks: a chunk's
+    commands all name the one state it was computed from), jitter of arrivals."""
+    window = [c for c in commands if t0 <= c["t"] < t0 + seconds]
+    if not latency:
+        window = [{**c, "lat_ms": None} if c["lat_ms"] is not None else c for c in window]
+    periods = int(round(rate * seconds))
+    if not window:
+        return {"commands": 0, "periods_answered": 0.0, "states_answered": 0.0, "p50": None, "p99": None,
+                "jitter_ms": None}
+    t = np.array([c["t"] for c in window])
+    answered = len({int((x - t0) * rate) for x in t})
+    codes = {round(c["data"][0] * SCALE) for c in window}
+    lat = np.array([c["lat_ms"] for c in window if c["lat_ms"] is not None])
+    gaps = np.diff(t) * 1e3
+    return {"commands": len(window), "periods": periods, "periods_answered": round(min(answered / periods, 1.0), 4),
+            "states_answered": round(min(len(codes) / periods, 1.0), 4),
+            "p50": round(float(np.percentile(lat, 50)), 3) if lat.size else None,
+            "p99": round(float(np.percentile(lat, 99)), 3) if lat.size else None,
+            "jitter_ms": {"std": round(float(gaps.std()), 3), "p99_gap": round(float(np.percentile(gaps, 99)), 3),
+                          "max_gap": round(float(gaps.max()), 3)} if gaps.size else None}
+
+
+def block(label: str, robot_argv: list[str], peer_argv: list[str], env: dict[str, str], *, rate: float,
+          a: argparse.Namespace, logs: Path, report: Path | None = None, chunked: bool = False) -> dict:
+    """Robot up, peer (edge or echo) up, wait for the first command, warm up, measure, stop both."""
+    name = label.replace(" ", "_").replace("/", "_")
+    robot = RobotProcess(robot_argv, env, logs / f"robot_{name}.log")
+    try:
+        with child(peer_argv, env, logs / f"peer_{name}.log") as peer:
+            robot.proc.stdin.write("first\n")       # the robot says when the first command arrived
+            robot.proc.stdin.flush()
+            try:
+                event = robot.events.get(timeout=60)
+            except queue.Empty:
+                event = None
+            if event != "first" or peer.poll() is not None:
+                raise RuntimeError(f"{label}: no command (peer exit {peer.poll()}); see {logs}")
+            t0 = time.monotonic() + a.warmup
+            time.sleep(a.warmup + a.seconds + 0.2)
+    finally:
+        robot.close()
+    result = summarize(robot.commands, rate, t0, a.seconds, latency=not chunked)
+    if report is not None and report.exists():
+        stats = json.loads(report.read_text())["stats"]
+        result["edge"] = {k: stats[k] for k in ("rtt_ms", "ticks", "starved", "overruns", "observations", "errors")}
+    lat = "" if result["p50"] is None else f"latency p50 {result['p50']:.2f} ms p99 {result['p99']:.2f} ms, "
+    jitter = result["jitter_ms"] or {}
+    print(f"  {label}: {lat}periods answered {result['periods_answered']:.1%}, states answered "
+          f"{result['states_answered']:.1%}, jitter std {jitter.get('std', float('nan')):.2f} ms", flush=True)
     return result
 
 
-async def session(gateway: str, tmap: TopicMap, *, rate: float | None, seconds: float, warmup: float) -> dict:
-    """A plain grpc.aio Bridge session: round trips (write -> read) and the gateway's share of each.
+def main(argv: list[str] | None = None) -> dict | None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rates", default="100,500,1000", help="free-running robot rates (Hz); the edge runs at each")
+    p.add_argument("--lockstep-rate", type=float, default=100.0)
+    p.add_argument("--seconds", type=float, default=4.0, help="measured seconds per block")
+    p.add_argument("--warmup", type=float, default=1.0, help="seconds after the first command, not measured")
+    p.add_argument("--chunk", type=int, default=50, help="chunk horizon H of the chunked policy")
+    p.add_argument("--domain-id", type=int, default=random.SystemRandom().randrange(1, 233))
+    p.add_argument("--echo", action="store_true", help=argparse.SUPPRESS)  # the floor's peer process
+    p.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "ros2_edge.json")
+    a = p.parse_args(argv)
+    os.environ["CYCLONEDDS_URI"] = loopback_config(a.domain_id)  # before any participant; children inherit
+    os.environ["ROS_DOMAIN_ID"] = str(a.domain_id)
+    if a.echo:
+        echo(a.domain_id)
+        return None
+    tmap = load_topic_map(DEFAULT_TOPIC_MAP)
+    n = tmap.action_specs()[0].shape[0]
+    joints = ",".join(tmap.observation[0].joints)
+    rates = [float(x) for x in a.rates.split(",")]
+    have_rclpy = rclpy_ok()
+    transports = ["rclpy", "dds"] if have_rclpy else ["dds"]
+    run_dir = Path(tempfile.mkdtemp(prefix="tether-bench-ros2-"))
+    obs, act = tmap.observation_specs(), tmap.action_specs()
+    repo = ModelRepository(run_dir / "models")
+    repo.write_version(STEP_MODEL, 1, EchoVelocity(n), obs, act)
+    repo.write_version(CHUNK_MODEL, 1, EchoVelocity(n, a.chunk), obs, (Spec("action", np.float32, (a.chunk, n)),))
+    env = ros_env(a.domain_id)
+    robot_python, robot_script = (ROS_PYTHON, RCLPY_ROBOT) if have_rclpy else (Path(sys.executable), DDS_ROBOT)
+    robot_kind = "rclpy (Fast DDS)" if have_rclpy else "Cyclone DDS (no .venv/ros)"
+    print(f"run dir {run_dir}; DDS domain {a.domain_id}, loopback only; robot: {robot_kind}", flush=True)
 
-    rate=None: back to back. Otherwise like the edge: one observation in flight, each sent at the
-    first control-period boundary after the previous reply."""
-    n = tmap.observation_specs()[0].shape[0]
-    arrays = {s.name: np.zeros(s.shape, s.dtype) for s in tmap.observation_specs()}
-    hello = bridge_pb2.Hello(policy=MODEL, source="bench:session",
-                             observation_spec=[s.to_proto() for s in tmap.observation_specs()],
-                             action_spec=[s.to_proto() for s in tmap.action_specs()])
-    rtt, gw, infer = [], [], []
-    async with grpc.aio.insecure_channel(gateway) as channel:
-        call = bridge_pb2_grpc.BridgeStub(channel).Connect()
-        await call.write(bridge_pb2.ClientMessage(hello=hello))
-        await call.read()
-        t0 = time.perf_counter()
-        measure_from, end, step = t0 + warmup, t0 + warmup + seconds, 0
-        while (now := time.perf_counter()) < end:
-            arrays["joint_position"] = encode_seq(step, n).astype(np.float32)
-            t_send = time.perf_counter_ns()
-            obs = bridge_pb2.Observation(step=step, t_sent_ns=time.time_ns(), tensors=encode_all(arrays),
-                                         step_type=bridge_pb2.FIRST if step == 0 else bridge_pb2.MID)
-            await call.write(bridge_pb2.ClientMessage(observation=obs))
-            reply = await call.read()
-            done = time.perf_counter_ns()
-            if reply.WhichOneof("kind") != "action":
-                raise RuntimeError(f"session step {step}: {reply}")
-            if now >= measure_from:
-                tm = reply.action.timing
-                rtt.append(done - t_send)
-                gw.append(tm.gateway_send_ns - tm.gateway_recv_ns)
-                infer.append(tm.infer_end_ns - tm.infer_start_ns)
-            step += 1
-            if rate is not None:
-                period = 1.0 / rate
-                now = time.perf_counter()
-                await asyncio.sleep((period - (now - t0) % period) if now > t0 else 0.0)
-        await call.done_writing()
-    return {**percentiles(rtt), "gateway": percentiles(gw), "inference": percentiles(infer)}
+    def robot_argv(rate: float, lockstep: bool = False) -> list[str]:
+        extra = ["--lockstep"] if lockstep else []
+        domain = [] if have_rclpy else ["--domain", str(a.domain_id)]
+        return [str(robot_python), str(robot_script), *domain, "--joints", joints, "--hz", f"{rate:g}",
+                "--seconds", str(a.warmup + a.seconds + 30), *extra]
 
+    def edge_argv(transport: str, rate: float, chunked: bool, report: Path) -> list[str]:
+        python = ROS_PYTHON if transport == "rclpy" else Path(sys.executable)
+        chunk = ["--policy", CHUNK_MODEL, "--chunk", str(a.chunk)] if chunked else ["--policy", STEP_MODEL]
+        return [str(python), "-m", "bridge.ros2.edge", "--gateway", gw, "--transport", transport, "--domain-id",
+                str(a.domain_id), "--rate", f"{rate:g}", "--velocity-limit", "100", "--status-s", "3600",
+                "--node-name", "bench_edge", "--report", str(report), *chunk]
 
-def run_session(gateway: str, tmap: TopicMap, rate: float | None, a: argparse.Namespace) -> dict:
-    label = "grpc.aio session back to back" if rate is None else f"{rate:g} Hz grpc.aio session, paced"
-    result = asyncio.run(session(gateway, tmap, rate=rate, seconds=a.seconds, warmup=a.warmup))
-    print(f"  {label}: round trip p50 {result['p50']:.3f} ms (in gateway {result['gateway']['p50']:.3f}, "
-          f"of it inference {result['inference']['p50']:.3f})", flush=True)
+    echo_argv = [sys.executable, str(Path(__file__).resolve()), "--echo", "--domain-id", str(a.domain_id)]
+    result: dict = {"machine": {"python": sys.version.split()[0], "platform": platform.platform(),
+                                "cpus": os.cpu_count()}, "robot": robot_kind, "seconds": a.seconds,
+                    "warmup_s": a.warmup, "chunk": a.chunk, "lockstep": {}, "free": []}
+    models = [STEP_MODEL, CHUNK_MODEL]
+    with TritonServer(run_dir / "models", models=models, log_path=run_dir / "triton.log") as triton, \
+            gateway_process(triton_url=triton.grpc_url, policy=STEP_MODEL, log_path=run_dir / "gateway.log") as gw:
+        print(f"triton {triton.version} on {triton.grpc_url}, gateway {gw}", flush=True)
+        rate = a.lockstep_rate
+        result["lockstep"]["raw DDS ping-pong"] = block(f"lockstep {rate:g} Hz raw DDS", robot_argv(rate, True),
+                                                        echo_argv, env, rate=rate, a=a, logs=run_dir)
+        for transport in transports:
+            report = run_dir / f"report_lockstep_{transport}.json"
+            result["lockstep"][f"edge {transport}"] = block(
+                f"lockstep {rate:g} Hz edge {transport}", robot_argv(rate, True),
+                edge_argv(transport, rate, False, report), env, rate=rate, a=a, logs=run_dir, report=report)
+        for rate in rates:
+            row = {"rate_hz": rate, "raw DDS ping-pong": block(f"{rate:g} Hz raw DDS", robot_argv(rate), echo_argv,
+                                                               env, rate=rate, a=a, logs=run_dir)}
+            for transport in transports:
+                for chunked in (False, True):
+                    label = f"edge {transport} {'chunked' if chunked else 'per step'}"
+                    report = run_dir / f"report_{rate:g}_{transport}_{chunked}.json"
+                    row[label] = block(f"{rate:g} Hz {label}", robot_argv(rate), edge_argv(transport, rate, chunked,
+                                                                                          report),
+                                       env, rate=rate, a=a, logs=run_dir, report=report, chunked=chunked)
+            result["free"].append(row)
+        result["triton_version"] = triton.version
+    result["logs"] = str(run_dir)
+    print_table(result)
+    write_json(a.json, result)
+    print(f"wrote {a.json}")
     return result
 
 
-def run_edge(robot: Robot, gateway: str, domain: int, rate: float, a: argparse.Namespace, logs: Path) -> dict:
-    log_path = logs / f"edge_{rate:g}hz.log"
-    cmd = [sys.executable, "-m", "tether", "edge", "--gateway", gateway, "--topic-map", str(a.topic_map),
-           "--transport", "dds", "--domain-id", str(domain), "--rate", f"{rate:g}", "--policy", MODEL,
-           "--node-name", "bench_edge", "--status-s", "3600"]
-    result = block(robot, cmd, log_path, rate=rate, a=a, label=f"{rate:g} Hz edge+gateway+Triton")
-    lines = [x for x in log_path.read_text().splitlines() if x.endswith("stopped")]
-    m = re.search(r"rtt p50/p99 ([\d.]+)/([\d.]+) ms(?: \(p50 in gateway ([\d.]+), of it inference ([\d.]+)\))?",
-                  lines[-1]) if lines else None
-    result["edge_rtt_ms"] = {"p50": float(m[1]), "p99": float(m[2]),
-                             "gateway_p50": float(m[3]) if m[3] else None,
-                             "inference_p50": float(m[4]) if m[4] else None} if m else None
-    result["edge_status"] = lines[-1] if lines else None
-    return result
-
-
-def run_raw(robot: Robot, domain: int, rate: float, a: argparse.Namespace, logs: Path) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--echo", "--domain-id", str(domain),
-           "--topic-map", str(a.topic_map)]
-    return block(robot, cmd, logs / f"echo_{rate:g}hz.log", rate=rate, a=a, label=f"{rate:g} Hz raw DDS ping-pong")
-
-
-def echo(domain: int, topic_map: Path) -> None:
-    """The baseline peer: each JointState answered at once, in the receive callback."""
-    tmap = load_topic_map(topic_map)
+def echo(domain: int) -> None:
+    """The floor's peer: each JointState answered at once, in the receive callback (Cyclone DDS)."""
+    tmap = load_topic_map(DEFAULT_TOPIC_MAP)
     obs, act = tmap.observation[0], tmap.action[0]
-    first, action = tmap.observation_specs()[0].name, tmap.action_specs()[0].name
-    stop, parent = threading.Event(), os.getppid()
+    stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     with DdsTransport(domain_id=domain, node_name="bench_echo") as transport:
@@ -306,112 +293,35 @@ def echo(domain: int, topic_map: Path) -> None:
 
         def answer(msg) -> None:
             arrays = tmap.observation_arrays({obs.topic: msg})
-            for _, command in tmap.commands({action: arrays[first]}):
+            for _, command in tmap.commands({"action": arrays["joint_velocity"]}):
                 publish(command)
 
         transport.subscribe(obs.topic, obs.type, answer, reliable=obs.reliable)
-        while not stop.wait(0.2) and os.getppid() == parent:
-            transport.raise_if_failed()
+        stop.wait(3600)
 
 
-def check_topic_map(tmap: TopicMap) -> None:
-    obs, act = tmap.observation_specs(), tmap.action_specs()
-    names = [s.name for s in obs]
-    if tmap.observation[0].type != messages.JOINT_STATE or names != ["joint_position", "joint_velocity"] \
-            or len(act) != 1 or act[0].shape != obs[0].shape or obs[0].shape[0] < 2:
-        raise SystemExit("this benchmark needs the default topic map's shape: JointState -> joint_position[n], "
-                         "joint_velocity[n] -> one action[n], n >= 2")
-
-
-def _interrupt(*_) -> None:
-    raise KeyboardInterrupt
-
-
-def main(argv: list[str] | None = None) -> dict | None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rates", default="100,500", help="comma-separated Hz: robot publish rate = edge rate")
-    p.add_argument("--seconds", type=float, default=6.0, help="measured seconds per rate and path")
-    p.add_argument("--warmup", type=float, default=1.0, help="seconds after the first answer, not measured")
-    p.add_argument("--domain-id", type=int, default=random.SystemRandom().randrange(1, 233))
-    p.add_argument("--topic-map", type=Path, default=DEFAULT_TOPIC_MAP)
-    p.add_argument("--echo", action="store_true", help=argparse.SUPPRESS)  # the baseline's peer process
-    p.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "ros2_edge.json")
-    a = p.parse_args(argv)
-    os.environ["CYCLONEDDS_URI"] = loopback_config(a.domain_id)  # before any participant, children inherit
-    os.environ["ROS_DOMAIN_ID"] = str(a.domain_id)
-    if a.echo:
-        echo(a.domain_id, a.topic_map)
-        return None
-    signal.signal(signal.SIGTERM, _interrupt)  # unwind: every child is stopped on the way out
-    tmap = load_topic_map(a.topic_map)
-    check_topic_map(tmap)
-    rates = [float(x) for x in a.rates.split(",")]
-    run_dir = Path(tempfile.mkdtemp(prefix="tether-bench-ros2-"))
-    obs_spec, act_spec = tmap.observation_specs(), tmap.action_specs()
-    ModelRepository(run_dir / "models").write_version(MODEL, 1, EchoPolicy(obs_spec[0].shape[0]), obs_spec, act_spec)
-    print(f"run dir {run_dir}; DDS domain {a.domain_id} on loopback only", flush=True)
-    rows = []
-    with TritonServer(run_dir / "models", models=[MODEL], log_path=run_dir / "triton.log") as triton, \
-            gateway_process(triton_url=triton.grpc_url, policy=MODEL, log_path=run_dir / "gateway.log") as gw:
-        print(f"triton {triton.version} on {triton.grpc_url}, gateway {gw}", flush=True)
-        robot = Robot(a.domain_id, tmap)
-        try:
-            back_to_back = run_session(gw, tmap, None, a)
-            for rate in rates:
-                raw = run_raw(robot, a.domain_id, rate, a, run_dir)
-                edge = run_edge(robot, gw, a.domain_id, rate, a, run_dir)
-                paced = run_session(gw, tmap, rate, a)
-                rows.append({"rate_hz": rate, "raw_dds": raw, "edge": edge, "session_paced": paced,
-                             "ratio_p50": _ratio(edge["p50"], raw["p50"]),
-                             "ratio_p99": _ratio(edge["p99"], raw["p99"])})
-        finally:
-            robot.close()
-        version = triton.version
-    result = {"machine": {"python": sys.version.split()[0], "platform": platform.platform(), "cpus": os.cpu_count()},
-              "triton_version": version, "domain_id": a.domain_id, "seconds": a.seconds, "warmup_s": a.warmup,
-              "topic_map": str(a.topic_map), "policy": "action = joint_position + 0 x MLP(64, 64)",
-              "method": " ".join(next(x for x in __doc__.split("\n\n") if x.startswith("Matching")).split()),
-              "rates": rows, "session_back_to_back": back_to_back, "logs": str(run_dir)}
-    print_table(result)
-    write_json(a.json, result)
-    print(f"wrote {a.json}")
-    return result
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return round(a / b, 2) if a is not None and b else None
+def _fmt(x: float | None, spec: str = ".2f") -> str:
+    return "-" if x is None else format(x, spec)
 
 
 def print_table(r: dict) -> None:
-    print(f"\n{'rate':>7}  {'path':<24}{'p50 ms':>9}{'p99 ms':>9}{'n':>7}{'answered':>10}"
-          f"{'ratio p50':>11}{'ratio p99':>11}")
-    for row in r["rates"]:
-        for name, key in (("raw DDS ping-pong", "raw_dds"), ("edge+gateway+Triton", "edge")):
-            x = row[key]
-            ratio = ("1.00", "1.00") if key == "raw_dds" else (f"{row['ratio_p50']}", f"{row['ratio_p99']}")
-            print(f"{row['rate_hz']:>4g} Hz  {name:<24}{x['p50'] or float('nan'):>9.3f}{x['p99'] or float('nan'):>9.3f}"
-                  f"{x['n']:>7}{x['answered']:>10.0%}{ratio[0]:>11}{ratio[1]:>11}")
-    b2b = r.get("session_back_to_back")
-    print("\nobservation -> action round trip through the gateway, p50/p99 ms (p50 inside the gateway; "
-          "of it Triton's inference)")
-    print(f"{'rate':>7}  {'edge node (whole run)':<34}{'grpc.aio session, same pacing':<34}"
-          f"{'grpc.aio session, back to back':<34}")
-    for row in r["rates"]:
-        rtt, paced = row["edge"]["edge_rtt_ms"], row.get("session_paced")
-        edge_text = "-" if not rtt else f"{rtt['p50']:.2f}/{rtt['p99']:.2f}"
-        if rtt and rtt.get("gateway_p50") is not None:
-            edge_text += f" ({rtt['gateway_p50']:.2f}; {rtt['inference_p50']:.2f})"
-        print(f"{row['rate_hz']:>4g} Hz  {edge_text:<34}{_session_text(paced):<34}{_session_text(b2b):<34}")
-
-
-def _session_text(x: dict | None) -> str:
-    if not x or x.get("p50") is None:
-        return "-"
-    return f"{x['p50']:.2f}/{x['p99']:.2f} ({x['gateway']['p50']:.2f}; {x['inference']['p50']:.2f})"
+    print(f"\nlockstep at the robot's {list(r['lockstep'])} rate: state -> command reaction")
+    print(f"{'path':<24}{'p50 ms':>9}{'p99 ms':>9}")
+    for name, x in r["lockstep"].items():
+        print(f"{name:<24}{_fmt(x['p50']):>9}{_fmt(x['p99']):>9}")
+    print(f"\nfree-running robot, edge at the robot's rate (chunks of {r['chunk']})")
+    print(f"{'rate':>7}  {'path':<26}{'periods':>9}{'states':>8}{'p50 ms':>8}{'p99 ms':>8}{'jitter':>8}"
+          f"{'p99 gap':>9}{'edge rtt p50':>14}")
+    for row in r["free"]:
+        for name, x in row.items():
+            if name == "rate_hz":
+                continue
+            jitter = x.get("jitter_ms") or {}
+            rtt = (x.get("edge") or {}).get("rtt_ms", {}).get("p50")
+            print(f"{row['rate_hz']:>4g} Hz  {name:<26}{x['periods_answered']:>9.1%}{x['states_answered']:>8.1%}"
+                  f"{_fmt(x['p50']):>8}{_fmt(x['p99']):>8}{_fmt(jitter.get('std')):>8}{_fmt(jitter.get('p99_gap')):>9}"
+                  f"{_fmt(rtt):>14}")
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except KeyboardInterrupt:
-        sys.exit("interrupted: every child process was stopped")
+    main()

@@ -19,6 +19,7 @@ Lines on stdin steer it; events come back as {"event": ...} lines:
   garbage                one undecodable sample on /joint_states, /tether/estop, /tether/estop_release
   estop                  True on /tether/estop
   release TEXT           TEXT ("name: why") on /tether/estop_release
+  first                  reply {"event": "first"} once a command arrived
   matched                reply {"event": "matched"} once the edge's command publisher and its
                          subscriptions to /joint_states, /tether/estop, /tether/estop_release are matched
 It prints {"event": "estop_state", "data": bool} for each /tether/estop_state message, and stops
@@ -34,6 +35,7 @@ import json
 import sys
 import threading
 import time
+from pathlib import Path
 
 MODULO, SCALE = 4000, 2000.0
 # An encapsulation header no CDR reader knows; 8 bytes, which Fast DDS still writes for fixed-size
@@ -54,11 +56,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--position", type=float, default=0.0)
     parser.add_argument("--lockstep", action="store_true")
+    parser.add_argument("--out", help="keep command records and write them to this JSON file at exit "
+                        "(stdout then carries only events)")
     args = parser.parse_args(argv)
     joints = args.joints.split(",")
     out = threading.Lock()
+    kept: list[dict] = []
 
     def emit(record: dict) -> None:
+        if args.out and "event" not in record:
+            kept.append(record)
+            return
         with out:
             sys.stdout.write(json.dumps(record) + "\n")
             sys.stdout.flush()
@@ -72,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     release = node.create_publisher(String, "/tether/estop_release", QoSProfile(depth=10))
     stop = threading.Event()
     answered = threading.Event()
+    got_command = threading.Event()
     lock = threading.Lock()
     velocity: list[float | None] = [None]
     position = [args.position]
@@ -81,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def on_command(msg: Float64MultiArray) -> None:
         now = time.monotonic()
+        got_command.set()
         data = [float(x) for x in msg.data]
         with lock:
             code = round(data[0] * SCALE) if data and velocity[0] is None else None
@@ -130,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
                 estop.publish(Bool(data=True))
             elif word == "release":
                 release.publish(String(data=rest))
+            elif word == "first":
+                emit({"event": "first" if got_command.wait(60) else "no command"})
             elif word == "matched":
                 deadline = time.monotonic() + 20
                 while not matched() and time.monotonic() < deadline:
@@ -166,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         executor.shutdown()
         node.destroy_node()
         rclpy.try_shutdown()
+        if args.out:
+            Path(args.out).write_text(json.dumps(kept))
     return 0
 
 

@@ -40,7 +40,7 @@ needs_rclpy = pytest.mark.skipif(_WHY_NOT_RCLPY is not None, reason=str(_WHY_NOT
 needs_launch = pytest.mark.skipif(_WHY_NOT_LAUNCH is not None, reason=str(_WHY_NOT_LAUNCH))
 
 
-FASTDDS_PROFILE = Path(__file__).with_name("fastdds_loopback.xml")
+FASTDDS_PROFILE = ROOT / "launch" / "config" / "fastdds_loopback.xml"
 
 
 def ros_env(domain: int) -> dict[str, str]:
