@@ -65,7 +65,14 @@ def _lock(directory: Path) -> int:
 
 
 class ExperienceLog:
-    """Appends `tether.v1.Transition`s to MCAP segments in `directory` (see module docstring)."""
+    """Appends `tether.v1.Transition`s to MCAP segments in `directory` (see module docstring).
+
+    A segment is finished and a new one started when its data would pass `segment_bytes` (the
+    summary adds about 5 kB) or it is `segment_seconds` old. At most one fsync per
+    `fsync_interval_s`: a record waits at most that long plus one write and fsync to be acknowledged,
+    and everything appended meanwhile shares the fsync. fsync=False acknowledges after the write
+    (the OS page cache: survives a killed process, not a power loss).
+    """
 
     def __init__(self, directory: str | Path, *, segment_bytes: int = 256 << 20, segment_seconds: float = 600.0,
                  fsync_interval_s: float = 0.005, fsync: bool = True):
@@ -244,7 +251,7 @@ class ExperienceLog:
     # -- the writer thread -----------------------------------------------------------------
     def _run(self) -> None:
         last_sync = 0.0
-        batch: list[tuple[int, asyncio.Future | None]] = []
+        taken: list = []  # drained from the queue, not yet acknowledged
         try:
             while True:
                 with self._cond:
@@ -254,22 +261,23 @@ class ExperienceLog:
                             break
                     self._writer_idle = False
                     closing = self._closing and not self._queue
-                items = self._drain()
-                if items:
-                    batch = self._write(items)
+                taken = self._drain()
+                if taken:
+                    self._write(taken)
                     wait = last_sync + self.fsync_interval_s - time.monotonic()
                     if wait > 0 and not self._closing:
                         time.sleep(wait)  # group commit: more appends may queue meanwhile
                         more = self._drain()
-                        if more:
-                            batch += self._write(more)
+                        taken += more
+                        self._write(more)
                     if self.fsync and self._segment is not None:
                         self._segment.sync()
                         self._counts["fsyncs"] += 1
                     last_sync = time.monotonic()
-                    self._counts["max_group"] = max(self._counts["max_group"], len(batch))
-                    self._loop.call_soon_threadsafe(self._resolve, batch, batch[-1][0] + 1)
-                    batch = []
+                    self._counts["max_group"] = max(self._counts["max_group"], len(taken))
+                    done = [(t.offset, fut) for t, _, fut in taken]
+                    taken = []
+                    self._loop.call_soon_threadsafe(self._resolve, done, done[-1][0] + 1)
                 if self._segment is not None and self._segment.count and self._segment_aged():
                     self._finish_segment()
                 if closing:
@@ -278,11 +286,11 @@ class ExperienceLog:
                 self._finish_segment()
         except BaseException as e:  # noqa: BLE001 - reported to every waiting append and on close
             self._failed = e
-            rest = [(t.offset, f) for t, _, f in self._drain()]
+            lost = [(t.offset, fut) for t, _, fut in taken + self._drain()]
             if self._segment is not None:
                 self._segment.abandon()
                 self._segment = None
-            self._loop.call_soon_threadsafe(self._fail, e, batch + rest)
+            self._loop.call_soon_threadsafe(self._fail, e, lost)
 
     def _drain(self) -> list:
         items = []
@@ -299,10 +307,10 @@ class ExperienceLog:
     def _segment_aged(self) -> bool:
         return time.monotonic() - self._segment_started >= self.segment_seconds
 
-    def _write(self, items: list) -> list[tuple[int, asyncio.Future | None]]:
-        """Writes queued transitions (rotating segments by size and age); returns (offset, future)s."""
-        done, run, run_bytes = [], [], 0
-        for transition, log_time, fut in items:
+    def _write(self, items: list) -> None:
+        """Writes queued transitions, rotating segments by size and age (not yet fsynced)."""
+        run, run_bytes = [], 0
+        for transition, log_time, _fut in items:
             data = transition.SerializeToString()
             size = SegmentWriter.record_size(data)
             seg = self._segment
@@ -315,11 +323,9 @@ class ExperienceLog:
                 self._open_segment(transition.offset)
             run.append((log_time, data))
             run_bytes += size
-            done.append((transition.offset, fut))
             if transition.step > self._disk_sessions.get(transition.session, -1):
                 self._disk_sessions[transition.session] = transition.step
         self._flush_run(run)
-        return done
 
     def _flush_run(self, run: list[tuple[int, bytes]]) -> None:
         if run:
