@@ -132,7 +132,7 @@ class IsaacLabVectorEnv(BaseVectorEnvironment):
     def _step(self, actions: dict[str, np.ndarray]):
         torch = self._torch
         with torch.no_grad():
-            action = torch.from_numpy(actions["action"]).to(self.device)
+            action = torch.from_numpy(actions["action"]).to(self.device, copy=True)  # the env may write to it
             obs, reward, terminated, truncated, _ = self._env.step(action)
             out, (reward, terminated, truncated) = self._observations(obs, (reward, terminated, truncated))
         return out, reward.astype(np.float64), terminated != 0, truncated != 0, None

@@ -144,3 +144,20 @@ def test_cartpole_on_cuda_follows_the_cpu():
         action = {"action": np.full((8, 1), 0.3, np.float32)}
         a, b = cpu.step(action), gpu.step(action)
         np.testing.assert_allclose(a.observation["observation"], b.observation["observation"], atol=1e-3)
+
+
+def test_a_world_that_blows_up_is_terminated_and_reset_alone():
+    env = NewtonCartpole(num_envs=3, seed=7)
+    env.reset()
+    zero = {"action": np.zeros((3, 1), np.float32)}
+    env.step(zero)
+    qd = env._state.joint_qd.numpy().reshape(3, -1).copy()  # a solver blow-up in world 1, simulated
+    qd[1] = np.nan
+    env._state.joint_qd.assign(qd.ravel())
+    ts = env.step(zero)
+    assert ts.terminated.tolist() == [False, True, False] and ts.reward[1] == 0.0
+    assert np.isfinite(ts.final_observation["observation"]).all() and np.isfinite(ts.observation["observation"]).all()
+    for _ in range(5):
+        ts = env.step(zero)
+        assert not ts.last().any() and np.isfinite(ts.observation["observation"]).all()
+    env.close()
