@@ -85,3 +85,19 @@ def test_bad_paths_are_named_and_nothing_is_half_written(tmp_path):
     with pytest.raises(SystemExit, match="no experience log"):
         main(["inspect", str(tmp_path / "taken")])
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "a temporary directory was left"
+
+
+def test_the_tether_log_command(tmp_path):
+    import subprocess
+    import sys
+
+    make_run(tmp_path)
+    out = subprocess.run([sys.executable, "-m", "tether", "log", "inspect", str(tmp_path), "--json"],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    assert json.loads(out)["transitions"] == 17
+    done = subprocess.run([sys.executable, "-m", "tether", "log", "export", str(tmp_path), str(tmp_path / "bc")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "4 episodes, 17 frames" in done.stdout, done.stderr
+    bad = subprocess.run([sys.executable, "-m", "tether", "log", "inspect", str(tmp_path / "missing")],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "missing: no such directory" in bad.stderr
