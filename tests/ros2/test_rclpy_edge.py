@@ -1,6 +1,8 @@
 """The edge node on rclpy, end to end with real processes: an rclpy robot node (rclpy_robot.py) ⇄
 `tether edge --transport rclpy` (both from .venv/ros) ⇄ a real gateway ⇄ a real tritonserver.
 Commands are checked where they land, on the robot; the edge's --report says what produced each.
+Chunk merging by temporal ensembling is checked here too, with the node in this process on
+Cyclone DDS (no rclpy needed).
 """
 
 from __future__ import annotations
@@ -19,12 +21,10 @@ from bridge.ros2.edge_config import DEFAULT_VELOCITY_LIMIT
 from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, load_topic_map
 from inference_server import ModelRepository, TritonServer
 from protos.codec import Spec
-from tests.ros2.edge_support import EchoVelocity, GatewayThread, joint_specs, wait_until
+from tests.ros2.edge_support import EchoVelocity, GatewayThread, Robot, joint_specs, running_edge, wait_until
 from tests.ros2.rclpy_support import EdgeProcess, rclpy_robot
 from tests.ros2.ros_env import needs_launch, needs_rclpy, ros_env
 from tests.ros2.test_edge_estop import dead_address
-
-pytestmark = needs_rclpy
 
 TMAP = load_topic_map(DEFAULT_TOPIC_MAP)
 JOINTS = TMAP.observation[0].joints
@@ -70,6 +70,7 @@ def assert_within_limits(report: dict) -> None:
     assert (steps <= LIMIT * np.diff(t)[:, None] + 1e-9).all(), steps.max(axis=0)
 
 
+@needs_rclpy
 def test_rclpy_robot_edge_gateway_triton(ros_domain, gateway, tmp_path):
     robot = rclpy_robot(ros_domain, JOINTS, hz=100)
     try:
@@ -101,6 +102,7 @@ def test_rclpy_robot_edge_gateway_triton(ros_domain, gateway, tmp_path):
     assert report["stats"]["observations"] >= len(policy)
 
 
+@needs_rclpy
 def test_malformed_samples_on_every_topic_do_not_stop_the_node(ros_domain, gateway, tmp_path):
     robot = rclpy_robot(ros_domain, JOINTS, hz=100)
     try:
@@ -129,6 +131,7 @@ def test_malformed_samples_on_every_topic_do_not_stop_the_node(ros_domain, gatew
     assert "undecodable std_msgs/msg/Bool sample" in edge.text
 
 
+@needs_rclpy
 def test_first_command_is_rate_limited_from_the_measured_pose(ros_domain, gateway, tmp_path):
     """The robot stands at 1.0 rad on every joint; the policy asks for -1.0 at once."""
     robot = rclpy_robot(ros_domain, JOINTS, hz=100, position=1.0)
@@ -146,6 +149,7 @@ def test_first_command_is_rate_limited_from_the_measured_pose(ros_domain, gatewa
     assert edge.report["guard"]["velocity_limit"] == LIMIT.tolist()          # the topic map's, on by default
 
 
+@needs_rclpy
 def test_release_by_a_name_not_in_the_allowlist_is_refused_and_logged(ros_domain, tmp_path):
     robot = rclpy_robot(ros_domain, JOINTS, hz=100)
     try:
@@ -169,6 +173,7 @@ def test_release_by_a_name_not_in_the_allowlist_is_refused_and_logged(ros_domain
     assert edge.report["stats"]["errors"]["RELEASE_REFUSED"] == 1
 
 
+@needs_rclpy
 def test_chunks_keep_a_1khz_robot_commanded_through_30ms_inference(ros_domain, gateway, tmp_path, monkeypatch):
     handle = gateway_session.Session.handle
 
@@ -226,3 +231,27 @@ def test_ros2_launch_runs_the_edge_and_drives_a_robot(ros_domain, gateway):
     assert "edge node tether_edge_launched: RclpyTransport" in out and "stopped" in out, out
     codes = [round(c["data"][0] * 2000) for c in robot.commands if c["lat_ms"] is not None]
     assert len(codes) >= 50 and codes == sorted(codes)
+
+
+def test_ensembled_chunks_on_cyclone(ros_domain, gateway):
+    """Chunks of H at 200 Hz, a new one every few ticks: each command averages the overlapping
+    chunks (ACT's temporal ensembling), names the newest, and stays inside the guard's limits."""
+    robot = Robot(ros_domain, JOINTS, hz=200)
+    robot.wait_ready()
+    try:
+        config = {"chunk": H, "chunk_threshold": H - 5, "chunk_merge": "ensemble", "ensemble_decay": 0.1}
+        with running_edge(ros_domain, gateway, TMAP, policy="chunk6", rate_hz=200, config=config,
+                          velocity_limit=None) as node:
+            wait_until(lambda: len(robot.commands) >= 200, timeout=30, what="200 commands")
+        records = list(node.command_log)
+    finally:
+        robot.close()
+    policy = [r for r in records if r.source is not None]
+    assert policy and max(r.source.ensembled for r in policy) >= 3
+    assert all(r.source.policy_version == 1 and 0 <= r.source.index < H for r in policy)
+    chunks = [r.source.chunk for r in policy]
+    assert chunks == sorted(chunks) and len(set(chunks)) >= 5                # the newest chunk, recorded
+    sent = np.array([r.sent for r in records])
+    t = np.array([r.t for r in records])
+    assert ((sent >= LOW) & (sent <= HIGH)).all()
+    assert (np.abs(np.diff(sent, axis=0)) <= LIMIT * np.diff(t)[:, None] + 1e-9).all()
