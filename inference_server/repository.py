@@ -156,6 +156,11 @@ class ModelRepository:
             return {k: v.detach().contiguous() for k, v in torch.jit.load(str(path), map_location="cpu")
                     .state_dict().items()}
 
+    def retired_versions(self, model: str) -> list[int]:
+        """Versions moved out by `retire` (their numbers are never reused)."""
+        folder = self.root / ".retired" / _check_model_name(model)
+        return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.is_dir() else []
+
     def retire(self, model: str, version: int) -> None:
         """Move a version folder out of the model (under root/.retired) so that the next
         `load_model` unloads it; its files stay for audit."""

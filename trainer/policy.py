@@ -33,6 +33,21 @@ def _bounds(spec: Spec) -> tuple[torch.Tensor, torch.Tensor] | None:
     return torch.from_numpy(low.copy()), torch.from_numpy(high.copy())
 
 
+def _register_bounds(module: nn.Module, action: Spec) -> None:
+    """Bounds as buffers, so they travel with the weights: a module rebuilt from specs without
+    bounds (e.g. Triton's metadata) behaves like the served one once it loads its state_dict."""
+    bounds = _bounds(action)
+    low, high = bounds if bounds is not None else (torch.zeros(action.shape), torch.zeros(action.shape))
+    module.register_buffer("bounded", torch.full(action.shape, bounds is not None))
+    module.register_buffer("center", (high + low) / 2)
+    module.register_buffer("half_range", (high - low) / 2)
+
+
+def _squash(out: torch.Tensor, bounded: torch.Tensor, center: torch.Tensor, half_range: torch.Tensor) -> torch.Tensor:
+    """`out` squashed into the bounds where the action is bounded."""
+    return torch.where(bounded, center + half_range * torch.tanh(out), out)
+
+
 class MLPPolicy(nn.Module):
     """A deterministic MLP from one float observation vector to one action vector, squashed into
     the action bounds when the spec has them."""
@@ -51,17 +66,12 @@ class MLPPolicy(nn.Module):
             layers += [nn.Linear(a, b), nn.Tanh()]
         layers.append(nn.Linear(sizes[-1], action.shape[0]))
         self.net = nn.Sequential(*layers)
-        bounds = _bounds(action)
-        self.squash = bounds is not None
-        low, high = bounds if bounds is not None else (torch.zeros(action.shape), torch.zeros(action.shape))
-        self.register_buffer("center", (high + low) / 2)
-        self.register_buffer("half_range", (high - low) / 2)
+        self._register_bounds(action)
+
+    _register_bounds = _register_bounds
 
     def forward(self, observation: torch.Tensor) -> torch.Tensor:
-        out = self.net(observation)
-        if self.squash:
-            out = self.center + self.half_range * torch.tanh(out)
-        return out
+        return _squash(self.net(observation), self.bounded, self.center, self.half_range)
 
 
 _LOG_SQRT_2PI = 0.9189385332046727  # log(sqrt(2 pi))
@@ -107,22 +117,17 @@ class GaussianPolicy(nn.Module):
         layers.append(head)
         self.net = nn.Sequential(*layers)
         self.log_std = nn.Parameter(torch.full((action.shape[0],), float(log_std_init)))
-        bounds = _bounds(action)
-        self.squash = bounds is not None
-        low, high = bounds if bounds is not None else (torch.zeros(action.shape), torch.zeros(action.shape))
-        self.register_buffer("center", (high + low) / 2)
-        self.register_buffer("half_range", (high - low) / 2)
+        self._register_bounds(action)
 
     @staticmethod
     def output_specs(action: Spec) -> tuple[Spec, ...]:
         """The served outputs for `action`: (action, log_prob (1,), action_mean like action)."""
         return (action, Spec("log_prob", np.float32, (1,)), Spec("action_mean", np.float32, action.shape))
 
+    _register_bounds = _register_bounds
+
     def mean(self, observation: torch.Tensor) -> torch.Tensor:
-        out = self.net(observation)
-        if self.squash:
-            out = self.center + self.half_range * torch.tanh(out)
-        return out
+        return _squash(self.net(observation), self.bounded, self.center, self.half_range)
 
     def forward(self, observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         mean = self.mean(observation)

@@ -66,7 +66,7 @@ class Publisher:
         current = await self._catalog.resolve(header.policy)
         async with self._lock:
             name = current.name
-            version = max([*repo.versions(name), current.version]) + 1
+            version = max([*repo.versions(name), *repo.retired_versions(name), current.version]) + 1
             self._retire_unused(repo, name, keep={current.version})
             try:
                 await asyncio.to_thread(repo.write_weights, name, version, weights, base_version=current.version)
