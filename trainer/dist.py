@@ -15,7 +15,8 @@ import os
 import torch
 import torch.distributed as dist
 
-__all__ = ["all_reduce_sum", "barrier", "broadcast_int", "device", "init", "is_distributed", "shutdown", "world"]
+__all__ = ["all_reduce_max", "all_reduce_sum", "barrier", "broadcast_int", "broadcast_tensor", "device", "init",
+           "is_distributed", "shutdown", "world"]
 
 
 def is_distributed() -> bool:
@@ -68,6 +69,15 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
+    """Maximum over ranks, in place (and returned)."""
+    if is_distributed():
+        moved = tensor.to(device())
+        dist.all_reduce(moved, op=dist.ReduceOp.MAX)
+        tensor.copy_(moved.to(tensor.device))
+    return tensor
+
+
 def broadcast_int(value: int, *, src: int = 0) -> int:
     """`value` as rank `src` has it, on every rank."""
     if not is_distributed():
@@ -75,6 +85,15 @@ def broadcast_int(value: int, *, src: int = 0) -> int:
     t = torch.tensor([int(value)], dtype=torch.int64, device=device())
     dist.broadcast(t, src=src)
     return int(t.item())
+
+
+def broadcast_tensor(tensor: torch.Tensor, *, src: int = 0) -> torch.Tensor:
+    """`tensor` as rank `src` has it, in place on every rank (same shape and dtype everywhere)."""
+    if is_distributed():
+        moved = tensor.to(device())
+        dist.broadcast(moved, src=src)
+        tensor.copy_(moved.to(tensor.device))
+    return tensor
 
 
 def barrier() -> None:

@@ -28,7 +28,7 @@ from torch import nn
 from protos import codec
 from trainer import dist
 from trainer.policy import GaussianPolicy
-from trainer.trajectory import LagStats, Segment, gae, policy_lag
+from trainer.trajectory import LagStats, Segment, gae, lag_stats, policy_lag
 
 __all__ = ["ActorCritic", "PPOConfig", "PPOLearner", "STALE_MODES"]
 
@@ -166,8 +166,8 @@ class PPOLearner:
         cfg = self.config
         b = self._collect(segments)
         transitions = [t for seg in segments for t in seg.transitions]
-        behind, lag = policy_lag(transitions, newest_version=newest_version,
-                                 newest_publish_ns=newest_publish_ns, max_version_lag=cfg.max_version_lag)
+        behind, seconds = policy_lag(transitions, newest_version=newest_version, newest_publish_ns=newest_publish_ns)
+        lag = lag_stats(behind, seconds, max_version_lag=cfg.max_version_lag)
         with torch.no_grad(), self._autocast():
             values = self.model.value(b.obs).double().cpu().numpy()
             boot_values = self.model.value(b.boot_obs).double().cpu().numpy()
@@ -229,7 +229,9 @@ class PPOLearner:
                     sums["approx_kl"] += float(((ratio - 1) - log_ratio).sum())
                     sums["clip_frac"] += float(((ratio - 1).abs() > cfg.clip).float().sum())
                     counted += len(idx)
-        stats = {k: v / max(counted, 1) for k, v in sums.items()}
+        keys = sorted(sums)
+        totals = dist.all_reduce_sum(torch.tensor([sums[k] for k in keys] + [float(counted)], dtype=torch.float64))
+        stats = {k: float(v) / max(float(totals[-1]), 1.0) for k, v in zip(keys, totals[:-1].tolist(), strict=True)}
         stats.update(samples=float(len(values)), kept=float(len(kept)), global_kept=float(total),
                      log_std=float(self.policy.log_std.detach().mean()))
         stats.update(_lag_dict(lag))

@@ -30,7 +30,7 @@ import numpy as np
 
 from protos import codec, experience_pb2
 
-__all__ = ["LagStats", "Segment", "TrajectoryAssembler", "gae", "policy_lag"]
+__all__ = ["LagStats", "Segment", "TrajectoryAssembler", "gae", "lag_stats", "policy_lag"]
 
 
 @dataclass
@@ -175,9 +175,9 @@ class LagStats:
                 f"(max {self.seconds_max:.2f}s) stale {self.stale}")
 
 
-def policy_lag(transitions: Sequence[experience_pb2.Transition], *, newest_version: int, newest_publish_ns: int,
-               max_version_lag: int) -> tuple[np.ndarray, LagStats]:
-    """Versions behind per transition, and the batch's figures.
+def policy_lag(transitions: Sequence[experience_pb2.Transition], *, newest_version: int,
+               newest_publish_ns: int) -> tuple[np.ndarray, np.ndarray]:
+    """(versions behind, seconds behind) per transition.
 
     Seconds behind: for a transition acted by an older version, how long after the newest
     version was published it was still acted (gateway receive time - publish time); 0 otherwise.
@@ -186,9 +186,19 @@ def policy_lag(transitions: Sequence[experience_pb2.Transition], *, newest_versi
     behind = np.maximum(newest_version - versions, 0)
     stamps = np.array([t.timing.gateway_recv_ns or t.timing.t_sent_ns for t in transitions], np.int64)
     seconds = np.where((behind > 0) & (newest_publish_ns > 0), (stamps - newest_publish_ns) / 1e9, 0.0)
-    seconds = np.maximum(seconds, 0.0)
-    n = max(len(transitions), 1)
-    stats = LagStats(versions_mean=float(behind.sum() / n), versions_max=int(behind.max(initial=0)),
-                     seconds_mean=float(seconds.sum() / n), seconds_max=float(seconds.max(initial=0.0)),
-                     stale=int((behind > max_version_lag).sum()))
-    return behind, stats
+    return behind, np.maximum(seconds, 0.0)
+
+
+def lag_stats(behind: np.ndarray, seconds: np.ndarray, *, max_version_lag: int) -> LagStats:
+    """The batch's figures over all ranks (a collective when a process group exists)."""
+    import torch
+
+    from trainer import dist
+
+    sums = dist.all_reduce_sum(torch.tensor([float(len(behind)), float(behind.sum()), float(seconds.sum()),
+                                             float((behind > max_version_lag).sum())], dtype=torch.float64))
+    maxima = dist.all_reduce_max(torch.tensor([float(behind.max(initial=0)), float(seconds.max(initial=0.0))],
+                                              dtype=torch.float64))
+    n = max(float(sums[0]), 1.0)
+    return LagStats(versions_mean=float(sums[1]) / n, versions_max=int(maxima[0]), seconds_mean=float(sums[2]) / n,
+                    seconds_max=float(maxima[1]), stale=int(sums[3]))

@@ -1,0 +1,196 @@
+"""The PPO loop of one rank: stream shard -> trajectories -> PPO update -> publish -> checkpoint.
+
+All ranks meet in one small all-reduce per poll (ready transitions, stop flag), so they update
+together and take the same number of optimiser steps. Rank 0 publishes; every rank learns the new
+version (broadcast), which the lag figures of the next batches are measured against.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import grpc
+import numpy as np
+import torch
+
+from protos import policies_pb2
+from trainer import checkpoint, dist
+from trainer.ppo import PPOConfig, PPOLearner
+from trainer.sources import StreamSource
+from trainer.trajectory import TrajectoryAssembler
+from trainer.weights import PolicyClient, build_policy
+from trainer.worker import (
+    load_checkpoint,
+    maybe_fail,
+    param_digests,
+    per_rank,
+    probe_outputs,
+    restore_rng,
+    rng_state,
+    status,
+    trainer_id,
+    write_weights,
+)
+
+__all__ = ["run_ppo"]
+
+PROBE = 16
+_FATAL = -2
+
+
+def run_ppo(args: argparse.Namespace) -> dict:
+    rank, world = dist.world()
+    client = PolicyClient(args.gateway)
+    served = client.fetch(args.policy)
+    policy = build_policy(args.arch, served.inputs, served.outputs, seed=args.seed)
+    policy.load_state_dict(served.state_dict, strict=True)
+    obs_name, act_name = served.inputs[0].name, served.outputs[0].name
+    config = PPOConfig(gamma=args.gamma, lam=args.lam, clip=args.clip, epochs=args.epochs,
+                       minibatches=args.minibatches, lr=args.lr, entropy_coef=args.entropy_coef, stale=args.stale,
+                       max_version_lag=args.max_version_lag, rho_max=args.rho_max, bf16=args.bf16)
+    learner = PPOLearner(policy, config=config, observation=obs_name, action=act_name, seed=args.seed)
+    version, parent = served.version, served.version
+    publish_ns = served.published_unix_ns or time.time_ns()
+    offset, iteration, samples, published = args.from_offset, 0, 0, []
+    ckpt = load_checkpoint(args)
+    if ckpt is not None:
+        learner.model.load_state_dict(ckpt.model, strict=True)
+        learner.optimizer.load_state_dict(ckpt.optimizer)
+        learner.steps = ckpt.step
+        restore_rng(ckpt.rng, learner.generator)
+        meta = ckpt.meta
+        version, parent, publish_ns = meta["version"], meta["parent"], meta["publish_ns"]
+        iteration, samples, published = meta["iteration"], meta["samples"], meta["published"]
+        offsets = meta["offsets"]
+        offset = offsets[rank] if len(offsets) == world else min(offsets)
+    batch = args.batch or 1024
+    every = args.checkpoint_every or 1
+    status(f"ppo: {served.policy} v{version} (parent v{parent}) from offset {offset}, {world} rank(s), "
+           f"batch {batch}, {config.epochs}x{config.minibatches} steps/update, stale={config.stale} "
+           f"max-lag={config.max_version_lag}")
+    source = StreamSource(args.gateway, from_offset=offset, shard=rank, num_shards=world, policy=served.policy,
+                          window=max(4 * batch, 4096))
+    assembler = TrajectoryAssembler()
+    consumed, dropped, last_return, best_return = offset, 0, float("nan"), float("-inf")
+    probe: np.ndarray | None = None
+    reward_version = ""
+    started = time.monotonic()
+    stats: dict[str, float] = {}
+    try:
+        while True:
+            for t in source.poll(timeout=0.05, max_items=4 * batch):
+                consumed = max(consumed, t.offset + 1)
+                reward_version = t.reward_version or reward_version
+                if config.stale == "drop" and version - t.policy_version > config.max_version_lag:
+                    dropped += 1  # too old to learn from: never assembled
+                    continue
+                assembler.add(t)
+            source.ack(consumed)
+            elapsed = time.monotonic() - started
+            target = args.target_return is not None and last_return >= args.target_return
+            stop = (args.steps and learner.steps >= args.steps) or (args.seconds and elapsed >= args.seconds) or target
+            ready, stop_votes = dist.all_reduce_sum(torch.tensor([float(assembler.ready), float(bool(stop))])).tolist()
+            if stop_votes > 0:
+                break
+            if ready < batch:
+                continue
+            tick = time.monotonic()
+            segments = assembler.take()
+            if segments:
+                rows = [t for seg in segments for t in seg.transitions][-PROBE:]
+                probe = np.stack([_obs(t, obs_name) for t in rows])
+            stats = learner.update(segments, newest_version=version, newest_publish_ns=publish_ns)
+            update_s = time.monotonic() - tick
+            iteration += 1
+            samples += int(stats["global_kept"])
+            episodes = assembler.take_episode_returns()
+            sums = dist.all_reduce_sum(torch.tensor([float(len(episodes)), float(sum(r for r, _ in episodes)),
+                                                     float(dropped)], dtype=torch.float64)).tolist()
+            if sums[0] > 0:
+                last_return = sums[1] / sums[0]
+                best_return = max(best_return, last_return)
+            maybe_fail(args, learner.steps)
+            if args.publish_every and iteration % args.publish_every == 0:
+                offsets = per_rank(consumed)
+                shared = _shared_probe(probe, served.inputs[0].shape[0])
+                new = -1
+                if rank == 0:
+                    new = _publish(client, served.policy, learner, shared, parent=version, offsets=offsets,
+                                   reward_version=reward_version)
+                new = dist.broadcast_int(new)
+                if new == _FATAL:
+                    raise RuntimeError("publishing failed (see rank 0's log)")
+                if new > 0:
+                    version, publish_ns = new, dist.broadcast_int(time.time_ns())
+                    published.append(new)
+            if args.checkpoint_dir and iteration % every == 0:
+                checkpoint.save(args.checkpoint_dir, step=learner.steps, model=learner.model,
+                                optimizer=learner.optimizer,
+                                meta={"algo": "ppo", "version": version, "parent": parent, "publish_ns": publish_ns,
+                                      "iteration": iteration, "samples": samples, "published": published,
+                                      "offsets": per_rank(consumed)},
+                                rng=rng_state(learner.generator))
+            status(f"ppo it {iteration} step {learner.steps} samples {samples} return {last_return:.1f} "
+                   f"(n {int(sums[0])}) v{version} lag {stats['lag_versions_mean']:.2f}v "
+                   f"(max {int(stats['lag_versions_max'])}) {stats['lag_seconds_mean']:.2f}s stale "
+                   f"{int(stats['stale']) + int(sums[2])} | pi {stats['policy_loss']:.3f} "
+                   f"v {stats['value_loss']:.3f} kl {stats['approx_kl']:.4f} clip {stats['clip_frac']:.2f} "
+                   f"std {np.exp(stats['log_std']):.2f} | {stats['global_kept'] / max(update_s, 1e-9):.0f} "
+                   f"samples/s update, {samples / max(time.monotonic() - started, 1e-9):.0f} samples/s")
+    finally:
+        source.close()
+        client.close()
+    summary = {"steps": learner.steps, "iterations": iteration, "samples": samples, "final_version": version,
+               "parent_version": parent, "published_versions": published, "mean_return": _finite(last_return),
+               "best_return": _finite(best_return), "param_sha256": param_digests(learner.model),
+               "reconnects": source.reconnects}
+    summary.update({k: v for k, v in stats.items() if k.startswith("lag_") or k in ("stale", "approx_kl")})
+    if args.out and rank == 0:
+        write_weights(args.out, learner.policy.state_dict())
+    return summary
+
+
+def _publish(client: PolicyClient, name: str, learner: PPOLearner, probe: np.ndarray | None, *, parent: int,
+             offsets: list[int], reward_version: str) -> int:
+    """Rank 0: the new version number; -1 to retry later (no probe, gateway busy); -2 on a refusal."""
+    if probe is None:
+        return -1
+    lineage = policies_pb2.Lineage(parent_version=parent, trainer_step=learner.steps, data_offset=min(offsets),
+                                   reward_version=reward_version, trainer=trainer_id("ppo"))
+    try:
+        reply = client.publish(name, learner.policy.state_dict(), lineage=lineage,
+                               probe_inputs={learner.observation: probe},
+                               probe_outputs=probe_outputs(learner.policy, probe), atol=1e-4)
+    except grpc.RpcError as e:
+        if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                        grpc.StatusCode.RESOURCE_EXHAUSTED):
+            status(f"publish {name}: {e.code().name} ({e.details()}), retrying after the next update")
+            return -1
+        status(f"publish {name} refused: {e.code().name}: {e.details()}")
+        return _FATAL
+    status(f"published {name} v{reply.version} (parent v{parent}, step {learner.steps}, "
+           f"{reply.load_seconds:.2f} s, max error {reply.max_abs_error:.2e})")
+    return reply.version
+
+
+def _shared_probe(probe: np.ndarray | None, width: int) -> np.ndarray | None:
+    """The probe batch of the first rank that has one, on every rank (rank 0 may own no session)."""
+    sizes = per_rank(0 if probe is None else len(probe))
+    src = next((r for r, n in enumerate(sizes) if n > 0), None)
+    if src is None:
+        return None
+    buffer = torch.zeros(sizes[src], width)
+    if dist.world()[0] == src:
+        buffer.copy_(torch.from_numpy(probe))
+    return dist.broadcast_tensor(buffer, src=src).numpy()
+
+
+def _obs(t, name: str) -> np.ndarray:
+    from protos import codec
+
+    return next(codec.decode(x) for x in t.observation if x.name == name).reshape(-1).astype(np.float32)
+
+
+def _finite(x: float) -> float | None:
+    return x if np.isfinite(x) else None
