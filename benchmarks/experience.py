@@ -77,6 +77,40 @@ async def durable_rate(kind: str, seconds: float, *, fsync_interval_s: float, di
             "ack_ms": {"p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99))}}
 
 
+async def stream_rate(directory: Path, *, window: int = 4096, max_batch: int = 256) -> dict:
+    """Replays a whole log through tether.v1.Experience.Subscribe (real grpc.aio on loopback, acking
+    each batch): what a trainer can consume."""
+    import grpc
+
+    from bridge.experience.service import ExperienceService
+    from protos import experience_pb2_grpc
+
+    async with ExperienceLog(directory) as log:
+        server = grpc.aio.server()
+        experience_pb2_grpc.add_ExperienceServicer_to_server(ExperienceService(log), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        total = log.durable_offset
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}",
+                                             options=[("grpc.max_receive_message_length", 64 << 20)]) as ch:
+            call = experience_pb2_grpc.ExperienceStub(ch).Subscribe()
+            t0 = time.perf_counter()
+            await call.write(experience_pb2.SubscribeRequest(
+                start=experience_pb2.SubscribeStart(window=window, max_batch=max_batch)))
+            got = nbytes = 0
+            while got < total:
+                batch = await call.read()
+                got += len(batch.transitions)
+                nbytes += batch.ByteSize()
+                await call.write(experience_pb2.SubscribeRequest(
+                    ack=experience_pb2.SubscribeAck(through_offset=batch.next_offset)))
+            elapsed = time.perf_counter() - t0
+            call.cancel()
+        await server.stop(None)
+    return {"transitions": got, "seconds": elapsed, "transitions_per_s": got / elapsed,
+            "mb_per_s": nbytes / 1e6 / elapsed}
+
+
 def loop_overhead(rounds: int, per_round: int, *, fsync_interval_ms: float, run_dir: Path) -> dict:
     """Batch-1 round trips through two gateways in front of one Triton, one logging every transition
     and one not, in alternating blocks (so both see the same machine)."""
@@ -136,7 +170,10 @@ def main(argv: list[str] | None = None) -> dict:
     rates = [asyncio.run(durable_rate(kind, a.seconds, fsync_interval_s=a.fsync_interval_ms / 1e3,
                                       directory=run_dir / f"log-{kind}")) for kind in KINDS]
     result = {"machine": {"python": sys.version.split()[0], "platform": platform.platform()},
-              "fsync_interval_ms": a.fsync_interval_ms, "durable": rates}
+              "fsync_interval_ms": a.fsync_interval_ms, "durable": rates, "stream": {}}
+    for kind in ("vector", "rgb224"):
+        result["stream"][kind] = asyncio.run(stream_rate(run_dir / f"log-{kind}"))
+        print(f"  stream {kind}: {result['stream'][kind]['transitions_per_s']:,.0f} transitions/s", flush=True)
     if not a.no_loop:
         result["control_loop"] = loop_overhead(a.loop_rounds, a.per_round, fsync_interval_ms=a.fsync_interval_ms,
                                                run_dir=run_dir)
@@ -151,6 +188,9 @@ def print_table(r: dict) -> None:
     for x in r["durable"]:
         print(f"{x['kind']:<10}{x['transition_bytes']:>9}{x['transitions_per_s']:>12,.0f}{x['mb_per_s']:>9.1f}"
               f"{x['fsyncs']:>8}{x['mean_group']:>8.1f}{x['ack_ms']['p50']:>9.2f}{x['ack_ms']['p99']:>9.2f}")
+    print(f"\n{'Subscribe replay':<18}{'transitions/s':>14}{'MB/s':>9}")
+    for kind, x in r["stream"].items():
+        print(f"{kind:<18}{x['transitions_per_s']:>14,.0f}{x['mb_per_s']:>9.1f}")
     if "control_loop" in r:
         c = r["control_loop"]
         print(f"\n{'gateway round trip':<22}{'p50 ms':>10}{'p99 ms':>10}")

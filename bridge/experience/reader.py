@@ -47,11 +47,14 @@ class LogCursor:
 
     def read(self, *, max_count: int = 256, end_offset: int | None = None, max_bytes: int = 64 << 20,
              keep: Callable[[experience_pb2.Transition], bool] | None = None,
-             follow: bool = True) -> list[experience_pb2.Transition]:
+             follow: bool = True, out=None) -> list[experience_pb2.Transition]:
         """Up to `max_count` transitions (those `keep` accepts) with offset in [next_offset, end_offset),
         reading at most about `max_bytes`. With follow=False an incomplete segment that is not the
-        last is skipped (a damaged file in a static directory); with follow=True reading waits at it."""
-        out: list[experience_pb2.Transition] = []
+        last is skipped (a damaged file in a static directory); with follow=True reading waits at it.
+        `out`: a repeated Transition field (e.g. `ExperienceBatch.transitions`) to parse straight into,
+        saving a copy per transition; it is returned."""
+        into = out is not None
+        out = [] if out is None else out
         scanned = 0
         rechecked, stalled_at = False, -1
         while len(out) < max_count and scanned < max_bytes:
@@ -74,12 +77,19 @@ class LogCursor:
                 if offset >= self.next_offset:
                     f.seek(start + _REC + _MSG_FIELDS)
                     data = f.read(end - start - _REC - _MSG_FIELDS)
-                    t = experience_pb2.Transition.FromString(data)
+                    if into:
+                        t = out.add()
+                        t.ParseFromString(data)
+                    else:
+                        t = experience_pb2.Transition.FromString(data)
                     if t.offset != offset:
                         raise SegmentError(f"{f.name}: message {self._count} has offset {t.offset}, expected {offset}")
                     scanned += len(data)
                     self.next_offset = offset + 1
-                    if keep is None or keep(t):
+                    if keep is not None and not keep(t):
+                        if into:
+                            del out[-1]
+                    elif not into:
                         out.append(t)
                 self._count += 1
                 self._pos = end

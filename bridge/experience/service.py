@@ -146,16 +146,23 @@ class Subscription:
                 await self._wait_durable_or_wake()
                 continue
             credit = min(self.window - self.inflight, self.max_batch)
-            self._reading = _READERS.submit(self.cursor.read, max_count=credit, end_offset=durable,
-                                            max_bytes=self.max_batch_bytes, keep=self._keep)
-            got = await asyncio.wrap_future(self._reading)
+            self._reading = _READERS.submit(self._read_batch, credit, durable)
+            batch = await asyncio.wrap_future(self._reading)
             self._reading = None
             self.sent_through = self.cursor.next_offset
-            if got:
-                self._inflight.extend(t.offset for t in got)
-                self.sent += len(got)
-                return experience_pb2.ExperienceBatch(transitions=got, next_offset=self.cursor.next_offset,
-                                                      log_end=self.log.durable_offset)
+            if batch.transitions:
+                self._inflight.extend(t.offset for t in batch.transitions)
+                self.sent += len(batch.transitions)
+                batch.log_end = self.log.durable_offset
+                return batch
+
+    def _read_batch(self, credit: int, durable: int) -> experience_pb2.ExperienceBatch:
+        """In a reader thread: parses the records straight into the batch (one copy less)."""
+        batch = experience_pb2.ExperienceBatch()
+        self.cursor.read(max_count=credit, end_offset=durable, max_bytes=self.max_batch_bytes, keep=self._keep,
+                         out=batch.transitions)
+        batch.next_offset = self.cursor.next_offset
+        return batch
 
     async def batches(self) -> AsyncIterator[experience_pb2.ExperienceBatch]:
         try:
