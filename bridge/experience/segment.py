@@ -53,6 +53,7 @@ _MSG_HEAD = struct.Struct("<BQHIQQ")  # opcode, record length, channel id, seque
 _REC_HEAD = struct.Struct("<BQ")
 _FOOTER_LEN = 9 + 20 + len(MAGIC)
 _IOV_MAX = 512
+_fdatasync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
 
 
 class SegmentError(ValueError):
@@ -163,7 +164,7 @@ class SegmentWriter:
         return n
 
     def sync(self) -> None:
-        os.fdatasync(self._fd)
+        _fdatasync(self._fd)
 
     def finish(self, sessions: dict[str, int], *, fsync: bool = True) -> None:
         """Writes the closing metadata, summary and footer, and closes the file."""
