@@ -130,7 +130,7 @@ def _parse_term(i: int, item: Any, source: str | None) -> TermSpec:
         raise RewardConfigError(f"a term must be a mapping with a 'type', got {_show(item)}", term_index=i,
                                 source=source)
     kind = item.get("type")
-    if kind not in TYPES:
+    if not isinstance(kind, str) or kind not in TYPES:
         raise fail("type", f"{'is required' if kind is None else 'has unknown type ' + _show(kind)}; "
                            f"known types: {', '.join(TYPES)}", name=None)
     name = item.get("name", kind)

@@ -120,6 +120,7 @@ def test_version_changes_with_any_value():
 BAD = [
     ([{"type": "env_reward"}, {"type": "goal_dist", "weight": 1.0}], 1, None, "type", "unknown type 'goal_dist'"),
     ([{"weight": 1.0}], 0, None, "type", "is required"),
+    ([{"type": ["env_reward"]}], 0, None, "type", "unknown type ['env_reward']"),
     ([{"type": "env_reward", "wieght": 2.0}], 0, "env_reward", "wieght", "is not a field of env_reward"),
     ([{"type": "env_reward", "weight": "high"}], 0, "env_reward", "weight", "must be a number, got 'high'"),
     ([{"type": "env_reward", "weight": "1e-2"}], 0, "env_reward", "weight", "write 1.0e-2"),
