@@ -180,10 +180,10 @@ def block(label: str, robot_argv: list[str], peer_argv: list[str], env: dict[str
         with child(peer_argv, env, logs / f"peer_{name}.log") as peer:
             robot.proc.stdin.write("first\n")       # the robot says when the first command arrived
             robot.proc.stdin.flush()
-            try:
-                event = robot.events.get(timeout=60)
-            except queue.Empty:
-                event = None
+            event, deadline = None, time.monotonic() + 60
+            with contextlib.suppress(queue.Empty):
+                while event not in ("first", "no command"):     # e.g. the edge's estop_state comes first
+                    event = robot.events.get(timeout=max(deadline - time.monotonic(), 0.001))
             if event != "first" or peer.poll() is not None:
                 raise RuntimeError(f"{label}: no command (peer exit {peer.poll()}); see {logs}")
             t0 = time.monotonic() + a.warmup

@@ -195,7 +195,7 @@ class EdgeNode:
         self._first = True
         self._step = 0
         self._in_flight: _InFlight | None = None
-        self._applied: list = []
+        self._applied: dict[str, np.ndarray] | None = None    # the last command's arrays (encoded when sent)
         self._next_state = 0.0
         self._warned: set[str] = set()
         self._logged: dict[str, float] = {}
@@ -298,9 +298,11 @@ class EdgeNode:
                 now = time.monotonic()
                 try:
                     if now >= next_tick:
+                        missed = int((now - next_tick) / period)
                         next_tick += period
-                        if next_tick <= now:
+                        if missed:               # late by whole periods: their chunk actions are past
                             self.stats.overruns += 1
+                            self._ticks += missed
                             next_tick = now + period
                         self._tick(now)
                     else:
@@ -470,7 +472,8 @@ class EdgeNode:
         obs = msg.observation
         obs.step, obs.t_sent_ns, obs.step_type = self._step, time.time_ns(), step_type
         self._obs_layout.fill(obs.tensors, arrays)
-        obs.applied_action.extend(self._applied)
+        if self._applied is not None:
+            obs.applied_action.extend(self._action_layout.encode(self._applied))
         obs.guard.CopyFrom(report)
         return msg
 
@@ -545,7 +548,7 @@ class EdgeNode:
         arrays = self._action_layout.split(decision.sent)
         for entry, msg in self.topic_map.commands(arrays):
             self._publishers[entry.topic](msg)
-        self._applied = self._action_layout.encode(arrays)
+        self._applied = arrays
         self.last_decision = decision
         self.stats.commands += 1
         safe = decision.requested is None or decision.estopped
