@@ -251,7 +251,8 @@ def register_vector(prefix: str, factory: Callable[..., VectorEnvironment]) -> N
 
 
 def make_vector_env(name: str, *, num_envs: int, **kw: Any) -> VectorEnvironment:
-    """A vector env by name: `newton:<task>`, `isaaclab:<task id>`, `mujoco:<id>` or a gymnasium id.
+    """A vector env by name: `newton:<task>`, `isaaclab:<task id>`, `mujoco:<id>` or a gymnasium id,
+    or `serial:<name>` (N single envs from `sim.mujoco.make_env`, e.g. "serial:PointMass").
 
     Keyword arguments (seed, max_episode_steps, device, ...) go to the adapter.
     """
@@ -277,6 +278,12 @@ def _newton(task: str, **kw: Any) -> VectorEnvironment:
     return make_newton_task(task, **kw)
 
 
+def _serial(task: str, **kw: Any) -> VectorEnvironment:
+    from sim.serial_vector import make_serial
+
+    return make_serial(task, **kw)
+
+
 def _isaaclab(task: str, **kw: Any) -> VectorEnvironment:
     from sim.isaaclab import make_isaaclab_env
 
@@ -287,3 +294,4 @@ register_vector("gymnasium", _gymnasium)
 register_vector("mujoco", _gymnasium)
 register_vector("newton", _newton)
 register_vector("isaaclab", _isaaclab)
+register_vector("serial", _serial)

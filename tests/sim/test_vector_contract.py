@@ -30,6 +30,13 @@ class TestHopperVector(VectorEnvironmentContract):
         return make_vector_env("mujoco:Hopper-v5", num_envs=num_envs, seed=seed, max_episode_steps=30)
 
 
+class TestSerialPointMass(VectorEnvironmentContract):
+    mixed_episode_ends = False  # random pushes rarely drive it out of [-2, 2]: the time limit ends episodes
+
+    def make_env(self, *, num_envs, seed=None):
+        return make_vector_env("serial:PointMass", num_envs=num_envs, seed=seed, max_episode_steps=30)
+
+
 class TorchPointMasses:
     """Isaac Lab's DirectRLEnv interface in miniature: N point masses on a plane, torch tensors on
     `device`, observation groups {"policy": (N, 4), "critic": {"state": (N, 4), "time": (N, 1)}},
