@@ -203,6 +203,7 @@ class SafetyGuard:
         self._high = np.array(config.position_high)
         self._vel = None if config.velocity_limit is None else np.array(config.velocity_limit)
         self._delta = None if config.max_delta is None else np.array(config.max_delta)
+        self._bound = np.full(config.size, np.inf) if self._delta is None else self._delta
         self._lock = threading.Lock()
         self._s = _State()
         if initial is not None:
@@ -244,16 +245,16 @@ class SafetyGuard:
             s.t_fresh, s.in_watchdog = t, False
             if self.estopped:
                 return self._send(req, self._safe(), t, estopped=True)
-            target = np.clip(req, self._low, self._high)
+            # np.minimum/np.maximum rather than np.clip: the same result, a fraction of the cost on
+            # a 6-vector (this runs once per command, up to 1 kHz)
+            target = np.minimum(np.maximum(req, self._low), self._high)
             clamped = bool((target != req).any())
             sent = target
             if s.last_sent is not None:
-                bound = np.full(self.config.size, np.inf)
-                if self._delta is not None:
-                    bound = np.minimum(bound, self._delta)
+                bound = self._bound
                 if self._vel is not None:
                     bound = np.minimum(bound, self._vel * max(t - s.t_sent, 0.0))
-                sent = s.last_sent + np.clip(target - s.last_sent, -bound, bound)
+                sent = s.last_sent + np.minimum(np.maximum(target - s.last_sent, -bound), bound)
             rate_limited = bool((sent != target).any())
             s.counts["clamped"] += clamped
             s.counts["rate_limited"] += rate_limited

@@ -26,7 +26,8 @@ What goes out on the command topics. Per step (`chunk=0`): the reply's action, t
 tensors are `(H, ...)`): the chunk's actions queue by control tick (`bridge.ros2.chunks`), every
 tick publishes the next one through the guard, and the next chunk is requested once no more than
 `chunk_threshold` actions are left, so it lands before the queue runs dry (`stats.starved` counts
-ticks that found it empty). Either way every period also runs `SafetyGuard.tick`, whose watchdog
+ticks that found it empty; a period that starts late by whole periods skips their actions, so a
+chunk stays on the wall clock). Either way every period also runs `SafetyGuard.tick`, whose watchdog
 publishes the safe action once no fresh action came within the guard's deadline, gateway or no
 gateway, and every command is kept in `node.command_log` with what produced it (policy version,
 chunk id = the step of the observation it answers, index in the chunk). Each observation carries
