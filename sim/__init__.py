@@ -9,6 +9,7 @@
   `VectorTimeStep`, `BaseVectorEnvironment`, `make_vector_env("newton:ant" | "isaaclab:<task>" | "Hopper-v5", ...)`.
 - `sim.gym_vector`: `GymnasiumVectorEnv` (gymnasium `SyncVectorEnv`, e.g. over MuJoCo `*-v5`).
 - `sim.newton_tasks`: NVIDIA Newton tasks (`NewtonCartpole`, `NewtonAnt`), N worlds in one model.
+- `sim.serial_vector`: `SerialVectorEnv` (`serial:<name>`), N single envs behind the vector contract.
 - `sim.isaaclab`: `IsaacLabVectorEnv` (Isaac Lab's torch vector interface), `make_isaaclab_env(task, ...)`.
 - `sim.vector_contract`: `VectorEnvironmentContract`, the suite every vector adapter passes.
 """
