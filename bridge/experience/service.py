@@ -6,7 +6,9 @@
 A subscriber's transitions are always read from the segment files (in a worker thread), never
 from the writer's memory: a slow or gone subscriber holds no log resources, so it can neither
 block the writer or the event loop nor lose anything; it resumes from its last `next_offset`.
-Only durable transitions (offset < `log.durable_offset`) are ever sent.
+Only durable transitions (offset < `log.durable_offset`) are ever sent. A batch stops after about
+`max_batch_bytes` (2 MB) of transitions, so it fits a client's default 4 MB receive limit unless one
+transition alone is bigger (a 1080p frame is 6 MB: give such clients a 64 MB limit, as the gateway has).
 
 The plain class under the servicer, for tests and in-process use:
 
@@ -74,7 +76,7 @@ def shard_of(session: str, num_shards: int) -> int:
 class Subscription:
     """One subscriber's position, filter and in-flight window (see module docstring)."""
 
-    def __init__(self, log: DurableLog, start: experience_pb2.SubscribeStart, *, max_batch_bytes: int = 4 << 20,
+    def __init__(self, log: DurableLog, start: experience_pb2.SubscribeStart, *, max_batch_bytes: int = 2 << 20,
                  idle_poll_s: float = 1.0):
         if start.num_shards > 1 and start.shard >= start.num_shards:
             raise SubscribeError("start.shard", f"{start.shard} is not below num_shards {start.num_shards}")
@@ -183,7 +185,7 @@ class Subscription:
 class ExperienceService(experience_pb2_grpc.ExperienceServicer):
     """The gRPC edge: reads acks in a task, streams a `Subscription`'s batches, maps errors to codes."""
 
-    def __init__(self, log: DurableLog, *, max_batch_bytes: int = 4 << 20):
+    def __init__(self, log: DurableLog, *, max_batch_bytes: int = 2 << 20):
         self.log, self.max_batch_bytes = log, max_batch_bytes
         self.subscriptions: set[Subscription] = set()   # the live ones (observable by tests and status)
 

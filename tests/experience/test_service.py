@@ -197,3 +197,23 @@ def test_a_subscriber_resumes_from_next_offset_without_loss_or_repeats(tmp_path)
             assert [t.offset for t in first + rest] == expect
 
     asyncio.run(main())
+
+
+def test_camera_batches_fit_a_client_with_the_default_4mb_limit(tmp_path):
+    async def main():
+        async with ExperienceLog(tmp_path) as log:
+            await append_all(log, [transition("cam", i, image=(224, 224, 3)) for i in range(60)])
+            server = grpc.aio.server()
+            experience_pb2_grpc.add_ExperienceServicer_to_server(ExperienceService(log), server)
+            port = server.add_insecure_port("127.0.0.1:0")
+            await server.start()
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:  # default options
+                call = experience_pb2_grpc.ExperienceStub(channel).Subscribe()
+                await call.write(start())
+                got = await receive(call, 60)
+                call.cancel()
+            await server.stop(None)
+            return got
+
+    got = asyncio.run(main())
+    assert [t.offset for t in got] == list(range(60))
