@@ -30,7 +30,7 @@ from trainer import dist
 from trainer.policy import GaussianPolicy
 from trainer.trajectory import LagStats, Segment, gae, lag_stats, policy_lag
 
-__all__ = ["ActorCritic", "PPOConfig", "PPOLearner", "STALE_MODES"]
+__all__ = ["ActorCritic", "PPOConfig", "PPOLearner", "STALE_MODES", "stale_terms"]
 
 STALE_MODES = ("drop", "importance")
 
@@ -180,13 +180,8 @@ class PPOLearner:
                                                     gamma=cfg.gamma, lam=cfg.lam)
         has = torch.from_numpy(b.has_behaviour).to(self.device)
         behaviour = torch.where(has, b.behaviour, start_logp)  # no log-prob logged: treat as on-policy
-        if cfg.stale == "drop":
-            keep = torch.from_numpy(behind <= cfg.max_version_lag).to(self.device)
-            old_logp, weight = behaviour, torch.ones_like(behaviour)
-        else:
-            keep = torch.ones(len(values), dtype=torch.bool, device=self.device)
-            old_logp = start_logp
-            weight = torch.exp(start_logp - behaviour).clamp(max=cfg.rho_max)
+        keep, old_logp, weight = stale_terms(cfg, behind=torch.from_numpy(behind).to(self.device),
+                                             start_logp=start_logp, behaviour_logp=behaviour)
         adv = torch.from_numpy(advantages).float().to(self.device)
         ret = torch.from_numpy(returns).float().to(self.device)
         kept = keep.nonzero().squeeze(-1).cpu()
@@ -236,6 +231,20 @@ class PPOLearner:
                      log_std=float(self.policy.log_std.detach().mean()))
         stats.update(_lag_dict(lag))
         return stats
+
+
+def stale_terms(config: PPOConfig, *, behind: torch.Tensor, start_logp: torch.Tensor,
+                behaviour_logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(keep mask, log-prob the PPO ratio is taken against, per-sample weight) for a batch.
+
+    drop: samples more than `max_version_lag` versions behind are masked out; the ratio is
+    pi / mu_behaviour, weight 1. importance: all kept; the ratio is pi / pi_start, weighted by
+    min(pi_start / mu_behaviour, rho_max) (truncated importance weights).
+    """
+    if config.stale == "drop":
+        return behind <= config.max_version_lag, behaviour_logp, torch.ones_like(behaviour_logp)
+    weight = torch.exp(start_logp - behaviour_logp).clamp(max=config.rho_max)
+    return torch.ones_like(behind, dtype=torch.bool), start_logp, weight
 
 
 def as_tensor(rows: list[np.ndarray], width: int) -> torch.Tensor:
