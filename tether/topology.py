@@ -141,13 +141,13 @@ class _Progress:
 
 
 @contextlib.contextmanager
-def trainer_process(*, gateway: str, policy: str, run_dir: Path, nproc: int, seed: int,
+def trainer_process(*, gateway: str, policy: str, run_dir: Path, nproc: int, seed: int, seconds: float,
                     extra_args: tuple[str, ...] = ()) -> Iterator[subprocess.Popen]:
     """`tether train --algo ppo` against the gateway, its output in run_dir/trainer.log."""
     log = open(run_dir / "trainer.log", "a")  # noqa: SIM115 - closed below, after the process
     cmd = [sys.executable, "-m", "tether", "train", "--gateway", gateway, "--algo", "ppo", "--policy", policy,
            "--nproc", str(nproc), "--seed", str(seed), "--checkpoint-dir", str(run_dir / "checkpoints"),
-           "--summary", str(run_dir / "trainer.json"), *extra_args]
+           "--seconds", str(seconds), "--summary", str(run_dir / "trainer.json"), *extra_args]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         yield proc
@@ -177,7 +177,8 @@ def run_demo(config: DemoConfig) -> dict:
             print(f"gateway {gw}", flush=True)
             if config.train:
                 stack.enter_context(trainer_process(gateway=gw, policy=name, run_dir=run_dir,
-                                                    nproc=config.trainer_nproc, seed=config.seed))
+                                                    nproc=config.trainer_nproc, seed=config.seed,
+                                                    seconds=config.seconds + 30))
                 print(f"trainer PPO, {config.trainer_nproc} ranks (torchrun), log {run_dir / 'trainer.log'}")
             print(f"sim     {config.envs} x {config.env} for {config.seconds:g} s", flush=True)
             progress = _Progress()
