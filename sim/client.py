@@ -334,12 +334,14 @@ async def run_sessions(target: str, make_env: Callable[[int], Environment], *, e
                        on_progress: Callable[[SimStats], None] | None = None,
                        connect_timeout: float = 10.0, reply_timeout: float = 10.0,
                        progress_every: float = 1.0, labels: Mapping[str, str] | None = None,
-                       reconnect_s: float = 0.0, controller: Controller | None = None) -> SimStats:
+                       reconnect_s: float = 0.0, controller: Controller | None = None,
+                       until: Callable[[SimStats], bool] | None = None) -> SimStats:
     """Run `envs` sessions against the gateway at `target` until `seconds` or `steps` (total env
     steps over all sessions, exact) runs out; return their `SimStats`.
 
     `reconnect_s` > 0: a session whose gateway goes away reconnects for up to that long (and
-    replays what was not logged). `controller`: see the module docstring.
+    replays what was not logged). `controller`: see the module docstring. `until`: checked at
+    each progress tick; when it says so, the run ends early (e.g. once the return is high enough).
 
     Raises ConnectionError if the gateway is not reachable within `connect_timeout`,
     SessionError if it rejects a session or breaks the protocol, TimeoutError if a reply takes
@@ -363,8 +365,8 @@ async def run_sessions(target: str, make_env: Callable[[int], Environment], *, e
             environments.append(make_env(i))
         stats, run_id = SimStats(), uuid.uuid4().hex[:6]
         budget, start = _Budget(steps=steps, seconds=seconds), time.monotonic()
-        if on_progress is not None:
-            progress = asyncio.create_task(_tick(stats, start, on_progress, progress_every))
+        if on_progress is not None or until is not None:
+            progress = asyncio.create_task(_tick(stats, start, on_progress, progress_every, until, budget))
         try:
             async with asyncio.TaskGroup() as tg:
                 for i, env in enumerate(environments):
@@ -389,12 +391,15 @@ async def run_sessions(target: str, make_env: Callable[[int], Environment], *, e
         await channel.close()
 
 
-async def _tick(stats: SimStats, start: float, on_progress: Callable[[SimStats], None],
-                every: float) -> None:
+async def _tick(stats: SimStats, start: float, on_progress: Callable[[SimStats], None] | None,
+                every: float, until: Callable[[SimStats], bool] | None, budget: _Budget) -> None:
     while True:
         await asyncio.sleep(every)
         stats.elapsed_s = time.monotonic() - start
-        on_progress(stats)
+        if on_progress is not None:
+            on_progress(stats)
+        if until is not None and until(stats):
+            budget.deadline = time.monotonic()  # sessions end their episodes (truncated LAST) and close
 
 
 def main(argv: Sequence[str] | None = None) -> int:

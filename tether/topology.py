@@ -113,6 +113,7 @@ class DemoConfig:
     train: bool = False              # the learning loop: experience log + a PPO trainer publishing versions
     trainer_nproc: int = 2
     seed: int = 0
+    stop_at_return: float | None = None  # end early once the mean return of the last 20 episodes reaches it
 
     def __post_init__(self):
         if self.envs < 1:
@@ -138,6 +139,12 @@ class _Progress:
 
     def first_reaching(self, target: float) -> dict | None:
         return next((p for p in self.curve if p["return"] is not None and p["return"] >= target), None)
+
+
+def _reached(target: float | None):
+    if target is None:
+        return None
+    return lambda stats: (stats.recent_return() or float("-inf")) >= target
 
 
 @contextlib.contextmanager
@@ -184,7 +191,7 @@ def run_demo(config: DemoConfig) -> dict:
             progress = _Progress()
             stats = asyncio.run(run_sessions(gw, lambda i: make_env(config.env, seed=config.seed + i),
                                              envs=config.envs, seconds=config.seconds, on_progress=progress,
-                                             reconnect_s=10.0))
+                                             reconnect_s=10.0, until=_reached(config.stop_at_return)))
         summary = stats.summary()
         summary["triton_version"] = triton.version
         if config.train:
