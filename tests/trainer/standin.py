@@ -38,6 +38,7 @@ class StandIn(experience_pb2_grpc.ExperienceServicer, policies_pb2_grpc.Policies
         self.publishes: list[policies_pb2.PublishHeader] = []
         self.subscriptions: list[experience_pb2.SubscribeStart] = []
         self.max_error = 0.0
+        self.fail_after_batches = 0  # > 0: the next stream is cut (UNAVAILABLE) after this many batches
         self.stop = threading.Event()
         self._add_version(GaussianPolicy(observation, action, seed=seed).eval(), policies_pb2.Lineage())
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
@@ -66,11 +67,14 @@ class StandIn(experience_pb2_grpc.ExperienceServicer, policies_pb2_grpc.Policies
         acked = [start.from_offset]
 
         def read_acks():
-            for req in request_iterator:
-                if req.HasField("ack"):
-                    with self.cond:
-                        acked[0] = max(acked[0], req.ack.through_offset)
-                        self.cond.notify_all()
+            try:
+                for req in request_iterator:
+                    if req.HasField("ack"):
+                        with self.cond:
+                            acked[0] = max(acked[0], req.ack.through_offset)
+                            self.cond.notify_all()
+            except grpc.RpcError:
+                pass  # the call ended (cancelled, cut on purpose)
 
         threading.Thread(target=read_acks, daemon=True).start()
         cursor = start.from_offset
@@ -87,6 +91,10 @@ class StandIn(experience_pb2_grpc.ExperienceServicer, policies_pb2_grpc.Policies
                     batch.append(t)
             if batch:
                 yield experience_pb2.ExperienceBatch(transitions=batch, next_offset=cursor, log_end=end)
+                if self.fail_after_batches > 0:
+                    self.fail_after_batches -= 1
+                    if self.fail_after_batches == 0:
+                        context.abort(grpc.StatusCode.UNAVAILABLE, "stand-in: stream cut on purpose")
             if cursor - acked[0] >= window:
                 time.sleep(0.005)
 
