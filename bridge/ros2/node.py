@@ -55,16 +55,15 @@ Threads. Three run code of ours; none waits on another's locks for long:
   It never waits on the network: `send` only queues, and a reply that takes longer than
   `reply_timeout_s` resets the stream.
 
-Latency. `stats.rtt_ns` runs from the control tick to the reply reaching the control thread;
-`stats.gateway_ns` and `stats.inference_ns` are its parts inside the gateway and, within that,
-Triton's, from the gateway's own timestamps (`Action.timing`), so the rest is the edge and the
-network. benchmarks/ros2_edge.py reports them beside a plain grpc.aio session on the same
-gateway, paced like the node and back to back. On a small shared machine compare with the paced
-one: a loop that idles between steps finds every process and cache cold (on the 2-core dev box
-Triton's inference doubles, ~1.1 -> ~2.2 ms, and so does each socket hop), so any client at
-100 Hz sees about twice the back-to-back round trip. The node's own share is the assembly before
-the send (~0.3 ms there, most of it cold topic-map and guard code) and the thread hops between
-the control thread and gRPC (~0.1-0.3 ms, no more than with a grpc.aio link on its own thread).
+Latency. `stats.rtt_ns` runs from sending an observation to its reply reaching the control
+thread; `stats.gateway_ns` and `stats.inference_ns` are its parts inside the gateway and, within
+that, Triton's, from the gateway's own timestamps (`Action.timing`), so the rest is the edge and
+the network. benchmarks/ros2_edge.py reports the node's round trip beside what the robot sees
+(state -> command, periods answered, jitter) and raw DDS ping-pong. Measured earlier on the
+2-core dev box: a loop that idles between steps finds every process and cache cold (Triton's
+inference doubles, ~1.1 -> ~2.2 ms, and so does each socket hop), so a 100 Hz client sees about
+twice the back-to-back round trip; the node's own share is the assembly before the send (~0.3 ms)
+and the thread hops between the control thread and gRPC (~0.1-0.3 ms).
 
 E-stop (see `bridge.ros2.estop`): True on the topic map's e-stop topic latches the guard, False
 does not release it; a `std_msgs/String` "name: why" on `release_topic` does, if `name` is one of

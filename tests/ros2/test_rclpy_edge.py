@@ -30,7 +30,8 @@ TMAP = load_topic_map(DEFAULT_TOPIC_MAP)
 JOINTS = TMAP.observation[0].joints
 LOW, HIGH = np.array(TMAP.action_specs()[0].low), np.array(TMAP.action_specs()[0].high)
 LIMIT = np.array(TMAP.velocity_limits(DEFAULT_VELOCITY_LIMIT))
-H = 200                                      # chunk horizon: 200 ms at 1 kHz
+H = 500                                      # chunk horizon: 500 ms at 1 kHz
+THRESHOLD = 400                              # the next chunk is asked for 400 ms ahead: 13x the 30 ms policy
 
 
 class ChunkEcho(torch.nn.Module):
@@ -75,8 +76,8 @@ def test_rclpy_robot_edge_gateway_triton(ros_domain, gateway, tmp_path):
     robot = rclpy_robot(ros_domain, JOINTS, hz=100)
     try:
         with EdgeProcess(ros_domain, gateway, tmp_path, "--policy", "echo6", "--rate", "100") as edge:
-            wait_until(lambda: sum(c["lat_ms"] is not None for c in robot.commands) >= 100, timeout=30,
-                       what="100 commands answering the robot's JointStates")
+            wait_until(lambda: sum(c["lat_ms"] is not None for c in robot.commands) >= 150, timeout=30,
+                       what="150 commands answering the robot's JointStates")
             edge.stop()
         wait_until(lambda: len(robot.commands) >= len(edge.report["commands"]), timeout=5, what="the last commands")
     finally:
@@ -95,7 +96,7 @@ def test_rclpy_robot_edge_gateway_triton(ros_domain, gateway, tmp_path):
     latency = np.array([c["lat_ms"] for c in timed])
     print(f"\nrclpy robot -> rclpy edge -> gateway -> Triton at 100 Hz: state -> command p50 "
           f"{np.percentile(latency, 50):.2f} ms, p99 {np.percentile(latency, 99):.2f} ms over {latency.size}")
-    assert latency.size >= 90 and np.percentile(latency, 99) < 200
+    assert latency.size >= 100 and np.percentile(latency, 99) < 200
     policy = policy_commands(report)
     assert policy and all(c["policy_version"] == 1 and c["index"] == 0 for c in policy)
     assert [c["chunk"] for c in policy] == sorted({c["chunk"] for c in policy})   # one command per answered step
@@ -185,7 +186,7 @@ def test_chunks_keep_a_1khz_robot_commanded_through_30ms_inference(ros_domain, g
     robot = rclpy_robot(ros_domain, JOINTS, hz=1000)
     try:
         with EdgeProcess(ros_domain, gateway, tmp_path, "--policy", "chunk6", "--rate", "1000", "--chunk", str(H),
-                         "--chunk-threshold", "150", "--deadline-ms", "100") as edge:
+                         "--chunk-threshold", str(THRESHOLD), "--deadline-ms", "100") as edge:
             wait_until(lambda: len(robot.commands) >= 3000, timeout=60, what="3000 commands at 1 kHz")
             edge.stop()
         wait_until(lambda: len(robot.commands) >= len(edge.report["commands"]), timeout=10, what="the last commands")
