@@ -156,7 +156,7 @@ def _publish(client: PolicyClient, name: str, learner: PPOLearner, probe: np.nda
     """Rank 0: the new version number; -1 to retry later (no probe, gateway busy); -2 on a refusal."""
     if probe is None:
         return -1
-    lineage = policies_pb2.Lineage(parent_version=parent, trainer_step=learner.steps, data_offset=min(offsets),
+    lineage = policies_pb2.Lineage(parent_version=parent, trainer_step=learner.steps, data_offset=max(offsets),
                                    reward_version=reward_version, trainer=trainer_id("ppo"))
     try:
         reply = client.publish(name, learner.policy.state_dict(), lineage=lineage,

@@ -1,0 +1,108 @@
+"""Real 2-process torchrun runs (gloo on loopback) through `tether train`'s launcher.
+
+- BC on an MCAP log: both ranks end with identical parameters; a rank killed mid-run is
+  restarted by torchrun, resumes from the last checkpoint and ends bit-identical to the
+  uninterrupted run.
+- PPO against the stand-in gateway (real MuJoCo actors): versions are published from rank 0
+  with lineage and probe outputs the registry verifies; every rank learns the new version.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from protos import codec, experience_pb2
+from sim.mujoco import make_env
+from tests.trainer.standin import StandIn
+from trainer.main import main as train_main
+from trainer.sources import write_transitions
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def scripted_log(directory: Path, n: int = 1200) -> None:
+    """A scripted controller's transitions: action = clip(-K obs), with the clip in applied_action."""
+    rng = np.random.default_rng(0)
+    gain = np.array([[0.8, -0.3, 0.5, 0.1]], np.float32)
+    rows = []
+    for i in range(n):
+        obs = rng.normal(size=4).astype(np.float32)
+        action = (-gain @ obs).astype(np.float32)
+        rows.append(experience_pb2.Transition(
+            offset=i, session=f"robot-{i % 3}", episode=0, step=i // 3, policy="scripted",
+            observation=[codec.encode("observation", obs)], action=[codec.encode("action", action)],
+            applied_action=[codec.encode("action", np.clip(action, -1, 1))]))
+    directory.mkdir(parents=True)
+    write_transitions(directory / "seg-000.mcap", rows[:700])
+    write_transitions(directory / "seg-001.mcap", rows[700:])
+
+
+def tether_train(*args: str, timeout: float = 240) -> tuple[dict, str]:
+    proc = subprocess.run([sys.executable, "-m", "trainer.main", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+@pytest.mark.slow
+def test_bc_ranks_stay_identical_and_a_killed_rank_resumes_bit_exact(tmp_path):
+    scripted_log(tmp_path / "log")
+    common = ["--nproc", "2", "--algo", "bc", "--arch", "mlp", "--log-dir", str(tmp_path / "log"), "--steps", "12",
+              "--batch", "32", "--checkpoint-every", "4", "--seed", "0", "--status-every", "0"]
+    plain, _ = tether_train(*common, "--max-restarts", "0", "--checkpoint-dir", str(tmp_path / "a"),
+                            "--out", str(tmp_path / "a.safetensors"))
+    assert plain["exit_code"] == 0 and plain["steps"] == 12 and plain["world_size"] == 2
+    assert plain["param_sha256"][0] == plain["param_sha256"][1]
+
+    killed, stderr = tether_train(*common, "--max-restarts", "2", "--checkpoint-dir", str(tmp_path / "b"),
+                                  "--out", str(tmp_path / "b.safetensors"), "--fail-at-step", "6")
+    assert "failing on purpose at step 6" in stderr
+    assert "resuming from" in stderr and "step-00000004" in stderr  # the last checkpoint before the kill
+    assert killed["restarts"] == 1 and killed["steps"] == 12
+    assert killed["param_sha256"] == plain["param_sha256"]  # bit-exact: the same next updates
+    a, b = load_file(tmp_path / "a.safetensors"), load_file(tmp_path / "b.safetensors")
+    assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
+    assert sorted(p.name for p in (tmp_path / "b").glob("step-*")) == ["step-00000008", "step-00000012"]
+
+
+@pytest.mark.slow
+def test_ppo_publishes_versions_from_rank_zero_against_the_stand_in(tmp_path):
+    env = make_env("InvertedPendulum-v5")
+    obs, act = env.observation_spec()[0], env.action_spec()[0]
+    env.close()
+    with StandIn(obs, act, policy="pendulum") as gw:
+        gw.start_actors("InvertedPendulum-v5", 3)
+        summary, stderr = tether_train(
+            "--nproc", "2", "--max-restarts", "0", "--gateway", gw.address, "--algo", "ppo", "--policy", "pendulum",
+            "--steps", "32", "--batch", "256", "--epochs", "4", "--minibatches", "4",
+            "--checkpoint-dir", str(tmp_path / "ckpt"))
+        publishes = list(gw.publishes)
+    assert summary["steps"] == 32 and summary["iterations"] == 2
+    assert summary["published_versions"] == [2, 3] and summary["final_version"] == 3
+    assert summary["param_sha256"][0] == summary["param_sha256"][1]
+    assert [h.lineage.parent_version for h in publishes] == [1, 2]
+    assert [h.lineage.trainer_step for h in publishes] == [16, 32]
+    assert all(h.lineage.data_offset > 0 and h.lineage.trainer.startswith("ppo@") for h in publishes)
+    assert all(h.format == "safetensors" and len(h.probe_inputs) == 1 for h in publishes)
+    assert "lag_versions_mean" in summary and "ppo it 2 step 32" in stderr
+    latest = (tmp_path / "ckpt" / "latest").read_text()
+    meta = json.loads((tmp_path / "ckpt" / latest / "meta.json").read_text())
+    assert (meta["step"], meta["version"], meta["published"]) == (32, 3, [2, 3]) and len(meta["offsets"]) == 2
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--algo", "bc", "--steps", "1"], "--log-dir"),
+    (["--algo", "ppo", "--steps", "1"], "--gateway"),
+    (["--algo", "bc", "--log-dir", ".", "--nproc", "0", "--steps", "1"], "--nproc must be >= 1"),
+    (["--algo", "bc", "--log-dir", "."], "--steps, --seconds or --target-return"),
+])
+def test_the_launcher_rejects_bad_options_before_starting(args, message):
+    with pytest.raises(SystemExit, match=message):
+        train_main(args)

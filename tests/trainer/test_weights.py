@@ -1,0 +1,88 @@
+"""GaussianPolicy as served (TorchScript), and Policies Fetch/Publish over real gRPC on loopback."""
+
+from __future__ import annotations
+
+import math
+
+import grpc
+import numpy as np
+import pytest
+import torch
+
+from protos import policies_pb2
+from protos.codec import Spec
+from tests.trainer.standin import StandIn
+from trainer.policy import GaussianPolicy, MLPPolicy
+from trainer.weights import PolicyClient, WeightsError, build_policy, from_safetensors
+from trainer.worker import probe_outputs
+
+OBS = Spec("observation", np.float32, (4,))
+ACT = Spec("action", np.float32, (2,), low=(-3.0,), high=(3.0,))
+
+
+def test_gaussian_policy_samples_in_torchscript_with_consistent_log_prob():
+    policy = GaussianPolicy(OBS, ACT, seed=0, log_std_init=-0.5)
+    scripted = torch.jit.script(policy)
+    obs = torch.randn(64, 4)
+    torch.manual_seed(1)
+    action, log_prob, mean = scripted(obs)
+    assert action.shape == (64, 2) and log_prob.shape == (64, 1) and mean.shape == (64, 2)
+    assert log_prob.dtype == torch.float32
+    torch.testing.assert_close(mean, policy.mean(obs))
+    assert bool((mean.abs() <= 3).all())
+    torch.testing.assert_close(log_prob[:, 0], policy.log_prob(obs, action)[0], atol=1e-5, rtol=1e-5)
+    z = (action - mean) / math.exp(-0.5)  # the sampling really has std exp(log_std)
+    assert 0.8 < float(z.std()) < 1.2
+    torch.manual_seed(1)
+    torch.testing.assert_close(scripted(obs)[0], action)  # seeded: reproducible
+    specs = GaussianPolicy.output_specs(ACT)
+    assert [(s.name, s.shape) for s in specs] == [("action", (2,)), ("log_prob", (1,)), ("action_mean", (2,))]
+
+
+def test_build_policy_checks_the_served_specs():
+    outputs = GaussianPolicy.output_specs(ACT)
+    assert isinstance(build_policy("gaussian", (OBS,), outputs), GaussianPolicy)
+    assert isinstance(build_policy("mlp", (OBS,), (ACT,)), MLPPolicy)
+    with pytest.raises(ValueError, match="--arch gaussian needs outputs"):
+        build_policy("gaussian", (OBS,), (ACT,))
+    with pytest.raises(ValueError, match="--arch mlp has one output"):
+        build_policy("mlp", (OBS,), outputs)
+    with pytest.raises(ValueError, match="arch 'rnn'"):
+        build_policy("rnn", (OBS,), (ACT,))
+
+
+def test_fetch_then_publish_round_trip():
+    with StandIn(OBS, ACT, policy="p", seed=3) as gw, PolicyClient(gw.address, timeout_s=20) as client:
+        served = client.fetch("p")
+        assert (served.policy, served.version) == ("p", 1)
+        assert served.inputs == (OBS,) and [s.name for s in served.outputs] == ["action", "log_prob", "action_mean"]
+        policy = build_policy("gaussian", served.inputs, served.outputs)
+        policy.load_state_dict(served.state_dict, strict=True)
+        torch.testing.assert_close(policy.mean(torch.ones(1, 4)), gw.modules[1].mean(torch.ones(1, 4)))
+        with torch.no_grad():
+            policy.log_std.fill_(-1.0)
+            policy.net[0].bias.add_(0.1)
+        probe = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
+        lineage = policies_pb2.Lineage(parent_version=1, trainer_step=80, data_offset=1234, trainer="test")
+        reply = client.publish("p", policy.state_dict(), lineage=lineage, probe_inputs={"observation": probe},
+                               probe_outputs=probe_outputs(policy, probe), atol=1e-4, chunk_bytes=1000)
+        assert reply.version == 2 and gw.max_error <= 1e-4
+        again = client.fetch("p")
+        assert again.version == 2 and again.lineage.data_offset == 1234
+        for k, v in policy.state_dict().items():
+            assert torch.equal(again.state_dict[k], v), k
+
+        wrong = {"action_mean": probe_outputs(policy, probe)["action_mean"] + 0.1}
+        with pytest.raises(grpc.RpcError) as err:
+            client.publish("p", policy.state_dict(), lineage=lineage, probe_inputs={"observation": probe},
+                           probe_outputs=wrong, atol=1e-4)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        broken = dict(policy.state_dict(), log_std=torch.tensor([float("nan"), 0.0]))
+        with pytest.raises(ValueError, match="log_std: refusing to publish NaN"):
+            client.publish("p", broken, lineage=lineage, probe_inputs={}, probe_outputs={})
+        assert gw.newest() == 2
+
+
+def test_garbage_weights_are_named():
+    with pytest.raises(WeightsError, match="not a safetensors blob"):
+        from_safetensors(b"\x00" * 10)
