@@ -19,7 +19,7 @@ from trainer import checkpoint, dist
 from trainer.bc import BCConfig, BCLearner
 from trainer.policy import GaussianPolicy
 from trainer.sources import LogDataset
-from trainer.weights import PolicyClient, build_policy
+from trainer.weights import PolicyClient, build_policy, hidden_sizes
 from trainer.worker import (
     load_checkpoint,
     maybe_fail,
@@ -53,7 +53,8 @@ def run_bc(args: argparse.Namespace) -> dict:
     parent, policy_name = 0, args.policy
     if client is not None:
         served = client.fetch(args.policy)
-        policy = build_policy(args.arch, served.inputs, served.outputs, hidden=args.hidden, seed=args.seed)
+        policy = build_policy(args.arch, served.inputs, served.outputs, hidden=hidden_sizes(served.state_dict),
+                              seed=args.seed)
         policy.load_state_dict(served.state_dict, strict=True)
         obs_spec, act_spec = served.inputs[0], served.outputs[0]
         parent, policy_name = served.version, served.policy

@@ -19,7 +19,7 @@ from trainer import checkpoint, dist
 from trainer.ppo import PPOConfig, PPOLearner
 from trainer.sources import StreamSource
 from trainer.trajectory import TrajectoryAssembler
-from trainer.weights import PolicyClient, build_policy
+from trainer.weights import PolicyClient, build_policy, hidden_sizes
 from trainer.worker import (
     load_checkpoint,
     maybe_fail,
@@ -43,7 +43,8 @@ def run_ppo(args: argparse.Namespace) -> dict:
     rank, world = dist.world()
     client = PolicyClient(args.gateway)
     served = client.fetch(args.policy)
-    policy = build_policy(args.arch, served.inputs, served.outputs, seed=args.seed)
+    policy = build_policy(args.arch, served.inputs, served.outputs, hidden=hidden_sizes(served.state_dict),
+                          seed=args.seed)
     policy.load_state_dict(served.state_dict, strict=True)
     obs_name, act_name = served.inputs[0].name, served.outputs[0].name
     config = PPOConfig(gamma=args.gamma, lam=args.lam, clip=args.clip, epochs=args.epochs,

@@ -35,7 +35,7 @@ from protos.codec import Spec
 from trainer.policy import GaussianPolicy, MLPPolicy
 
 __all__ = ["ARCHS", "PolicyClient", "ServedPolicy", "WeightsError", "build_policy", "from_safetensors",
-           "to_safetensors"]
+           "hidden_sizes", "to_safetensors"]
 
 ARCHS = ("gaussian", "mlp")
 CHUNK_BYTES = 1 << 20
@@ -93,6 +93,15 @@ def build_policy(arch: str, inputs: Sequence[Spec], outputs: Sequence[Spec], *,
     if len(outputs) != 1:
         raise ValueError(f"--arch mlp has one output, the served policy has {[s.name for s in outputs]}")
     return MLPPolicy(inputs[0], outputs[0], hidden=hidden, seed=seed)
+
+
+def hidden_sizes(state_dict: Mapping[str, torch.Tensor]) -> tuple[int, ...]:
+    """The hidden layer sizes of a GaussianPolicy/MLPPolicy state_dict (`net.{i}.weight` rows)."""
+    layers = sorted((int(k.split(".")[1]), v) for k, v in state_dict.items()
+                    if k.startswith("net.") and k.endswith(".weight") and k.split(".")[1].isdigit())
+    if not layers:
+        raise WeightsError(f"no net.<i>.weight tensors among {sorted(state_dict)[:8]}: not an MLP policy")
+    return tuple(int(w.shape[0]) for _, w in layers[:-1])
 
 
 class PolicyClient:

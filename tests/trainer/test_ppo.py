@@ -105,3 +105,18 @@ def test_ppo_needs_a_stochastic_policy():
     with pytest.raises(TypeError, match="GaussianPolicy"):
         PPOLearner(MLPPolicy(Spec("observation", np.float32, (4,)), Spec("action", np.float32, (1,))),
                    config=PPOConfig())
+
+
+def test_bf16_autocast_updates_on_cpu():
+    from trainer.bc import BCConfig, BCLearner
+
+    spec_o, spec_a = Spec("observation", np.float32, (4,)), Spec("action", np.float32, (1,))
+    learner = PPOLearner(GaussianPolicy(spec_o, spec_a, seed=0),
+                         config=PPOConfig(bf16=True, epochs=2, minibatches=2), seed=0)
+    stats = learner.update(synthetic_segments([1] * 32).take(), newest_version=1)
+    assert learner.steps == 4 and all(np.isfinite(v) for v in stats.values())
+    assert all(p.dtype == torch.float32 for p in learner.model.parameters())  # autocast, not a cast
+    bc = BCLearner(GaussianPolicy(spec_o, spec_a, seed=0), config=BCConfig(lr=1e-2, bf16=True))
+    batch = [t for seg in synthetic_segments([1] * 32).take() for t in seg.transitions]
+    losses = [bc.update(batch)["loss"] for _ in range(20)]
+    assert losses[-1] < losses[0]

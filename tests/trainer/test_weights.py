@@ -86,3 +86,12 @@ def test_fetch_then_publish_round_trip():
 def test_garbage_weights_are_named():
     with pytest.raises(WeightsError, match="not a safetensors blob"):
         from_safetensors(b"\x00" * 10)
+
+
+def test_hidden_sizes_come_from_the_served_weights():
+    from trainer.weights import hidden_sizes
+
+    assert hidden_sizes(GaussianPolicy(OBS, ACT, hidden=(32, 16)).state_dict()) == (32, 16)
+    assert hidden_sizes(MLPPolicy(OBS, ACT, hidden=(8,)).state_dict()) == (8,)
+    with pytest.raises(WeightsError, match="not an MLP policy"):
+        hidden_sizes({"w": torch.zeros(1)})
