@@ -310,6 +310,7 @@ class NewtonCartpole(NewtonTask):
 
     task = "cartpole"
     solver = "featherstone"
+    substeps = 2  # 120 Hz physics under 60 Hz control, as Isaac Lab's cartpole
     actuated = (0,)
     gear = 20.0
     max_cart = 3.0
@@ -361,6 +362,7 @@ class NewtonAnt(NewtonTask):
 
     task = "ant"
     solver = "xpbd"
+    substeps = 4  # 240 Hz: XPBD contacts want the smaller step
     ground = True
     default_max_episode_steps = 1000
     actuated = tuple(range(6, 14))
