@@ -179,13 +179,15 @@ def policy_lag(transitions: Sequence[experience_pb2.Transition], *, newest_versi
                newest_publish_ns: int) -> tuple[np.ndarray, np.ndarray]:
     """(versions behind, seconds behind) per transition.
 
-    Seconds behind: for a transition acted by an older version, how long after the newest
-    version was published it was still acted (gateway receive time - publish time); 0 otherwise.
+    Seconds behind: for a transition acted by an older version, how long before the newest
+    version's publish time it was acted (publish time - gateway receive time, at least 0). An
+    old version still acting after the publish (a session waiting for its episode boundary)
+    shows in the versions behind, not in the seconds.
     """
     versions = np.array([t.policy_version for t in transitions], np.int64)
     behind = np.maximum(newest_version - versions, 0)
     stamps = np.array([t.timing.gateway_recv_ns or t.timing.t_sent_ns for t in transitions], np.int64)
-    seconds = np.where((behind > 0) & (newest_publish_ns > 0), (stamps - newest_publish_ns) / 1e9, 0.0)
+    seconds = np.where((behind > 0) & (newest_publish_ns > 0) & (stamps > 0), (newest_publish_ns - stamps) / 1e9, 0.0)
     return behind, np.maximum(seconds, 0.0)
 
 

@@ -95,14 +95,16 @@ def test_episode_returns_count_only_episodes_seen_from_their_first_step():
 
 def test_lag_versions_and_seconds_behind():
     t0 = 1_000_000_000_000
-    batch = [tr(0, version=5, recv_ns=t0 + 2_000_000_000), tr(1, version=4, recv_ns=t0 + 500_000_000),
-             tr(2, version=2, recv_ns=t0 + 1_500_000_000), tr(3, version=6, recv_ns=t0)]
+    batch = [tr(0, version=5, recv_ns=t0 + 2_000_000_000), tr(1, version=4, recv_ns=t0 - 500_000_000),
+             tr(2, version=2, recv_ns=t0 - 1_500_000_000), tr(3, version=6, recv_ns=t0),
+             tr(4, version=4, recv_ns=t0 + 1_000_000_000)]  # v4 still acting after v5's publish
     behind, seconds = policy_lag(batch, newest_version=5, newest_publish_ns=t0)
-    assert behind.tolist() == [0, 1, 3, 0]
-    np.testing.assert_allclose(seconds, [0.0, 0.5, 1.5, 0.0])
+    assert behind.tolist() == [0, 1, 3, 0, 1]
+    np.testing.assert_allclose(seconds, [0.0, 0.5, 1.5, 0.0, 0.0])
     stats = lag_stats(behind, seconds, max_version_lag=1)
     assert (stats.versions_max, stats.stale) == (3, 1)
     assert stats.versions_mean == pytest.approx(1.0) and stats.seconds_max == pytest.approx(1.5)
+    assert stats.seconds_mean == pytest.approx(0.4)
 
 
 def test_stale_drop_masks_and_importance_weights_are_truncated():
