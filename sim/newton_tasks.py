@@ -196,7 +196,7 @@ class NewtonTask(BaseVectorEnvironment):
 
     def _write(self, rows: np.ndarray | None) -> None:
         """Copy the host joint state to the device and update body poses (only `rows` if given)."""
-        wp, state = self._wp, self._state
+        state = self._state
         state.joint_q.assign(self._q.ravel())
         state.joint_qd.assign(self._qd.ravel())
         mask = None
@@ -206,8 +206,6 @@ class NewtonTask(BaseVectorEnvironment):
             self._mask.assign(host)
             mask = self._mask
         self._newton.eval_fk(self._model, state.joint_q, state.joint_qd, state, mask=mask)
-        if rows is None:
-            wp.synchronize_device(self.device)
 
     def _read(self) -> None:
         state = self._state
@@ -220,12 +218,13 @@ class NewtonTask(BaseVectorEnvironment):
         """Record one frame of kernel launches as a Warp graph (CUDA graph on a GPU, Warp's C++ replay
         on the CPU): replaying it skips the Python cost of each launch (~60 per frame, 90% of a
         step on the CPU). None, and plain launches, where capture fails."""
-        wp = self._wp
+        states = self._state, self._next
         try:
-            with wp.ScopedCapture(device=self.device) as capture:
+            with self._wp.ScopedCapture(device=self.device) as capture:
                 self._run_frame()
         except Exception as e:  # a solver or device that cannot be captured still runs, just slower
             log.warning("newton:%s: running without a captured graph (%s)", self.task, e)
+            self._state, self._next = states
             return None
         return capture.graph
 

@@ -161,3 +161,28 @@ def test_a_world_that_blows_up_is_terminated_and_reset_alone():
         ts = env.step(zero)
         assert not ts.last().any() and np.isfinite(ts.observation["observation"]).all()
     env.close()
+
+
+def test_without_graph_capture_the_task_still_runs(monkeypatch, caplog):
+    import warp as wp
+
+    class NoCapture:
+        def __init__(self, **kw):
+            pass
+
+        def __enter__(self):
+            raise RuntimeError("capture is not supported here")
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(wp, "ScopedCapture", NoCapture)
+    with caplog.at_level("WARNING", logger="sim.newton_tasks"):
+        env = NewtonCartpole(num_envs=2, seed=8)
+    assert env._graph is None and "without a captured graph (capture is not supported here)" in caplog.text
+    reference = NewtonCartpole(num_envs=2, seed=8, capture=False)
+    a, b = env.reset(), reference.reset()
+    push = {"action": np.ones((2, 1), np.float32)}
+    for _ in range(5):
+        a, b = env.step(push), reference.step(push)
+    np.testing.assert_array_equal(a.observation["observation"], b.observation["observation"])
