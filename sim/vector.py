@@ -82,6 +82,10 @@ class VectorTimeStep:
     refused: np.ndarray | None = None           # (N,) bool: the env's action was refused (safe action applied)
     errors: tuple[tuple[int, str], ...] = ()    # (env index, message) for each refused env
 
+    def __post_init__(self):
+        if self.refused is None:  # always an (N,) array for the reader
+            object.__setattr__(self, "refused", np.zeros(self.step_type.shape[0], bool))
+
     @property
     def num_envs(self) -> int:
         return int(self.step_type.shape[0])

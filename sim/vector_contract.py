@@ -89,9 +89,11 @@ class VectorEnvironmentContract:
                 f"{name} should be a ({n},) {np.dtype(dtype).name} array, got {value!r}"
         assert np.isfinite(ts.reward).all(), f"reward {ts.reward}"
         _assert_batch(env.observation_spec(), ts.observation, n, "observation")
+        assert isinstance(ts.refused, np.ndarray) and ts.refused.dtype == np.bool_ and ts.refused.shape == (n,)
         if first:
             assert (ts.step_type == StepType.FIRST).all() and not ts.reward.any()
             assert not ts.terminated.any() and not ts.truncated.any() and ts.applied_action is None
+            assert not ts.refused.any() and not ts.errors
             return
         assert np.isin(ts.step_type, (StepType.MID, StepType.LAST)).all(), f"step_type {ts.step_type}"
         last = ts.step_type == StepType.LAST
@@ -99,7 +101,6 @@ class VectorEnvironmentContract:
         assert not (ts.terminated & ts.truncated).any(), "terminated and truncated are exclusive"
         _assert_batch(env.action_spec(), ts.applied_action, n, "applied_action")
         _assert_within(env.action_spec(), ts.applied_action)
-        assert ts.refused is not None and ts.refused.dtype == np.bool_ and ts.refused.shape == (n,)
         assert sorted(i for i, _ in ts.errors) == np.flatnonzero(ts.refused).tolist(), "one error per refused env"
         if ts.final_observation is None:
             assert not getattr(env, "provides_final_observation", True), "final_observation missing"
