@@ -80,7 +80,11 @@ def run_ppo(args: argparse.Namespace) -> dict:
     stats: dict[str, float] = {}
     try:
         while True:
-            for t in source.poll(timeout=0.05, max_items=4 * batch):
+            scanned = source.next_offset  # read first: everything received before it is polled below
+            got = source.poll(timeout=0.05, max_items=4 * batch)
+            if len(got) < 4 * batch:  # the queue was drained: the shard is consumed through `scanned`
+                consumed = max(consumed, scanned)
+            for t in got:
                 consumed = max(consumed, t.offset + 1)
                 reward_version = t.reward_version or reward_version
                 if config.stale == "drop" and version - t.policy_version > config.max_version_lag:

@@ -82,16 +82,16 @@ class StandIn(experience_pb2_grpc.ExperienceServicer, policies_pb2_grpc.Policies
             with self.cond:
                 self.cond.wait_for(lambda c=cursor: len(self.log) > c or self.stop.is_set(), timeout=0.2)
                 end = len(self.log)
-                batch = []
+                scanned_from, batch = cursor, []
                 while cursor < end and len(batch) < max_batch and cursor - acked[0] < window:
                     t = self.log[cursor]
                     cursor += 1
                     if start.num_shards > 1 and shard_of(t.session, start.num_shards) != start.shard:
                         continue
                     batch.append(t)
-            if batch:
+            if batch or cursor > scanned_from:  # an empty batch still says how far the shard is read
                 yield experience_pb2.ExperienceBatch(transitions=batch, next_offset=cursor, log_end=end)
-                if self.fail_after_batches > 0:
+                if batch and self.fail_after_batches > 0:
                     self.fail_after_batches -= 1
                     if self.fail_after_batches == 0:
                         context.abort(grpc.StatusCode.UNAVAILABLE, "stand-in: stream cut on purpose")

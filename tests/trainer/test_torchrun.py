@@ -73,28 +73,33 @@ def test_bc_ranks_stay_identical_and_a_killed_rank_resumes_bit_exact(tmp_path):
 
 
 @pytest.mark.slow
-def test_ppo_publishes_versions_from_rank_zero_against_the_stand_in(tmp_path):
+def test_ppo_publishes_from_rank_zero_and_resumes_after_a_killed_rank(tmp_path):
+    """Iterations of 16 optimiser steps; rank 1 dies after the second update (step 32), before
+    that iteration's publish and checkpoint: the group resumes from step 16 (version 2), redoes
+    iteration 2 and goes on, the lineage unbroken."""
     env = make_env("InvertedPendulum-v5")
     obs, act = env.observation_spec()[0], env.action_spec()[0]
     env.close()
     with StandIn(obs, act, policy="pendulum") as gw:
         gw.start_actors("InvertedPendulum-v5", 3)
         summary, stderr = tether_train(
-            "--nproc", "2", "--max-restarts", "0", "--gateway", gw.address, "--algo", "ppo", "--policy", "pendulum",
-            "--steps", "32", "--batch", "256", "--epochs", "4", "--minibatches", "4",
+            "--nproc", "2", "--max-restarts", "1", "--gateway", gw.address, "--algo", "ppo", "--policy", "pendulum",
+            "--steps", "48", "--batch", "256", "--epochs", "4", "--minibatches", "4", "--fail-at-step", "32",
             "--checkpoint-dir", str(tmp_path / "ckpt"))
         publishes = list(gw.publishes)
-    assert summary["steps"] == 32 and summary["iterations"] == 2
-    assert summary["published_versions"] == [2, 3] and summary["final_version"] == 3
+        resumed = gw.subscriptions[2:]
+    assert summary["restarts"] == 1 and "resuming from" in stderr and "step-00000016" in stderr
+    assert summary["steps"] == 48 and summary["iterations"] == 3
+    assert summary["published_versions"] == [2, 3, 4] and summary["final_version"] == 4
     assert summary["param_sha256"][0] == summary["param_sha256"][1]
-    assert [h.lineage.parent_version for h in publishes] == [1, 2]
-    assert [h.lineage.trainer_step for h in publishes] == [16, 32]
+    assert [(h.lineage.parent_version, h.lineage.trainer_step) for h in publishes] == [(1, 16), (2, 32), (3, 48)]
     assert all(h.lineage.data_offset > 0 and h.lineage.trainer.startswith("ppo@") for h in publishes)
     assert all(h.format == "safetensors" and len(h.probe_inputs) == 1 for h in publishes)
-    assert "lag_versions_mean" in summary and "ppo it 2 step 32" in stderr
+    assert sorted(s.shard for s in resumed) == [0, 1] and all(s.from_offset > 0 for s in resumed)
+    assert "lag_versions_mean" in summary and "ppo it 3 step 48" in stderr
     latest = (tmp_path / "ckpt" / "latest").read_text()
     meta = json.loads((tmp_path / "ckpt" / latest / "meta.json").read_text())
-    assert (meta["step"], meta["version"], meta["published"]) == (32, 3, [2, 3]) and len(meta["offsets"]) == 2
+    assert (meta["step"], meta["version"], meta["published"]) == (48, 4, [2, 3, 4]) and len(meta["offsets"]) == 2
 
 
 @pytest.mark.parametrize(("args", "message"), [
