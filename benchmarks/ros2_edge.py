@@ -14,24 +14,28 @@ Triton, against raw DDS ping-pong as the floor. One run measures:
 Processes, all on 127.0.0.1, one DDS domain, loopback only (Cyclone: `loopback_config`; Fast DDS:
 launch/config/fastdds_loopback.xml):
 
-    robot (rclpy, tests/ros2/rclpy_robot.py; the Cyclone robot tests/ros2/edge_robot.py without .venv/ros)
+    robot: C++ on Fast DDS 2.9 (tests/peers/fastdds_peer --bench 1, built by `make setup`; else the
+           rclpy robot tests/ros2/rclpy_robot.py, else the Cyclone one tests/ros2/edge_robot.py)
       --/joint_states--> tether edge (rclpy | dds) --gRPC--> gateway (process) --> Triton (process)
       <--/policy_controller/commands--
-    floor: the robot <-> an echo process answering each JointState at once in its DDS callback
+    floors: the robot <-> an echo process answering each JointState at once in its receive
+            callback, with Tether's Cyclone DDS transport and with its rclpy transport
 
 The robot numbers its states in the velocities ((i % 4000) / 2000); the policy is action = velocity
 (+ 0 x a 64x64 MLP, so Triton runs a real network; the chunked one repeats it H times), so every
-per-step command names the state it answers, and the robot prints each command's arrival time and,
-for a numbered one, its latency. The guard runs with a velocity limit of 100/s here (the numbering
+per-step command names the state it answers. The robot times each command's arrival (and, for a
+numbered one, its latency) and each state's publication on its own monotonic clock, and hands
+them over when it stops. The guard runs with a velocity limit of 100/s here (the numbering
 jumps from 2 to 0 every 4000 states), so it checks every command and limits none.
 
-Why an earlier version reported about half of the states answered at 500 Hz, where a robot run by
-hand saw about 98%: its robot lived in the benchmark's own process (its publish loop, its DDS
-receive callbacks and the bookkeeping shared one interpreter), and the edge sent observations on
-its own timer, one in flight, with robot and edge phases sweeping against each other: a state
-published just after a tick waited a whole period, and the next one found the previous still in
-flight. Now the robot is its own process (as on a robot), the edge sends each state as it arrives,
-and "answered" is counted per robot period, the way the robot sees it.
+Why an earlier version reported about half of the states answered at 500 Hz, where an
+independent Fast DDS robot run by hand saw about 98%: its robot was Python inside the benchmark's
+own process (publish loop, DDS receive callbacks and bookkeeping in one interpreter). Measured
+here on the shared 2-core box, a Python robot (rclpy or Cyclone) cannot keep a 500 Hz loop and
+take 500 commands/s: even raw ping-pong then answers a minority of periods with latencies of tens
+of ms, i.e. the robot, not the edge, was measured. Now the robot is the C++ Fast DDS peer in its
+own process, as on a robot; the edge also sends each state as it arrives (no wait for its timer),
+and "answered" is counted per robot period, on the robot's clock.
 """
 
 from __future__ import annotations
@@ -52,37 +56,52 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from bridge.ros2.dds import DdsTransport, loopback_config
 from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, load_topic_map
-from inference_server import ModelRepository, TritonServer
-from protos.codec import Spec
-from tether.topology import gateway_process, stop_process, write_json
+from bridge.ros2.transport import open_transport
+
+# Cyclone DDS, torch, Triton and the gateway are imported in main(): the echo peer (--echo rclpy)
+# runs from .venv/ros, which has none of them
 
 ROOT = Path(__file__).resolve().parents[1]
 ROS_PYTHON = ROOT / ".venv" / "ros" / "bin" / "python"
 FASTDDS_PROFILE = ROOT / "launch" / "config" / "fastdds_loopback.xml"
 RCLPY_ROBOT, DDS_ROBOT = ROOT / "tests" / "ros2" / "rclpy_robot.py", ROOT / "tests" / "ros2" / "edge_robot.py"
+FASTDDS_PEER = ROOT / "tests" / "peers" / "build" / "fastdds_peer"
 STEP_MODEL, CHUNK_MODEL = "bench_edge_echo", "bench_edge_chunk"
+PEER_TOPIC_MAP = """# the C++ robot's joints (tests/peers/fastdds_peer.cpp)
+observation:
+  - topic: /joint_states
+    type: sensor_msgs/msg/JointState
+    joints: &joints [shoulder, elbow, wrist]
+    tensors: {joint_position: {field: position}, joint_velocity: {field: velocity}}
+action:
+  - topic: /policy_controller/commands
+    type: std_msgs/msg/Float64MultiArray
+    joints: *joints
+    tensors: {action: {field: data, bounds: [-6.2832, 6.2832], velocity_limit: 2.0}}
+"""
 SCALE = 2000.0
 
 
-class EchoVelocity(torch.nn.Module):
+def echo_velocity(n: int, horizon: int = 0):
     """action = joint_velocity (+ 0 x a 64x64 MLP); with `horizon`, that action H times."""
+    import torch
 
-    def __init__(self, n: int, horizon: int = 0):
-        super().__init__()
-        torch.manual_seed(0)
-        self.horizon = horizon
-        self.net = torch.nn.Sequential(torch.nn.Linear(2 * n, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64),
-                                       torch.nn.Tanh(), torch.nn.Linear(64, n), torch.nn.Tanh())
+    class EchoVelocity(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = torch.nn.Sequential(torch.nn.Linear(2 * n, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64),
+                                           torch.nn.Tanh(), torch.nn.Linear(64, n), torch.nn.Tanh())
 
-    def forward(self, joint_position: torch.Tensor, joint_velocity: torch.Tensor) -> torch.Tensor:
-        action = joint_velocity + 0.0 * self.net(torch.cat([joint_position, joint_velocity], dim=1))
-        if self.horizon:
-            return action.unsqueeze(1).repeat(1, self.horizon, 1)
-        return action
+        def forward(self, joint_position: torch.Tensor, joint_velocity: torch.Tensor) -> torch.Tensor:
+            action = joint_velocity + 0.0 * self.net(torch.cat([joint_position, joint_velocity], dim=1))
+            if horizon:
+                return action.unsqueeze(1).repeat(1, horizon, 1)
+            return action
+
+    return EchoVelocity()
 
 
 def ros_env(domain: int) -> dict[str, str]:
@@ -99,37 +118,69 @@ def rclpy_ok() -> bool:
 
 
 class RobotProcess:
-    """The robot: its command lines (t, data, lat_ms) collect in `commands`."""
+    """The robot. Python robots (--out) keep their records until they exit; the C++ Fast DDS robot
+    (`fastdds_peer --bench 1`) prints them as one line when stopped. Either way no pipe write per
+    command while measuring. After `close()`: `commands` (t, data, lat_ms) and `published` (t)."""
 
     def __init__(self, argv: list[str], env: dict[str, str], log: Path):
         self.log = open(log, "w")  # noqa: SIM115 (closed in close())
-        self.out = log.with_suffix(".json")    # the robot keeps its records until it exits: no pipe per command
-        self.proc = subprocess.Popen([*argv, "--out", str(self.out)], env=env, cwd=ROOT, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self.log, text=True, start_new_session=True)
+        self.native = Path(argv[0]).name == "fastdds_peer"
+        self.out = log.with_suffix(".json")
+        argv = argv if self.native else [*argv, "--out", str(self.out)]
+        self.proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.log, text=True, start_new_session=True)
         self.commands: list[dict] = []
+        self.published: list[float] = []
+        self.bench: dict | None = None
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=self._pump, daemon=True).start()
-        try:
-            if self.events.get(timeout=60) != "ready":
-                raise RuntimeError(f"robot not ready; see {log}")
-        except queue.Empty:
-            raise RuntimeError(f"robot not ready in 60 s; see {log}") from None
+        self.wait_event(("ready",), 60, log)
 
     def _pump(self) -> None:
         for line in self.proc.stdout:
             record = json.loads(line)
             if "event" in record:
                 self.events.put(record["event"])
+            elif "bench" in record:
+                self.bench = record["bench"]
+
+    def wait_event(self, names: tuple[str, ...], timeout: float, log: Path) -> str:
+        deadline, event = time.monotonic() + timeout, None
+        with contextlib.suppress(queue.Empty):
+            while event not in names:           # other events (e.g. the edge's estop_state) are skipped
+                event = self.events.get(timeout=max(deadline - time.monotonic(), 0.001))
+        if event not in names:
+            raise RuntimeError(f"robot: none of {names} in {timeout:g} s; see {log}")
+        return event
+
+    def wait_first_command(self, log: Path) -> None:
+        if self.native:                         # the edge's command publisher matched: it is up
+            self.wait_event(("reader_matched",), 60, log)
+            return
+        self.proc.stdin.write("first\n")        # the robot says when the first command arrived
+        self.proc.stdin.flush()
+        if self.wait_event(("first", "no command"), 70, log) != "first":
+            raise RuntimeError(f"robot: no command; see {log}")
 
     def close(self) -> None:
+        if self.native:
+            self.proc.send_signal(signal.SIGTERM)
         with contextlib.suppress(OSError):
             self.proc.stdin.close()
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            stop_process(self.proc)
+            self.proc.kill()
+            self.proc.wait()
         self.log.close()
-        self.commands = json.loads(self.out.read_text()) if self.out.exists() else []
+        if self.native:
+            time.sleep(0.1)                     # the pump reads the last line
+            kept = self.bench or {"commands": [], "published": []}
+            self.commands = [{"t": t, "data": [d], "lat_ms": lat} for t, d, lat in kept["commands"]]
+            self.published = kept["published"]
+            return
+        kept = json.loads(self.out.read_text()) if self.out.exists() else {"commands": [], "published": []}
+        self.commands, self.published = kept["commands"], kept["published"]
 
 
 @contextlib.contextmanager
@@ -145,26 +196,35 @@ def child(argv: list[str], env: dict[str, str], log: Path):
                 try:
                     proc.wait(timeout=15)
                 except subprocess.TimeoutExpired:
-                    stop_process(proc)
+                    proc.kill()
+                    proc.wait()
 
 
-def summarize(commands: list[dict], rate: float, t0: float, seconds: float, *, latency: bool = True) -> dict:
-    """Periods answered, states answered, latency of numbered commands (not for chunks: a chunk's
-    commands all name the one state it was computed from), jitter of arrivals."""
+def summarize(commands: list[dict], published: list[float], rate: float, t0: float, seconds: float, *,
+              latency: bool = True) -> dict:
+    """The robot's view of one measured window:
+
+    - periods answered: of the robot's periods (from one JointState's publication to the next),
+      those in which at least one command arrived;
+    - states answered: distinct states that commands name, per period (chunks: observations used);
+    - latency (per step only; a chunk's commands all name the one state it was computed from):
+      publication of a state -> arrival of the first command naming it;
+    - jitter: the spread of the intervals between command arrivals.
+    """
     window = [c for c in commands if t0 <= c["t"] < t0 + seconds]
-    if not latency:
-        window = [{**c, "lat_ms": None} if c["lat_ms"] is not None else c for c in window]
-    periods = int(round(rate * seconds))
-    if not window:
-        return {"commands": 0, "periods_answered": 0.0, "states_answered": 0.0, "p50": None, "p99": None,
-                "jitter_ms": None}
+    pubs = np.array([x for x in published if t0 <= x < t0 + seconds])
+    periods = max(len(pubs) - 1, 1)
+    if not window or len(pubs) < 2:
+        return {"commands": len(window), "periods": periods, "periods_answered": 0.0, "states_answered": 0.0,
+                "p50": None, "p99": None, "jitter_ms": None}
     t = np.array([c["t"] for c in window])
-    answered = len({int((x - t0) * rate) for x in t})
+    slots = np.searchsorted(pubs, t, side="right") - 1           # the robot period each command landed in
+    answered = len({int(k) for k in slots if 0 <= k < len(pubs) - 1})
     codes = {round(c["data"][0] * SCALE) for c in window}
-    lat = np.array([c["lat_ms"] for c in window if c["lat_ms"] is not None])
+    lat = np.array([c["lat_ms"] for c in window if c["lat_ms"] is not None]) if latency else np.array([])
     gaps = np.diff(t) * 1e3
-    return {"commands": len(window), "periods": periods, "periods_answered": round(min(answered / periods, 1.0), 4),
-            "states_answered": round(min(len(codes) / periods, 1.0), 4),
+    return {"commands": len(window), "periods": periods, "robot_rate_hz": round(periods / (pubs[-1] - pubs[0]), 1),
+            "periods_answered": round(answered / periods, 4), "states_answered": round(min(len(codes) / periods, 1), 4),
             "p50": round(float(np.percentile(lat, 50)), 3) if lat.size else None,
             "p99": round(float(np.percentile(lat, 99)), 3) if lat.size else None,
             "jitter_ms": {"std": round(float(gaps.std()), 3), "p99_gap": round(float(np.percentile(gaps, 99)), 3),
@@ -178,19 +238,14 @@ def block(label: str, robot_argv: list[str], peer_argv: list[str], env: dict[str
     robot = RobotProcess(robot_argv, env, logs / f"robot_{name}.log")
     try:
         with child(peer_argv, env, logs / f"peer_{name}.log") as peer:
-            robot.proc.stdin.write("first\n")       # the robot says when the first command arrived
-            robot.proc.stdin.flush()
-            event, deadline = None, time.monotonic() + 60
-            with contextlib.suppress(queue.Empty):
-                while event not in ("first", "no command"):     # e.g. the edge's estop_state comes first
-                    event = robot.events.get(timeout=max(deadline - time.monotonic(), 0.001))
-            if event != "first" or peer.poll() is not None:
-                raise RuntimeError(f"{label}: no command (peer exit {peer.poll()}); see {logs}")
+            robot.wait_first_command(logs / f"robot_{name}.log")
+            if peer.poll() is not None:
+                raise RuntimeError(f"{label}: the peer exited ({peer.poll()}); see {logs}")
             t0 = time.monotonic() + a.warmup
             time.sleep(a.warmup + a.seconds + 0.2)
     finally:
         robot.close()
-    result = summarize(robot.commands, rate, t0, a.seconds, latency=not chunked)
+    result = summarize(robot.commands, robot.published, rate, t0, a.seconds, latency=not chunked)
     if report is not None and report.exists():
         stats = json.loads(report.read_text())["stats"]
         result["edge"] = {k: stats[k] for k in ("rtt_ms", "ticks", "starved", "overruns", "observations", "errors")}
@@ -209,31 +264,53 @@ def main(argv: list[str] | None = None) -> dict | None:
     p.add_argument("--warmup", type=float, default=1.0, help="seconds after the first command, not measured")
     p.add_argument("--chunk", type=int, default=50, help="chunk horizon H of the chunked policy")
     p.add_argument("--domain-id", type=int, default=random.SystemRandom().randrange(1, 233))
-    p.add_argument("--echo", action="store_true", help=argparse.SUPPRESS)  # the floor's peer process
+    p.add_argument("--robot", choices=("auto", "fastdds", "python"), default="auto",
+                   help="the robot process: the C++ Fast DDS robot where built (auto), or the Python one")
+    p.add_argument("--echo", choices=("dds", "rclpy"), help=argparse.SUPPRESS)  # the floors' peer process
+    p.add_argument("--topic-map", type=Path, default=DEFAULT_TOPIC_MAP, help=argparse.SUPPRESS)
     p.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "ros2_edge.json")
     a = p.parse_args(argv)
+    if a.echo == "rclpy":
+        echo(a.domain_id, a.echo, a.topic_map)
+        return None
+    from bridge.ros2.dds import loopback_config
+
     os.environ["CYCLONEDDS_URI"] = loopback_config(a.domain_id)  # before any participant; children inherit
     os.environ["ROS_DOMAIN_ID"] = str(a.domain_id)
     if a.echo:
-        echo(a.domain_id)
+        echo(a.domain_id, a.echo, a.topic_map)
         return None
-    tmap = load_topic_map(DEFAULT_TOPIC_MAP)
-    n = tmap.action_specs()[0].shape[0]
-    joints = ",".join(tmap.observation[0].joints)
+    from inference_server import ModelRepository, TritonServer
+    from protos.codec import Spec
+    from tether.topology import gateway_process, write_json
+
     rates = [float(x) for x in a.rates.split(",")]
     have_rclpy = rclpy_ok()
     transports = ["rclpy", "dds"] if have_rclpy else ["dds"]
     run_dir = Path(tempfile.mkdtemp(prefix="tether-bench-ros2-"))
+    native = os.access(FASTDDS_PEER, os.X_OK) and a.robot in ("auto", "fastdds")
+    if native:                         # the C++ robot has three joints: its own topic map
+        topic_map = run_dir / "topic_map.yaml"
+        topic_map.write_text(PEER_TOPIC_MAP)
+        robot_kind = "C++ on Fast DDS 2.9 (tests/peers/fastdds_peer --bench 1)"
+    else:
+        topic_map = DEFAULT_TOPIC_MAP
+        robot_kind = "rclpy (Fast DDS 2.14)" if have_rclpy else "Cyclone DDS (no .venv/ros, no C++ peer)"
+    tmap = load_topic_map(topic_map)
+    n = tmap.action_specs()[0].shape[0]
+    joints = ",".join(tmap.observation[0].joints)
     obs, act = tmap.observation_specs(), tmap.action_specs()
     repo = ModelRepository(run_dir / "models")
-    repo.write_version(STEP_MODEL, 1, EchoVelocity(n), obs, act)
-    repo.write_version(CHUNK_MODEL, 1, EchoVelocity(n, a.chunk), obs, (Spec("action", np.float32, (a.chunk, n)),))
+    repo.write_version(STEP_MODEL, 1, echo_velocity(n), obs, act)
+    repo.write_version(CHUNK_MODEL, 1, echo_velocity(n, a.chunk), obs, (Spec("action", np.float32, (a.chunk, n)),))
     env = ros_env(a.domain_id)
     robot_python, robot_script = (ROS_PYTHON, RCLPY_ROBOT) if have_rclpy else (Path(sys.executable), DDS_ROBOT)
-    robot_kind = "rclpy (Fast DDS)" if have_rclpy else "Cyclone DDS (no .venv/ros)"
     print(f"run dir {run_dir}; DDS domain {a.domain_id}, loopback only; robot: {robot_kind}", flush=True)
 
     def robot_argv(rate: float, lockstep: bool = False) -> list[str]:
+        if native:
+            return [str(FASTDDS_PEER), "--domain", str(a.domain_id), "--bench", "1", "--lockstep", str(int(lockstep)),
+                    "--hz", f"{rate:g}", "--timeout", str(a.warmup + a.seconds + 60)]
         extra = ["--lockstep"] if lockstep else []
         domain = [] if have_rclpy else ["--domain", str(a.domain_id)]
         return [str(robot_python), str(robot_script), *domain, "--joints", joints, "--hz", f"{rate:g}",
@@ -244,27 +321,34 @@ def main(argv: list[str] | None = None) -> dict | None:
         chunk = ["--policy", CHUNK_MODEL, "--chunk", str(a.chunk)] if chunked else ["--policy", STEP_MODEL]
         return [str(python), "-m", "bridge.ros2.edge", "--gateway", gw, "--transport", transport, "--domain-id",
                 str(a.domain_id), "--rate", f"{rate:g}", "--velocity-limit", "100", "--status-s", "3600",
-                "--node-name", "bench_edge", "--report", str(report), *chunk]
+                "--node-name", "bench_edge", "--report", str(report), "--topic-map", str(topic_map), *chunk]
 
-    echo_argv = [sys.executable, str(Path(__file__).resolve()), "--echo", "--domain-id", str(a.domain_id)]
+    floors = {"raw DDS ping-pong": [sys.executable, str(Path(__file__).resolve()), "--echo", "dds",
+                                    "--domain-id", str(a.domain_id), "--topic-map", str(topic_map)]}
+    if have_rclpy:
+        floors["raw rclpy ping-pong"] = [str(ROS_PYTHON), str(Path(__file__).resolve()), "--echo", "rclpy",
+                                         "--domain-id", str(a.domain_id), "--topic-map", str(topic_map)]
     result: dict = {"machine": {"python": sys.version.split()[0], "platform": platform.platform(),
-                                "cpus": os.cpu_count()}, "robot": robot_kind, "seconds": a.seconds,
+                                "cpus": os.cpu_count(), "load_average_before": [round(x, 2) for x in os.getloadavg()]},
+                    "robot": robot_kind, "seconds": a.seconds,
                     "warmup_s": a.warmup, "chunk": a.chunk, "lockstep": {}, "free": []}
     models = [STEP_MODEL, CHUNK_MODEL]
     with TritonServer(run_dir / "models", models=models, log_path=run_dir / "triton.log") as triton, \
             gateway_process(triton_url=triton.grpc_url, policy=STEP_MODEL, log_path=run_dir / "gateway.log") as gw:
         print(f"triton {triton.version} on {triton.grpc_url}, gateway {gw}", flush=True)
         rate = a.lockstep_rate
-        result["lockstep"]["raw DDS ping-pong"] = block(f"lockstep {rate:g} Hz raw DDS", robot_argv(rate, True),
-                                                        echo_argv, env, rate=rate, a=a, logs=run_dir)
+        for floor, argv_ in floors.items():
+            result["lockstep"][floor] = block(f"lockstep {rate:g} Hz {floor}", robot_argv(rate, True), argv_, env,
+                                              rate=rate, a=a, logs=run_dir)
         for transport in transports:
             report = run_dir / f"report_lockstep_{transport}.json"
             result["lockstep"][f"edge {transport}"] = block(
                 f"lockstep {rate:g} Hz edge {transport}", robot_argv(rate, True),
                 edge_argv(transport, rate, False, report), env, rate=rate, a=a, logs=run_dir, report=report)
         for rate in rates:
-            row = {"rate_hz": rate, "raw DDS ping-pong": block(f"{rate:g} Hz raw DDS", robot_argv(rate), echo_argv,
-                                                               env, rate=rate, a=a, logs=run_dir)}
+            row = {"rate_hz": rate}
+            for floor, argv_ in floors.items():
+                row[floor] = block(f"{rate:g} Hz {floor}", robot_argv(rate), argv_, env, rate=rate, a=a, logs=run_dir)
             for transport in transports:
                 for chunked in (False, True):
                     label = f"edge {transport} {'chunked' if chunked else 'per step'}"
@@ -275,20 +359,22 @@ def main(argv: list[str] | None = None) -> dict | None:
             result["free"].append(row)
         result["triton_version"] = triton.version
     result["logs"] = str(run_dir)
+    result["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     print_table(result)
     write_json(a.json, result)
     print(f"wrote {a.json}")
     return result
 
 
-def echo(domain: int) -> None:
-    """The floor's peer: each JointState answered at once, in the receive callback (Cyclone DDS)."""
-    tmap = load_topic_map(DEFAULT_TOPIC_MAP)
+def echo(domain: int, kind: str, topic_map: Path) -> None:
+    """The floors' peer: each JointState answered at once, in the receive callback, on Tether's
+    Cyclone DDS or rclpy transport (the edge's own message code, no gateway)."""
+    tmap = load_topic_map(topic_map)
     obs, act = tmap.observation[0], tmap.action[0]
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    with DdsTransport(domain_id=domain, node_name="bench_echo") as transport:
+    with open_transport(kind, domain_id=domain, node_name="bench_echo") as transport:
         publish = transport.publisher(act.topic, act.type, reliable=act.reliable)
 
         def answer(msg) -> None:

@@ -7,6 +7,14 @@
 // initial peer 127.0.0.1. Bounded: exits after --count commands (rc 0) or --timeout seconds (rc 3).
 //
 //   fastdds_peer --domain 42 [--count 5] [--timeout 10] [--hz 50]
+//   fastdds_peer --domain 42 --bench 1 [--lockstep 1] --timeout 20 --hz 1000     (benchmarks/ros2_edge.py)
+//
+// --bench 1: an independent robot for the benchmark. Velocities number the states
+// ((i % 4000) / 2000 on every joint, positions 0); each command's arrival is timed in its reader
+// listener (steady_clock = CLOCK_MONOTONIC, Python's time.monotonic) and, if it names a state, so is
+// its latency from that state's publication. --lockstep 1: state i+1 goes out only once the command
+// naming state i arrived (at most 1 s) and not before its period. Runs until --timeout or SIGTERM,
+// then prints one line {"bench": {"commands": [[t, data0, lat_ms | null], ...], "published": [t, ...]}}.
 //
 // JointState number i (i = 0, 1, ...): stamp {1700000000 + i, 123456789}, frame_id "tether_peer",
 // name [shoulder, elbow, wrist], position [0.5, -1.25, 0.001 * i], velocity [0.1, 0.2, 0.3],
@@ -28,8 +36,10 @@
 #include <fastdds/rtps/transport/UDPv4TransportDescriptor.h>
 #include <fastrtps/utils/IPLocator.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cmath>
 #include <csignal>
 #include <cstdint>
@@ -210,12 +220,63 @@ struct WriterEvents : DataWriterListener {
   }
 };
 
+// ---- bench mode: commands timed as they arrive (listener thread), states numbered ------------
+
+using steady = std::chrono::steady_clock;
+static double now_s() { return std::chrono::duration<double>(steady::now().time_since_epoch()).count(); }
+
+struct Bench {
+  bool on = false;
+  std::mutex m;
+  std::condition_variable answered;
+  std::vector<double> pub_time = std::vector<double>(4000, -1.0);   // by state number (mod 4000)
+  long waiting_for = -1;                                          // lockstep: the state to be answered
+  std::vector<std::array<double, 3>> commands;                    // t, data[0], lat_ms (NaN: none)
+  std::vector<double> published;
+};
+static Bench bench;
+
 struct ReaderEvents : DataReaderListener {
   void on_subscription_matched(DataReader*, const SubscriptionMatchedStatus& s) override {
     emit("{\"event\":\"reader_matched\",\"topic\":\"rt/policy_controller/commands\",\"count\":" +
          std::to_string(s.current_count) + "}");
   }
+  void on_data_available(DataReader* reader) override {
+    if (!bench.on) return;  // the interop mode takes samples in its main loop
+    Float64MultiArray cmd;
+    SampleInfo info;
+    while (reader->take_next_sample(&cmd, &info) == ReturnCode_t::RETCODE_OK) {
+      const double t = now_s();
+      if (!info.valid_data || cmd.data.empty()) continue;
+      const long code = std::lround(cmd.data[0] * 2000.0);
+      std::lock_guard<std::mutex> lock(bench.m);
+      double lat = std::nan("");
+      if (code >= 0 && code < 4000 && bench.pub_time[code] >= 0) lat = (t - bench.pub_time[code]) * 1e3;
+      bench.commands.push_back({t, cmd.data[0], lat});
+      if (code == bench.waiting_for) {
+        bench.waiting_for = -1;
+        bench.answered.notify_all();
+      }
+    }
+  }
 };
+
+static std::string bench_json() {
+  std::lock_guard<std::mutex> lock(bench.m);
+  std::ostringstream o;
+  o.precision(17);
+  o << "{\"bench\":{\"commands\":[";
+  for (size_t i = 0; i < bench.commands.size(); ++i) {
+    const auto& c = bench.commands[i];
+    o << (i ? "," : "") << "[" << c[0] << "," << c[1] << ",";
+    if (std::isnan(c[2])) o << "null"; else o << c[2];
+    o << "]";
+  }
+  o << "],\"published\":[";
+  for (size_t i = 0; i < bench.published.size(); ++i) o << (i ? "," : "") << bench.published[i];
+  o << "]}}";
+  return o.str();
+}
 
 // ---- main -----------------------------------------------------------------------------------
 
@@ -228,7 +289,7 @@ static void usage_exit(const char* why) {
 }
 
 int main(int argc, char** argv) {
-  long domain = -1, count = 5;
+  long domain = -1, count = 5, bench_on = 0, lockstep = 0;
   double timeout_s = 10.0, hz = 50.0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -239,12 +300,15 @@ int main(int argc, char** argv) {
     else if (a == "--count") count = std::strtol(v, &end, 10);
     else if (a == "--timeout") timeout_s = std::strtod(v, &end);
     else if (a == "--hz") hz = std::strtod(v, &end);
+    else if (a == "--bench") bench_on = std::strtol(v, &end, 10);
+    else if (a == "--lockstep") lockstep = std::strtol(v, &end, 10);
     else usage_exit(("unknown argument " + a).c_str());
     if (end == v || *end != '\0') usage_exit(("bad value for " + a + ": " + v).c_str());
   }
   if (domain < 0 || domain > 232) usage_exit("--domain must be in 0..232");
   if (count < 0 || !(timeout_s > 0 && timeout_s <= 600) || !(hz > 0 && hz <= 1000))
     usage_exit("need --count >= 0, 0 < --timeout <= 600, 0 < --hz <= 1000");
+  bench.on = bench_on != 0;
   std::signal(SIGINT, [](int) { stop = true; });
   std::signal(SIGTERM, [](int) { stop = true; });
 
@@ -302,6 +366,39 @@ int main(int argc, char** argv) {
     return 1;
   }
   emit("{\"event\":\"ready\",\"domain\":" + std::to_string(domain) + "}");
+
+  if (bench.on) {  // the benchmark's robot: numbered states on a fixed grid, commands timed by the listener
+    const auto period = std::chrono::duration_cast<steady::duration>(std::chrono::duration<double>(1.0 / hz));
+    const auto end = steady::now() + std::chrono::duration_cast<steady::duration>(std::chrono::duration<double>(timeout_s));
+    auto next = steady::now();
+    JointState js;
+    js.frame_id = "tether_peer";
+    js.name = {"shoulder", "elbow", "wrist"};
+    js.position = {0.0, 0.0, 0.0};
+    for (long i = 0; !stop && steady::now() < end; ++i) {
+      const double v = static_cast<double>(i % 4000) / 2000.0;
+      js.sec = static_cast<int32_t>(i);
+      js.velocity = {v, v, v};
+      {
+        std::lock_guard<std::mutex> lock(bench.m);
+        bench.pub_time[i % 4000] = now_s();
+        bench.published.push_back(bench.pub_time[i % 4000]);
+        if (lockstep) bench.waiting_for = i % 4000;
+      }
+      writer->write(&js);
+      if (lockstep) {
+        std::unique_lock<std::mutex> lock(bench.m);
+        bench.answered.wait_for(lock, std::chrono::seconds(1), [] { return bench.waiting_for < 0 || stop; });
+      }
+      next += period;
+      if (lockstep && steady::now() > next) next = steady::now();  // a late answer shifts the grid
+      std::this_thread::sleep_until(next);
+    }
+    participant->delete_contained_entities();   // no more listener calls after this
+    emit(bench_json());
+    factory->delete_participant(participant);
+    return 0;
+  }
 
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();

@@ -38,9 +38,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hz", type=float, default=100.0)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--lockstep", action="store_true")
-    parser.add_argument("--out", help="keep command records and write them to this JSON file at exit")
+    parser.add_argument("--out", help="keep command records (and when each state went out) and write them "
+                        "to this JSON file at exit")
     args = parser.parse_args(argv)
     kept: list[dict] = []
+    stamps: list[float] = []       # with --out: when each JointState went out (monotonic)
     answered = threading.Event()
     got_command = threading.Event()
     waiting_for: list[int | None] = [None]
@@ -94,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
                 waiting_for[0] = i % MODULO
             states(messages.joint_state(names=joints, position=[0.0] * len(joints),
                                         velocity=[value] * len(joints), stamp=i / args.hz))
+            if args.out:
+                stamps.append(time.monotonic())
             if args.lockstep:
                 answered.wait(timeout=1.0)
             if stop.wait(max(0.0, start + (i + 1) * period - time.monotonic())):
@@ -103,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         transport.close()
         if args.out:
-            Path(args.out).write_text(json.dumps(kept))
+            Path(args.out).write_text(json.dumps({"commands": kept, "published": stamps}))
     return 0
 
 

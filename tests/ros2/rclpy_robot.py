@@ -56,12 +56,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--position", type=float, default=0.0)
     parser.add_argument("--lockstep", action="store_true")
-    parser.add_argument("--out", help="keep command records and write them to this JSON file at exit "
-                        "(stdout then carries only events)")
+    parser.add_argument("--out", help="keep command records (and when each state went out) and write them to "
+                        "this JSON file at exit (stdout then carries only events)")
     args = parser.parse_args(argv)
     joints = args.joints.split(",")
     out = threading.Lock()
     kept: list[dict] = []
+    stamps: list[float] = []       # with --out: when each JointState went out (monotonic)
 
     def emit(record: dict) -> None:
         if args.out and "event" not in record:
@@ -165,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
                     waiting_for[0] = i % MODULO
                 answered.clear()
             states.publish(joint_state(i, n=len(joints) - 1 if wrong[0] > 0 else None))
+            if args.out:
+                stamps.append(time.monotonic())
             wrong[0] = max(wrong[0] - 1, 0)
             if args.lockstep:        # the next state only after this one's command (bounded)
                 answered.wait(timeout=1.0)
@@ -179,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         node.destroy_node()
         rclpy.try_shutdown()
         if args.out:
-            Path(args.out).write_text(json.dumps(kept))
+            Path(args.out).write_text(json.dumps({"commands": kept, "published": stamps}))
     return 0
 
 
