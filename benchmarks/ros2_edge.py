@@ -248,7 +248,8 @@ def block(label: str, robot_argv: list[str], peer_argv: list[str], env: dict[str
     result = summarize(robot.commands, robot.published, rate, t0, a.seconds, latency=not chunked)
     if report is not None and report.exists():
         stats = json.loads(report.read_text())["stats"]
-        result["edge"] = {k: stats[k] for k in ("rtt_ms", "ticks", "starved", "overruns", "observations", "errors")}
+        result["edge"] = {k: stats[k] for k in ("rtt_ms", "gateway_ms", "inference_ms", "ticks", "starved", "overruns",
+                                                "observations", "errors")}
     lat = "" if result["p50"] is None else f"latency p50 {result['p50']:.2f} ms p99 {result['p99']:.2f} ms, "
     jitter = result["jitter_ms"] or {}
     print(f"  {label}: {lat}periods answered {result['periods_answered']:.1%}, states answered "
@@ -331,7 +332,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     result: dict = {"machine": {"python": sys.version.split()[0], "platform": platform.platform(),
                                 "cpus": os.cpu_count(), "load_average_before": [round(x, 2) for x in os.getloadavg()]},
                     "robot": robot_kind, "seconds": a.seconds,
-                    "warmup_s": a.warmup, "chunk": a.chunk, "lockstep": {}, "free": []}
+                    "warmup_s": a.warmup, "chunk": a.chunk, "lockstep_rate_hz": a.lockstep_rate, "lockstep": {},
+                    "free": []}
     models = [STEP_MODEL, CHUNK_MODEL]
     with TritonServer(run_dir / "models", models=models, log_path=run_dir / "triton.log") as triton, \
             gateway_process(triton_url=triton.grpc_url, policy=STEP_MODEL, log_path=run_dir / "gateway.log") as gw:
@@ -391,10 +393,12 @@ def _fmt(x: float | None, spec: str = ".2f") -> str:
 
 
 def print_table(r: dict) -> None:
-    print(f"\nlockstep at the robot's {list(r['lockstep'])} rate: state -> command reaction")
-    print(f"{'path':<24}{'p50 ms':>9}{'p99 ms':>9}")
+    print(f"\nlockstep robot at {r['lockstep_rate_hz']:g} Hz: state -> command reaction (robot: {r['robot']})")
+    print(f"{'path':<24}{'p50 ms':>9}{'p99 ms':>9}{'edge rtt p50':>14}{'in gateway':>12}{'inference':>11}")
     for name, x in r["lockstep"].items():
-        print(f"{name:<24}{_fmt(x['p50']):>9}{_fmt(x['p99']):>9}")
+        e = x.get("edge") or {}
+        print(f"{name:<24}{_fmt(x['p50']):>9}{_fmt(x['p99']):>9}{_fmt(e.get('rtt_ms', {}).get('p50')):>14}"
+              f"{_fmt(e.get('gateway_ms', {}).get('p50')):>12}{_fmt(e.get('inference_ms', {}).get('p50')):>11}")
     print(f"\nfree-running robot, edge at the robot's rate (chunks of {r['chunk']})")
     print(f"{'rate':>7}  {'path':<26}{'periods':>9}{'states':>8}{'p50 ms':>8}{'p99 ms':>8}{'jitter':>8}"
           f"{'p99 gap':>9}{'edge rtt p50':>14}")
