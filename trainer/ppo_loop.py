@@ -136,6 +136,11 @@ def run_ppo(args: argparse.Namespace) -> dict:
                                       "iteration": iteration, "samples": samples, "published": published,
                                       "offsets": per_rank(consumed)},
                                 rng=rng_state(learner.generator))
+            if args.metrics and rank == 0:
+                _append_metrics(args.metrics, {
+                    "t": time.time(), "elapsed_s": time.monotonic() - started, "iteration": iteration,
+                    "steps": learner.steps, "samples": samples, "return": _finite(last_return),
+                    "episodes": int(sums[0]), "version": version, "update_s": update_s, **stats})
             status(f"ppo it {iteration} step {learner.steps} samples {samples} return {last_return:.1f} "
                    f"(n {int(sums[0])}) v{version} lag {stats['lag_versions_mean']:.2f}v "
                    f"(max {int(stats['lag_versions_max'])}) {stats['lag_seconds_mean']:.2f}s stale "
@@ -195,6 +200,13 @@ def _obs(t, name: str) -> np.ndarray:
     from protos import codec
 
     return next(codec.decode(x) for x in t.observation if x.name == name).reshape(-1).astype(np.float32)
+
+
+def _append_metrics(path: str, row: dict) -> None:
+    import json
+
+    with open(path, "a") as f:
+        f.write(json.dumps(row, sort_keys=True) + "\n")
 
 
 def _finite(x: float) -> float | None:

@@ -83,6 +83,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--bf16", action="store_true", help="bf16 autocast")
     p.add_argument("--out", default="", help="rank 0 writes the final policy weights (safetensors) here")
     p.add_argument("--summary", default="", help="rank 0 writes a JSON summary here")
+    p.add_argument("--metrics", default="", help="PPO: rank 0 appends one JSON line per iteration here "
+                   "(wall time, steps, samples, return, version, lag, losses)")
     p.add_argument("--status-every", type=float, default=1.0, help="seconds between status lines (BC)")
     p.add_argument("--fail-at-step", type=int, default=0, help=argparse.SUPPRESS)  # tests: os._exit once
     p.add_argument("--fail-rank", type=int, default=1, help=argparse.SUPPRESS)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+import warnings
 import zlib
 from concurrent import futures
 
@@ -148,7 +149,8 @@ class StandIn(experience_pb2_grpc.ExperienceServicer, policies_pb2_grpc.Policies
         module.eval()
         probe = codec.decode_all(header.probe_inputs)["observation"]
         expected = codec.decode_all(header.probe_outputs)["action_mean"]
-        with torch.no_grad():
+        with torch.no_grad(), warnings.catch_warnings():  # torch deprecates torch.jit; Triton serves it
+            warnings.simplefilter("ignore", DeprecationWarning)
             served = torch.jit.script(module)(torch.from_numpy(probe.copy()))[2].numpy()
         error = float(np.abs(served - expected).max())
         if error > (header.atol or 1e-5):

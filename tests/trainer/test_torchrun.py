@@ -85,7 +85,7 @@ def test_ppo_publishes_from_rank_zero_and_resumes_after_a_killed_rank(tmp_path):
         summary, stderr = tether_train(
             "--nproc", "2", "--max-restarts", "1", "--gateway", gw.address, "--algo", "ppo", "--policy", "pendulum",
             "--steps", "48", "--batch", "256", "--epochs", "4", "--minibatches", "4", "--fail-at-step", "32",
-            "--checkpoint-dir", str(tmp_path / "ckpt"))
+            "--checkpoint-dir", str(tmp_path / "ckpt"), "--metrics", str(tmp_path / "metrics.jsonl"))
         publishes = list(gw.publishes)
         resumed = gw.subscriptions[2:]
     assert summary["restarts"] == 1 and "resuming from" in stderr and "step-00000016" in stderr
@@ -97,6 +97,9 @@ def test_ppo_publishes_from_rank_zero_and_resumes_after_a_killed_rank(tmp_path):
     assert all(h.format == "safetensors" and len(h.probe_inputs) == 1 for h in publishes)
     assert sorted(s.shard for s in resumed) == [0, 1] and all(s.from_offset > 0 for s in resumed)
     assert "lag_versions_mean" in summary and "ppo it 3 step 48" in stderr
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["steps"] for r in rows] == [16, 32, 48]  # the killed iteration 2 died before its row
+    assert {"lag_versions_mean", "lag_seconds_max", "policy_loss", "version", "elapsed_s"} <= set(rows[-1])
     latest = (tmp_path / "ckpt" / "latest").read_text()
     meta = json.loads((tmp_path / "ckpt" / latest / "meta.json").read_text())
     assert (meta["step"], meta["version"], meta["published"]) == (48, 4, [2, 3, 4]) and len(meta["offsets"]) == 2

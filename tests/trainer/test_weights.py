@@ -20,12 +20,14 @@ OBS = Spec("observation", np.float32, (4,))
 ACT = Spec("action", np.float32, (2,), low=(-3.0,), high=(3.0,))
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 def test_gaussian_policy_samples_in_torchscript_with_consistent_log_prob():
     policy = GaussianPolicy(OBS, ACT, seed=0, log_std_init=-0.5)
     scripted = torch.jit.script(policy)
     obs = torch.randn(64, 4)
     torch.manual_seed(1)
-    action, log_prob, mean = scripted(obs)
+    with torch.no_grad():
+        action, log_prob, mean = scripted(obs)
     assert action.shape == (64, 2) and log_prob.shape == (64, 1) and mean.shape == (64, 2)
     assert log_prob.dtype == torch.float32
     torch.testing.assert_close(mean, policy.mean(obs))
@@ -34,7 +36,8 @@ def test_gaussian_policy_samples_in_torchscript_with_consistent_log_prob():
     z = (action - mean) / math.exp(-0.5)  # the sampling really has std exp(log_std)
     assert 0.8 < float(z.std()) < 1.2
     torch.manual_seed(1)
-    torch.testing.assert_close(scripted(obs)[0], action)  # seeded: reproducible
+    with torch.no_grad():
+        torch.testing.assert_close(scripted(obs)[0], action)  # seeded: reproducible
     specs = GaussianPolicy.output_specs(ACT)
     assert [(s.name, s.shape) for s in specs] == [("action", (2,)), ("log_prob", (1,)), ("action_mean", (2,))]
 
