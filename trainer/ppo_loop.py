@@ -1,8 +1,9 @@
 """The PPO loop of one rank: stream shard -> trajectories -> PPO update -> publish -> checkpoint.
 
 All ranks meet in one small all-reduce per poll (ready transitions, stop flag), so they update
-together and take the same number of optimiser steps. Rank 0 publishes; every rank learns the new
-version (broadcast), which the lag figures of the next batches are measured against.
+together and take the same number of optimiser steps. Rank 0 publishes in the background (the
+gateway takes seconds to load and verify a version); every rank learns the new version at the
+next iteration (broadcast), which the lag figures of the next batches are measured against.
 """
 
 from __future__ import annotations
@@ -10,13 +11,13 @@ from __future__ import annotations
 import argparse
 import time
 
-import grpc
 import numpy as np
 import torch
 
 from protos import policies_pb2
 from trainer import checkpoint, dist
 from trainer.ppo import PPOConfig, PPOLearner
+from trainer.publisher import FATAL, BackgroundPublisher, served_version_of
 from trainer.sources import StreamSource
 from trainer.trajectory import TrajectoryAssembler
 from trainer.weights import PolicyClient, build_policy, hidden_sizes
@@ -36,7 +37,6 @@ from trainer.worker import (
 __all__ = ["run_ppo"]
 
 PROBE = 16
-_FATAL = -2
 
 
 def run_ppo(args: argparse.Namespace) -> dict:
@@ -65,11 +65,17 @@ def run_ppo(args: argparse.Namespace) -> dict:
         iteration, samples, published = meta["iteration"], meta["samples"], meta["published"]
         offsets = meta["offsets"]
         offset = offsets[rank] if len(offsets) == world else min(offsets)
+        # a publish may have finished after this checkpoint: the weights then have a served version
+        match = served_version_of(client.list(served.policy), learner.policy.state_dict())
+        if match is not None and match.version > version:
+            version, publish_ns = match.version, match.published_unix_ns or publish_ns
+            published = [*published, match.version]
     batch = args.batch or 1024
     every = args.checkpoint_every or 1
     status(f"ppo: {served.policy} v{version} (parent v{parent}) from offset {offset}, {world} rank(s), "
            f"batch {batch}, {config.epochs}x{config.minibatches} steps/update, stale={config.stale} "
            f"max-lag={config.max_version_lag}")
+    publisher = BackgroundPublisher(client, served.policy)
     source = StreamSource(args.gateway, from_offset=offset, shard=rank, num_shards=world, policy=served.policy,
                           window=max(4 * batch, 4096))
     assembler = TrajectoryAssembler()
@@ -116,19 +122,15 @@ def run_ppo(args: argparse.Namespace) -> dict:
                 last_return = sums[1] / sums[0]
                 best_return = max(best_return, last_return)
             maybe_fail(args, learner.steps)
+            version, publish_ns = _collect(publisher, version, publish_ns, published)
             if args.publish_every and iteration % args.publish_every == 0:
                 offsets = per_rank(consumed)
                 shared = _shared_probe(probe, served.inputs[0].shape[0])
-                new = -1
-                if rank == 0:
-                    new = _publish(client, served.policy, learner, shared, parent=version, offsets=offsets,
-                                   reward_version=reward_version)
-                new = dist.broadcast_int(new)
-                if new == _FATAL:
-                    raise RuntimeError("publishing failed (see rank 0's log)")
-                if new > 0:
-                    version, publish_ns = new, dist.broadcast_int(time.time_ns())
-                    published.append(new)
+                if rank == 0 and shared is not None and not publisher.busy:
+                    publisher.submit(learner.policy.state_dict(), lineage=policies_pb2.Lineage(
+                        parent_version=version, trainer_step=learner.steps, data_offset=max(offsets),
+                        reward_version=reward_version, trainer=trainer_id("ppo")),
+                        probe_inputs={obs_name: shared}, probe_outputs=probe_outputs(learner.policy, shared))
             if args.checkpoint_dir and iteration % every == 0:
                 checkpoint.save(args.checkpoint_dir, step=learner.steps, model=learner.model,
                                 optimizer=learner.optimizer,
@@ -148,8 +150,10 @@ def run_ppo(args: argparse.Namespace) -> dict:
                    f"v {stats['value_loss']:.3f} kl {stats['approx_kl']:.4f} clip {stats['clip_frac']:.2f} "
                    f"std {np.exp(stats['log_std']):.2f} | {stats['global_kept'] / max(update_s, 1e-9):.0f} "
                    f"samples/s update, {samples / max(time.monotonic() - started, 1e-9):.0f} samples/s")
+        version, publish_ns = _collect(publisher, version, publish_ns, published, wait=True)
     finally:
         source.close()
+        publisher.close()
         client.close()
     summary = {"steps": learner.steps, "iterations": iteration, "samples": samples, "final_version": version,
                "parent_version": parent, "published_versions": published, "mean_return": _finite(last_return),
@@ -161,27 +165,16 @@ def run_ppo(args: argparse.Namespace) -> dict:
     return summary
 
 
-def _publish(client: PolicyClient, name: str, learner: PPOLearner, probe: np.ndarray | None, *, parent: int,
-             offsets: list[int], reward_version: str) -> int:
-    """Rank 0: the new version number; -1 to retry later (no probe, gateway busy); -2 on a refusal."""
-    if probe is None:
-        return -1
-    lineage = policies_pb2.Lineage(parent_version=parent, trainer_step=learner.steps, data_offset=max(offsets),
-                                   reward_version=reward_version, trainer=trainer_id("ppo"))
-    try:
-        reply = client.publish(name, learner.policy.state_dict(), lineage=lineage,
-                               probe_inputs={learner.observation: probe},
-                               probe_outputs=probe_outputs(learner.policy, probe), atol=1e-4)
-    except grpc.RpcError as e:
-        if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-                        grpc.StatusCode.RESOURCE_EXHAUSTED):
-            status(f"publish {name}: {e.code().name} ({e.details()}), retrying after the next update")
-            return -1
-        status(f"publish {name} refused: {e.code().name}: {e.details()}")
-        return _FATAL
-    status(f"published {name} v{reply.version} (parent v{parent}, step {learner.steps}, "
-           f"{reply.load_seconds:.2f} s, max error {reply.max_abs_error:.2e})")
-    return reply.version
+def _collect(publisher: BackgroundPublisher, version: int, publish_ns: int, published: list[int], *,
+             wait: bool = False) -> tuple[int, int]:
+    """Every rank learns the outcome of rank 0's finished publish: (newest version, its publish time)."""
+    code = dist.broadcast_int(publisher.result(wait=wait) if dist.world()[0] == 0 else 0)
+    if code == FATAL:
+        raise RuntimeError("publishing failed (see rank 0's log)")
+    if code > 0:
+        published.append(code)
+        return code, dist.broadcast_int(time.time_ns())
+    return version, publish_ns
 
 
 def _shared_probe(probe: np.ndarray | None, width: int) -> np.ndarray | None:

@@ -39,6 +39,7 @@ class StandIn(experience_pb2_grpc.ExperienceServicer, policies_pb2_grpc.Policies
         self.publishes: list[policies_pb2.PublishHeader] = []
         self.subscriptions: list[experience_pb2.SubscribeStart] = []
         self.max_error = 0.0
+        self.publish_delay_s = 0.0  # a slow gateway: Publish takes this long before it answers
         self.fail_after_batches = 0  # > 0: the next stream is cut (UNAVAILABLE) after this many batches
         self.stop = threading.Event()
         self._add_version(GaussianPolicy(observation, action, seed=seed).eval(), policies_pb2.Lineage())
@@ -156,6 +157,7 @@ class StandIn(experience_pb2_grpc.ExperienceServicer, policies_pb2_grpc.Policies
         if error > (header.atol or 1e-5):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"probe mismatch {error}")
         self.max_error = max(self.max_error, error)
+        self.stop.wait(self.publish_delay_s)
         self.publishes.append(header)
         version = self._add_version(module, header.lineage)
         return policies_pb2.PublishReply(policy=self.policy_name, version=version, sha256=header.sha256,

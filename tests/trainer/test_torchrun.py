@@ -75,8 +75,8 @@ def test_bc_ranks_stay_identical_and_a_killed_rank_resumes_bit_exact(tmp_path):
 @pytest.mark.slow
 def test_ppo_publishes_from_rank_zero_and_resumes_after_a_killed_rank(tmp_path):
     """Iterations of 16 optimiser steps; rank 1 dies after the second update (step 32), before
-    that iteration's publish and checkpoint: the group resumes from step 16 (version 2), redoes
-    iteration 2 and goes on, the lineage unbroken."""
+    that iteration's checkpoint: the group resumes from step 16, redoes iteration 2 and goes on,
+    the lineage unbroken (a version published from the checkpoint's weights is recognised)."""
     env = make_env("InvertedPendulum-v5")
     obs, act = env.observation_spec()[0], env.action_spec()[0]
     env.close()
@@ -90,9 +90,13 @@ def test_ppo_publishes_from_rank_zero_and_resumes_after_a_killed_rank(tmp_path):
         resumed = gw.subscriptions[2:]
     assert summary["restarts"] == 1 and "resuming from" in stderr and "step-00000016" in stderr
     assert summary["steps"] == 48 and summary["iterations"] == 3
-    assert summary["published_versions"] == [2, 3, 4] and summary["final_version"] == 4
     assert summary["param_sha256"][0] == summary["param_sha256"][1]
-    assert [(h.lineage.parent_version, h.lineage.trainer_step) for h in publishes] == [(1, 16), (2, 32), (3, 48)]
+    # publishes run in the background (one in flight): an iteration may find the last one unfinished
+    n = len(publishes)
+    assert n >= 2 and summary["published_versions"] == list(range(2, 2 + n)) and summary["final_version"] == 1 + n
+    assert [h.lineage.parent_version for h in publishes] == list(range(1, 1 + n))  # an unbroken chain
+    steps = [h.lineage.trainer_step for h in publishes]
+    assert steps == sorted(set(steps)) and all(s % 16 == 0 for s in steps) and steps[-1] <= 48
     assert all(h.lineage.data_offset > 0 and h.lineage.trainer.startswith("ppo@") for h in publishes)
     assert all(h.format == "safetensors" and len(h.probe_inputs) == 1 for h in publishes)
     assert sorted(s.shard for s in resumed) == [0, 1] and all(s.from_offset > 0 for s in resumed)
@@ -102,7 +106,9 @@ def test_ppo_publishes_from_rank_zero_and_resumes_after_a_killed_rank(tmp_path):
     assert {"lag_versions_mean", "lag_seconds_max", "policy_loss", "version", "elapsed_s"} <= set(rows[-1])
     latest = (tmp_path / "ckpt" / "latest").read_text()
     meta = json.loads((tmp_path / "ckpt" / latest / "meta.json").read_text())
-    assert (meta["step"], meta["version"], meta["published"]) == (48, 4, [2, 3, 4]) and len(meta["offsets"]) == 2
+    assert meta["step"] == 48 and len(meta["offsets"]) == 2
+    assert meta["published"] == summary["published_versions"][:len(meta["published"])]
+    assert meta["version"] == (meta["published"] or [1])[-1]
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -98,3 +98,32 @@ def test_hidden_sizes_come_from_the_served_weights():
     assert hidden_sizes(MLPPolicy(OBS, ACT, hidden=(8,)).state_dict()) == (8,)
     with pytest.raises(WeightsError, match="not an MLP policy"):
         hidden_sizes({"w": torch.zeros(1)})
+
+
+def test_background_publisher_lets_training_go_on_and_a_restart_recognises_its_weights():
+    from trainer.publisher import BackgroundPublisher, served_version_of
+
+    probe = np.zeros((2, 4), np.float32)
+    with StandIn(OBS, ACT, policy="p") as gw, PolicyClient(gw.address, timeout_s=20) as client:
+        gw.publish_delay_s = 0.5
+        served = client.fetch("p")
+        policy = build_policy("gaussian", served.inputs, served.outputs)
+        policy.load_state_dict(served.state_dict)
+        assert served_version_of(client.list("p"), policy.state_dict()).version == 1
+        publisher = BackgroundPublisher(client, "p")
+        with torch.no_grad():
+            policy.log_std.fill_(-2.0)
+        publisher.submit(policy.state_dict(), lineage=policies_pb2.Lineage(parent_version=1),
+                         probe_inputs={"observation": probe}, probe_outputs=probe_outputs(policy, probe))
+        with torch.no_grad():
+            policy.log_std.fill_(-3.0)  # training goes on: the snapshot is what gets published
+        assert publisher.busy and publisher.result() == 0
+        with pytest.raises(RuntimeError, match="already in flight"):
+            publisher.submit(policy.state_dict(), lineage=policies_pb2.Lineage(), probe_inputs={}, probe_outputs={})
+        assert publisher.result(wait=True) == 2 and not publisher.busy and publisher.result() == 0
+        publisher.close()
+        assert torch.equal(client.fetch("p").state_dict["log_std"], torch.full((2,), -2.0))
+        assert served_version_of(client.list("p"), policy.state_dict()) is None
+        with torch.no_grad():
+            policy.log_std.fill_(-2.0)
+        assert served_version_of(client.list("p"), policy.state_dict()).version == 2
