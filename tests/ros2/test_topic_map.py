@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 
 import numpy as np
@@ -102,6 +103,7 @@ def test_commands_from_an_action():
 
 DELETE = object()
 BOUNDS = "action[0].tensors.action.bounds"
+VLIM = "action[0].tensors.action.velocity_limit"
 
 
 @pytest.mark.parametrize(("path", "value", "message"), [
@@ -129,6 +131,10 @@ BOUNDS = "action[0].tensors.action.bounds"
     ("action.0.tensors.action.bounds.a", [0, float("inf")], f"{BOUNDS}.a: .*must be finite"),
     ("action.1.tensors.base.bounds", {"x": [0, 1]}, "action[1].tensors.base.bounds: per-joint bounds need"),
     ("action.0.tensors.second", {"field": "data"}, "action[0].tensors: field 'data' is set by more"),
+    ("action.0.tensors.action.velocity_limit", -1, f"{VLIM}: expected a velocity limit > 0 (units/s), got -1"),
+    ("action.0.tensors.action.velocity_limit", {"a": 1.0}, f"{VLIM}.b: missing"),
+    ("action.0.tensors.action.velocity_limit", {"a": 1, "b": 1, "z": 1}, f"{VLIM}.z: not one of the joints"),
+    ("action.1.tensors.base.velocity_limit", {"x": 1}, "action[1].tensors.base.velocity_limit: per-joint limits"),
     ("estop.type", "std_msgs/msg/Float64MultiArray", "estop.type: .*must be std_msgs/msg/Bool"),
     ("estop.tensors", {}, "estop.tensors: unknown key"),
 ], ids=lambda v: v if isinstance(v, str) else "")
@@ -149,3 +155,19 @@ def test_yaml_file_errors(tmp_path):
     bad.write_text("- just\n- a list\n")
     with pytest.raises(TopicMapError, match="expected a mapping"):
         load_topic_map(bad)
+
+
+def test_velocity_limits_and_the_measured_command():
+    """Per-joint velocity limits in spec order (a default where none is set); the command that holds
+    the robot where it is, from the latest JointState, in the action's joint order."""
+    data = edit("action.0.tensors.action.velocity_limit", {"a": 0.5, "b": 2})
+    del data["action"][1]                                       # a Twist has no joints to measure
+    tmap = parse_topic_map(data)
+    assert tmap.velocity_limits(9.0) == (0.5, 2.0)
+    assert parse_topic_map(BASE).velocity_limits(9.0) == (9.0,) * 8
+    js = messages.joint_state(names=["b", "a"], position=[2.0, 1.0], velocity=[0, 0])
+    assert tmap.measured_command({}) is None
+    assert tmap.measured_command({"/joint_states": js}).tolist() == [1.0, 2.0]
+    short = dataclasses.replace(js, position=np.array([2.0]))          # as a peer may send it
+    assert tmap.measured_command({"/joint_states": short}) is None      # a malformed state is no pose
+    assert parse_topic_map(BASE).measured_command({"/joint_states": js}) is None   # the Twist part
