@@ -10,6 +10,7 @@ Triton, against raw DDS ping-pong as the floor. One run measures:
 3. each with the edge on rclpy (Fast DDS, from .venv/ros) and on Cyclone DDS (`--transport dds`).
 
     python benchmarks/ros2_edge.py [--rates 100,500,1000 --seconds 4 --warmup 1 --chunk 50 --json PATH]
+    python benchmarks/ros2_edge.py --rates "" --seconds 4        # lockstep only
 
 Processes, all on 127.0.0.1, one DDS domain, loopback only (Cyclone: `loopback_config`; Fast DDS:
 launch/config/fastdds_loopback.xml):
@@ -285,7 +286,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     from protos.codec import Spec
     from tether.topology import gateway_process, write_json
 
-    rates = [float(x) for x in a.rates.split(",")]
+    rates = [float(x) for x in a.rates.split(",") if x.strip()]      # "": lockstep only
     have_rclpy = rclpy_ok()
     transports = ["rclpy", "dds"] if have_rclpy else ["dds"]
     run_dir = Path(tempfile.mkdtemp(prefix="tether-bench-ros2-"))
