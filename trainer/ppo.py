@@ -48,7 +48,7 @@ class PPOConfig:
     value_coef: float = 0.5
     entropy_coef: float = 0.0
     max_grad_norm: float = 0.5
-    stale: str = "drop"
+    stale: str = "importance"
     max_version_lag: int = 2
     rho_max: float = 1.0
     bf16: bool = False

@@ -164,20 +164,29 @@ class StandIn(experience_pb2_grpc.ExperienceServicer, policies_pb2_grpc.Policies
                                          ready_versions=[version], max_abs_error=error)
 
     # -- actors ---------------------------------------------------------------------------
-    def start_actors(self, env_name: str, sessions: int, *, max_episode_steps: int | None = None) -> None:
+    def start_actors(self, env_name: str, sessions: int, *, max_episode_steps: int | None = None,
+                     rate_hz: float = 0.0) -> None:
+        """`sessions` threads stepping `env_name` with the newest version (paced at `rate_hz` each if > 0);
+        a session moves to a new version at its next episode boundary, as the gateway's do."""
         for i in range(sessions):
-            th = threading.Thread(target=self._act, args=(env_name, f"sim-{i}", i, max_episode_steps), daemon=True)
+            th = threading.Thread(target=self._act, args=(env_name, f"sim-{i}", i, max_episode_steps, rate_hz),
+                                  daemon=True)
             th.start()
             self.threads.append(th)
 
-    def _act(self, env_name: str, session: str, seed: int, max_episode_steps: int | None) -> None:
+    def _act(self, env_name: str, session: str, seed: int, max_episode_steps: int | None, rate_hz: float) -> None:
         from sim.mujoco import make_env
 
         env = make_env(env_name, seed=seed, max_episode_steps=max_episode_steps)
         torch.manual_seed(seed)
         ts, episode, step = env.reset(), 0, 0
+        version, next_tick = self.newest(), time.monotonic()
         while not self.stop.is_set():
-            version = self.newest()
+            if rate_hz > 0:
+                next_tick += 1.0 / rate_hz
+                self.stop.wait(max(0.0, next_tick - time.monotonic()))
+            if ts.first():
+                version = self.newest()
             obs = ts.observation["observation"]
             with torch.no_grad():
                 action, log_prob, _ = self.modules[version](torch.from_numpy(obs[None]))
