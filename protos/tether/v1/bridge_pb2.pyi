@@ -46,7 +46,7 @@ class ServerMessage(_message.Message):
     def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., action: _Optional[_Union[Action, _Mapping]] = ..., error: _Optional[_Union[StepError, _Mapping]] = ..., episode_end: _Optional[_Union[EpisodeEnd, _Mapping]] = ..., replayed: _Optional[_Union[Replayed, _Mapping]] = ..., durable_through: _Optional[int] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("session_id", "policy", "observation_spec", "action_spec", "source", "labels")
+    __slots__ = ("session_id", "policy", "observation_spec", "action_spec", "source", "labels", "num_envs", "batched")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -60,13 +60,17 @@ class Hello(_message.Message):
     ACTION_SPEC_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    NUM_ENVS_FIELD_NUMBER: _ClassVar[int]
+    BATCHED_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     policy: str
     observation_spec: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.TensorSpec]
     action_spec: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.TensorSpec]
     source: str
     labels: _containers.ScalarMap[str, str]
-    def __init__(self, session_id: _Optional[str] = ..., policy: _Optional[str] = ..., observation_spec: _Optional[_Iterable[_Union[_tensor_pb2.TensorSpec, _Mapping]]] = ..., action_spec: _Optional[_Iterable[_Union[_tensor_pb2.TensorSpec, _Mapping]]] = ..., source: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    num_envs: int
+    batched: bool
+    def __init__(self, session_id: _Optional[str] = ..., policy: _Optional[str] = ..., observation_spec: _Optional[_Iterable[_Union[_tensor_pb2.TensorSpec, _Mapping]]] = ..., action_spec: _Optional[_Iterable[_Union[_tensor_pb2.TensorSpec, _Mapping]]] = ..., source: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., num_envs: _Optional[int] = ..., batched: _Optional[bool] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("session_id", "policy", "policy_version", "deadline_ms", "server_version", "durable_through", "reward_version", "logging")
@@ -89,7 +93,7 @@ class Welcome(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., policy: _Optional[str] = ..., policy_version: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., server_version: _Optional[str] = ..., durable_through: _Optional[int] = ..., reward_version: _Optional[str] = ..., logging: _Optional[bool] = ...) -> None: ...
 
 class Observation(_message.Message):
-    __slots__ = ("step", "t_sent_ns", "step_type", "tensors", "reward", "terminated", "applied_action", "guard", "episode")
+    __slots__ = ("step", "t_sent_ns", "step_type", "tensors", "reward", "terminated", "applied_action", "guard", "episode", "env_step_types", "env_rewards", "env_terminated", "env_truncated", "final_observation")
     STEP_FIELD_NUMBER: _ClassVar[int]
     T_SENT_NS_FIELD_NUMBER: _ClassVar[int]
     STEP_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -99,6 +103,11 @@ class Observation(_message.Message):
     APPLIED_ACTION_FIELD_NUMBER: _ClassVar[int]
     GUARD_FIELD_NUMBER: _ClassVar[int]
     EPISODE_FIELD_NUMBER: _ClassVar[int]
+    ENV_STEP_TYPES_FIELD_NUMBER: _ClassVar[int]
+    ENV_REWARDS_FIELD_NUMBER: _ClassVar[int]
+    ENV_TERMINATED_FIELD_NUMBER: _ClassVar[int]
+    ENV_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    FINAL_OBSERVATION_FIELD_NUMBER: _ClassVar[int]
     step: int
     t_sent_ns: int
     step_type: StepType
@@ -108,7 +117,12 @@ class Observation(_message.Message):
     applied_action: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
     guard: GuardReport
     episode: int
-    def __init__(self, step: _Optional[int] = ..., t_sent_ns: _Optional[int] = ..., step_type: _Optional[_Union[StepType, str]] = ..., tensors: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., reward: _Optional[float] = ..., terminated: _Optional[bool] = ..., applied_action: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., guard: _Optional[_Union[GuardReport, _Mapping]] = ..., episode: _Optional[int] = ...) -> None: ...
+    env_step_types: _containers.RepeatedScalarFieldContainer[StepType]
+    env_rewards: _containers.RepeatedScalarFieldContainer[float]
+    env_terminated: _containers.RepeatedScalarFieldContainer[bool]
+    env_truncated: _containers.RepeatedScalarFieldContainer[bool]
+    final_observation: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
+    def __init__(self, step: _Optional[int] = ..., t_sent_ns: _Optional[int] = ..., step_type: _Optional[_Union[StepType, str]] = ..., tensors: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., reward: _Optional[float] = ..., terminated: _Optional[bool] = ..., applied_action: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., guard: _Optional[_Union[GuardReport, _Mapping]] = ..., episode: _Optional[int] = ..., env_step_types: _Optional[_Iterable[_Union[StepType, str]]] = ..., env_rewards: _Optional[_Iterable[float]] = ..., env_terminated: _Optional[_Iterable[bool]] = ..., env_truncated: _Optional[_Iterable[bool]] = ..., final_observation: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ...) -> None: ...
 
 class Replay(_message.Message):
     __slots__ = ("observation", "action", "next")
@@ -157,20 +171,36 @@ class Timing(_message.Message):
     def __init__(self, t_sent_ns: _Optional[int] = ..., gateway_recv_ns: _Optional[int] = ..., infer_start_ns: _Optional[int] = ..., infer_end_ns: _Optional[int] = ..., gateway_send_ns: _Optional[int] = ...) -> None: ...
 
 class Action(_message.Message):
-    __slots__ = ("step", "tensors", "policy", "policy_version", "timing", "episode")
+    __slots__ = ("step", "tensors", "policy", "policy_version", "timing", "episode", "env_errors", "episode_ends")
     STEP_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     TIMING_FIELD_NUMBER: _ClassVar[int]
     EPISODE_FIELD_NUMBER: _ClassVar[int]
+    ENV_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_ENDS_FIELD_NUMBER: _ClassVar[int]
     step: int
     tensors: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
     policy: str
     policy_version: int
     timing: Timing
     episode: int
-    def __init__(self, step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., policy: _Optional[str] = ..., policy_version: _Optional[int] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., episode: _Optional[int] = ...) -> None: ...
+    env_errors: _containers.RepeatedCompositeFieldContainer[EnvError]
+    episode_ends: _containers.RepeatedCompositeFieldContainer[EpisodeEnd]
+    def __init__(self, step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., policy: _Optional[str] = ..., policy_version: _Optional[int] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., episode: _Optional[int] = ..., env_errors: _Optional[_Iterable[_Union[EnvError, _Mapping]]] = ..., episode_ends: _Optional[_Iterable[_Union[EpisodeEnd, _Mapping]]] = ...) -> None: ...
+
+class EnvError(_message.Message):
+    __slots__ = ("env", "code", "field", "message")
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    FIELD_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    env: int
+    code: StepError.Code
+    field: str
+    message: str
+    def __init__(self, env: _Optional[int] = ..., code: _Optional[_Union[StepError.Code, str]] = ..., field: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class StepError(_message.Message):
     __slots__ = ("step", "code", "field", "message")
@@ -197,15 +227,17 @@ class StepError(_message.Message):
     def __init__(self, step: _Optional[int] = ..., code: _Optional[_Union[StepError.Code, str]] = ..., field: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class EpisodeEnd(_message.Message):
-    __slots__ = ("step", "episode", "length", "episode_return", "reason")
+    __slots__ = ("step", "episode", "length", "episode_return", "reason", "env")
     STEP_FIELD_NUMBER: _ClassVar[int]
     EPISODE_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
     EPISODE_RETURN_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
     step: int
     episode: int
     length: int
     episode_return: float
     reason: str
-    def __init__(self, step: _Optional[int] = ..., episode: _Optional[int] = ..., length: _Optional[int] = ..., episode_return: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
+    env: int
+    def __init__(self, step: _Optional[int] = ..., episode: _Optional[int] = ..., length: _Optional[int] = ..., episode_return: _Optional[float] = ..., reason: _Optional[str] = ..., env: _Optional[int] = ...) -> None: ...
