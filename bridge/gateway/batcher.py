@@ -7,6 +7,11 @@ queue short and lets batches grow under load.
 
     batcher = MicroBatcher(client, max_batch=64, max_inflight=1)
     actions = await batcher.infer("hopper", 1, {"observation": obs}, outputs=("action",))
+    rows = await batcher.infer_rows("hopper", 1, {"observation": obs_batch}, outputs=("action",))  # (N, ...)
+
+`infer_rows` takes a batch of N rows (a vectorised session): it travels as one request, merged with
+other sessions' rows while the total stays within `max_batch`, and split into chunks of `max_batch`
+rows when N is larger.
 """
 
 from __future__ import annotations
@@ -30,6 +35,15 @@ class InferenceBackend(Protocol):
 class _Pending:
     inputs: Mapping[str, np.ndarray]
     future: asyncio.Future
+    rows: int | None = None  # None: one unbatched observation; n: n rows with a leading dimension
+
+    @property
+    def size(self) -> int:
+        return 1 if self.rows is None else self.rows
+
+    def batched(self, name: str) -> np.ndarray:
+        value = self.inputs[name]
+        return value[None] if self.rows is None else value
 
 
 @dataclass
@@ -44,6 +58,7 @@ class _Lane:
 class BatchStats:
     requests: int = 0
     batches: int = 0
+    rows: int = 0   # observations inferred (a vectorised session's request counts its N rows)
 
     @property
     def mean_batch(self) -> float:
@@ -63,9 +78,23 @@ class MicroBatcher:
     async def infer(self, model: str, version: int, inputs: Mapping[str, np.ndarray],
                     *, outputs: Sequence[str]) -> dict[str, np.ndarray]:
         """One unbatched observation in, its unbatched outputs back (exceptions propagate)."""
-        key = (model, version, tuple(outputs))
+        return await self._submit((model, version, tuple(outputs)), _Pending(
+            inputs, asyncio.get_running_loop().create_future()))
+
+    async def infer_rows(self, model: str, version: int, inputs: Mapping[str, np.ndarray],
+                         *, outputs: Sequence[str]) -> dict[str, np.ndarray]:
+        """N rows in (every input with a leading N), N rows of outputs back; N > max_batch is split."""
+        n = len(next(iter(inputs.values())))
+        key, loop = (model, version, tuple(outputs)), asyncio.get_running_loop()
+        if n <= self._max_batch:
+            return await self._submit(key, _Pending(inputs, loop.create_future(), n))
+        chunks = [_Pending({name: value[i:i + self._max_batch] for name, value in inputs.items()},
+                           loop.create_future(), min(self._max_batch, n - i)) for i in range(0, n, self._max_batch)]
+        parts = await asyncio.gather(*(self._submit(key, chunk) for chunk in chunks))
+        return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
+
+    async def _submit(self, key: tuple, pending: _Pending) -> dict[str, np.ndarray]:
         lane = self._lanes.setdefault(key, _Lane())
-        pending = _Pending(inputs, asyncio.get_running_loop().create_future())
         if not lane.queue and lane.inflight < self._max_inflight:
             lane.inflight += 1  # an idle lane: run this batch of one right here, no task hop
             await self._run(key, lane, [pending])
@@ -77,7 +106,11 @@ class MicroBatcher:
     def _dispatch(self, key: tuple, lane: _Lane) -> None:
         lane.queue = [p for p in lane.queue if not p.future.done()]  # drop expired waiters
         while lane.queue and lane.inflight < self._max_inflight:
-            batch, lane.queue = lane.queue[: self._max_batch], lane.queue[self._max_batch:]
+            taken, rows = 1, lane.queue[0].size
+            while taken < len(lane.queue) and rows + lane.queue[taken].size <= self._max_batch:
+                rows += lane.queue[taken].size
+                taken += 1
+            batch, lane.queue = lane.queue[:taken], lane.queue[taken:]
             lane.inflight += 1
             asyncio.get_running_loop().create_task(self._run(key, lane, batch))
 
@@ -86,19 +119,25 @@ class MicroBatcher:
         try:
             names = batch[0].inputs.keys()
             if len(batch) == 1:  # a view, no copy
-                stacked = {name: batch[0].inputs[name][None] for name in names}
-            else:
+                stacked = {name: batch[0].batched(name) for name in names}
+            elif all(p.rows is None for p in batch):
                 stacked = {name: np.stack([p.inputs[name] for p in batch]) for name in names}
+            else:
+                stacked = {name: np.concatenate([p.batched(name) for p in batch]) for name in names}
             result = await self._backend.infer(model, version, stacked, outputs)
-            for i, p in enumerate(batch):
+            start = 0
+            for p in batch:
                 if not p.future.done():
-                    p.future.set_result({name: value[i] for name, value in result.items()})
+                    rows = slice(start, start + p.rows) if p.rows is not None else start
+                    p.future.set_result({name: value[rows] for name, value in result.items()})
+                start += p.size
         except Exception as exc:  # every waiter of this batch gets the same failure
             for p in batch:
                 if not p.future.done():
                     p.future.set_exception(exc)
         finally:
             self.stats.requests += len(batch)
+            self.stats.rows += sum(p.size for p in batch)
             self.stats.batches += 1
             lane.inflight -= 1
             self._dispatch(key, lane)

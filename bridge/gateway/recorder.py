@@ -117,3 +117,29 @@ class Recorder:
                       "cancelled" if future.cancelled() else future.exception())
             return
         self.durable_through = max(self.durable_through, step + 1)
+
+
+class RecorderGroup:
+    """The recorders of a vectorised session's envs, one per env, logged as sessions "<id>/<i>".
+
+    It answers what the servicer asks of a session's recorder: `logging`, `flush()`, and
+    `durable_through` (the lowest over the envs: every env's steps below it are on disk).
+    """
+
+    def __init__(self, *, session: str, source: str, log: ExperienceSink | None, reward_version: str, num_envs: int):
+        self.recorders = [Recorder(session=f"{session}/{i}", source=source, log=log, reward_version=reward_version)
+                          for i in range(num_envs)]
+        self._log = log
+
+    @property
+    def logging(self) -> bool:
+        return self._log is not None
+
+    @property
+    def durable_through(self) -> int:
+        return min(r.durable_through for r in self.recorders)
+
+    def flush(self) -> None:
+        for r in self.recorders:
+            if r._ready:
+                r.flush()

@@ -33,9 +33,10 @@ from bridge.gateway.errors import DuplicateSession, InvalidHello
 from bridge.gateway.policies import PolicyCatalog, check_compatible
 from bridge.gateway.policies_service import PoliciesService
 from bridge.gateway.publisher import Publisher
-from bridge.gateway.recorder import Recorder
+from bridge.gateway.recorder import Recorder, RecorderGroup
 from bridge.gateway.service import BridgeService
 from bridge.gateway.session import Session, SessionStats
+from bridge.gateway.vector_session import MAX_ENVS, VectorSession
 from bridge.rewards import RewardConfigError, RewardFunction
 from inference_server import ModelRepository, PolicyClient
 from protos import bridge_pb2, bridge_pb2_grpc, policies_pb2_grpc
@@ -86,7 +87,7 @@ class Gateway:
                                    in_use=lambda name: set(self.acting_versions(name)))
         self.rewards = {policy: RewardFunction.from_yaml(path) for policy, path in config.rewards.items()}
         self.experience = None  # the ExperienceLog, once started
-        self.sessions: dict[str, Session] = {}
+        self.sessions: dict[str, Session | VectorSession] = {}
         self.closed_stats: deque[SessionStats] = deque(maxlen=1024)  # the most recent closed sessions
         self.server_version = ""
         self._ids = itertools.count(1)
@@ -141,7 +142,7 @@ class Gateway:
     async def wait(self) -> None:
         await self._server.wait_for_termination()
 
-    async def open_session(self, hello: bridge_pb2.Hello) -> Session:
+    async def open_session(self, hello: bridge_pb2.Hello) -> Session | VectorSession:
         try:
             observation = specs_from_proto(hello.observation_spec)
             action = specs_from_proto(hello.action_spec)
@@ -160,6 +161,20 @@ class Gateway:
         session_id = hello.session_id or f"session-{next(self._ids)}"
         if session_id in self.sessions:
             raise DuplicateSession(f"session {session_id!r} is already connected")
+        if hello.num_envs > 1 or hello.batched:
+            if hello.num_envs > MAX_ENVS:
+                raise InvalidHello(f"num_envs {hello.num_envs} is more than the gateway takes ({MAX_ENVS})")
+            num_envs = max(1, hello.num_envs)
+            group = RecorderGroup(session=session_id, source=hello.source, log=self.experience,
+                                  reward_version=rewards.version, num_envs=num_envs)
+            session = VectorSession(session_id=session_id, source=hello.source, policy=policy, num_envs=num_envs,
+                                    observation_spec=observation, action_spec=action, batcher=self.batcher,
+                                    deadline_s=self.config.deadline_ms / 1e3, rewards=rewards, recorder=group,
+                                    catalog=self.catalog)
+            self.sessions[session_id] = session
+            log.info("vector session %s (%d envs) from %s on %s v%d", session_id, num_envs, hello.source or "?",
+                     policy.name, policy.version)
+            return session
         recorder = Recorder(session=session_id, source=hello.source, log=self.experience,
                             reward_version=rewards.version)
         session = Session(session_id=session_id, source=hello.source, policy=policy,
@@ -170,7 +185,7 @@ class Gateway:
         log.info("session %s from %s on %s v%d", session_id, hello.source or "?", policy.name, policy.version)
         return session
 
-    def welcome(self, session: Session) -> bridge_pb2.Welcome:
+    def welcome(self, session: Session | VectorSession) -> bridge_pb2.Welcome:
         return bridge_pb2.Welcome(session_id=session.id, policy=session.policy.name,
                                   policy_version=session.policy.version,
                                   deadline_ms=self.config.deadline_ms, server_version=self.server_version,
@@ -181,7 +196,7 @@ class Gateway:
         """Version -> how many sessions act with it now."""
         return dict(Counter(s.policy.version for s in self.sessions.values() if s.policy.name == policy))
 
-    def close_session(self, session: Session) -> None:
+    def close_session(self, session: Session | VectorSession) -> None:
         if self.sessions.get(session.id) is session:
             session.flush()
             del self.sessions[session.id]

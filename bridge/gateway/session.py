@@ -145,15 +145,11 @@ class Session:
         inputs = {name: arrays[name] for name in self._input_names}
         started = time.time_ns()
         try:
-            async with asyncio.timeout(self._deadline_s):
-                result = await self._batcher.infer(self.policy.name, self.policy.version, inputs,
-                                                   outputs=self._outputs)
-        except TimeoutError:
-            return self._error(obs.step, Code.DEADLINE_EXCEEDED, "",
-                               f"no action within the {self._deadline_s * 1e3:.0f} ms deadline")
-        except Exception as exc:
-            return self._error(obs.step, Code.INFERENCE_FAILED, "",
-                               f"policy {self.policy.name!r} v{self.policy.version}: {exc}")
+            result = await infer_within(self._batcher.infer(self.policy.name, self.policy.version, inputs,
+                                                            outputs=self._outputs),
+                                        deadline_s=self._deadline_s, policy=self.policy)
+        except InferenceFailed as exc:
+            return self._error(obs.step, exc.code, "", str(exc))
         finished = time.time_ns()
         actions = {name: result[name].astype(dtype, copy=False) for name, dtype in self._action_dtypes.items()}
         tensors = [encode(name, value) for name, value in actions.items()]
@@ -193,9 +189,33 @@ class Session:
         return bridge_pb2.ServerMessage(replayed=bridge_pb2.Replayed(step=obs.step))
 
     def _error(self, step: int, code: int, field_name: str, message: str) -> bridge_pb2.ServerMessage:
-        self.stats.count_error(code)
-        err = bridge_pb2.StepError(step=step, code=code, field=field_name, message=message)
-        return bridge_pb2.ServerMessage(error=err)
+        return step_error(self.stats, step, code, field_name, message)
+
+
+def step_error(stats: SessionStats, step: int, code: int, field_name: str, message: str) -> bridge_pb2.ServerMessage:
+    """A counted StepError reply (single-env and vectorised sessions)."""
+    stats.count_error(code)
+    return bridge_pb2.ServerMessage(error=bridge_pb2.StepError(step=step, code=code, field=field_name, message=message))
+
+
+class InferenceFailed(Exception):
+    """No action: the deadline passed (`DEADLINE_EXCEEDED`) or Triton failed (`INFERENCE_FAILED`)."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+async def infer_within(request, *, deadline_s: float, policy: ServedPolicy) -> dict[str, np.ndarray]:
+    """Await a batcher request under the session's deadline; failures become `InferenceFailed`."""
+    try:
+        async with asyncio.timeout(deadline_s):
+            return await request
+    except TimeoutError:
+        raise InferenceFailed(Code.DEADLINE_EXCEEDED,
+                              f"no action within the {deadline_s * 1e3:.0f} ms deadline") from None
+    except Exception as exc:
+        raise InferenceFailed(Code.INFERENCE_FAILED, f"policy {policy.name!r} v{policy.version}: {exc}") from exc
 
 
 def _batch(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -1,0 +1,307 @@
+"""A vectorised session: N simulated envs on one stream, stepped as one batch (`Hello.num_envs = N`).
+
+Every observation carries tensors with a leading N and per-env `env_step_types`, `env_rewards`,
+`env_terminated`, `env_truncated` (and `final_observation` rows for envs that ended), with the
+same-step auto-reset of `sim/vector.py`: a LAST env's observation row is already the first of its
+next episode, so every env gets an action row, every step. `VectorSession.handle` answers with one
+`Action` of N rows (one Triton request through the micro-batcher, which merges it with other
+sessions' rows up to `max_batch` and splits bigger batches), plus:
+
+- `Action.episode_ends`: one `EpisodeEnd` (with `env`) per env whose episode ended at this
+  observation: LAST, or a reward term's condition (`reason = "reward:<term>"`; the env's row then
+  starts its next episode in the gateway's accounting; the client does not reset it);
+- `Action.env_errors`: one `EnvError` per env whose row is bad (a NaN in its observation, reward or
+  terminal observation): its action row is the safe action (zero clipped into the action spec's
+  bounds), its pending transition is dropped, nothing of this step is logged for it, and every
+  other env goes on. A malformed batch (wrong name, dtype, shape, env_* lengths) is one StepError.
+
+Rewards are computed once per step for all envs that completed a transition (batch-first). With an
+experience log, env i logs its transitions as session `"<id>/<i>"`, episode = the gateway's count of
+env i's ended episodes, step = the stream's step. The policy version follows the catalog at every
+step (one request, one version); each transition records the version that acted. Replay (after a
+reconnect) is not supported for vectorised sessions: it is answered with a StepError.
+
+    session = VectorSession(session_id="v", source="newton:cartpole", policy=served, num_envs=64,
+                            observation_spec=obs_specs, action_spec=act_specs, batcher=batcher,
+                            deadline_s=0.1)
+    reply = await session.handle(observation)   # ServerMessage(action=Action with 64 rows)
+    session.flush()
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from bridge.gateway.batcher import MicroBatcher
+from bridge.gateway.policies import LOG_PROB, PolicyCatalog, ServedPolicy
+from bridge.gateway.recorder import RecorderGroup, RewardOutcome
+from bridge.gateway.session import InferenceFailed, Rewards, SessionStats, infer_within, step_error
+from bridge.rewards import RewardFunction
+from protos import bridge_pb2
+from protos.codec import Spec, TensorError, decode, encode
+
+Code = bridge_pb2.StepError.Code
+FIRST, MID, LAST = bridge_pb2.FIRST, bridge_pb2.MID, bridge_pb2.LAST
+MAX_ENVS = 1 << 16
+
+
+class VectorSession:
+    def __init__(self, *, session_id: str, source: str, policy: ServedPolicy, num_envs: int,
+                 observation_spec: tuple[Spec, ...], action_spec: tuple[Spec, ...], batcher: MicroBatcher,
+                 deadline_s: float, rewards: Rewards | None = None, recorder: RecorderGroup | None = None,
+                 catalog: PolicyCatalog | None = None):
+        if not 1 <= num_envs <= MAX_ENVS:
+            raise ValueError(f"num_envs must be in [1, {MAX_ENVS}], got {num_envs}")
+        self.id, self.source, self.num_envs = session_id, source, num_envs
+        self.observation_spec, self.action_spec = observation_spec, action_spec
+        self.rewards = rewards or RewardFunction.passthrough()
+        self.recorder = recorder or RecorderGroup(session=session_id, source=source, log=None,
+                                                  reward_version=self.rewards.version, num_envs=num_envs)
+        self._catalog, self._batcher, self._deadline_s = catalog, batcher, deadline_s
+        self._last_step: int | None = None
+        n = num_envs
+        self._return = np.zeros(n)
+        self._length = np.zeros(n, np.int64)
+        self._episodes = np.zeros(n, np.int64)       # ended episodes per env
+        self._acted = np.zeros(n, bool)              # env i's row got a policy action last step
+        self._has_previous = np.zeros(n, bool)       # env i has an action before the acted one (smoothness)
+        self._observation: dict[str, np.ndarray] = {}
+        self._action: dict[str, np.ndarray] = {}
+        self._previous: dict[str, np.ndarray] = {s.name: np.zeros((n, *s.shape), s.dtype) for s in action_spec}
+        self._safe = _safe_rows(action_spec, n)
+        self._action_dtypes = {s.name: s.dtype for s in action_spec}
+        self.stats = SessionStats()
+        self._use(policy)
+
+    def _use(self, policy: ServedPolicy) -> None:
+        self.policy = policy
+        self._outputs = tuple(self._action_dtypes) + ((LOG_PROB,) if policy.log_prob else ())
+        self._input_names = tuple(s.name for s in policy.inputs)
+
+    def flush(self) -> None:
+        self.recorder.flush()
+
+    def replay(self, replay: bridge_pb2.Replay) -> bridge_pb2.ServerMessage:
+        return self._error(replay.observation.step, Code.INVALID_OBSERVATION, "replay",
+                           "replay is not supported for vectorised sessions")
+
+    def _error(self, step: int, code: int, field_name: str, message: str) -> bridge_pb2.ServerMessage:
+        return step_error(self.stats, step, code, field_name, message)
+
+    async def handle(self, obs: bridge_pb2.Observation) -> bridge_pb2.ServerMessage:
+        received = time.time_ns()
+        if self._last_step is not None and obs.step <= self._last_step:
+            return self._error(obs.step, Code.OUT_OF_ORDER, "step", f"step {obs.step} after step {self._last_step}")
+        self._last_step = obs.step
+        try:
+            batch = _Batch.check(obs, self.observation_spec, self.num_envs)
+        except TensorError as exc:
+            return self._error(obs.step, Code.INVALID_OBSERVATION, exc.field, str(exc))
+        ends = self._track_episodes(obs, batch)
+        if self._catalog is not None:
+            current = self._catalog.current(self.policy.name)
+            if current is not self.policy:
+                self._use(current)
+        return await self._act(obs, batch, ends, received)
+
+    def _track_episodes(self, obs: bridge_pb2.Observation, batch: _Batch) -> list[bridge_pb2.EpisodeEnd]:
+        """Reward the envs' previous actions, count steps, and end the episodes that ended here."""
+        first, last, bad = batch.step_types == FIRST, batch.step_types == LAST, batch.bad
+        for i in np.flatnonzero(first | bad):
+            self.recorder.recorders[i].abandon()
+        self._acted &= ~(first | bad)
+        self._length[~first] += 1
+        reward_end = np.zeros(self.num_envs, bool)
+        reasons: dict[int, str] = {}
+        idx = np.flatnonzero(self._acted)
+        if idx.size:
+            following = batch.following(last)
+            result = self.rewards.compute(
+                {k: v[idx] for k, v in self._observation.items()}, {k: v[idx] for k, v in self._action.items()},
+                {k: v[idx] for k, v in following.items()}, batch.rewards[idx],
+                {k: v[idx] for k, v in self._previous.items()}, first_step=~self._has_previous[idx])
+            self._return[idx] += result.reward
+            for name, value in self._action.items():
+                self._previous[name][idx] = value[idx]
+            self._has_previous[idx] = True
+            ended_by = result.terminate & ~last[idx]
+            reward_end[idx] = ended_by
+            for j in np.flatnonzero(result.terminate):
+                reasons[int(idx[j])] = f"reward:{result.ended_by(int(j))}"
+            if self.recorder.logging:
+                self._log_completed(obs, batch, idx, result, last, following, reasons)
+        ended = last | reward_end
+        ends = []
+        for i in np.flatnonzero(ended):
+            self._episodes[i] += 1
+            ends.append(bridge_pb2.EpisodeEnd(step=obs.step, episode=int(self._episodes[i]),
+                                              length=int(self._length[i]), episode_return=float(self._return[i]),
+                                              reason="" if last[i] else reasons.get(int(i), ""), env=int(i)))
+        restart = ended | first
+        self._return[restart], self._length[restart], self._has_previous[restart] = 0.0, 0, False
+        self.stats.episodes += len(ends)
+        return ends
+
+    def _log_completed(self, obs, batch: _Batch, idx: np.ndarray, result, last: np.ndarray,
+                       following: dict[str, np.ndarray], reasons: dict[int, str]) -> None:
+        for j, i in enumerate(idx.tolist()):
+            ended = bool(last[i]) or bool(result.terminate[j])
+            row = bridge_pb2.Observation(step=obs.step, t_sent_ns=obs.t_sent_ns, step_type=int(batch.step_types[i]),
+                                         reward=float(batch.rewards[i]), terminated=bool(batch.terminated[i]),
+                                         episode=int(self._episodes[i]))
+            if ended and batch.has_final:
+                row.tensors.extend(encode(name, value[i]) for name, value in following.items())
+            terms = {name: float(value[j]) for name, value in result.terms.items()}
+            outcome = RewardOutcome(float(result.reward[j]), terms, reasons.get(i, "") if not last[i] else "")
+            self.recorder.recorders[i].completed(row, outcome, ended=ended)
+
+    async def _act(self, obs: bridge_pb2.Observation, batch: _Batch, ends: list[bridge_pb2.EpisodeEnd],
+                   received: int) -> bridge_pb2.ServerMessage:
+        inputs = {name: batch.observation[name] for name in self._input_names}
+        if batch.bad.any():  # bad rows are inferred as zeros (one request), then replaced by the safe action
+            inputs = {name: np.where(_rows(batch.bad, value), 0, value).astype(value.dtype)
+                      for name, value in inputs.items()}
+        started = time.time_ns()
+        try:
+            result = await infer_within(self._batcher.infer_rows(self.policy.name, self.policy.version, inputs,
+                                                                 outputs=self._outputs),
+                                        deadline_s=self._deadline_s, policy=self.policy)
+        except InferenceFailed as exc:
+            self._acted[:] = False
+            for r in self.recorder.recorders:
+                r.abandon()
+            return self._error(obs.step, exc.code, "", str(exc))
+        finished = time.time_ns()
+        actions = {name: result[name].astype(dtype, copy=False) for name, dtype in self._action_dtypes.items()}
+        if batch.bad.any():
+            actions = {name: np.where(_rows(batch.bad, value), self._safe[name], value)
+                       for name, value in actions.items()}
+        good = ~batch.bad
+        self.stats.steps += int(good.sum())
+        timing = bridge_pb2.Timing(t_sent_ns=obs.t_sent_ns, gateway_recv_ns=received, infer_start_ns=started,
+                                   infer_end_ns=finished, gateway_send_ns=time.time_ns())
+        action = bridge_pb2.Action(step=obs.step, tensors=[encode(name, value) for name, value in actions.items()],
+                                   policy=self.policy.name, policy_version=self.policy.version, timing=timing,
+                                   episode=obs.episode, episode_ends=ends, env_errors=batch.errors)
+        for error in batch.errors:
+            self.stats.count_error(error.code)
+        self._observation, self._action, self._acted = batch.observation, actions, good
+        if self.recorder.logging:
+            self._log_acted(obs, batch, action, actions, result.get(LOG_PROB))
+        return bridge_pb2.ServerMessage(action=action)
+
+    def _log_acted(self, obs, batch: _Batch, action: bridge_pb2.Action, actions: dict[str, np.ndarray],
+                   log_prob: np.ndarray | None) -> None:
+        for i in np.flatnonzero(~batch.bad).tolist():  # a row of length 0 starts its env's episode
+            row = bridge_pb2.Observation(step=obs.step, t_sent_ns=obs.t_sent_ns,
+                                         step_type=FIRST if self._length[i] == 0 else MID,
+                                         tensors=[encode(name, value[i]) for name, value in batch.observation.items()],
+                                         episode=int(self._episodes[i]))
+            act = bridge_pb2.Action(step=obs.step, tensors=[encode(name, value[i]) for name, value in actions.items()],
+                                    policy=action.policy, policy_version=action.policy_version, timing=action.timing,
+                                    episode=int(self._episodes[i]))
+            self.recorder.recorders[i].acted(row, act, None if log_prob is None else float(log_prob[i].reshape(-1)[0]))
+
+
+class _Batch:
+    """One checked vector observation: arrays with a leading N, per-env fields, and the bad rows."""
+
+    def __init__(self, n: int):
+        self.observation: dict[str, np.ndarray] = {}
+        self.final: dict[str, np.ndarray] | None = None
+        self.bad = np.zeros(n, bool)
+        self.errors: list[bridge_pb2.EnvError] = []
+
+    @property
+    def has_final(self) -> bool:
+        return self.final is not None
+
+    def following(self, last: np.ndarray) -> dict[str, np.ndarray]:
+        """The observation each env's previous action led to: the terminal one for LAST envs."""
+        if self.final is None or not last.any():
+            return self.observation
+        return {name: np.where(_rows(last, value), self.final[name], value) for name, value in self.observation.items()}
+
+    def _flag(self, rows: np.ndarray, field_name: str, what: str) -> None:
+        for i in np.flatnonzero(rows & ~self.bad).tolist():
+            self.errors.append(bridge_pb2.EnvError(env=i, code=Code.INVALID_OBSERVATION, field=field_name,
+                                                   message=f"{field_name}: env {i}: {what}"))
+        self.bad |= rows
+
+    @classmethod
+    def check(cls, obs: bridge_pb2.Observation, specs: tuple[Spec, ...], n: int) -> _Batch:
+        batch = cls(n)
+        batch.step_types = _per_env(obs.env_step_types, n, "env_step_types", np.int8, required=True)
+        if not np.isin(batch.step_types, (FIRST, MID, LAST)).all():
+            bad = sorted(set(batch.step_types.tolist()) - {FIRST, MID, LAST})
+            raise TensorError("env_step_types", f"unknown step type(s) {bad}")
+        batch.rewards = _per_env(obs.env_rewards, n, "env_rewards", np.float64)
+        batch.terminated = _per_env(obs.env_terminated, n, "env_terminated", bool)
+        batch.observation = _decode(obs.tensors, specs, n, "observation")
+        if obs.final_observation:
+            batch.final = _decode(obs.final_observation, specs, n, "final_observation")
+        for spec in specs:
+            if spec.dtype.kind == "f":
+                finite = np.isfinite(batch.observation[spec.name].reshape(n, -1)).all(axis=1)
+                batch._flag(~finite, spec.name, "contains NaN or infinite values")
+        batch._flag(~np.isfinite(batch.rewards), "env_rewards", "non-finite reward")
+        if batch.final is not None:
+            last = batch.step_types == LAST
+            for spec in specs:
+                if spec.dtype.kind == "f":
+                    finite = np.isfinite(batch.final[spec.name].reshape(n, -1)).all(axis=1)
+                    batch._flag(last & ~finite, f"final_observation.{spec.name}", "contains NaN or infinite values")
+        return batch
+
+
+def _per_env(values, n: int, name: str, dtype, *, required: bool = False) -> np.ndarray:
+    if not values and not required:
+        return np.zeros(n, dtype)
+    if len(values) != n:
+        raise TensorError(name, f"{len(values)} values for {n} envs")
+    return np.asarray(values, dtype)
+
+
+def _decode(tensors, specs: tuple[Spec, ...], n: int, what: str) -> dict[str, np.ndarray]:
+    arrays = {}
+    for t in tensors:
+        if t.name in arrays:
+            raise TensorError(t.name, f"{what}: sent twice")
+        arrays[t.name] = decode(t)
+    expected = {s.name for s in specs}
+    for name in arrays.keys() - expected:
+        raise TensorError(name, f"{what}: not in the declared spec {sorted(expected)}")
+    for spec in specs:
+        value = arrays.get(spec.name)
+        if value is None:
+            raise TensorError(spec.name, f"{what}: missing")
+        if value.dtype != spec.dtype:
+            raise TensorError(spec.name, f"{what}: dtype {value.dtype.name}, expected {spec.dtype.name}")
+        if value.shape != (n, *spec.shape):
+            raise TensorError(spec.name, f"{what}: shape {list(value.shape)}, expected {[n, *spec.shape]}")
+    return arrays
+
+
+def _rows(mask: np.ndarray, like: np.ndarray) -> np.ndarray:
+    """(N,) mask broadcastable against an (N, ...) array."""
+    return mask.reshape(-1, *([1] * (like.ndim - 1)))
+
+
+def _safe_rows(specs: tuple[Spec, ...], n: int) -> dict[str, np.ndarray]:
+    """Zero clipped into each spec's bounds, (N, ...) (as sim.vector.safe_action; bridge does not import sim)."""
+    out = {}
+    for s in specs:
+        value = np.zeros(s.shape, s.dtype)
+        if s.low or s.high:
+            low, high = (_side(side, fill, s.shape) for side, fill in ((s.low, -np.inf), (s.high, np.inf)))
+            value = np.clip(value, low, high).astype(s.dtype)
+        out[s.name] = np.broadcast_to(value, (n, *s.shape)).copy()
+    return out
+
+
+def _side(values: tuple[float, ...], fill: float, shape: tuple[int, ...]) -> np.ndarray:
+    """One side of a spec's bounds (per element, one for all, or none) broadcast to its shape."""
+    array = np.asarray(values or (fill,), np.float64)
+    return np.broadcast_to(array.reshape(shape if array.size > 1 else ()), shape)
