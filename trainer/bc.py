@@ -87,13 +87,16 @@ class BCLearner:
         self.config, self.observation, self.action = config, observation, action
         self.device = dist.device()
         self.policy = policy.to(self.device)
+        if isinstance(policy, GaussianPolicy):
+            policy.log_std.requires_grad_(False)  # BC fits the mean; the exploration noise stays as served
         self.model = Deterministic(self.policy)
         self.ddp: nn.Module = self.model
         if dist.is_distributed():
             from torch.nn.parallel import DistributedDataParallel
 
             self.ddp = DistributedDataParallel(self.model)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=config.lr,
+                                           weight_decay=config.weight_decay)
         self.steps = 0
 
     def update(self, batch: Sequence[experience_pb2.Transition]) -> dict[str, float]:

@@ -120,3 +120,31 @@ def test_ppo_publishes_from_rank_zero_and_resumes_after_a_killed_rank(tmp_path):
 def test_the_launcher_rejects_bad_options_before_starting(args, message):
     with pytest.raises(SystemExit, match=message):
         train_main(args)
+
+
+def test_bc_from_the_served_weights_publishes_a_version_that_fits_the_controller(tmp_path):
+    """One rank, --arch gaussian: starts from the served v1, fits action_mean to the scripted
+    controller's applied actions, publishes v2 (probe checked by the stand-in's registry)."""
+    from protos.codec import Spec
+    from trainer.policy import GaussianPolicy
+
+    scripted_log(tmp_path / "log", n=600)
+    obs, act = Spec("observation", np.float32, (4,)), Spec("action", np.float32, (1,), low=(-3.0,), high=(3.0,))
+    with StandIn(obs, act, policy="p") as gw:
+        summary, stderr = tether_train(
+            "--nproc", "1", "--max-restarts", "0", "--gateway", gw.address, "--algo", "bc", "--policy", "p",
+            "--arch", "gaussian", "--log-dir", str(tmp_path / "log"), "--steps", "300", "--batch", "64",
+            "--lr", "3e-3", "--out", str(tmp_path / "bc.safetensors"))
+        (header,) = gw.publishes
+        served = gw.modules[2]
+    assert summary["published_version"] == 2 and summary["parent_version"] == 1
+    assert header.lineage.parent_version == 1 and header.lineage.trainer_step == 300
+    assert header.lineage.data_offset == 600 and header.lineage.trainer.startswith("bc@")
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(256, 4)).astype(np.float32)
+    want = np.clip(-(x @ np.array([0.8, -0.3, 0.5, 0.1], np.float32)), -1, 1)
+    import torch
+
+    with torch.no_grad():
+        got = served.mean(torch.from_numpy(x)).numpy()[:, 0]
+    assert isinstance(served, GaussianPolicy) and float(np.abs(got - want).mean()) < 0.1, stderr[-2000:]
