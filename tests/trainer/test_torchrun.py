@@ -122,6 +122,7 @@ def test_the_launcher_rejects_bad_options_before_starting(args, message):
         train_main(args)
 
 
+@pytest.mark.slow
 def test_bc_from_the_served_weights_publishes_a_version_that_fits_the_controller(tmp_path):
     """One rank, --arch gaussian: starts from the served v1, fits action_mean to the scripted
     controller's applied actions, publishes v2 (probe checked by the stand-in's registry)."""
