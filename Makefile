@@ -51,8 +51,8 @@ $(STAMP): pyproject.toml Makefile
 	# --- end ROS 2 ------------------------------------------------------------------------------
 	touch $(STAMP)
 
-demo: setup
-	$(VENV)/bin/tether demo
+demo: setup  # make demo ARGS="--train" for the learning loop
+	$(VENV)/bin/tether demo $(ARGS)
 
 test: setup
 	$(PY) -m pytest
