@@ -44,8 +44,12 @@ import numpy as np
 from protos.codec import TensorError, decode_all, encode_all
 from protos.tether.v1 import bridge_pb2, bridge_pb2_grpc
 from sim.env import Environment, StepType, TimeStep, zeros
+from sim.vector import VectorEnvironment, VectorTimeStep, safe_action
 
-__all__ = ["SessionError", "SimStats", "main", "run_sessions"]
+__all__ = ["SessionError", "SimStats", "main", "run_sessions", "run_vector_sessions", "vector_observation"]
+
+
+VECTOR_PREFIXES = ("newton", "isaaclab", "mujoco", "gymnasium", "serial")  # `--env` names of vector envs
 
 
 class SessionError(RuntimeError):
@@ -116,9 +120,9 @@ class _Budget:
         return (self.left is not None and self.left <= 0) or (
             self.deadline is not None and time.monotonic() >= self.deadline)
 
-    def claim(self) -> None:
+    def claim(self, n: int = 1) -> None:
         if self.left is not None:
-            self.left -= 1
+            self.left -= n
 
 
 class _Broken(Exception):
@@ -297,6 +301,60 @@ class _Session:
             raise SessionError(f"session {self.id}: stream ended with {code.name} {details}")
 
 
+def vector_observation(step: int, ts: VectorTimeStep) -> bridge_pb2.Observation:
+    """The Observation of a vectorised session for one `VectorTimeStep` (tensors with a leading N)."""
+    obs = bridge_pb2.Observation(step=step, t_sent_ns=time.time_ns(), tensors=encode_all(ts.observation),
+                                 env_step_types=ts.step_type.tolist(), env_rewards=ts.reward.tolist(),
+                                 env_terminated=ts.terminated.tolist(), env_truncated=ts.truncated.tolist())
+    if ts.final_observation is not None and ts.last().any():
+        obs.final_observation.extend(encode_all(ts.final_observation))
+    return obs
+
+
+class _VectorSession(_Session):
+    """One stream for a whole `VectorEnvironment`: N rows per observation and per action.
+
+    Budget and `SimStats.steps` count env steps (N per exchange). The last step's rewards stay on the
+    client (a vector env has no truncated LAST to send); reconnects are not attempted.
+    """
+
+    async def run(self) -> None:
+        env, n = self.env, self.env.num_envs
+        ts, step, episode_return = env.reset(), 0, np.zeros(n)
+        fallback = safe_action(env.action_spec(), n)
+        while not self.budget.exhausted():
+            self.budget.claim(n)
+            t0 = time.perf_counter_ns()
+            await self._write(bridge_pb2.ClientMessage(observation=vector_observation(step, ts)))
+            msg = await self._reply(self.reply_timeout, f"reply to step {step}")
+            kind = msg.WhichOneof("kind")
+            if kind == "action" and msg.action.step == step:
+                self.stats.rtt_ns.append(time.perf_counter_ns() - t0)
+                self.stats.policy_versions[msg.action.policy_version] += n
+                for error in msg.action.env_errors:
+                    self.stats.errors[bridge_pb2.StepError.Code.Name(error.code)] += 1
+                try:
+                    ts = env.step(decode_all(msg.action.tensors))
+                except TensorError:
+                    self.stats.errors["INVALID_ACTION"] += 1
+                    ts = env.step(fallback)
+            elif kind == "error" and msg.error.step == step:
+                self.stats.errors[bridge_pb2.StepError.Code.Name(msg.error.code)] += 1
+                ts = env.step(fallback)
+            else:
+                raise SessionError(f"session {self.id}: step {step} got {kind} for step "
+                                   f"{getattr(getattr(msg, kind, None), 'step', '?')}")
+            step += 1
+            fallback = ts.applied_action
+            self.stats.steps += n
+            episode_return += ts.reward
+            ended = np.flatnonzero(ts.last())
+            if ended.size:
+                self.stats.episodes += int(ended.size)
+                self.stats.returns.extend(episode_return[ended].tolist())
+                episode_return[ended] = 0.0
+
+
 def _rpc_error(e: grpc.aio.AioRpcError, *, target: str, session_id: str) -> Exception:
     if e.code() == grpc.StatusCode.UNAVAILABLE:
         return ConnectionError(f"gateway {target} unavailable (session {session_id}): {e.details()}")
@@ -307,14 +365,16 @@ async def _one_session(channel, env: Environment, *, index: int, session_id: str
                        policy: str, labels: Mapping[str, str], stats: SimStats, budget: _Budget,
                        connect_timeout: float, reply_timeout: float, reconnect_s: float,
                        controller: Controller | None) -> None:
+    vector = isinstance(env, VectorEnvironment)
     hello = bridge_pb2.Hello(
         session_id=session_id, policy=policy, source=getattr(env, "source", f"sim:{type(env).__name__}"),
         observation_spec=[s.to_proto() for s in env.observation_spec()],
         action_spec=[s.to_proto() for s in env.action_spec()],
-        labels={"env_index": str(index), **labels})
-    session = _Session(channel, env, hello=hello, target=target, stats=stats, budget=budget,
-                       connect_timeout=connect_timeout, reply_timeout=reply_timeout, reconnect_s=reconnect_s,
-                       controller=controller)
+        labels={"env_index": str(index), **labels},
+        num_envs=env.num_envs if vector else 0, batched=vector)
+    session = (_VectorSession if vector else _Session)(
+        channel, env, hello=hello, target=target, stats=stats, budget=budget, connect_timeout=connect_timeout,
+        reply_timeout=reply_timeout, reconnect_s=reconnect_s, controller=controller)
     try:
         await session.hello(connect_timeout)
         await session.run()
@@ -329,7 +389,7 @@ async def _one_session(channel, env: Environment, *, index: int, session_id: str
             session.call.cancel()  # a no-op once the stream has ended
 
 
-async def run_sessions(target: str, make_env: Callable[[int], Environment], *, envs: int,
+async def run_sessions(target: str, make_env: Callable[[int], Environment | VectorEnvironment], *, envs: int,
                        seconds: float | None = None, steps: int | None = None, policy: str = "",
                        on_progress: Callable[[SimStats], None] | None = None,
                        connect_timeout: float = 10.0, reply_timeout: float = 10.0,
@@ -337,7 +397,8 @@ async def run_sessions(target: str, make_env: Callable[[int], Environment], *, e
                        reconnect_s: float = 0.0, controller: Controller | None = None,
                        until: Callable[[SimStats], bool] | None = None) -> SimStats:
     """Run `envs` sessions against the gateway at `target` until `seconds` or `steps` (total env
-    steps over all sessions, exact) runs out; return their `SimStats`.
+    steps over all sessions, exact) runs out; return their `SimStats`. A `VectorEnvironment` from
+    `make_env` gets a vectorised session (see `run_vector_sessions`).
 
     `reconnect_s` > 0: a session whose gateway goes away reconnects for up to that long (and
     replays what was not logged). `controller`: see the module docstring. `until`: checked at
@@ -391,6 +452,21 @@ async def run_sessions(target: str, make_env: Callable[[int], Environment], *, e
         await channel.close()
 
 
+async def run_vector_sessions(target: str, make_vector_env: Callable[[int], VectorEnvironment], *,
+                              sessions: int = 1, **kw) -> SimStats:
+    """Run `sessions` vectorised sessions (one stream per `VectorEnvironment`, N = its `num_envs`)
+    against the gateway at `target`; the keywords are `run_sessions`' (budget, policy, progress, ...).
+
+    `steps` counts env steps over all sessions (N per exchange: it may overshoot by less than N per
+    session). Plain text (it needs a gateway):
+
+        stats = asyncio.run(run_vector_sessions("127.0.0.1:50051",
+                                                lambda i: make_vector_env("newton:cartpole", num_envs=64, seed=i),
+                                                sessions=2, seconds=10))
+    """
+    return await run_sessions(target, make_vector_env, envs=sessions, **kw)
+
+
 async def _tick(stats: SimStats, start: float, on_progress: Callable[[SimStats], None] | None,
                 every: float, until: Callable[[SimStats], bool] | None, budget: _Budget) -> None:
     while True:
@@ -410,11 +486,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     non-zero.
     """
     from sim.mujoco import make_env
+    from sim.vector import make_vector_env
 
     parser = argparse.ArgumentParser(prog="tether sim", description=__doc__.split("\n\n")[0])
     parser.add_argument("--gateway", required=True, metavar="HOST:PORT")
-    parser.add_argument("--env", default="Hopper-v5", help="a gymnasium id (Hopper-v5, ...) or PointMass")
-    parser.add_argument("--envs", type=int, default=1, help="sessions (one env each)")
+    parser.add_argument("--env", default="Hopper-v5",
+                        help="a gymnasium id (Hopper-v5, ...), PointMass, or a vector env (newton:cartpole, "
+                             "isaaclab:<task>, mujoco:Hopper-v5)")
+    parser.add_argument("--envs", type=int, default=1,
+                        help="envs per vectorised session (with --sessions or a vector --env); otherwise "
+                             "single-env sessions")
+    parser.add_argument("--sessions", type=int, help="vectorised sessions of --envs envs each (default 1)")
     parser.add_argument("--seconds", type=float, help="stop after this long (default 10 s without --steps)")
     parser.add_argument("--steps", type=int, help="stop after this many env steps over all sessions")
     parser.add_argument("--policy", default="", help="Triton model name (default: the gateway's)")
@@ -426,7 +508,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.seconds is None and args.steps is None:
         args.seconds = 10.0
 
-    def build(i: int) -> Environment:
+    vector = args.sessions is not None or args.env.partition(":")[0] in VECTOR_PREFIXES
+    sessions = (args.sessions or 1) if vector else args.envs
+
+    def build(i: int) -> Environment | VectorEnvironment:
+        if vector:  # session i's env j is seeded with seed + i * envs + j
+            seed = None if args.seed is None else args.seed + i * args.envs
+            return make_vector_env(args.env, num_envs=args.envs, seed=seed, max_episode_steps=args.max_episode_steps)
         seed = None if args.seed is None else args.seed + i
         return make_env(args.env, seed=seed, max_episode_steps=args.max_episode_steps)
 
@@ -435,7 +523,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         stats = asyncio.run(run_sessions(
-            args.gateway, build, envs=args.envs, seconds=args.seconds, steps=args.steps,
+            args.gateway, build, envs=sessions, seconds=args.seconds, steps=args.steps,
             policy=args.policy, on_progress=status, connect_timeout=args.connect_timeout,
             progress_every=args.status_every, labels={"env": args.env}))
     except ValueError as e:  # a bad --env or budget: a usage error, like argparse's

@@ -4,25 +4,16 @@ envs (gymnasium SyncVectorEnv) or Newton worlds on one stream, per-env episodes,
 from __future__ import annotations
 
 import asyncio
-import time
 
 import grpc
 import numpy as np
 import pytest
 
 from protos import bridge_pb2, bridge_pb2_grpc
-from protos.codec import decode_all, encode, encode_all
+from protos.codec import decode_all, encode
+from sim.client import run_vector_sessions, vector_observation
 from sim.gym_vector import GymnasiumVectorEnv
 from tests.gateway.helpers import running_gateway
-
-
-def vector_observation(step: int, ts) -> bridge_pb2.Observation:
-    obs = bridge_pb2.Observation(step=step, t_sent_ns=time.time_ns(), tensors=encode_all(ts.observation),
-                                 env_step_types=ts.step_type.tolist(), env_rewards=ts.reward.tolist(),
-                                 env_terminated=ts.terminated.tolist(), env_truncated=ts.truncated.tolist())
-    if ts.final_observation is not None and ts.last().any():
-        obs.final_observation.extend(encode_all(ts.final_observation))
-    return obs
 
 
 class VectorStream:
@@ -183,3 +174,27 @@ def test_newton_cartpole_through_the_full_loop(triton):
     env.close()
     assert len(ends) >= n  # 10-step time limit: every world ended at least two episodes in 30 steps
     assert {e.env for e in ends} == set(range(n)) and all(1 <= e.length <= 10 for e in ends)
+
+
+def test_sim_client_runs_vector_sessions(triton, capsys):
+    """`run_vector_sessions` and `tether sim --sessions M --envs N`: M streams of N envs each."""
+    from sim.client import main
+    from sim.vector import make_vector_env
+
+    async def scenario():
+        async with running_gateway(triton.url, policy="tiny") as gw:
+            stats = await run_vector_sessions(
+                gw.address, lambda i: make_vector_env("Hopper-v5", num_envs=8, seed=10 * i, max_episode_steps=10),
+                sessions=2, steps=320)
+            await asyncio.sleep(0.1)
+            closed = list(gw.closed_stats)
+            rc = await asyncio.to_thread(main, ["--gateway", gw.address, "--env", "Hopper-v5", "--sessions", "2",
+                                                "--envs", "4", "--steps", "80", "--max-episode-steps", "5"])
+            return stats, closed, rc
+
+    stats, closed, rc = asyncio.run(scenario())
+    assert stats.sessions == 2 and stats.steps == 320 and not stats.errors
+    assert stats.policy_versions == {1: 320} and stats.episodes >= 16  # a 10-step limit: 20 steps per env
+    assert sorted(s.steps for s in closed[-2:]) == [160, 160]
+    out = capsys.readouterr().out.strip().splitlines()[-1]
+    assert rc == 0 and '"steps": 80' in out and '"sessions": 2' in out
