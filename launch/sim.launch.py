@@ -1,11 +1,17 @@
 """The Tether edge node wired to a simulator that publishes ROS 2 topics: Gazebo through
-ros_gz_bridge, or Isaac Sim's ROS 2 bridge (which publishes /joint_states itself).
+ros_gz_bridge (the default), or Isaac Sim's ROS 2 bridge (which publishes /joint_states itself).
 
-    ros2 launch tether sim.launch.py gateway:=127.0.0.1:50051 gz_bridge:=true \\
-        gz_joint_state:=/world/default/model/ur5e/joint_state
+    # Gazebo running a world `default` with the model `arm` (launch/config/gazebo_arm.yaml):
+    ros2 launch tether sim.launch.py gateway:=127.0.0.1:50051
+    # another Gazebo robot: your copies of the bridge list and the topic map
+    ros2 launch tether sim.launch.py gateway:=127.0.0.1:50051 \\
+        gz_bridge_config:=/path/gz_bridge.yaml topic_map:=/path/topic_map.yaml
+    # Isaac Sim (no ros_gz_bridge)
+    ros2 launch tether sim.launch.py gz_bridge:=false topic_map:=/path/isaac_topic_map.yaml
 
-Declares only: simulated time, the optional Gazebo bridge, and the same edge node as
-robot.launch.py with the same arguments.
+Declares only: the Gazebo bridge (ros_gz_bridge's parameter_bridge with the topics listed in
+gz_bridge_config: /clock, joint states, one position command per joint; simulated time), and the
+same edge node as robot.launch.py with its arguments.
 """
 
 from launch import LaunchDescription
@@ -18,28 +24,29 @@ from launch_ros.substitutions import FindPackageShare
 
 
 def generate_launch_description():
+    config = PathJoinSubstitution([FindPackageShare("tether"), "config"])
     return LaunchDescription([
         DeclareLaunchArgument("gateway", default_value="127.0.0.1:50051", description="gateway HOST:PORT"),
-        DeclareLaunchArgument("topic_map",
-                              default_value=PathJoinSubstitution([FindPackageShare("tether"), "config",
-                                                                  "topic_map.yaml"])),
+        DeclareLaunchArgument("topic_map", default_value=PathJoinSubstitution([config, "gazebo_arm.yaml"]),
+                              description="topic map YAML (default: the Gazebo arm, as ros_gz_bridge publishes it)"),
         DeclareLaunchArgument("rate", default_value="100.0", description="control rate in Hz"),
         DeclareLaunchArgument("domain_id", default_value="0", description="ROS 2 domain id"),
-        DeclareLaunchArgument("gz_bridge", default_value="false",
-                              description="start ros_gz_bridge for Gazebo joint states and commands"),
-        DeclareLaunchArgument("gz_joint_state", default_value="/world/default/model/robot/joint_state",
-                              description="Gazebo joint state topic, bridged to /joint_states"),
+        DeclareLaunchArgument("operators", default_value="",
+                              description="comma-separated names allowed to release the e-stop"),
+        DeclareLaunchArgument("gz_bridge", default_value="true",
+                              description="start ros_gz_bridge (false for simulators that speak ROS 2 themselves)"),
+        DeclareLaunchArgument("gz_bridge_config", default_value=PathJoinSubstitution([config, "gz_bridge.yaml"]),
+                              description="ros_gz_bridge config_file: the bridged topics (match the topic map)"),
         Node(package="ros_gz_bridge", executable="parameter_bridge", name="tether_gz_bridge",
              condition=IfCondition(LaunchConfiguration("gz_bridge")),
-             arguments=[[LaunchConfiguration("gz_joint_state"), "@sensor_msgs/msg/JointState[gz.msgs.Model"],
-                        "/policy_controller/commands@std_msgs/msg/Float64MultiArray]gz.msgs.Double_V"],
-             remappings=[(LaunchConfiguration("gz_joint_state"), "/joint_states")],
-             parameters=[{"use_sim_time": True}]),
+             parameters=[{"config_file": LaunchConfiguration("gz_bridge_config"), "use_sim_time": True}],
+             output="screen"),
         IncludeLaunchDescription(
             PythonLaunchDescriptionSource(PathJoinSubstitution([FindPackageShare("tether"), "launch",
                                                                 "robot.launch.py"])),
             launch_arguments={"gateway": LaunchConfiguration("gateway"),
                               "topic_map": LaunchConfiguration("topic_map"),
                               "rate": LaunchConfiguration("rate"),
-                              "domain_id": LaunchConfiguration("domain_id")}.items()),
+                              "domain_id": LaunchConfiguration("domain_id"),
+                              "operators": LaunchConfiguration("operators")}.items()),
     ])

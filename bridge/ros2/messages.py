@@ -42,6 +42,7 @@ IMU = "sensor_msgs/msg/Imu"
 TWIST = "geometry_msgs/msg/Twist"
 ODOMETRY = "nav_msgs/msg/Odometry"
 FLOAT64_ARRAY = "std_msgs/msg/Float64MultiArray"
+FLOAT64 = "std_msgs/msg/Float64"  # one joint's command, as ros_gz_bridge takes it for gz.msgs.Double
 BOOL = "std_msgs/msg/Bool"
 STRING = "std_msgs/msg/String"  # operator names (e-stop release); no tensor converter
 
@@ -53,6 +54,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
     TWIST: ("twist",),
     ODOMETRY: ("pose", "twist"),
     FLOAT64_ARRAY: ("data",),
+    FLOAT64: ("data",),
     BOOL: ("data",),
 }
 SUPPORTED: tuple[str, ...] = tuple(FIELDS)
@@ -269,6 +271,18 @@ def float64_array(values: object) -> object:
     return message_class(FLOAT64_ARRAY)(layout=layout, data=data)
 
 
+def float64_msg(value: float) -> object:
+    """A `std_msgs/Float64` (one joint's position target on a per-joint command topic).
+
+    >>> deserialize(serialize(float64_msg(0.25)), FLOAT64).data
+    0.25
+    """
+    value = float(value)
+    if not math.isfinite(value):
+        raise MessageError(f"Float64.data: {value} is not finite")
+    return message_class(FLOAT64)(data=value)
+
+
 def bool_msg(value: bool) -> object:
     """A `std_msgs/Bool`."""
     return message_class(BOOL)(data=bool(value))
@@ -302,6 +316,8 @@ def to_arrays(msg: object, *, joints: Sequence[str] = ()) -> dict[str, np.ndarra
         return odometry_arrays(msg)
     if name == FLOAT64_ARRAY:
         return {"data": np.asarray(msg.data, dtype=np.float64)}
+    if name == FLOAT64:
+        return {"data": np.array(float(msg.data))}
     return {"data": np.array(bool(msg.data))}
 
 
@@ -337,6 +353,8 @@ def from_arrays(name: str, arrays: Mapping[str, np.ndarray], *, joints: Sequence
     value = need("data")
     if value.size != 1:
         raise MessageError(f"{name}.data: {value.size} values, expected 1")
+    if name == FLOAT64:
+        return float64_msg(value.reshape(-1)[0])
     return bool_msg(bool(value.reshape(-1)[0]))
 
 
@@ -353,7 +371,7 @@ def field_shape(name: str, field: str, *, joints: Sequence[str] = ()) -> tuple[i
         return (len(joints),)
     fixed = {"orientation": (4,), "angular_velocity": (3,), "linear_acceleration": (3,),
              "twist": (6,), "pose": (7,)}
-    if name == BOOL:
+    if name in (BOOL, FLOAT64):
         return ()
     return fixed.get(field)
 

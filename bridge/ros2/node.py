@@ -212,7 +212,8 @@ class EdgeNode:
     def start(self) -> None:
         """Subscribe, make the publishers, connect, and start the control loop."""
         t = self.transport
-        self._publishers = {e.topic: t.publisher(e.topic, e.type, reliable=e.reliable) for e in self.topic_map.action}
+        self._publishers = {e.topic: t.publisher(e.topic, e.type, reliable=e.reliable)
+                            for e in self.topic_map.command_entries()}
         self._state_publisher = t.publisher(self.config.state_topic, messages.BOOL, reliable=True)
         for entry in self.topic_map.observation:
             t.subscribe(entry.topic, entry.type, functools.partial(self._on_observation, entry.topic),

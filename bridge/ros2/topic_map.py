@@ -44,6 +44,8 @@ from bridge.ros2.transport import TransportError, ros_topic
 from protos.codec import Spec, TensorError
 
 DEFAULT_TOPIC_MAP = Path(__file__).resolve().parents[2] / "launch" / "config" / "topic_map.yaml"
+GAZEBO_TOPIC_MAP = DEFAULT_TOPIC_MAP.with_name("gazebo_arm.yaml")
+JOINT_PLACEHOLDER = "{joint}"   # in a per-joint command topic: replaced by each joint's name
 
 
 class TopicMapError(ValueError):
@@ -66,13 +68,18 @@ class TensorMap:
 
 @dataclass(frozen=True)
 class TopicEntry:
-    """One topic with its message type, QoS, joint order and the tensors it carries."""
+    """One topic with its message type, QoS, joint order and the tensors it carries.
+
+    A per-joint command entry (type `std_msgs/msg/Float64`, a topic with `{joint}` in it, as
+    Gazebo's JointPositionController takes through ros_gz_bridge) lists in `per_joint` one
+    concrete entry per joint, in joint order; its action tensor has one element per joint."""
 
     topic: str
     type: str
     reliable: bool
     joints: tuple[str, ...] = ()
     tensors: tuple[TensorMap, ...] = ()
+    per_joint: tuple[TopicEntry, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -86,6 +93,10 @@ class TopicMap:
 
     def action_specs(self) -> tuple[Spec, ...]:
         return tuple(t.spec for e in self.action for t in e.tensors)
+
+    def command_entries(self) -> tuple[TopicEntry, ...]:
+        """The topics commands go out on: every action entry, per-joint entries expanded."""
+        return tuple(c for e in self.action for c in (e.per_joint or (e,)))
 
     def velocity_limits(self, default: float) -> tuple[float, ...]:
         """The guard's velocity limit per command element, spec order; `default` where the topic
@@ -157,7 +168,11 @@ class TopicMap:
                     raise messages.MessageError(f"action tensor {tm.spec.name!r} has shape "
                                                 f"{list(arr.shape)}, expected {list(tm.spec.shape)}")
                 arrays[tm.field] = arr
-            out.append((entry, messages.from_arrays(entry.type, arrays, joints=entry.joints)))
+            if entry.per_joint:
+                values = np.asarray(arrays["data"], dtype=np.float64).reshape(-1)
+                out += [(one, messages.float64_msg(v)) for one, v in zip(entry.per_joint, values, strict=True)]
+            else:
+                out.append((entry, messages.from_arrays(entry.type, arrays, joints=entry.joints)))
         return out
 
     def estop_active(self, msg: object) -> bool:
@@ -210,7 +225,7 @@ def parse_topic_map(data: object, *, source: str = "topic map") -> TopicMap:
         estop = _entry(ctx, top["estop"], "estop", action=True, tensors=False)
         if estop.type != messages.BOOL:
             raise ctx.error("estop.type", f"{estop.type!r} must be {messages.BOOL}")
-    topics = [e.topic for e in (*obs, *act, *([estop] if estop else []))]
+    topics = [c.topic for e in (*obs, *act, *([estop] if estop else [])) for c in (e.per_joint or (e,))]
     for topic in topics:
         if topics.count(topic) > 1:
             raise ctx.error("topic", f"{topic} is listed more than once")
@@ -234,13 +249,15 @@ def _entry(ctx: _Ctx, value: object, key: str, *, action: bool, tensors: bool) -
     allowed = {"topic", "type", "reliable", "joints"} | ({"tensors"} if tensors else set())
     d = ctx.mapping(value, key, allowed, {"topic", "type"} | ({"tensors"} if tensors else set()))
     try:
-        topic = ros_topic(d["topic"])
-    except TransportError as exc:
-        raise ctx.error(f"{key}.topic", str(exc)) from None
-    try:
         msg_type = messages.supported_type(str(d["type"]))
     except messages.MessageError as exc:
         raise ctx.error(f"{key}.type", str(exc)) from None
+    template = str(d["topic"])
+    per_joint_topic = JOINT_PLACEHOLDER in template
+    try:
+        topic = template if per_joint_topic else ros_topic(template)
+    except TransportError as exc:
+        raise ctx.error(f"{key}.topic", str(exc)) from None
     rel = d.get("reliable", action)
     if not isinstance(rel, bool):
         raise ctx.error(f"{key}.reliable", f"{rel!r} is not true or false")
@@ -251,7 +268,11 @@ def _entry(ctx: _Ctx, value: object, key: str, *, action: bool, tensors: bool) -
         raise ctx.error(f"{key}.joints", f"duplicate joint names in {joints}")
     if msg_type == messages.JOINT_STATE and not joints:
         raise ctx.error(f"{key}.joints", f"{msg_type} needs the joint names, in tensor order")
-    entry = TopicEntry(topic, msg_type, rel, tuple(joints))
+    per_joint = _per_joint(ctx, topic, msg_type, rel, joints, key, action=action) if per_joint_topic else ()
+    if action and msg_type == messages.FLOAT64 and joints and not per_joint_topic:
+        raise ctx.error(f"{key}.topic", f"{topic!r}: {msg_type} commands for joints need a per-joint topic "
+                                         f"with {JOINT_PLACEHOLDER} in it, e.g. /model/arm/joint/{{joint}}/cmd_pos")
+    entry = TopicEntry(topic, msg_type, rel, tuple(joints), per_joint=per_joint)
     if not tensors:
         return entry
     tmap = d["tensors"]
@@ -263,7 +284,26 @@ def _entry(ctx: _Ctx, value: object, key: str, *, action: bool, tensors: bool) -
     for f in fields:
         if action and fields.count(f) > 1:
             raise ctx.error(f"{key}.tensors", f"field {f!r} is set by more than one tensor")
-    return TopicEntry(topic, msg_type, rel, tuple(joints), parsed)
+    return TopicEntry(topic, msg_type, rel, tuple(joints), parsed, per_joint)
+
+
+def _per_joint(ctx: _Ctx, template: str, msg_type: str, reliable: bool, joints: list[str], key: str, *,
+               action: bool) -> tuple[TopicEntry, ...]:
+    """One `std_msgs/Float64` command entry per joint from a topic template with `{joint}`."""
+    if not action:
+        raise ctx.error(f"{key}.topic", f"{template!r}: per-joint topics ({JOINT_PLACEHOLDER}) are for actions only")
+    if msg_type != messages.FLOAT64:
+        raise ctx.error(f"{key}.type", f"{msg_type!r}: a per-joint topic ({template!r}) carries {messages.FLOAT64}")
+    if not joints:
+        raise ctx.error(f"{key}.joints", f"the per-joint topic {template!r} needs the joint names")
+    out = []
+    for joint in joints:
+        try:
+            topic = ros_topic(template.replace(JOINT_PLACEHOLDER, joint))
+        except TransportError as exc:
+            raise ctx.error(f"{key}.topic", f"joint {joint!r}: {exc}") from None
+        out.append(TopicEntry(topic, msg_type, reliable, (joint,)))
+    return tuple(out)
 
 
 def _tensor(ctx: _Ctx, entry: TopicEntry, name: str, value: object, key: str, *, action: bool) -> TensorMap:
@@ -280,7 +320,7 @@ def _tensor(ctx: _Ctx, entry: TopicEntry, name: str, value: object, key: str, *,
     except (TypeError, TensorError) as exc:
         raise ctx.error(f"{key}.dtype", f"{d.get('dtype')!r} is not a tensor dtype ({exc})") from None
     shape = messages.field_shape(entry.type, field, joints=entry.joints)
-    if shape is None and entry.joints and entry.type == messages.FLOAT64_ARRAY:
+    if entry.joints and (entry.type == messages.FLOAT64_ARRAY and shape is None or entry.per_joint):
         shape = (len(entry.joints),)
     if "shape" in d:
         declared = d["shape"]

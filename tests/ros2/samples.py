@@ -19,6 +19,7 @@ SAMPLES = (
                frame_id="odom", child_frame_id="base_footprint"),
     m.float64_array([1.0, 2.0, 3.0]),
     m.float64_array([]),
+    m.float64_msg(-0.1),
     m.bool_msg(True),
     m.bool_msg(False),
 )

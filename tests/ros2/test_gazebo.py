@@ -1,0 +1,157 @@
+"""Gazebo through ros_gz_bridge: the Gazebo arm's topic map (per-joint std_msgs/Float64 position
+commands), the bridge's topic list beside it, and the edge node driven end to end by a process that
+publishes exactly what ros_gz_bridge would (gz_bridge_robot.py: names, types, QoS) ⇄ `tether edge`
+⇄ a real gateway ⇄ a real tritonserver, on the test's own DDS domain, loopback only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import yaml
+
+from bridge.ros2 import messages
+from bridge.ros2.topic_map import GAZEBO_TOPIC_MAP, TopicMapError, load_topic_map, parse_topic_map
+from inference_server import ModelRepository, TritonServer
+from tests.ros2.edge_support import EchoVelocity, GatewayThread, Robot, joint_specs, wait_until
+from tests.ros2.rclpy_support import EdgeProcess
+from tests.ros2.ros_env import ROOT, ROS_PYTHON, needs_rclpy, ros_env
+
+TMAP = load_topic_map(GAZEBO_TOPIC_MAP)
+JOINTS = TMAP.observation[0].joints
+BRIDGE = yaml.safe_load((GAZEBO_TOPIC_MAP.with_name("gz_bridge.yaml")).read_text())
+GZ_ROBOT = ROOT / "tests" / "ros2" / "gz_bridge_robot.py"
+# ros_gz_bridge's pairs for the types the arm uses (its README's table)
+GZ_TYPES = {messages.JOINT_STATE: "gz.msgs.Model", messages.FLOAT64: "gz.msgs.Double",
+            "rosgraph_msgs/msg/Clock": "gz.msgs.Clock"}
+
+
+def _map(action: dict) -> dict:
+    return {"observation": [{"topic": "/joint_states", "type": "sensor_msgs/msg/JointState", "joints": ["a", "b"],
+                             "tensors": {"q": {"field": "position"}}}],
+            "action": [{"type": "std_msgs/msg/Float64", "tensors": {"u": {"field": "data"}}, **action}]}
+
+
+def test_per_joint_commands_are_one_float64_per_joint_in_joint_order():
+    topics = [e.topic for e in TMAP.command_entries()]
+    assert topics == [f"/model/arm/joint/{j}/cmd_pos" for j in JOINTS]
+    assert all(e.type == messages.FLOAT64 and e.reliable for e in TMAP.command_entries())
+    (spec,) = TMAP.action_specs()
+    assert spec.shape == (6,) and TMAP.velocity_limits(0.5) == (1.0, 1.0, 1.5, 2.0, 2.0, 2.0)
+    out = TMAP.commands({"action": np.arange(6.0) / 4})
+    assert [(e.topic, e.joints, m.__msgtype__, m.data) for e, m in out] == [
+        (t, (j,), messages.FLOAT64, k / 4) for k, (t, j) in enumerate(zip(topics, JOINTS, strict=True))]
+    raw = messages.serialize(out[5][1])
+    assert messages.deserialize(raw, messages.FLOAT64).data == 1.25
+    js = messages.joint_state(names=JOINTS[::-1], position=np.arange(6.0), velocity=np.zeros(6))
+    assert TMAP.measured_command({"/joint_states": js}).tolist() == [5.0, 4.0, 3.0, 2.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize("action, problem", [
+    ({"topic": "/cmd/{joint}"}, "action[0].joints: the per-joint topic '/cmd/{joint}' needs the joint names"),
+    ({"topic": "/cmd/{joint}/0", "joints": ["a"]},
+     "action[0].topic: joint 'a': topic '/cmd/a/0' is not a valid ROS 2 topic name"),
+    ({"topic": "/cmd", "joints": ["a", "b"]}, "action[0].topic: '/cmd': std_msgs/msg/Float64 commands for joints "
+                                              "need a per-joint topic with {joint} in it"),
+    ({"topic": "/cmd/{joint}", "joints": ["a"], "type": "std_msgs/msg/Float64MultiArray"},
+     "action[0].type: 'std_msgs/msg/Float64MultiArray': a per-joint topic ('/cmd/{joint}') carries "
+     "std_msgs/msg/Float64"),
+    ({"topic": "/joint_{joint}", "joints": ["states"]}, "topic: /joint_states is listed more than once"),
+])
+def test_bad_per_joint_entries_name_the_key_and_value(action, problem):
+    with pytest.raises(TopicMapError) as exc:
+        parse_topic_map(_map(action))
+    assert problem in str(exc.value)
+
+
+def test_a_float64_without_joints_is_one_scalar_command():
+    tmap = parse_topic_map(_map({"topic": "/gripper/cmd_pos", "tensors": {"u": {"field": "data",
+                                                                                  "bounds": [0, 1]}}}))
+    assert tmap.action_specs()[0].shape == ()
+    ((entry, msg),) = tmap.commands({"u": np.array(0.5)})
+    assert entry.topic == "/gripper/cmd_pos" and msg.data == 0.5
+    with pytest.raises(messages.MessageError, match="not finite"):
+        messages.float64_msg(float("nan"))
+
+
+def test_the_bridge_config_bridges_every_topic_of_the_map_in_the_right_direction():
+    by_ros = {b["ros_topic_name"]: b for b in BRIDGE}
+    assert set(by_ros) == {"/clock", "/joint_states", *(e.topic for e in TMAP.command_entries())}
+    for b in BRIDGE:
+        assert set(b) == {"ros_topic_name", "gz_topic_name", "ros_type_name", "gz_type_name", "direction"}, b
+        assert GZ_TYPES[b["ros_type_name"]] == b["gz_type_name"], b
+    assert by_ros["/joint_states"]["gz_topic_name"] == "/world/default/model/arm/joint_state"
+    assert by_ros["/joint_states"]["ros_type_name"] == TMAP.observation[0].type
+    assert by_ros["/joint_states"]["direction"] == by_ros["/clock"]["direction"] == "GZ_TO_ROS"
+    for entry in TMAP.command_entries():
+        b = by_ros[entry.topic]
+        # Gazebo's JointPositionController listens on /model/<model>/joint/<joint>/<joint_index>/cmd_pos
+        assert (b["gz_topic_name"], b["ros_type_name"], b["direction"]) == (
+            f"/model/arm/joint/{entry.joints[0]}/0/cmd_pos", entry.type, "ROS_TO_GZ")
+    assert TMAP.observation[0].reliable, "ros_gz_bridge publishes reliable (rclcpp's default QoS)"
+
+
+# -- end to end ----------------------------------------------------------------------------------
+
+# Gazebo lists the joints in its model's order, not the topic map's
+GZ_ORDER = (JOINTS[2], JOINTS[0], JOINTS[5], JOINTS[1], JOINTS[4], JOINTS[3])
+START = dict(zip(JOINTS, (0.125, -0.5, 1.0, -1.25, 1.5, -2.0), strict=True))     # exact in float32
+STEP = 0.25                                    # then every joint's velocity (the echo's target) moves by this
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory):
+    repo = ModelRepository(tmp_path_factory.mktemp("gazebo_models"))
+    repo.write_version("echo6", 1, EchoVelocity(), *joint_specs(6))
+    with TritonServer(repo.root, models=["echo6"], log_path=repo.root.parent / "triton.log") as triton:
+        gw = GatewayThread(triton.grpc_url)
+        yield gw.start()
+        gw.close()
+
+
+def _csv(values) -> str:
+    return ",".join(str(v) for v in values)
+
+
+@needs_rclpy
+def test_edge_drives_a_gazebo_arm_through_ros_gz_bridge_topics(ros_domain, gateway, tmp_path):
+    """The echo policy commands each joint its own JointState velocity: first where the arm is (no
+    motion), then STEP further, rate-limited by the guard; every joint's command arrives on its own
+    Float64 topic with the value of that joint, whatever order Gazebo names the joints in."""
+    start = [START[j] for j in GZ_ORDER]
+    robot = Robot(ros_domain, JOINTS, env=ros_env(ros_domain), argv=[
+        str(ROS_PYTHON), str(GZ_ROBOT), "--joints", ",".join(GZ_ORDER), "--hz", "100", "--seconds", "60",
+        "--position", _csv(start), "--velocity", _csv(start)])
+    target = {j: START[j] + STEP for j in JOINTS}
+    try:
+        robot.wait_ready(timeout=30)
+        with EdgeProcess(ros_domain, gateway, tmp_path, "--policy", "echo6", "--rate", "100",
+                         "--topic-map", str(GAZEBO_TOPIC_MAP)) as edge:
+            robot.send("qos")
+            qos = wait_until(lambda: next((r["qos"] for r in robot.commands if "qos" in r), None), timeout=30,
+                             what="the robot's view of the edge's endpoints")
+
+            def got(joint: str, value: float) -> bool:
+                return any(c.get("joint") == joint and c["data"] == value for c in list(robot.commands))
+
+            wait_until(lambda: all(got(j, START[j]) for j in JOINTS), timeout=30, what="a hold command per joint")
+            robot.send("velocity " + _csv(target[j] for j in GZ_ORDER))
+            wait_until(lambda: all(got(j, target[j]) for j in JOINTS), timeout=30, what="every joint at its target")
+            edge.stop()
+    finally:
+        robot.close()
+    assert "RclpyTransport" in edge.text
+    assert qos is not None, "the edge's publishers/subscription were never matched"
+    assert all(q == [["RELIABLE", "VOLATILE"]] for q in qos.values()), qos   # what ros_gz_bridge uses
+    sent = np.array([c["sent"] for c in edge.report["commands"]])
+    policy = [c for c in edge.report["commands"] if not c.get("safe")]
+    assert policy and all(c["policy_version"] == 1 for c in policy)
+    for k, joint in enumerate(JOINTS):
+        values = [c["data"] for c in robot.commands if c.get("joint") == joint]
+        # what reached the joint's topic is what the guard sent for that joint, in order, none lost
+        # (reliable, keep-last 10 on loopback), and it moves from the pose to the target, never back
+        it = iter(sent[:, k].tolist())
+        assert all(any(v == s for s in it) for v in values), f"{joint}: a value the guard never sent"
+        assert len(values) == len(sent), (joint, len(values), len(sent))
+        assert values[0] == START[joint] and target[joint] in values
+        assert np.all(np.diff(values) >= 0) and max(values) == target[joint], (joint, values)
