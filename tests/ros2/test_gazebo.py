@@ -6,6 +6,9 @@ publishes exactly what ros_gz_bridge would (gz_bridge_robot.py: names, types, Qo
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import yaml
@@ -114,10 +117,12 @@ def _csv(values) -> str:
 
 
 @needs_rclpy
-def test_edge_drives_a_gazebo_arm_through_ros_gz_bridge_topics(ros_domain, gateway, tmp_path):
-    """The echo policy commands each joint its own JointState velocity: first where the arm is (no
-    motion), then STEP further, rate-limited by the guard; every joint's command arrives on its own
-    Float64 topic with the value of that joint, whatever order Gazebo names the joints in."""
+@pytest.mark.parametrize("transport", ["rclpy", "dds"])
+def test_edge_drives_a_gazebo_arm_through_ros_gz_bridge_topics(transport, ros_domain, gateway, tmp_path):
+    """With the edge on rclpy (Fast DDS, as ros_gz_bridge) or on Cyclone DDS, the echo policy commands
+    each joint its own JointState velocity: first where the arm is (no motion), then STEP further,
+    rate-limited by the guard; every joint's command arrives on its own Float64 topic with the value
+    of that joint, whatever order Gazebo names the joints in."""
     start = [START[j] for j in GZ_ORDER]
     robot = Robot(ros_domain, JOINTS, env=ros_env(ros_domain), argv=[
         str(ROS_PYTHON), str(GZ_ROBOT), "--joints", ",".join(GZ_ORDER), "--hz", "100", "--seconds", "60",
@@ -126,7 +131,8 @@ def test_edge_drives_a_gazebo_arm_through_ros_gz_bridge_topics(ros_domain, gatew
     try:
         robot.wait_ready(timeout=30)
         with EdgeProcess(ros_domain, gateway, tmp_path, "--policy", "echo6", "--rate", "100",
-                         "--topic-map", str(GAZEBO_TOPIC_MAP)) as edge:
+                         "--topic-map", str(GAZEBO_TOPIC_MAP), transport=transport,
+                         python=ROS_PYTHON if transport == "rclpy" else Path(sys.executable)) as edge:
             robot.send("qos")
             qos = wait_until(lambda: next((r["qos"] for r in robot.commands if "qos" in r), None), timeout=30,
                              what="the robot's view of the edge's endpoints")
@@ -140,10 +146,13 @@ def test_edge_drives_a_gazebo_arm_through_ros_gz_bridge_topics(ros_domain, gatew
             edge.stop()
     finally:
         robot.close()
-    assert "RclpyTransport" in edge.text
+    assert ("RclpyTransport" if transport == "rclpy" else "DdsTransport") in edge.text
     assert qos is not None, "the edge's publishers/subscription were never matched"
     assert all(q == [["RELIABLE", "VOLATILE"]] for q in qos.values()), qos   # what ros_gz_bridge uses
     sent = np.array([c["sent"] for c in edge.report["commands"]])
+    t = np.array([c["t"] for c in edge.report["commands"]])
+    limit = np.array(TMAP.velocity_limits(0.5))
+    assert (np.abs(np.diff(sent, axis=0)) <= limit * np.diff(t)[:, None] + 1e-9).all(), "faster than the guard allows"
     policy = [c for c in edge.report["commands"] if not c.get("safe")]
     assert policy and all(c["policy_version"] == 1 for c in policy)
     for k, joint in enumerate(JOINTS):
