@@ -109,38 +109,46 @@ class VectorSession:
     def _track_episodes(self, obs: bridge_pb2.Observation, batch: _Batch) -> list[bridge_pb2.EpisodeEnd]:
         """Reward the envs' previous actions, count steps, and end the episodes that ended here."""
         first, last, bad = batch.step_types == FIRST, batch.step_types == LAST, batch.bad
-        for i in np.flatnonzero(first | bad):
-            self.recorder.recorders[i].abandon()
-        self._acted &= ~(first | bad)
+        restarted = first | bad
+        if restarted.any():
+            for i in np.flatnonzero(restarted).tolist():
+                self.recorder.recorders[i].abandon()
+            self._acted &= ~restarted
         self._length[~first] += 1
         reward_end = np.zeros(self.num_envs, bool)
         reasons: dict[int, str] = {}
-        idx = np.flatnonzero(self._acted)
+        everyone = bool(self._acted.all())
+        idx = np.arange(self.num_envs) if everyone else np.flatnonzero(self._acted)
         if idx.size:
+            rows = slice(None) if everyone else idx  # all rows: views, no gathers
+
+            def pick(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+                return {k: v[rows] for k, v in arrays.items()}
+
             following = batch.following(last)
-            result = self.rewards.compute(
-                {k: v[idx] for k, v in self._observation.items()}, {k: v[idx] for k, v in self._action.items()},
-                {k: v[idx] for k, v in following.items()}, batch.rewards[idx],
-                {k: v[idx] for k, v in self._previous.items()}, first_step=~self._has_previous[idx])
-            self._return[idx] += result.reward
+            result = self.rewards.compute(pick(self._observation), pick(self._action), pick(following),
+                                          batch.rewards[rows], pick(self._previous),
+                                          first_step=~self._has_previous[rows])
+            self._return[rows] += result.reward
             for name, value in self._action.items():
-                self._previous[name][idx] = value[idx]
-            self._has_previous[idx] = True
-            ended_by = result.terminate & ~last[idx]
-            reward_end[idx] = ended_by
-            for j in np.flatnonzero(result.terminate):
-                reasons[int(idx[j])] = f"reward:{result.ended_by(int(j))}"
+                self._previous[name][rows] = value[rows]
+            self._has_previous[rows] = True
+            if result.terminate.any():
+                reward_end[idx] = result.terminate & ~last[idx]
+                for j in np.flatnonzero(result.terminate).tolist():
+                    reasons[int(idx[j])] = f"reward:{result.ended_by(j)}"
             if self.recorder.logging:
                 self._log_completed(obs, batch, idx, result, last, following, reasons)
         ended = last | reward_end
         ends = []
-        for i in np.flatnonzero(ended):
+        for i in np.flatnonzero(ended).tolist():
             self._episodes[i] += 1
             ends.append(bridge_pb2.EpisodeEnd(step=obs.step, episode=int(self._episodes[i]),
                                               length=int(self._length[i]), episode_return=float(self._return[i]),
                                               reason="" if last[i] else reasons.get(int(i), ""), env=int(i)))
         restart = ended | first
-        self._return[restart], self._length[restart], self._has_previous[restart] = 0.0, 0, False
+        if restart.any():
+            self._return[restart], self._length[restart], self._has_previous[restart] = 0.0, 0, False
         self.stats.episodes += len(ends)
         return ends
 
@@ -225,6 +233,8 @@ class _Batch:
         return {name: np.where(_rows(last, value), self.final[name], value) for name, value in self.observation.items()}
 
     def _flag(self, rows: np.ndarray, field_name: str, what: str) -> None:
+        if not rows.any():
+            return
         for i in np.flatnonzero(rows & ~self.bad).tolist():
             self.errors.append(bridge_pb2.EnvError(env=i, code=Code.INVALID_OBSERVATION, field=field_name,
                                                    message=f"{field_name}: env {i}: {what}"))
@@ -234,7 +244,7 @@ class _Batch:
     def check(cls, obs: bridge_pb2.Observation, specs: tuple[Spec, ...], n: int) -> _Batch:
         batch = cls(n)
         batch.step_types = _per_env(obs.env_step_types, n, "env_step_types", np.int8, required=True)
-        if not np.isin(batch.step_types, (FIRST, MID, LAST)).all():
+        if batch.step_types.min() < FIRST or batch.step_types.max() > LAST:
             bad = sorted(set(batch.step_types.tolist()) - {FIRST, MID, LAST})
             raise TensorError("env_step_types", f"unknown step type(s) {bad}")
         batch.rewards = _per_env(obs.env_rewards, n, "env_rewards", np.float64)
@@ -261,7 +271,7 @@ def _per_env(values, n: int, name: str, dtype, *, required: bool = False) -> np.
         return np.zeros(n, dtype)
     if len(values) != n:
         raise TensorError(name, f"{len(values)} values for {n} envs")
-    return np.asarray(values, dtype)
+    return np.fromiter(values, dtype, count=n)
 
 
 def _decode(tensors, specs: tuple[Spec, ...], n: int, what: str) -> dict[str, np.ndarray]:

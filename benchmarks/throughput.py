@@ -1,0 +1,140 @@
+"""Env steps/s of vectorised sessions through gateway + Triton vs the same vector env driven by the same
+policy in-process (TorchScript, no network), side by side in one run: MuJoCo Hopper (gymnasium
+SyncVectorEnv) and an NVIDIA Newton task, at N = 1, 16, 64, 256 envs per session.
+
+    python benchmarks/throughput.py [--envs 1,16,64,256 --seconds 4 --rounds 2 --json PATH]
+
+Prints a table and writes JSON (default benchmarks/results/throughput.json) and an SVG plot of steps/s
+against N beside it. Triton and the gateway are subprocesses on loopback; the sim client (one
+vectorised session, `sim.client.run_vector_sessions`) and the in-process loop run here, one torch
+thread each (two cores). Paths alternate per round and each reports its best round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+from svgplot import line_plot
+
+from inference_server import ModelRepository, TritonServer
+from sim.client import run_vector_sessions
+from sim.vector import make_vector_env
+from tether.topology import gateway_process, write_json
+from trainer.policy import MLPPolicy
+
+SIMS = {"hopper": ("mujoco:Hopper-v5", {}), "newton_cartpole": ("newton:cartpole", {})}
+
+
+def make(sim: str, n: int, seed: int = 0):
+    name, kw = SIMS[sim]
+    return make_vector_env(name, num_envs=n, seed=seed, **kw)
+
+
+def in_process(sim: str, n: int, module: torch.jit.ScriptModule, seconds: float) -> dict:
+    """The same vector env and policy in one loop: observation -> TorchScript -> env.step."""
+    env = make(sim, n)
+    try:
+        ts, steps = env.reset(), 0
+        start = time.perf_counter()
+        deadline = start + seconds
+        while time.perf_counter() < deadline:
+            with torch.no_grad():
+                action = module(torch.from_numpy(ts.observation["observation"])).numpy()
+            ts = env.step({"action": action})
+            steps += n
+        elapsed = time.perf_counter() - start
+    finally:
+        env.close()
+    return {"steps": steps, "seconds": elapsed, "steps_per_s": steps / elapsed}
+
+
+def through_gateway(sim: str, n: int, address: str, seconds: float) -> dict:
+    stats = asyncio.run(run_vector_sessions(address, lambda i: make(sim, n), sessions=1, seconds=seconds,
+                                            policy=sim))
+    if stats.errors:
+        raise RuntimeError(f"{sim} N={n}: errors through the gateway: {dict(stats.errors)}")
+    return {"steps": stats.steps, "seconds": stats.elapsed_s, "steps_per_s": stats.steps / stats.elapsed_s,
+            "rtt_ms": stats.rtt_ms()}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--envs", default="1,16,64,256", help="envs per session (N)")
+    p.add_argument("--sims", default=",".join(SIMS))
+    p.add_argument("--seconds", type=float, default=4.0, help="per path, per N, per round")
+    p.add_argument("--rounds", type=int, default=2, help="alternating in-process/gateway blocks")
+    p.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "throughput.json")
+    a = p.parse_args(argv)
+    torch.set_num_threads(1)
+    sizes = [int(x) for x in a.envs.split(",")]
+    sims = a.sims.split(",")
+    run_dir = Path(tempfile.mkdtemp(prefix="tether-bench-"))
+    repo = ModelRepository(run_dir / "models")
+    modules = {}
+    for sim in sims:
+        env = make(sim, 1)
+        obs, act = env.observation_spec(), env.action_spec()
+        env.close()
+        repo.write_version(sim, 1, MLPPolicy(obs[0], act[0], seed=0), obs, act, max_batch_size=max(sizes),
+                           max_queue_delay_us=0)  # the gateway batches; Triton should not wait
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=DeprecationWarning)
+            modules[sim] = torch.jit.load(str(repo.root / sim / "1" / "policy.pt"), map_location="cpu").eval()
+    rows = []
+    with TritonServer(repo.root, models=sims, log_path=run_dir / "triton.log") as triton, \
+            gateway_process(triton_url=triton.grpc_url, policy=sims[0], log_path=run_dir / "gateway.log",
+                            extra_args=("--max-batch", str(max(sizes)))) as gw:
+        for sim in sims:
+            through_gateway(sim, 4, gw, 0.5)  # warm-up: Triton's model instance, the gateway's lanes
+            for n in sizes:
+                local, via = [], []
+                for _ in range(a.rounds):
+                    local.append(in_process(sim, n, modules[sim], a.seconds))
+                    via.append(through_gateway(sim, n, gw, a.seconds))
+                best_local = max(local, key=lambda r: r["steps_per_s"])
+                best_via = max(via, key=lambda r: r["steps_per_s"])
+                row = {"sim": sim, "env": SIMS[sim][0], "num_envs": n,
+                       "in_process_steps_per_s": best_local["steps_per_s"],
+                       "gateway_steps_per_s": best_via["steps_per_s"],
+                       "ratio": best_via["steps_per_s"] / best_local["steps_per_s"],
+                       "gateway_rtt_ms": best_via["rtt_ms"], "rounds": {"in_process": local, "gateway": via}}
+                rows.append(row)
+                print(f"  {sim:<16} N={n:<4} in-process {row['in_process_steps_per_s']:>9.0f}  "
+                      f"gateway {row['gateway_steps_per_s']:>9.0f} steps/s  ({row['ratio']:.0%})", flush=True)
+        version = triton.version
+    result = {"machine": {"python": sys.version.split()[0], "platform": platform.platform(),
+                          "cpus": os.cpu_count(), "load_avg": os.getloadavg()},
+              "triton_version": version, "seconds": a.seconds, "rounds": a.rounds, "results": rows}
+    print_table(result)
+    write_json(a.json, result)
+    plot = a.json.with_suffix(".svg")
+    series = {}
+    for sim in sims:
+        mine = [r for r in rows if r["sim"] == sim]
+        xs = [r["num_envs"] for r in mine]
+        series[f"{sim} in-process"] = (xs, [r["in_process_steps_per_s"] for r in mine])
+        series[f"{sim} gateway"] = (xs, [r["gateway_steps_per_s"] for r in mine])
+    plot.write_text(line_plot(series, title="Env steps/s vs envs per session (one session)",
+                              x_label="envs per session (N)", y_label="env steps/s"))
+    print(f"wrote {a.json} and {plot}")
+    return result
+
+
+def print_table(r: dict) -> None:
+    print(f"\n{'sim':<18}{'N':>5}{'in-process/s':>14}{'gateway/s':>12}{'ratio':>8}{'rtt p50 ms':>12}")
+    for row in r["results"]:
+        print(f"{row['sim']:<18}{row['num_envs']:>5}{row['in_process_steps_per_s']:>14.0f}"
+              f"{row['gateway_steps_per_s']:>12.0f}{row['ratio']:>8.0%}{row['gateway_rtt_ms']['p50'] or 0:>12.3f}")
+
+
+if __name__ == "__main__":
+    main()
