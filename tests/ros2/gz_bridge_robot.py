@@ -11,10 +11,16 @@ keep-last 10, volatile) it
   forwards as gz.msgs.Double to Gazebo's JointPositionController) and prints each command as one
   JSON line {"t": time.monotonic() at arrival, "joint": name, "data": value}.
 
-Lines on stdin steer it; events come back as {"event": ...} lines:
+Standing in for `parameter_bridge` under `ros2 launch` (ROS arguments after `--ros-args`, as
+launch_ros passes them), it reads its node name and its `config_file` parameter the way the real
+bridge does, and bridges the topics that file lists instead (each ROS_TO_GZ Float64 command names its
+joint in the Gazebo topic, /model/<model>/joint/<joint>/<index>/cmd_pos); it then prints the QoS
+record (below) by itself once the edge is matched, and runs until SIGINT or --seconds.
+
+Otherwise lines on stdin steer it; events come back as {"event": ...} lines:
   velocity V1,V2,...     joint velocities (in --joints order) from now on
-  qos                    once the edge's endpoints are matched: print {"qos": {topic: [reliability,
-                         durability] of the edge's publisher or subscription}} (remote endpoints)
+  qos                    once the edge's endpoints are matched: print {"qos": {topic: [[reliability,
+                         durability]] of the edge's publishers or subscriptions}} (remote endpoints)
 It stops when stdin closes or after --seconds.
 
     .venv/ros/bin/python tests/ros2/gz_bridge_robot.py --joints a,b --position 0.5,1 --velocity 0.5,1
@@ -25,9 +31,29 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import re
 import sys
 import threading
 import time
+from pathlib import Path
+
+GZ_COMMAND = re.compile(r"/model/[^/]+/joint/(?P<joint>[^/]+)/\d+/cmd_pos")
+
+
+def bridged_topics(config_file: str) -> tuple[str, str, dict[str, str]]:
+    """(clock topic, joint state topic, {joint: command topic}) on the ROS side of a bridge config."""
+    import yaml
+
+    clock = states = ""
+    commands: dict[str, str] = {}
+    for b in yaml.safe_load(Path(config_file).read_text()):
+        if b["ros_type_name"] == "rosgraph_msgs/msg/Clock":
+            clock = b["ros_topic_name"]
+        elif b["ros_type_name"] == "sensor_msgs/msg/JointState" and b["direction"] == "GZ_TO_ROS":
+            states = b["ros_topic_name"]
+        elif b["ros_type_name"] == "std_msgs/msg/Float64" and b["direction"] == "ROS_TO_GZ":
+            commands[GZ_COMMAND.fullmatch(b["gz_topic_name"])["joint"]] = b["ros_topic_name"]
+    return clock, states, commands
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     from sensor_msgs.msg import JointState
     from std_msgs.msg import Float64
 
+    argv = sys.argv[1:] if argv is None else argv
+    ros_args = argv[argv.index("--ros-args"):] if "--ros-args" in argv else []
     parser = argparse.ArgumentParser()
     parser.add_argument("--joints", required=True, help="joint names in the model's order")
     parser.add_argument("--model", default="arm")
@@ -45,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--velocity", required=True, help="joint velocities, --joints order")
     parser.add_argument("--hz", type=float, default=100.0)
     parser.add_argument("--seconds", type=float, default=60.0)
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv[: len(argv) - len(ros_args)])
     joints = args.joints.split(",")
     position = [float(v) for v in args.position.split(",")]
     velocity = [[float(v) for v in args.velocity.split(",")]]
@@ -58,12 +86,18 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(json.dumps(record) + "\n")
             sys.stdout.flush()
 
-    rclpy.init(signal_handler_options=rclpy.signals.SignalHandlerOptions.NO)
-    node = rclpy.create_node("ros_gz_bridge")
+    rclpy.init(args=["parameter_bridge", *ros_args], signal_handler_options=rclpy.signals.SignalHandlerOptions.NO)
+    node = rclpy.create_node("ros_gz_bridge", automatically_declare_parameters_from_overrides=True)
+    if ros_args:
+        clock_topic, state_topic, command_topics = bridged_topics(node.get_parameter("config_file").value)
+        if sorted(command_topics) != sorted(joints):
+            parser.error(f"the bridge config commands {sorted(command_topics)}, not --joints {joints}")
+    else:
+        clock_topic, state_topic = "/clock", "/joint_states"
+        command_topics = {j: f"/model/{args.model}/joint/{j}/cmd_pos" for j in joints}
     qos = QoSProfile(depth=10)                     # rclcpp::QoS(KeepLast(10)): reliable, volatile
-    clock = node.create_publisher(Clock, "/clock", qos)
-    states = node.create_publisher(JointState, "/joint_states", qos)
-    command_topics = {j: f"/model/{args.model}/joint/{j}/cmd_pos" for j in joints}
+    clock = node.create_publisher(Clock, clock_topic, qos)
+    states = node.create_publisher(JointState, state_topic, qos)
 
     def on_command(k: int, msg: Float64) -> None:
         position[k] = msg.data            # a stiff JointPositionController: the joint goes there
@@ -78,8 +112,14 @@ def main(argv: list[str] | None = None) -> int:
 
     def edge_qos() -> dict[str, list[list[str]]] | None:
         found = {t: remote(node.get_publishers_info_by_topic(t)) for t in command_topics.values()}
-        found["/joint_states"] = remote(node.get_subscriptions_info_by_topic("/joint_states"))
+        found[state_topic] = remote(node.get_subscriptions_info_by_topic(state_topic))
         return found if all(found.values()) else None
+
+    def report_qos() -> None:
+        deadline = time.monotonic() + 30
+        while (found := edge_qos()) is None and time.monotonic() < deadline and not stop.is_set():
+            time.sleep(0.02)
+        emit({"qos": found})
 
     stop = threading.Event()
 
@@ -91,17 +131,14 @@ def main(argv: list[str] | None = None) -> int:
                 if len(values) == len(joints):
                     velocity[0] = values
             elif word == "qos":
-                deadline = time.monotonic() + 20
-                while (found := edge_qos()) is None and time.monotonic() < deadline:
-                    time.sleep(0.02)
-                emit({"qos": found})
+                report_qos()
         stop.set()
 
     executor = SingleThreadedExecutor()
     executor.add_node(node)
     spin = threading.Thread(target=lambda: _spin(executor, stop), daemon=True)
     spin.start()
-    threading.Thread(target=control, daemon=True).start()
+    threading.Thread(target=report_qos if ros_args else control, daemon=True).start()
     try:
         emit({"event": "ready"})
         period, start = 1.0 / args.hz, time.monotonic()
@@ -116,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
             states.publish(msg)
             if stop.wait(max(0.0, start + (i + 1) * period - time.monotonic())):
                 break
+    except KeyboardInterrupt:         # SIGINT: how ros2 launch stops its nodes
+        pass
     finally:
         stop.set()
         spin.join(timeout=5)

@@ -6,7 +6,12 @@ publishes exactly what ros_gz_bridge would (gz_bridge_robot.py: names, types, Qo
 
 from __future__ import annotations
 
+import json
+import re
+import signal
+import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -18,11 +23,12 @@ from bridge.ros2.topic_map import GAZEBO_TOPIC_MAP, TopicMapError, load_topic_ma
 from inference_server import ModelRepository, TritonServer
 from tests.ros2.edge_support import EchoVelocity, GatewayThread, Robot, joint_specs, wait_until
 from tests.ros2.rclpy_support import EdgeProcess
-from tests.ros2.ros_env import ROOT, ROS_PYTHON, needs_rclpy, ros_env
+from tests.ros2.ros_env import ROOT, ROS_PYTHON, needs_launch, needs_rclpy, ros_env
 
 TMAP = load_topic_map(GAZEBO_TOPIC_MAP)
 JOINTS = TMAP.observation[0].joints
-BRIDGE = yaml.safe_load((GAZEBO_TOPIC_MAP.with_name("gz_bridge.yaml")).read_text())
+GZ_BRIDGE = GAZEBO_TOPIC_MAP.with_name("gz_bridge.yaml")
+BRIDGE = yaml.safe_load(GZ_BRIDGE.read_text())
 GZ_ROBOT = ROOT / "tests" / "ros2" / "gz_bridge_robot.py"
 # ros_gz_bridge's pairs for the types the arm uses (its README's table)
 GZ_TYPES = {messages.JOINT_STATE: "gz.msgs.Model", messages.FLOAT64: "gz.msgs.Double",
@@ -164,3 +170,49 @@ def test_edge_drives_a_gazebo_arm_through_ros_gz_bridge_topics(transport, ros_do
         assert len(values) == len(sent), (joint, len(values), len(sent))
         assert values[0] == START[joint] and target[joint] in values
         assert np.all(np.diff(values) >= 0) and max(values) == target[joint], (joint, values)
+
+
+@needs_launch
+def test_ros2_launch_sim_starts_the_bridge_from_its_config_and_the_edge(ros_domain, gateway, tmp_path):
+    """`ros2 launch tether sim.launch.py` as a Gazebo user types it, with gz_bridge_robot.py standing
+    in for ros_gz_bridge's parameter_bridge (an ament package in a prefix of its own): launch_ros
+    hands it the bridge config as the real one gets it (`config_file` parameter), and it bridges the
+    topics listed there; each joint's hold command arrives on its own topic; Ctrl-C stops all."""
+    prefix = tmp_path / "ros_gz_bridge_prefix"
+    (prefix / "share/ament_index/resource_index/packages").mkdir(parents=True)
+    (prefix / "share/ament_index/resource_index/packages/ros_gz_bridge").touch()
+    exe = prefix / "lib/ros_gz_bridge/parameter_bridge"
+    exe.parent.mkdir(parents=True)
+    start = [START[j] for j in GZ_ORDER]
+    exe.write_text(f'#!/bin/sh\nexec "{ROS_PYTHON}" "{GZ_ROBOT}" --joints {",".join(GZ_ORDER)} --hz 100 '
+                   f'--seconds 60 --position={_csv(start)} --velocity={_csv(start)} "$@"\n')
+    exe.chmod(0o755)
+    env = ros_env(ros_domain)
+    env["AMENT_PREFIX_PATH"] = f"{prefix}:{env['AMENT_PREFIX_PATH']}"
+    lines: list[str] = []
+    launch = subprocess.Popen(
+        ["ros2", "launch", "tether", "sim.launch.py", f"gateway:={gateway}", f"domain_id:={ros_domain}",
+         "transport:=rclpy", "policy:=echo6", f"topic_map:={GAZEBO_TOPIC_MAP}", f"gz_bridge_config:={GZ_BRIDGE}"],
+        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    threading.Thread(target=lambda: lines.extend(launch.stdout), daemon=True).start()
+
+    def records() -> list[dict]:
+        return [json.loads(m[1]) for line in list(lines) if (m := re.match(r"\[parameter_bridge-\d+\] (\{.*)", line))]
+
+    try:
+        wait_until(lambda: all(any(r.get("joint") == j and r["data"] == START[j] for r in records()) for j in JOINTS)
+                   or launch.poll() is not None, timeout=60, what="a hold command per joint through ros2 launch")
+        assert launch.poll() is None, "".join(lines)
+        launch.send_signal(signal.SIGINT)
+        launch.wait(timeout=30)
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+            launch.wait()
+    out = "".join(lines)
+    assert launch.returncode == 0, out
+    assert "edge node tether_edge: RclpyTransport" in out and "stopped" in out, out
+    qos = next(r["qos"] for r in records() if "qos" in r)
+    assert qos is not None and all(q == [["RELIABLE", "VOLATILE"]] for q in qos.values()), qos
+    for joint in JOINTS:          # held where the arm is: its own value on its own topic, nothing else
+        assert {r["data"] for r in records() if r.get("joint") == joint} == {START[joint]}, joint
