@@ -43,12 +43,25 @@ def test_demo_writes_a_summary_of_a_real_closed_loop(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]
     data = json.loads(summary.read_text())
-    assert data["sessions"] == 2 and data["errors"] == 0
+    assert data["sessions"] == 1 and data["envs_per_session"] == 2 and data["errors"] == 0  # one vectorised session
     assert data["steps"] > 100 and data["steps_per_s"] > 30
     assert 0 < data["rtt_ms"]["p50"] <= data["rtt_ms"]["p99"]
     assert data["triton_version"] == "2.51.0"
     assert "round trip p99" in run.stdout and "steps/s" in run.stdout
     assert not list(summary.parent.glob(".*tmp*")), "a temporary summary file was left behind"
+
+
+def test_demo_with_a_newton_task_in_vectorised_sessions(tmp_path):
+    """`--env newton:<task>`: the policy's specs come from the vector env; M sessions of N worlds each."""
+    summary = tmp_path / "summary.json"
+    run = subprocess.run([sys.executable, "-m", "tether", "demo", "--env", "newton:cartpole", "--envs", "16",
+                          "--sessions", "2", "--seconds", "2", "--summary", str(summary), "--run-dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    data = json.loads(summary.read_text())
+    assert data["sessions"] == 2 and data["envs_per_session"] == 16 and data["errors"] == 0
+    assert data["steps"] >= 32 * 10 and data["steps"] % 16 == 0 and data["episodes"] > 0
+    assert "2 vectorised session(s) x 16 envs of newton:cartpole" in run.stdout
 
 
 def test_ctrl_c_stops_everything(tmp_path):

@@ -1,9 +1,11 @@
 """`tether`: one command, one subcommand per process of the topology.
 
     tether demo --env Hopper-v5 --envs 8 --seconds 10 --summary out/summary.json
+    tether demo --env newton:cartpole --envs 256 --sessions 2
     tether triton --repository runs/models --init Hopper-v5
     tether gateway --triton 127.0.0.1:8001 --policy hopper_v5
     tether sim --gateway 127.0.0.1:50051 --env Hopper-v5 --envs 8 --seconds 10
+    tether sim --gateway 127.0.0.1:50051 --env newton:cartpole --envs 64 --sessions 2
     tether edge --gateway 127.0.0.1:50051 --topic-map launch/config/topic_map.yaml --transport dds
     tether train --gateway 127.0.0.1:50051 --algo ppo --policy invertedpendulum_v5 --nproc 2
     tether log inspect runs/demo/experience
@@ -21,8 +23,10 @@ def _demo(argv: list[str]) -> None:
     from tether.topology import DemoConfig, run_demo
 
     p = argparse.ArgumentParser(prog="tether demo", description="Triton + gateway + MuJoCo sims, closed loop.")
-    p.add_argument("--env", help="gymnasium id (default Hopper-v5; InvertedPendulum-v5 with --train)")
-    p.add_argument("--envs", type=int, default=8)
+    p.add_argument("--env", help="gymnasium id or newton:<task> (default Hopper-v5; InvertedPendulum-v5 with --train)")
+    p.add_argument("--envs", type=int, default=8,
+                   help="envs per vectorised session (with --train: single-env sessions)")
+    p.add_argument("--sessions", type=int, default=1, help="vectorised sessions (not with --train)")
     p.add_argument("--seconds", type=float, help="default 10 s; 240 s with --train")
     p.add_argument("--summary", type=Path, help="write the summary as JSON here")
     p.add_argument("--run-dir", type=Path, help="model repository and logs (default: a temp dir)")
@@ -34,8 +38,8 @@ def _demo(argv: list[str]) -> None:
     env = a.env or ("InvertedPendulum-v5" if a.train else "Hopper-v5")
     seconds = a.seconds or (240.0 if a.train else 10.0)
     try:
-        config = DemoConfig(env=env, envs=a.envs, seconds=seconds, summary=a.summary, run_dir=a.run_dir,
-                            train=a.train, trainer_nproc=a.trainer_nproc, seed=a.seed)
+        config = DemoConfig(env=env, envs=a.envs, sessions=a.sessions, seconds=seconds, summary=a.summary,
+                            run_dir=a.run_dir, train=a.train, trainer_nproc=a.trainer_nproc, seed=a.seed)
     except ValueError as exc:
         p.error(str(exc))
     try:

@@ -1,8 +1,10 @@
 """The one place that wires the demo topology: which processes, which addresses, in which order.
 
-    Triton (subprocess) ◀── gateway (subprocess `tether gateway`) ◀── N MuJoCo sims (this process)
+    Triton (subprocess) ◀── gateway (subprocess `tether gateway`) ◀── M vectorised sessions of N envs
+                                                                       (MuJoCo or Newton, this process)
 
-and with `train=True` the learning loop around it:
+and with `train=True` (N single-env MuJoCo sessions, the path the PPO trainer learns from) the
+learning loop around it:
 
     gateway ── experience log (run_dir/experience) ──▶ trainer (subprocess `tether train`, torchrun)
        ▲                                                   │
@@ -29,8 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inference_server import ModelRepository, TritonServer
-from sim.client import run_sessions
+from sim.client import VECTOR_PREFIXES, run_sessions, run_vector_sessions
 from sim.mujoco import make_env
+from sim.vector import make_vector_env
 from trainer.policy import GaussianPolicy, MLPPolicy
 
 
@@ -39,11 +42,16 @@ def policy_name(env_id: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", env_id.lower()).strip("_")
 
 
+def is_vector_env(env_id: str) -> bool:
+    """`newton:cartpole`, `isaaclab:...`, `mujoco:Hopper-v5`: a name only the vector env factory knows."""
+    return env_id.partition(":")[0] in VECTOR_PREFIXES
+
+
 def write_initial_policy(repo: ModelRepository, env_id: str, *, seed: int = 0, stochastic: bool = False) -> str:
     """A freshly initialised policy for `env_id`, written as version 1 of its model; returns the
     name. `stochastic`: a Gaussian policy that samples in Triton and reports its log-probability
     (what PPO learns from); otherwise a deterministic MLP."""
-    env = make_env(env_id)
+    env = make_vector_env(env_id, num_envs=1) if is_vector_env(env_id) else make_env(env_id)
     try:
         observation, action = env.observation_spec(), env.action_spec()
     finally:
@@ -106,7 +114,8 @@ def stop_process(proc: subprocess.Popen, *, grace_s: float = 10.0) -> None:
 @dataclass(frozen=True, kw_only=True)
 class DemoConfig:
     env: str = "Hopper-v5"
-    envs: int = 8
+    envs: int = 8                    # envs per vectorised session (with `train`: single-env sessions)
+    sessions: int = 1                # vectorised sessions (not with `train`)
     seconds: float = 10.0
     summary: Path | None = None
     run_dir: Path | None = None
@@ -118,6 +127,10 @@ class DemoConfig:
     def __post_init__(self):
         if self.envs < 1:
             raise ValueError(f"--envs must be at least 1, got {self.envs}")
+        if self.sessions < 1:
+            raise ValueError(f"--sessions must be at least 1, got {self.sessions}")
+        if self.train and is_vector_env(self.env):
+            raise ValueError(f"--train learns from single-env MuJoCo sessions; {self.env!r} is a vector env")
         if self.seconds <= 0:
             raise ValueError(f"--seconds must be positive, got {self.seconds}")
         if self.trainer_nproc < 1:
@@ -187,12 +200,22 @@ def run_demo(config: DemoConfig) -> dict:
                                                     nproc=config.trainer_nproc, seed=config.seed,
                                                     seconds=config.seconds + 30))
                 print(f"trainer PPO, {config.trainer_nproc} ranks (torchrun), log {run_dir / 'trainer.log'}")
-            print(f"sim     {config.envs} x {config.env} for {config.seconds:g} s", flush=True)
             progress = _Progress()
-            stats = asyncio.run(run_sessions(gw, lambda i: make_env(config.env, seed=config.seed + i),
-                                             envs=config.envs, seconds=config.seconds, on_progress=progress,
-                                             reconnect_s=10.0, until=_reached(config.stop_at_return)))
+            if config.train:
+                print(f"sim     {config.envs} x {config.env} for {config.seconds:g} s", flush=True)
+                stats = asyncio.run(run_sessions(gw, lambda i: make_env(config.env, seed=config.seed + i),
+                                                 envs=config.envs, seconds=config.seconds, on_progress=progress,
+                                                 reconnect_s=10.0, until=_reached(config.stop_at_return)))
+            else:
+                print(f"sim     {config.sessions} vectorised session(s) x {config.envs} envs of {config.env} "
+                      f"for {config.seconds:g} s", flush=True)
+                stats = asyncio.run(run_vector_sessions(
+                    gw, lambda i: make_vector_env(config.env, num_envs=config.envs,
+                                                  seed=config.seed + i * config.envs),
+                    sessions=config.sessions, seconds=config.seconds, on_progress=progress,
+                    until=_reached(config.stop_at_return)))
         summary = stats.summary()
+        summary["envs_per_session"] = 1 if config.train else config.envs
         summary["triton_version"] = triton.version
         if config.train:
             reached = progress.first_reaching(500.0)
