@@ -25,7 +25,8 @@ $(STAMP): pyproject.toml Makefile
 	mkdir -p $(VENV)/share/ament_index/resource_index/packages $(VENV)/share/tether/launch $(VENV)/share/tether/config
 	touch $(VENV)/share/ament_index/resource_index/packages/tether
 	ln -sf $(CURDIR)/launch/robot.launch.py $(CURDIR)/launch/sim.launch.py $(VENV)/share/tether/launch/
-	ln -sf $(CURDIR)/launch/config/topic_map.yaml $(VENV)/share/tether/config/
+	ln -sf $(CURDIR)/launch/config/topic_map.yaml $(CURDIR)/launch/config/gazebo_arm.yaml \
+	  $(CURDIR)/launch/config/gz_bridge.yaml $(VENV)/share/tether/config/
 	bash tests/peers/setup.sh
 	# --- ROS 2 (rclpy, launch): their own environment, .venv/ros ----------------------------------
 	# The Jazzy rclpy wheels need numpy 2; the bundled Triton (nvidia-pytriton 0.7.0) pins numpy<2.
@@ -47,7 +48,8 @@ $(STAMP): pyproject.toml Makefile
 	    $(VENV)/ros/share/tether/config && \
 	  touch $(VENV)/ros/share/ament_index/resource_index/packages/tether && \
 	  ln -sf $(CURDIR)/launch/robot.launch.py $(CURDIR)/launch/sim.launch.py $(VENV)/ros/share/tether/launch/ && \
-	  ln -sf $(CURDIR)/launch/config/topic_map.yaml $(VENV)/ros/share/tether/config/; fi
+	  ln -sf $(CURDIR)/launch/config/topic_map.yaml $(CURDIR)/launch/config/gazebo_arm.yaml \
+	    $(CURDIR)/launch/config/gz_bridge.yaml $(VENV)/ros/share/tether/config/; fi
 	# --- end ROS 2 ------------------------------------------------------------------------------
 	touch $(STAMP)
 

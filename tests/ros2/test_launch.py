@@ -57,7 +57,8 @@ def test_installed_where_ros2_launch_finds_them(prefix):
     marker = prefix / "share/ament_index/resource_index/packages/tether"
     if not marker.exists():
         pytest.skip(f"tether is not installed into {prefix} (run `make setup`)")
-    for name in ("launch/robot.launch.py", "launch/sim.launch.py", "config/topic_map.yaml"):
+    for name in ("launch/robot.launch.py", "launch/sim.launch.py", "config/topic_map.yaml", "config/gazebo_arm.yaml",
+                 "config/gz_bridge.yaml"):
         assert (prefix / "share/tether" / name).exists(), name
 
 
