@@ -2,12 +2,14 @@
 policy in-process (TorchScript, no network), side by side in one run: MuJoCo Hopper (gymnasium
 SyncVectorEnv) and an NVIDIA Newton task, at N = 1, 16, 64, 256 envs per session.
 
-    python benchmarks/throughput.py [--envs 1,16,64,256 --seconds 4 --rounds 2 --json PATH]
+    python benchmarks/throughput.py [--envs 1,16,64,256 --seconds 4 --rounds 2 --split 2 --json PATH]
 
 Prints a table and writes JSON (default benchmarks/results/throughput.json) and an SVG plot of steps/s
 against N beside it. Triton and the gateway are subprocesses on loopback; the sim client (one
 vectorised session, `sim.client.run_vector_sessions`) and the in-process loop run here, one torch
-thread each (two cores). Paths alternate per round and each reports its best round.
+thread each (two cores). Paths alternate per round and each reports its best round. With `--split M`
+(N >= 16) the gateway path also runs the same N envs as M sessions of N/M: while one session's batch is
+in flight, the other's envs step, which hides the round trip a single lockstep session pays.
 """
 
 from __future__ import annotations
@@ -57,9 +59,10 @@ def in_process(sim: str, n: int, module: torch.jit.ScriptModule, seconds: float)
     return {"steps": steps, "seconds": elapsed, "steps_per_s": steps / elapsed}
 
 
-def through_gateway(sim: str, n: int, address: str, seconds: float) -> dict:
-    stats = asyncio.run(run_vector_sessions(address, lambda i: make(sim, n), sessions=1, seconds=seconds,
-                                            policy=sim))
+def through_gateway(sim: str, n: int, address: str, seconds: float, sessions: int = 1) -> dict:
+    per = n // sessions
+    stats = asyncio.run(run_vector_sessions(address, lambda i: make(sim, per, seed=i * per), sessions=sessions,
+                                            seconds=seconds, policy=sim))
     if stats.errors:
         raise RuntimeError(f"{sim} N={n}: errors through the gateway: {dict(stats.errors)}")
     return {"steps": stats.steps, "seconds": stats.elapsed_s, "steps_per_s": stats.steps / stats.elapsed_s,
@@ -72,6 +75,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--sims", default=",".join(SIMS))
     p.add_argument("--seconds", type=float, default=4.0, help="per path, per N, per round")
     p.add_argument("--rounds", type=int, default=2, help="alternating in-process/gateway blocks")
+    p.add_argument("--split", type=int, default=2, help="also run N envs as this many sessions (0: no)")
     p.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "throughput.json")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
@@ -96,20 +100,29 @@ def main(argv: list[str] | None = None) -> dict:
         for sim in sims:
             through_gateway(sim, 4, gw, 0.5)  # warm-up: Triton's model instance, the gateway's lanes
             for n in sizes:
-                local, via = [], []
+                local, via, split = [], [], []
                 for _ in range(a.rounds):
                     local.append(in_process(sim, n, modules[sim], a.seconds))
                     via.append(through_gateway(sim, n, gw, a.seconds))
+                    if a.split > 1 and n >= 16:
+                        split.append(through_gateway(sim, n, gw, a.seconds, sessions=a.split))
                 best_local = max(local, key=lambda r: r["steps_per_s"])
                 best_via = max(via, key=lambda r: r["steps_per_s"])
                 row = {"sim": sim, "env": SIMS[sim][0], "num_envs": n,
                        "in_process_steps_per_s": best_local["steps_per_s"],
                        "gateway_steps_per_s": best_via["steps_per_s"],
                        "ratio": best_via["steps_per_s"] / best_local["steps_per_s"],
-                       "gateway_rtt_ms": best_via["rtt_ms"], "rounds": {"in_process": local, "gateway": via}}
+                       "gateway_rtt_ms": best_via["rtt_ms"],
+                       "split_sessions": a.split if split else None,
+                       "split_steps_per_s": max(r["steps_per_s"] for r in split) if split else None,
+                       "rounds": {"in_process": local, "gateway": via, "gateway_split": split}}
+                if split:
+                    row["split_ratio"] = row["split_steps_per_s"] / row["in_process_steps_per_s"]
                 rows.append(row)
                 print(f"  {sim:<16} N={n:<4} in-process {row['in_process_steps_per_s']:>9.0f}  "
-                      f"gateway {row['gateway_steps_per_s']:>9.0f} steps/s  ({row['ratio']:.0%})", flush=True)
+                      f"gateway {row['gateway_steps_per_s']:>9.0f} steps/s  ({row['ratio']:.0%})"
+                      + (f"  {a.split} sessions {row['split_steps_per_s']:>9.0f} ({row['split_ratio']:.0%})"
+                         if split else ""), flush=True)
         version = triton.version
     result = {"machine": {"python": sys.version.split()[0], "platform": platform.platform(),
                           "cpus": os.cpu_count(), "load_avg": os.getloadavg()},
@@ -123,6 +136,10 @@ def main(argv: list[str] | None = None) -> dict:
         xs = [r["num_envs"] for r in mine]
         series[f"{sim} in-process"] = (xs, [r["in_process_steps_per_s"] for r in mine])
         series[f"{sim} gateway"] = (xs, [r["gateway_steps_per_s"] for r in mine])
+        split_rows = [r for r in mine if r["split_steps_per_s"]]
+        if split_rows:
+            series[f"{sim} gateway, {a.split} sessions"] = ([r["num_envs"] for r in split_rows],
+                                                          [r["split_steps_per_s"] for r in split_rows])
     plot.write_text(line_plot(series, title="Env steps/s vs envs per session (one session)",
                               x_label="envs per session (N)", y_label="env steps/s"))
     print(f"wrote {a.json} and {plot}")
@@ -130,10 +147,14 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def print_table(r: dict) -> None:
-    print(f"\n{'sim':<18}{'N':>5}{'in-process/s':>14}{'gateway/s':>12}{'ratio':>8}{'rtt p50 ms':>12}")
+    print(f"\n{'sim':<18}{'N':>5}{'in-process/s':>14}{'gateway/s':>12}{'ratio':>8}{'rtt p50 ms':>12}"
+          f"{'split/s':>10}{'ratio':>8}")
     for row in r["results"]:
+        split = (f"{row['split_steps_per_s']:>10.0f}{row['split_ratio']:>8.0%}" if row["split_steps_per_s"]
+                 else f"{'-':>10}{'-':>8}")
         print(f"{row['sim']:<18}{row['num_envs']:>5}{row['in_process_steps_per_s']:>14.0f}"
-              f"{row['gateway_steps_per_s']:>12.0f}{row['ratio']:>8.0%}{row['gateway_rtt_ms']['p50'] or 0:>12.3f}")
+              f"{row['gateway_steps_per_s']:>12.0f}{row['ratio']:>8.0%}{row['gateway_rtt_ms']['p50'] or 0:>12.3f}"
+              + split)
 
 
 if __name__ == "__main__":
