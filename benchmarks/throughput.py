@@ -63,10 +63,8 @@ def through_gateway(sim: str, n: int, address: str, seconds: float, sessions: in
     per = n // sessions
     stats = asyncio.run(run_vector_sessions(address, lambda i: make(sim, per, seed=i * per), sessions=sessions,
                                             seconds=seconds, policy=sim))
-    if stats.errors:
-        raise RuntimeError(f"{sim} N={n}: errors through the gateway: {dict(stats.errors)}")
     return {"steps": stats.steps, "seconds": stats.elapsed_s, "steps_per_s": stats.steps / stats.elapsed_s,
-            "rtt_ms": stats.rtt_ms()}
+            "rtt_ms": stats.rtt_ms(), "errors": dict(stats.errors)}  # a step past the deadline is counted
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -96,7 +94,7 @@ def main(argv: list[str] | None = None) -> dict:
     rows = []
     with TritonServer(repo.root, models=sims, log_path=run_dir / "triton.log") as triton, \
             gateway_process(triton_url=triton.grpc_url, policy=sims[0], log_path=run_dir / "gateway.log",
-                            extra_args=("--max-batch", str(max(sizes)))) as gw:
+                            extra_args=("--max-batch", str(max(sizes)), "--deadline-ms", "1000")) as gw:
         for sim in sims:
             through_gateway(sim, 4, gw, 0.5)  # warm-up: Triton's model instance, the gateway's lanes
             for n in sizes:
@@ -113,6 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
                        "gateway_steps_per_s": best_via["steps_per_s"],
                        "ratio": best_via["steps_per_s"] / best_local["steps_per_s"],
                        "gateway_rtt_ms": best_via["rtt_ms"],
+                       "gateway_errors": sum(sum(r["errors"].values()) for r in via + split),
                        "split_sessions": a.split if split else None,
                        "split_steps_per_s": max(r["steps_per_s"] for r in split) if split else None,
                        "rounds": {"in_process": local, "gateway": via, "gateway_split": split}}
