@@ -198,3 +198,41 @@ def test_sim_client_runs_vector_sessions(triton, capsys):
     assert sorted(s.steps for s in closed[-2:]) == [160, 160]
     out = capsys.readouterr().out.strip().splitlines()[-1]
     assert rc == 0 and '"steps": 80' in out and '"sessions": 2' in out
+
+
+def test_each_env_logs_its_own_transitions(triton, tmp_path):
+    """With an experience log, env i's transitions are session "<id>/<i>": its steps, its episodes,
+    terminated/truncated where its episodes ended, and the terminal observation there."""
+    from bridge.experience.reader import LogCursor
+
+    n, steps = 3, 12
+    finals: dict[tuple[int, int], np.ndarray] = {}  # (env, step of the LAST observation) -> terminal observation
+
+    async def scenario():
+        env = GymnasiumVectorEnv("Hopper-v5", num_envs=n, seed=2, max_episode_steps=5)
+        async with running_gateway(triton.url, policy="tiny", experience_dir=tmp_path / "log") as gw:
+            async with VectorStream(gw.address, env, session_id="v") as s:
+                assert s.welcome.logging
+                ts = env.reset()
+                for step in range(steps):
+                    for i in np.flatnonzero(ts.last()):
+                        finals[(int(i), step)] = ts.final_observation["observation"][i].copy()
+                    reply = await s.send(vector_observation(step, ts))
+                    ts = env.step(decode_all(reply.action.tensors))
+        env.close()
+
+    asyncio.run(scenario())
+    cursor = LogCursor(tmp_path / "log")
+    logged = cursor.read(max_count=1000, follow=False)
+    cursor.close()
+    assert {t.session for t in logged} == {f"v/{i}" for i in range(n)}
+    for i in range(n):
+        mine = sorted((t for t in logged if t.session == f"v/{i}"), key=lambda t: t.step)
+        assert [t.step for t in mine] == list(range(steps - 1))  # the last step is never completed
+        ended = [t for t in mine if t.terminated or t.truncated]
+        assert [t.step + 1 for t in ended] == sorted(step for env, step in finals if env == i)
+        for t in ended:
+            np.testing.assert_array_equal(decode_all(t.next_observation)["observation"], finals[(i, t.step + 1)])
+        assert all(not t.next_observation for t in mine if t not in ended)
+        episodes = [t.episode for t in mine]
+        assert episodes == sorted(episodes) and episodes[-1] == len(ended) - (mine[-1] in ended)
