@@ -19,7 +19,7 @@ import numpy as np
 
 from bridge.gateway.batcher import MicroBatcher
 from bridge.gateway.policies import LOG_PROB, PolicyCatalog, ServedPolicy
-from bridge.gateway.recorder import Recorder, RewardOutcome
+from bridge.gateway.recorder import Recorder, RecorderGroup, RewardOutcome
 from bridge.rewards import RewardFunction
 from protos import bridge_pb2
 from protos.codec import Spec, TensorError, check_all, decode_all, encode
@@ -47,7 +47,42 @@ class Rewards(Protocol):
     def compute(self, observation, action, next_observation, env_reward, previous_action=None): ...
 
 
-class Session:
+class SessionBase:
+    """What single-env and vectorised sessions share: the acting policy, step order, errors, flushing."""
+
+    policy: ServedPolicy
+    stats: SessionStats
+    recorder: Recorder | RecorderGroup
+    _action_dtypes: dict[str, np.dtype]
+    _last_step: int | None
+
+    def _use(self, policy: ServedPolicy) -> None:
+        self.policy = policy
+        self._outputs = tuple(self._action_dtypes) + ((LOG_PROB,) if policy.log_prob else ())
+        self._input_names = tuple(s.name for s in policy.inputs)
+
+    def _follow_catalog(self, catalog: PolicyCatalog | None) -> None:
+        if catalog is not None:
+            current = catalog.current(self.policy.name)
+            if current is not self.policy:
+                self._use(current)
+
+    def _out_of_order(self, step: int) -> bridge_pb2.ServerMessage | None:
+        """The error reply for a step not after the previous one; else None (and the step is taken)."""
+        if self._last_step is not None and step <= self._last_step:
+            return self._error(step, Code.OUT_OF_ORDER, "step", f"step {step} after step {self._last_step}")
+        self._last_step = step
+        return None
+
+    def _error(self, step: int, code: int, field_name: str, message: str) -> bridge_pb2.ServerMessage:
+        return step_error(self.stats, step, code, field_name, message)
+
+    def flush(self) -> None:
+        """Log what the last reply completed (the servicer calls it once the reply is sent)."""
+        self.recorder.flush()
+
+
+class Session(SessionBase):
     def __init__(self, *, session_id: str, source: str, policy: ServedPolicy,
                  observation_spec: tuple[Spec, ...], action_spec: tuple[Spec, ...],
                  batcher: MicroBatcher, deadline_s: float, rewards: Rewards | None = None,
@@ -74,17 +109,10 @@ class Session:
         self.stats = SessionStats()
         self._use(policy)
 
-    def _use(self, policy: ServedPolicy) -> None:
-        self.policy = policy
-        self._outputs = tuple(self._action_dtypes) + ((LOG_PROB,) if policy.log_prob else ())
-        self._input_names = tuple(s.name for s in policy.inputs)
-
     async def handle(self, obs: bridge_pb2.Observation) -> bridge_pb2.ServerMessage:
         received = time.time_ns()
-        if self._last_step is not None and obs.step <= self._last_step:
-            return self._error(obs.step, Code.OUT_OF_ORDER, "step",
-                               f"step {obs.step} after step {self._last_step}")
-        self._last_step = obs.step
+        if (out_of_order := self._out_of_order(obs.step)) is not None:
+            return out_of_order
         try:
             arrays = check_all(self.observation_spec, obs.tensors)
             if not math.isfinite(obs.reward):
@@ -96,15 +124,9 @@ class Session:
         end_reason = self._track_episode(obs, arrays)
         if obs.step_type == bridge_pb2.LAST or end_reason:
             return self._end_episode(obs.step, end_reason)
-        if self._catalog is not None and (self._switch_every_step or obs.step_type == bridge_pb2.FIRST):
-            current = self._catalog.current(self.policy.name)
-            if current is not self.policy:
-                self._use(current)
+        if self._switch_every_step or obs.step_type == bridge_pb2.FIRST:
+            self._follow_catalog(self._catalog)
         return await self._act(obs, arrays, received)
-
-    def flush(self) -> None:
-        """Log what the last reply completed (the servicer calls it once the reply is sent)."""
-        self.recorder.flush()
 
     def _track_episode(self, obs: bridge_pb2.Observation, arrays: dict[str, np.ndarray]) -> str:
         """Reward the previous action; returns why the episode ends here ("" = it goes on,
@@ -188,8 +210,6 @@ class Session:
             self.recorder.completed(following, outcome, ended=ended or bool(outcome.end_reason))
         return bridge_pb2.ServerMessage(replayed=bridge_pb2.Replayed(step=obs.step))
 
-    def _error(self, step: int, code: int, field_name: str, message: str) -> bridge_pb2.ServerMessage:
-        return step_error(self.stats, step, code, field_name, message)
 
 
 def step_error(stats: SessionStats, step: int, code: int, field_name: str, message: str) -> bridge_pb2.ServerMessage:

@@ -37,7 +37,7 @@ import numpy as np
 from bridge.gateway.batcher import MicroBatcher
 from bridge.gateway.policies import LOG_PROB, PolicyCatalog, ServedPolicy
 from bridge.gateway.recorder import RecorderGroup, RewardOutcome
-from bridge.gateway.session import InferenceFailed, Rewards, SessionStats, infer_within, step_error
+from bridge.gateway.session import InferenceFailed, Rewards, SessionBase, SessionStats, infer_within
 from bridge.rewards import RewardFunction
 from protos import bridge_pb2
 from protos.codec import Spec, TensorError, decode, encode
@@ -47,7 +47,7 @@ FIRST, MID, LAST = bridge_pb2.FIRST, bridge_pb2.MID, bridge_pb2.LAST
 MAX_ENVS = 1 << 16
 
 
-class VectorSession:
+class VectorSession(SessionBase):
     def __init__(self, *, session_id: str, source: str, policy: ServedPolicy, num_envs: int,
                  observation_spec: tuple[Spec, ...], action_spec: tuple[Spec, ...], batcher: MicroBatcher,
                  deadline_s: float, rewards: Rewards | None = None, recorder: RecorderGroup | None = None,
@@ -75,35 +75,20 @@ class VectorSession:
         self.stats = SessionStats()
         self._use(policy)
 
-    def _use(self, policy: ServedPolicy) -> None:
-        self.policy = policy
-        self._outputs = tuple(self._action_dtypes) + ((LOG_PROB,) if policy.log_prob else ())
-        self._input_names = tuple(s.name for s in policy.inputs)
-
-    def flush(self) -> None:
-        self.recorder.flush()
-
     def replay(self, replay: bridge_pb2.Replay) -> bridge_pb2.ServerMessage:
         return self._error(replay.observation.step, Code.INVALID_OBSERVATION, "replay",
                            "replay is not supported for vectorised sessions")
 
-    def _error(self, step: int, code: int, field_name: str, message: str) -> bridge_pb2.ServerMessage:
-        return step_error(self.stats, step, code, field_name, message)
-
     async def handle(self, obs: bridge_pb2.Observation) -> bridge_pb2.ServerMessage:
         received = time.time_ns()
-        if self._last_step is not None and obs.step <= self._last_step:
-            return self._error(obs.step, Code.OUT_OF_ORDER, "step", f"step {obs.step} after step {self._last_step}")
-        self._last_step = obs.step
+        if (out_of_order := self._out_of_order(obs.step)) is not None:
+            return out_of_order
         try:
             batch = _Batch.check(obs, self.observation_spec, self.num_envs)
         except TensorError as exc:
             return self._error(obs.step, Code.INVALID_OBSERVATION, exc.field, str(exc))
         ends = self._track_episodes(obs, batch)
-        if self._catalog is not None:
-            current = self._catalog.current(self.policy.name)
-            if current is not self.policy:
-                self._use(current)
+        self._follow_catalog(self._catalog)
         return await self._act(obs, batch, ends, received)
 
     def _track_episodes(self, obs: bridge_pb2.Observation, batch: _Batch) -> list[bridge_pb2.EpisodeEnd]:
