@@ -15,7 +15,9 @@ sessions' rows up to `max_batch` and splits bigger batches), plus:
   bounds), its pending transition is dropped, nothing of this step is logged for it, and every
   other env goes on. A malformed batch (wrong name, dtype, shape, env_* lengths) is one StepError.
 
-Rewards are computed once per step for all envs that completed a transition (batch-first). With an
+Rewards are computed once per step for all envs that completed a transition (batch-first); terms that
+read the next observation read `final_observation` for LAST envs (a client without terminal
+observations, e.g. Isaac Lab, sends none: those rows then read the reset observation). With an
 experience log, env i logs its transitions as session `"<id>/<i>"`, episode = the gateway's count of
 env i's ended episodes, step = the stream's step. The policy version follows the catalog at every
 step (one request, one version); each transition records the version that acted. Replay (after a
