@@ -24,6 +24,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import hashlib
+import time
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import Protocol
@@ -99,6 +100,7 @@ class Subscription:
         self._reading: concurrent.futures.Future | None = None
         self.error: SubscribeError | None = None
         self.sent = 0
+        self._told = time.monotonic()  # when the subscriber last got a batch
 
     @property
     def inflight(self) -> int:
@@ -152,7 +154,9 @@ class Subscription:
             batch = await asyncio.wrap_future(self._reading)
             self._reading = None
             self.sent_through = self.cursor.next_offset
-            if batch.transitions:
+            now = time.monotonic()
+            if batch.transitions or now - self._told >= self.idle_poll_s:  # an empty batch still says
+                self._told = now                                              # how far the shard is read
                 self._inflight.extend(t.offset for t in batch.transitions)
                 self.sent += len(batch.transitions)
                 batch.log_end = self.log.durable_offset
