@@ -187,7 +187,10 @@ def run_demo(config: DemoConfig) -> dict:
     print(f"run dir {run_dir}\npolicy  {name} v{repo.versions(name)[-1]} (freshly initialised {kind})", flush=True)
     gateway_args: tuple[str, ...] = ()
     if config.train:
-        gateway_args = ("--model-repository", str(repo.root), "--experience-dir", str(run_dir / "experience"))
+        # sessions act with each new version from their next step: a good pendulum's episodes last
+        # 1000 steps, and waiting for an episode's end would leave PPO learning from far-behind versions
+        gateway_args = ("--model-repository", str(repo.root), "--experience-dir", str(run_dir / "experience"),
+                        "--switch", "step")
     t0 = time.monotonic()
     with TritonServer(repo.root, models=[name], log_path=run_dir / "triton.log") as triton:
         print(f"triton  {triton.version} on {triton.grpc_url} (ready in {time.monotonic() - t0:.1f} s)")

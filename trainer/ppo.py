@@ -47,6 +47,7 @@ class PPOConfig:
     lr: float = 1e-3
     value_coef: float = 0.5
     entropy_coef: float = 0.0
+    target_kl: float = 0.0           # stop an update's epochs once the mean approx KL passes it (0 = never)
     max_grad_norm: float = 0.5
     stale: str = "importance"
     max_version_lag: int = 2
@@ -195,6 +196,10 @@ class PPOLearner:
         sums = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "approx_kl": 0.0, "clip_frac": 0.0}
         counted = 0
         for _ in range(cfg.epochs):
+            if cfg.target_kl > 0 and counted:
+                kl = dist.all_reduce_sum(torch.tensor([sums["approx_kl"], float(counted)], dtype=torch.float64))
+                if kl[0].item() / max(kl[1].item(), 1.0) > cfg.target_kl:
+                    break  # the same decision on every rank: the KL is summed over all of them
             perm = kept[torch.randperm(len(kept), generator=self.generator)]
             parts = list(torch.tensor_split(perm, cfg.minibatches))
             counts = dist.all_reduce_sum(torch.tensor([float(len(p)) for p in parts], dtype=torch.float64))

@@ -49,6 +49,7 @@ def run_ppo(args: argparse.Namespace) -> dict:
     obs_name, act_name = served.inputs[0].name, served.outputs[0].name
     config = PPOConfig(gamma=args.gamma, lam=args.lam, clip=args.clip, epochs=args.epochs,
                        minibatches=args.minibatches, lr=args.lr, entropy_coef=args.entropy_coef, stale=args.stale,
+                       target_kl=args.target_kl,
                        max_version_lag=args.max_version_lag, rho_max=args.rho_max, bf16=args.bf16)
     learner = PPOLearner(policy, config=config, observation=obs_name, action=act_name, seed=args.seed)
     version, parent = served.version, served.version

@@ -74,6 +74,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lam", type=float, default=0.95)
     p.add_argument("--clip", type=float, default=0.2)
     p.add_argument("--entropy-coef", type=float, default=0.0)
+    p.add_argument("--target-kl", type=float, default=0.05,
+                   help="PPO: end an update's epochs once the mean approx KL passes this (0 = never)")
     p.add_argument("--stale", choices=("drop", "importance"), default="importance",
                    help="data acted by older versions: weight it by truncated importance ratios (default; about "
                    "twice as sample-efficient when versions go live seconds after an update) or drop it past "
