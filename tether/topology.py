@@ -59,7 +59,7 @@ def write_initial_policy(repo: ModelRepository, env_id: str, *, seed: int = 0, s
     name = policy_name(env_id)
     if not repo.versions(name):
         if stochastic:
-            module = GaussianPolicy(observation[0], action[0], seed=seed)
+            module = GaussianPolicy(observation[0], action[0], seed=seed, log_std_init=0.0)
             repo.write_version(name, 1, module, observation, GaussianPolicy.output_specs(action[0]))
         else:
             repo.write_version(name, 1, MLPPolicy(observation[0], action[0], seed=seed), observation, action)

@@ -73,7 +73,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gamma", type=float, default=0.99)
     p.add_argument("--lam", type=float, default=0.95)
     p.add_argument("--clip", type=float, default=0.2)
-    p.add_argument("--entropy-coef", type=float, default=0.0)
+    p.add_argument("--entropy-coef", type=float, default=0.005)
     p.add_argument("--target-kl", type=float, default=0.05,
                    help="PPO: end an update's epochs once the mean approx KL passes this (0 = never)")
     p.add_argument("--stale", choices=("drop", "importance"), default="importance",
