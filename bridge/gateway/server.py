@@ -38,6 +38,7 @@ from bridge.gateway.service import BridgeService
 from bridge.gateway.session import Session, SessionStats
 from bridge.gateway.vector_session import MAX_ENVS, VectorSession
 from bridge.rewards import RewardConfigError, RewardFunction
+from bridge.security import Authorizer
 from inference_server import ModelRepository, PolicyClient
 from protos import bridge_pb2, bridge_pb2_grpc, policies_pb2_grpc
 from protos.codec import TensorError, specs_from_proto
@@ -87,6 +88,7 @@ class Gateway:
                                    in_use=lambda name: set(self.acting_versions(name)))
         self.rewards = {policy: RewardFunction.from_yaml(path) for policy, path in config.rewards.items()}
         self.experience = None  # the ExperienceLog, once started
+        self.auth = Authorizer()  # who may view and act (bridge.security)
         self.sessions: dict[str, Session | VectorSession] = {}
         self.closed_stats: deque[SessionStats] = deque(maxlen=1024)  # the most recent closed sessions
         self.server_version = ""
