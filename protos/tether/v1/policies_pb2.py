@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from protos.tether.v1 import tensor_pb2 as protos_dot_tether_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fprotos/tether/v1/policies.proto\x12\ttether.v1\x1a\x1dprotos/tether/v1/tensor.proto\"R\n\x0cPublishChunk\x12*\n\x06header\x18\x01 \x01(\x0b\x32\x18.tether.v1.PublishHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04kind\"u\n\x07Lineage\x12\x16\n\x0eparent_version\x18\x01 \x01(\x03\x12\x14\n\x0ctrainer_step\x18\x02 \x01(\x04\x12\x13\n\x0b\x64\x61ta_offset\x18\x03 \x01(\x04\x12\x16\n\x0ereward_version\x18\x04 \x01(\t\x12\x0f\n\x07trainer\x18\x05 \x01(\t\"\xd3\x01\n\rPublishHeader\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x0e\n\x06\x66ormat\x18\x02 \x01(\t\x12\x0c\n\x04size\x18\x03 \x01(\x04\x12\x0e\n\x06sha256\x18\x04 \x01(\t\x12#\n\x07lineage\x18\x05 \x01(\x0b\x32\x12.tether.v1.Lineage\x12\'\n\x0cprobe_inputs\x18\x06 \x03(\x0b\x32\x11.tether.v1.Tensor\x12(\n\rprobe_outputs\x18\x07 \x03(\x0b\x32\x11.tether.v1.Tensor\x12\x0c\n\x04\x61tol\x18\x08 \x01(\x01\"\x84\x01\n\x0cPublishReply\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x16\n\x0eready_versions\x18\x04 \x03(\x03\x12\x15\n\rmax_abs_error\x18\x05 \x01(\x01\x12\x14\n\x0cload_seconds\x18\x06 \x01(\x01\"\x1d\n\x0bListRequest\x12\x0e\n\x06policy\x18\x01 \x01(\t\"\x82\x01\n\rPolicyVersion\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0e\n\x06sha256\x18\x02 \x01(\t\x12#\n\x07lineage\x18\x03 \x01(\x0b\x32\x12.tether.v1.Lineage\x12\x19\n\x11published_unix_ns\x18\x04 \x01(\x03\x12\x10\n\x08sessions\x18\x05 \x01(\x04\"\xa7\x01\n\nPolicyList\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x0e\n\x06newest\x18\x02 \x01(\x03\x12*\n\x08versions\x18\x03 \x03(\x0b\x32\x18.tether.v1.PolicyVersion\x12%\n\x06inputs\x18\x04 \x03(\x0b\x32\x15.tether.v1.TensorSpec\x12&\n\x07outputs\x18\x05 \x03(\x0b\x32\x15.tether.v1.TensorSpec\"D\n\x0c\x46\x65tchRequest\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x13\n\x0b\x63hunk_bytes\x18\x03 \x01(\r2\xbd\x01\n\x08Policies\x12=\n\x07Publish\x12\x17.tether.v1.PublishChunk\x1a\x17.tether.v1.PublishReply(\x01\x12\x35\n\x04List\x12\x16.tether.v1.ListRequest\x1a\x15.tether.v1.PolicyList\x12;\n\x05\x46\x65tch\x12\x17.tether.v1.FetchRequest\x1a\x17.tether.v1.PublishChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fprotos/tether/v1/policies.proto\x12\ttether.v1\x1a\x1dprotos/tether/v1/tensor.proto\"R\n\x0cPublishChunk\x12*\n\x06header\x18\x01 \x01(\x0b\x32\x18.tether.v1.PublishHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04kind\"u\n\x07Lineage\x12\x16\n\x0eparent_version\x18\x01 \x01(\x03\x12\x14\n\x0ctrainer_step\x18\x02 \x01(\x04\x12\x13\n\x0b\x64\x61ta_offset\x18\x03 \x01(\x04\x12\x16\n\x0ereward_version\x18\x04 \x01(\t\x12\x0f\n\x07trainer\x18\x05 \x01(\t\"\xa2\x02\n\rPublishHeader\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x0e\n\x06\x66ormat\x18\x02 \x01(\t\x12\x0c\n\x04size\x18\x03 \x01(\x04\x12\x0e\n\x06sha256\x18\x04 \x01(\t\x12#\n\x07lineage\x18\x05 \x01(\x0b\x32\x12.tether.v1.Lineage\x12\'\n\x0cprobe_inputs\x18\x06 \x03(\x0b\x32\x11.tether.v1.Tensor\x12(\n\rprobe_outputs\x18\x07 \x03(\x0b\x32\x11.tether.v1.Tensor\x12\x0c\n\x04\x61tol\x18\x08 \x01(\x01\x12%\n\x06inputs\x18\t \x03(\x0b\x32\x15.tether.v1.TensorSpec\x12&\n\x07outputs\x18\n \x03(\x0b\x32\x15.tether.v1.TensorSpec\"\x84\x01\n\x0cPublishReply\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x16\n\x0eready_versions\x18\x04 \x03(\x03\x12\x15\n\rmax_abs_error\x18\x05 \x01(\x01\x12\x14\n\x0cload_seconds\x18\x06 \x01(\x01\"\x1d\n\x0bListRequest\x12\x0e\n\x06policy\x18\x01 \x01(\t\"\x82\x01\n\rPolicyVersion\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0e\n\x06sha256\x18\x02 \x01(\t\x12#\n\x07lineage\x18\x03 \x01(\x0b\x32\x12.tether.v1.Lineage\x12\x19\n\x11published_unix_ns\x18\x04 \x01(\x03\x12\x10\n\x08sessions\x18\x05 \x01(\x04\"\xa7\x01\n\nPolicyList\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x0e\n\x06newest\x18\x02 \x01(\x03\x12*\n\x08versions\x18\x03 \x03(\x0b\x32\x18.tether.v1.PolicyVersion\x12%\n\x06inputs\x18\x04 \x03(\x0b\x32\x15.tether.v1.TensorSpec\x12&\n\x07outputs\x18\x05 \x03(\x0b\x32\x15.tether.v1.TensorSpec\"D\n\x0c\x46\x65tchRequest\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x13\n\x0b\x63hunk_bytes\x18\x03 \x01(\r2\xbd\x01\n\x08Policies\x12=\n\x07Publish\x12\x17.tether.v1.PublishChunk\x1a\x17.tether.v1.PublishReply(\x01\x12\x35\n\x04List\x12\x16.tether.v1.ListRequest\x1a\x15.tether.v1.PolicyList\x12;\n\x05\x46\x65tch\x12\x17.tether.v1.FetchRequest\x1a\x17.tether.v1.PublishChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,17 +37,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LINEAGE']._serialized_start=161
   _globals['_LINEAGE']._serialized_end=278
   _globals['_PUBLISHHEADER']._serialized_start=281
-  _globals['_PUBLISHHEADER']._serialized_end=492
-  _globals['_PUBLISHREPLY']._serialized_start=495
-  _globals['_PUBLISHREPLY']._serialized_end=627
-  _globals['_LISTREQUEST']._serialized_start=629
-  _globals['_LISTREQUEST']._serialized_end=658
-  _globals['_POLICYVERSION']._serialized_start=661
-  _globals['_POLICYVERSION']._serialized_end=791
-  _globals['_POLICYLIST']._serialized_start=794
-  _globals['_POLICYLIST']._serialized_end=961
-  _globals['_FETCHREQUEST']._serialized_start=963
-  _globals['_FETCHREQUEST']._serialized_end=1031
-  _globals['_POLICIES']._serialized_start=1034
-  _globals['_POLICIES']._serialized_end=1223
+  _globals['_PUBLISHHEADER']._serialized_end=571
+  _globals['_PUBLISHREPLY']._serialized_start=574
+  _globals['_PUBLISHREPLY']._serialized_end=706
+  _globals['_LISTREQUEST']._serialized_start=708
+  _globals['_LISTREQUEST']._serialized_end=737
+  _globals['_POLICYVERSION']._serialized_start=740
+  _globals['_POLICYVERSION']._serialized_end=870
+  _globals['_POLICYLIST']._serialized_start=873
+  _globals['_POLICYLIST']._serialized_end=1040
+  _globals['_FETCHREQUEST']._serialized_start=1042
+  _globals['_FETCHREQUEST']._serialized_end=1110
+  _globals['_POLICIES']._serialized_start=1113
+  _globals['_POLICIES']._serialized_end=1302
 # @@protoc_insertion_point(module_scope)

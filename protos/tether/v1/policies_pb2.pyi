@@ -30,7 +30,7 @@ class Lineage(_message.Message):
     def __init__(self, parent_version: _Optional[int] = ..., trainer_step: _Optional[int] = ..., data_offset: _Optional[int] = ..., reward_version: _Optional[str] = ..., trainer: _Optional[str] = ...) -> None: ...
 
 class PublishHeader(_message.Message):
-    __slots__ = ("policy", "format", "size", "sha256", "lineage", "probe_inputs", "probe_outputs", "atol")
+    __slots__ = ("policy", "format", "size", "sha256", "lineage", "probe_inputs", "probe_outputs", "atol", "inputs", "outputs")
     POLICY_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,8 @@ class PublishHeader(_message.Message):
     PROBE_INPUTS_FIELD_NUMBER: _ClassVar[int]
     PROBE_OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     ATOL_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     policy: str
     format: str
     size: int
@@ -47,7 +49,9 @@ class PublishHeader(_message.Message):
     probe_inputs: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
     probe_outputs: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
     atol: float
-    def __init__(self, policy: _Optional[str] = ..., format: _Optional[str] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ..., lineage: _Optional[_Union[Lineage, _Mapping]] = ..., probe_inputs: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., probe_outputs: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., atol: _Optional[float] = ...) -> None: ...
+    inputs: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.TensorSpec]
+    outputs: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.TensorSpec]
+    def __init__(self, policy: _Optional[str] = ..., format: _Optional[str] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ..., lineage: _Optional[_Union[Lineage, _Mapping]] = ..., probe_inputs: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., probe_outputs: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., atol: _Optional[float] = ..., inputs: _Optional[_Iterable[_Union[_tensor_pb2.TensorSpec, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[_tensor_pb2.TensorSpec, _Mapping]]] = ...) -> None: ...
 
 class PublishReply(_message.Message):
     __slots__ = ("policy", "version", "sha256", "ready_versions", "max_abs_error", "load_seconds")
