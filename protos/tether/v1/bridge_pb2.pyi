@@ -171,7 +171,7 @@ class Timing(_message.Message):
     def __init__(self, t_sent_ns: _Optional[int] = ..., gateway_recv_ns: _Optional[int] = ..., infer_start_ns: _Optional[int] = ..., infer_end_ns: _Optional[int] = ..., gateway_send_ns: _Optional[int] = ...) -> None: ...
 
 class Action(_message.Message):
-    __slots__ = ("step", "tensors", "policy", "policy_version", "timing", "episode", "env_errors", "episode_ends")
+    __slots__ = ("step", "tensors", "policy", "policy_version", "timing", "episode", "env_errors", "episode_ends", "estop")
     STEP_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
@@ -180,6 +180,7 @@ class Action(_message.Message):
     EPISODE_FIELD_NUMBER: _ClassVar[int]
     ENV_ERRORS_FIELD_NUMBER: _ClassVar[int]
     EPISODE_ENDS_FIELD_NUMBER: _ClassVar[int]
+    ESTOP_FIELD_NUMBER: _ClassVar[int]
     step: int
     tensors: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
     policy: str
@@ -188,7 +189,8 @@ class Action(_message.Message):
     episode: int
     env_errors: _containers.RepeatedCompositeFieldContainer[EnvError]
     episode_ends: _containers.RepeatedCompositeFieldContainer[EpisodeEnd]
-    def __init__(self, step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., policy: _Optional[str] = ..., policy_version: _Optional[int] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., episode: _Optional[int] = ..., env_errors: _Optional[_Iterable[_Union[EnvError, _Mapping]]] = ..., episode_ends: _Optional[_Iterable[_Union[EpisodeEnd, _Mapping]]] = ...) -> None: ...
+    estop: bool
+    def __init__(self, step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., policy: _Optional[str] = ..., policy_version: _Optional[int] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., episode: _Optional[int] = ..., env_errors: _Optional[_Iterable[_Union[EnvError, _Mapping]]] = ..., episode_ends: _Optional[_Iterable[_Union[EpisodeEnd, _Mapping]]] = ..., estop: _Optional[bool] = ...) -> None: ...
 
 class EnvError(_message.Message):
     __slots__ = ("env", "code", "field", "message")
