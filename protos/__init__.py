@@ -18,6 +18,5 @@ from protos.tether.v1 import (
     tensor_pb2,
 )
 
-__all__ = ["bridge_pb2", "bridge_pb2_grpc", "codec", "experience_pb2", "experience_pb2_grpc", "fleet_pb2", "fleet_pb2_grpc",
-           "policies_pb2",
-           "policies_pb2_grpc", "tensor_pb2"]
+__all__ = ["bridge_pb2", "bridge_pb2_grpc", "codec", "experience_pb2", "experience_pb2_grpc", "fleet_pb2",
+           "fleet_pb2_grpc", "policies_pb2", "policies_pb2_grpc", "tensor_pb2"]
