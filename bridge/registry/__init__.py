@@ -1,0 +1,33 @@
+"""The policy registry: versions, states, gate results, rollout (live / shadow / canary / pins) and the audit log,
+in one SQLite file; which version each session gets; when a canary or live version has regressed.
+
+    registry = Registry(run_dir / "registry.sqlite")
+    registry.add(policy, version, sha256=..., format="safetensors", lineage=..., inputs=..., outputs=..., who=...)
+    registry.move(policy, version, State.LIVE, who="operator:alice", why="looks good")
+    version = assign(registry.rollout(policy), session_id, labels)
+"""
+
+from bridge.registry.assign import assign, in_canary, session_hash, shadow_of
+from bridge.registry.errors import DuplicateVersion, RegistryError, UnknownVersion
+from bridge.registry.model import MOVES, Event, Rollout, State, VersionRecord
+from bridge.registry.monitor import RegressionMonitor, Thresholds, Verdict
+from bridge.registry.store import Registry
+
+__all__ = [
+    "MOVES",
+    "DuplicateVersion",
+    "Event",
+    "Registry",
+    "RegistryError",
+    "RegressionMonitor",
+    "Rollout",
+    "State",
+    "Thresholds",
+    "UnknownVersion",
+    "Verdict",
+    "VersionRecord",
+    "assign",
+    "in_canary",
+    "session_hash",
+    "shadow_of",
+]

@@ -1,0 +1,25 @@
+"""Typed registry errors; the gateway's servicers map them to gRPC status codes at their edge."""
+
+from __future__ import annotations
+
+import grpc
+
+from bridge.gateway.errors import GatewayError
+
+
+class RegistryError(GatewayError):
+    """A refused change: an illegal move, a bad argument, a pin on a withdrawn version, an unreadable file."""
+
+    status = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class UnknownVersion(RegistryError):
+    """No such policy, or no such version of it."""
+
+    status = grpc.StatusCode.NOT_FOUND
+
+
+class DuplicateVersion(RegistryError):
+    """`add` of a (policy, version) the registry already holds."""
+
+    status = grpc.StatusCode.ALREADY_EXISTS

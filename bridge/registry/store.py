@@ -1,0 +1,488 @@
+"""The registry: every version of every policy, its state, gate results, rollout and audit log, in one SQLite file.
+
+    registry = Registry(run_dir / "registry.sqlite")          # creates, or reopens as it was
+    registry.add("hopper", 2, sha256=digest, format="safetensors", lineage={"parent": 1}, inputs=[...],
+                 outputs=[...], who="trainer:0")              # state candidate
+    registry.record_gate("hopper", 2, [report.to_dict() for report in checks])
+    registry.move("hopper", 2, State.GATED, who="gate", why="all checks passed")
+    registry.move("hopper", 2, State.CANARY, who="auto", why="staged rollout")
+    registry.set_canary("hopper", fraction=0.25, who="operator:alice", why="a quarter of the fleet")
+    registry.move("hopper", 2, State.LIVE, who="auto", why="no regression")   # v1 -> retired, previous_live 1
+    registry.move("hopper", 2, State.ROLLED_BACK, who="auto", why="return 12 vs 480")  # v1 live again
+    registry.rollout("hopper")                                 # Rollout(live=1, canary=None, pins={...}, ...)
+    registry.events("hopper", since_id=last_seen)              # the audit log, oldest first
+
+Durability: WAL, synchronous=FULL, every change (with its audit events) in one IMMEDIATE transaction, so a process
+killed at any instant leaves the file as it was before or after that change. The live/canary/shadow slots are the
+states themselves, kept at most one each by unique partial indexes. Thread-safe (one connection behind a lock);
+other processes may read the file at the same time.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+from bridge.registry.errors import DuplicateVersion, RegistryError, UnknownVersion
+from bridge.registry.model import MOVES, SLOTS, WITHDRAWN, Event, Rollout, State, VersionRecord
+
+SCHEMA_VERSION = 1
+MAX_LABELS = 16
+MAX_LABEL_CHARS = 64
+MAX_PINS = 1024
+MAX_JSON_BYTES = 1 << 20
+MAX_EVENTS_PAGE = 10_000
+
+_POLICY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # a Triton model name
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_LABEL = re.compile(r"[A-Za-z0-9_.:/-]+")
+
+_SCHEMA = """
+CREATE TABLE versions (
+    policy TEXT NOT NULL, version INTEGER NOT NULL, sha256 TEXT NOT NULL, format TEXT NOT NULL,
+    state TEXT NOT NULL, lineage TEXT NOT NULL, inputs TEXT NOT NULL, outputs TEXT NOT NULL, gate TEXT NOT NULL,
+    created_ns INTEGER NOT NULL, updated_ns INTEGER NOT NULL, PRIMARY KEY (policy, version));
+CREATE UNIQUE INDEX one_live ON versions (policy) WHERE state = 'live';
+CREATE UNIQUE INDEX one_canary ON versions (policy) WHERE state = 'canary';
+CREATE UNIQUE INDEX one_shadow ON versions (policy) WHERE state = 'shadow';
+CREATE TABLE rollouts (
+    policy TEXT PRIMARY KEY, previous_live INTEGER, canary_fraction REAL NOT NULL, canary_labels TEXT NOT NULL);
+CREATE TABLE pins (
+    policy TEXT NOT NULL, selector TEXT NOT NULL, version INTEGER NOT NULL, PRIMARY KEY (policy, selector));
+CREATE TABLE events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, t_ns INTEGER NOT NULL, policy TEXT NOT NULL, version INTEGER,
+    kind TEXT NOT NULL, from_state TEXT NOT NULL, to_state TEXT NOT NULL, who TEXT NOT NULL, why TEXT NOT NULL,
+    figures TEXT NOT NULL, detail TEXT NOT NULL);
+CREATE INDEX events_policy ON events (policy, id);
+"""
+
+
+class Registry:
+    """Versions, states, gate results, rollout and audit events of every policy. See the module docstring."""
+
+    def __init__(self, path: Path | str):
+        self.path = Path(path)
+        self._lock = threading.RLock()
+        self._rollouts: dict[str, Rollout] = {}  # cache: cleared by every write here and by other processes' writes
+        self._data_version = -1
+        try:
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10.0)
+        except sqlite3.Error as exc:
+            raise RegistryError(f"cannot open the registry {str(self.path)!r}: {exc}") from exc
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            with self._write():
+                found = self._db.execute("PRAGMA user_version").fetchone()[0]
+                if found > SCHEMA_VERSION:
+                    raise RegistryError(f"the registry {str(self.path)!r} has schema {found}, newer than this "
+                                        f"code's {SCHEMA_VERSION}")
+                if found == 0:
+                    for statement in _SCHEMA.split(";"):
+                        if statement.strip():
+                            self._db.execute(statement)
+                    self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            check = self._db.execute("PRAGMA quick_check").fetchone()[0]
+            if check != "ok":
+                raise RegistryError(f"the registry {str(self.path)!r} is damaged: {check}")
+        except sqlite3.Error as exc:
+            self._db.close()
+            raise RegistryError(f"cannot open the registry {str(self.path)!r}: {exc}") from exc
+        except BaseException:
+            self._db.close()
+            raise
+
+    # -- changes ------------------------------------------------------------------------------------------------
+
+    def add(self, policy: str, version: int, *, sha256: str, format: str, lineage: dict, inputs: list[dict],
+            outputs: list[dict], who: str, why: str = "published", state: State = State.CANDIDATE) -> VersionRecord:
+        """Register a new version (state candidate, or e.g. live for a version already serving at start)."""
+        _check_policy(policy)
+        _check_version(version)
+        _check_who_why(who, why)
+        if not isinstance(sha256, str) or not _SHA256.fullmatch(sha256):
+            raise RegistryError(f"sha256 {sha256!r} of {policy!r} v{version} is not 64 lowercase hex digits")
+        if not isinstance(format, str) or not 0 < len(format) <= 64:
+            raise RegistryError(f"format {format!r} of {policy!r} v{version} is not a name of 1..64 characters")
+        state = _check_state(state)
+        if state in (State.RETIRED, State.ROLLED_BACK):
+            raise RegistryError(f"a new version cannot start as {state} ({policy!r} v{version})")
+        if not isinstance(lineage, dict):
+            raise RegistryError(f"lineage of {policy!r} v{version} must be a dict, not {type(lineage).__name__}")
+        for name, specs in (("inputs", inputs), ("outputs", outputs)):
+            if not isinstance(specs, list) or not all(isinstance(s, dict) for s in specs):
+                raise RegistryError(f"{name} of {policy!r} v{version} must be a list of dicts, not {specs!r:.200}")
+        blobs = [_dumps(value, f"{name} of {policy!r} v{version}")
+                 for name, value in (("lineage", lineage), ("inputs", inputs), ("outputs", outputs))]
+        with self._write():
+            now = time.time_ns()
+            if self._row(policy, version) is not None:
+                raise DuplicateVersion(f"policy {policy!r} already has version {version}")
+            self._db.execute(
+                "INSERT OR IGNORE INTO rollouts (policy, previous_live, canary_fraction, canary_labels) "
+                "VALUES (?, NULL, 0.0, '{}')", (policy,))
+            self._db.execute("INSERT INTO versions VALUES (?, ?, ?, ?, ?, ?, ?, ?, '[]', ?, ?)",
+                             (policy, version, sha256, format, str(State.CANDIDATE), *blobs, now, now))
+            self._event(now, policy, version, "state", "", str(State.CANDIDATE), who, why)
+            if state is not State.CANDIDATE:
+                self._enter(now, policy, version, State.CANDIDATE, state, who, why)
+            return self._get(policy, version)
+
+    def record_gate(self, policy: str, version: int, checks: list[dict], *, who: str = "gate",
+                    why: str | None = None) -> VersionRecord:
+        """Append gate checks ({"name", "passed", "figures": {str: float}, "detail"}, extra keys kept) to a version;
+        one audit event of kind "gate" with every figure as "<check>.<figure>". The state is unchanged."""
+        _check_who_why(who, why or "")
+        if not isinstance(checks, list) or not checks:
+            raise RegistryError(f"checks for {policy!r} v{version} must be a non-empty list, not {checks!r:.200}")
+        clean = [_check_gate_entry(c, policy, version) for c in checks]
+        figures = {f"{c['name']}.{k}": v for c in clean for k, v in c["figures"].items()}
+        failed = [c["name"] for c in clean if not c["passed"]]
+        summary = f"failed: {', '.join(failed)}" if failed else f"passed: {', '.join(c['name'] for c in clean)}"
+        detail = "; ".join(f"{c['name']}: {'passed' if c['passed'] else 'FAILED'} {c['detail']}".strip()
+                           for c in clean)
+        with self._write():
+            record = self._get(policy, version)
+            blob = _dumps(record.gate + clean, f"gate results of {policy!r} v{version}")
+            now = time.time_ns()
+            self._db.execute("UPDATE versions SET gate = ?, updated_ns = ? WHERE policy = ? AND version = ?",
+                             (blob, now, policy, version))
+            self._event(now, policy, version, "gate", str(record.state), str(record.state), who, why or summary,
+                        figures, detail[:4096])
+            return self._get(policy, version)
+
+    def move(self, policy: str, version: int, to: State, *, who: str, why: str) -> VersionRecord:
+        """Change a version's state (see model.MOVES). Entering live/canary/shadow retires the version that held
+        that slot ("replaced by vN"; the old live becomes previous_live). Moving the live version to rolled_back or
+        retired restores previous_live in the same transaction, and is refused when there is none."""
+        _check_who_why(who, why)
+        to = _check_state(to)
+        with self._write():
+            record = self._get(policy, version)
+            if to not in MOVES[record.state]:
+                allowed = ", ".join(sorted(MOVES[record.state])) or "nothing: it is final"
+                raise RegistryError(f"policy {policy!r} v{version} is {record.state}; it may not move to {to} "
+                                    f"(allowed: {allowed})")
+            now = time.time_ns()
+            if record.state is State.LIVE:
+                previous = self._previous_live(policy)
+                if previous is None or self._get(policy, previous).state is not State.RETIRED:
+                    raise RegistryError(f"policy {policy!r} v{version} is live and there is no previous live "
+                                        f"version to restore, so it may not move to {to}; promote another version "
+                                        "to live instead")
+                self._set_state(now, policy, version, State.LIVE, to, who, why)
+                self._set_state(now, policy, previous, State.RETIRED, State.LIVE, who,
+                                f"restored: v{version} {to} ({why})")
+                self._db.execute("UPDATE rollouts SET previous_live = ? WHERE policy = ?",
+                                 (self._earlier_live(policy, exclude=previous), policy))
+                if to in WITHDRAWN:
+                    self._drop_pins(now, policy, version, who, f"v{version} {to}")
+            else:
+                self._enter(now, policy, version, record.state, to, who, why)
+            return self._get(policy, version)
+
+    def set_canary(self, policy: str, *, fraction: float | None = None, labels: dict[str, str] | None = None,
+                   who: str, why: str) -> Rollout:
+        """Which sessions get the canary: labels (all must match) when set, else a stable `fraction` of sessions.
+        None leaves that part as it was; `labels={}` clears the labels."""
+        _check_who_why(who, why)
+        if fraction is not None:
+            if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0.0 <= fraction <= 1.0:
+                raise RegistryError(f"canary fraction {fraction!r} for {policy!r} is not a number in [0, 1]")
+            fraction = float(fraction)
+        if labels is not None:
+            labels = _check_labels(labels, f"canary labels for {policy!r}")
+        with self._write():
+            before = self._rollout(policy)
+            new_fraction = before.canary_fraction if fraction is None else fraction
+            new_labels = before.canary_labels if labels is None else labels
+            now = time.time_ns()
+            self._db.execute("UPDATE rollouts SET canary_fraction = ?, canary_labels = ? WHERE policy = ?",
+                             (new_fraction, json.dumps(new_labels, sort_keys=True), policy))
+            self._event(now, policy, before.canary, "canary", f"{before.canary_fraction:g}", f"{new_fraction:g}",
+                        who, why, {"fraction": new_fraction, "previous_fraction": before.canary_fraction},
+                        f"fraction {before.canary_fraction:g} -> {new_fraction:g}; labels "
+                        f"{_show(before.canary_labels)} -> {_show(new_labels)}")
+            return self._rollout(policy)
+
+    def pin(self, policy: str, selector: str, version: int | None, *, who: str, why: str) -> Rollout:
+        """Hold sessions on a version: selector "session=<id>" or a label "<key>=<value>"; version None unpins."""
+        _check_who_why(who, why)
+        key, value = _check_selector(selector)
+        selector = f"{key}={value}"
+        with self._write():
+            before = self._rollout(policy)
+            old = before.pins.get(selector)
+            now = time.time_ns()
+            if version is None:
+                if old is None:
+                    raise RegistryError(f"policy {policy!r} has no pin {selector!r} to remove")
+                self._db.execute("DELETE FROM pins WHERE policy = ? AND selector = ?", (policy, selector))
+            else:
+                _check_version(version)
+                state = self._get(policy, version).state
+                if state in WITHDRAWN:
+                    raise RegistryError(f"policy {policy!r} v{version} is {state}; it cannot be pinned")
+                if old is None and len(before.pins) >= MAX_PINS:
+                    raise RegistryError(f"policy {policy!r} already has {MAX_PINS} pins; remove some first")
+                self._db.execute("INSERT OR REPLACE INTO pins VALUES (?, ?, ?)", (policy, selector, version))
+            self._event(now, policy, version if version is not None else old, "pin", _v(old), _v(version), who,
+                        why, {}, selector)
+            return self._rollout(policy)
+
+    # -- reads --------------------------------------------------------------------------------------------------
+
+    def get(self, policy: str, version: int) -> VersionRecord:
+        with self._lock:
+            return self._get(policy, version)
+
+    def versions(self, policy: str) -> list[VersionRecord]:
+        """Every version of `policy`, ascending ([] for a policy the registry does not know)."""
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM versions WHERE policy = ? ORDER BY version", (policy,))
+            return [_record(row) for row in rows.fetchall()]
+
+    def policies(self) -> list[str]:
+        with self._lock:
+            return [r[0] for r in self._db.execute("SELECT policy FROM rollouts ORDER BY policy").fetchall()]
+
+    def rollout(self, policy: str) -> Rollout:
+        """The rollout of `policy`; UnknownVersion when the registry has no version of it. Cached (a few us),
+        so it may be asked every step; a change made here or by another process shows at once."""
+        with self._lock:
+            try:
+                data_version = self._db.execute("PRAGMA data_version").fetchone()[0]
+            except sqlite3.ProgrammingError as exc:
+                raise RegistryError(f"the registry {str(self.path)!r} is closed") from exc
+            if data_version != self._data_version:
+                self._rollouts.clear()
+                self._data_version = data_version
+            cached = self._rollouts.get(policy)
+            if cached is None:
+                cached = self._rollouts[policy] = self._rollout(policy)
+            c = cached  # a copy: callers may not change the cache through the dicts
+            return Rollout(c.policy, c.live, c.previous_live, c.shadow, c.canary, c.canary_fraction,
+                           dict(c.canary_labels), dict(c.pins))
+
+    def events(self, policy: str | None = None, *, since_id: int = 0, limit: int = 200) -> list[Event]:
+        """Audit events with id > since_id, oldest first, at most `limit` (1..10000)."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_EVENTS_PAGE:
+            raise RegistryError(f"events limit {limit!r} is not an integer in [1, {MAX_EVENTS_PAGE}]")
+        if isinstance(since_id, bool) or not isinstance(since_id, int) or since_id < 0:
+            raise RegistryError(f"events since_id {since_id!r} is not an integer >= 0")
+        query, args = "SELECT * FROM events WHERE id > ?", [since_id]
+        if policy is not None:
+            query, args = query + " AND policy = ?", [*args, policy]
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY id LIMIT ?", (*args, limit)).fetchall()
+        return [Event(id=r[0], t_ns=r[1], policy=r[2], version=r[3], kind=r[4], from_state=r[5], to_state=r[6],
+                      who=r[7], why=r[8], figures=json.loads(r[9]), detail=r[10]) for r in rows]
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> Registry:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- inside a transaction -----------------------------------------------------------------------------------
+
+    @contextmanager
+    def _write(self) -> Iterator[None]:
+        with self._lock:
+            self._rollouts.clear()
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+            except sqlite3.ProgrammingError as exc:
+                raise RegistryError(f"the registry {str(self.path)!r} is closed") from exc
+            except sqlite3.Error as exc:
+                raise RegistryError(f"cannot write the registry {str(self.path)!r}: {exc}") from exc
+            try:
+                yield
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            try:
+                self._db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                self._db.execute("ROLLBACK")
+                raise RegistryError(f"cannot write the registry {str(self.path)!r}: {exc}") from exc
+
+    def _row(self, policy: str, version: int) -> tuple | None:
+        try:
+            return self._db.execute("SELECT * FROM versions WHERE policy = ? AND version = ?",
+                                    (policy, version)).fetchone()
+        except sqlite3.ProgrammingError as exc:
+            raise RegistryError(f"the registry {str(self.path)!r} is closed") from exc
+
+    def _get(self, policy: str, version: int) -> VersionRecord:
+        row = self._row(policy, version)
+        if row is None:
+            known = [r[0] for r in self._db.execute(
+                "SELECT version FROM versions WHERE policy = ? ORDER BY version", (policy,)).fetchall()]
+            raise UnknownVersion(f"policy {policy!r} has no version {version!r} in the registry "
+                                 f"(known: {', '.join(map(str, known)) or 'none'})")
+        return _record(row)
+
+    def _rollout(self, policy: str) -> Rollout:
+        try:
+            row = self._db.execute("SELECT previous_live, canary_fraction, canary_labels FROM rollouts "
+                                   "WHERE policy = ?", (policy,)).fetchone()
+        except sqlite3.ProgrammingError as exc:
+            raise RegistryError(f"the registry {str(self.path)!r} is closed") from exc
+        if row is None:
+            raise UnknownVersion(f"policy {policy!r} has no versions in the registry")
+        slots = dict(self._db.execute("SELECT state, version FROM versions WHERE policy = ? AND state IN "
+                                      "('live', 'canary', 'shadow')", (policy,)).fetchall())
+        pins = dict(self._db.execute("SELECT selector, version FROM pins WHERE policy = ? ORDER BY selector",
+                                     (policy,)).fetchall())
+        return Rollout(policy=policy, live=slots.get("live"), previous_live=row[0], shadow=slots.get("shadow"),
+                       canary=slots.get("canary"), canary_fraction=row[1], canary_labels=json.loads(row[2]),
+                       pins=pins)
+
+    def _previous_live(self, policy: str) -> int | None:
+        return self._db.execute("SELECT previous_live FROM rollouts WHERE policy = ?", (policy,)).fetchone()[0]
+
+    def _earlier_live(self, policy: str, *, exclude: int) -> int | None:
+        """The most recent version, other than `exclude`, that was live and is retired now (a rollback target)."""
+        rows = self._db.execute(
+            "SELECT e.version FROM events e JOIN versions v ON v.policy = e.policy AND v.version = e.version "
+            "WHERE e.policy = ? AND e.kind = 'state' AND e.to_state = 'live' AND v.state = 'retired' "
+            "AND e.version != ? ORDER BY e.id DESC LIMIT 1", (policy, exclude)).fetchone()
+        return rows[0] if rows else None
+
+    def _enter(self, now: int, policy: str, version: int, state: State, to: State, who: str, why: str) -> None:
+        if to in SLOTS:
+            holder = self._db.execute("SELECT version FROM versions WHERE policy = ? AND state = ?",
+                                      (policy, str(to))).fetchone()
+            if holder is not None and holder[0] != version:
+                self._set_state(now, policy, holder[0], to, State.RETIRED, who, f"replaced by v{version}")
+                if to is State.LIVE:
+                    self._db.execute("UPDATE rollouts SET previous_live = ? WHERE policy = ?", (holder[0], policy))
+        self._set_state(now, policy, version, state, to, who, why)
+        if to in WITHDRAWN:
+            self._drop_pins(now, policy, version, who, f"v{version} {to}")
+
+    def _set_state(self, now: int, policy: str, version: int, state: State, to: State, who: str, why: str) -> None:
+        self._db.execute("UPDATE versions SET state = ?, updated_ns = ? WHERE policy = ? AND version = ?",
+                         (str(to), now, policy, version))
+        self._event(now, policy, version, "state", str(state), str(to), who, why)
+
+    def _drop_pins(self, now: int, policy: str, version: int, who: str, why: str) -> None:
+        for (selector,) in self._db.execute("SELECT selector FROM pins WHERE policy = ? AND version = ? "
+                                            "ORDER BY selector", (policy, version)).fetchall():
+            self._db.execute("DELETE FROM pins WHERE policy = ? AND selector = ?", (policy, selector))
+            self._event(now, policy, version, "pin", _v(version), "", who, why, {}, selector)
+
+    def _event(self, now: int, policy: str, version: int | None, kind: str, from_state: str, to_state: str,
+               who: str, why: str, figures: Mapping[str, float] | None = None, detail: str = "") -> None:
+        self._db.execute("INSERT INTO events (t_ns, policy, version, kind, from_state, to_state, who, why, figures, "
+                         "detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                         (now, policy, version, kind, from_state, to_state, who, why,
+                          json.dumps(dict(figures or {}), sort_keys=True), detail))
+
+
+# -- validation and encoding ------------------------------------------------------------------------------------
+
+
+def _record(row: tuple) -> VersionRecord:
+    return VersionRecord(policy=row[0], version=row[1], sha256=row[2], format=row[3], state=State(row[4]),
+                         lineage=json.loads(row[5]), inputs=json.loads(row[6]), outputs=json.loads(row[7]),
+                         gate=json.loads(row[8]), created_ns=row[9], updated_ns=row[10])
+
+
+def _check_policy(policy: object) -> None:
+    if not isinstance(policy, str) or not _POLICY.fullmatch(policy):
+        raise RegistryError(f"policy name {policy!r} is not 1..128 of [A-Za-z0-9_.-] starting with a letter or digit")
+
+
+def _check_version(version: object) -> None:
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version < 2**63:
+        raise RegistryError(f"version {version!r} is not an integer >= 1")
+
+
+def _check_state(state: object) -> State:
+    try:
+        return State(state)
+    except ValueError:
+        raise RegistryError(f"state {state!r} is not one of {', '.join(State)}") from None
+
+
+def _check_who_why(who: object, why: object) -> None:
+    if not isinstance(who, str) or not 0 < len(who) <= 256:
+        raise RegistryError(f"who {who!r} is not a name of 1..256 characters (e.g. 'operator:alice', 'auto')")
+    if not isinstance(why, str) or len(why) > 4096:
+        raise RegistryError(f"why {why!r:.100} is not a string of at most 4096 characters")
+
+
+def _check_labels(labels: object, what: str) -> dict[str, str]:
+    if not isinstance(labels, Mapping):
+        raise RegistryError(f"{what} must be a mapping of str to str, not {labels!r:.200}")
+    if len(labels) > MAX_LABELS:
+        raise RegistryError(f"{what} has {len(labels)} pairs; at most {MAX_LABELS}")
+    for key, value in labels.items():
+        for part in (key, value):
+            if not isinstance(part, str) or not 0 < len(part) <= MAX_LABEL_CHARS or not _LABEL.fullmatch(part):
+                raise RegistryError(f"{what}: {part!r} (in {key!r}: {value!r}) is not 1..{MAX_LABEL_CHARS} of "
+                                    "[A-Za-z0-9_.:/-]")
+    return dict(sorted(labels.items()))
+
+
+def _check_selector(selector: object) -> tuple[str, str]:
+    if not isinstance(selector, str) or selector.count("=") != 1:
+        raise RegistryError(f"pin selector {selector!r} is not 'session=<id>' or a label '<key>=<value>'")
+    key, value = selector.split("=")
+    limit = 256 if key == "session" else MAX_LABEL_CHARS
+    for part in (key, value):
+        if not 0 < len(part) <= limit or not _LABEL.fullmatch(part):
+            raise RegistryError(f"pin selector {selector!r}: {part!r} is not 1..{limit} of [A-Za-z0-9_.:/-]")
+    return key, value
+
+
+def _check_gate_entry(check: object, policy: str, version: int) -> dict:
+    where = f"gate check for {policy!r} v{version}"
+    if not isinstance(check, Mapping):
+        raise RegistryError(f"{where} must be a dict, not {check!r:.200}")
+    name, passed, figures, detail = (check.get(k) for k in ("name", "passed", "figures", "detail"))
+    if not isinstance(name, str) or not 0 < len(name) <= 64 or "." in name:
+        raise RegistryError(f"{where}: name {name!r} is not 1..64 characters without '.'")
+    if not isinstance(passed, bool):
+        raise RegistryError(f"{where} {name!r}: passed {passed!r} is not a bool")
+    if not isinstance(figures, Mapping) or not all(isinstance(k, str) and k for k in figures):
+        raise RegistryError(f"{where} {name!r}: figures {figures!r:.200} is not a dict of str to float")
+    clean_figures = {}
+    for key, value in figures.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise RegistryError(f"{where} {name!r}: figure {key!r} = {value!r} is not a number")
+        clean_figures[key] = float(value)
+    if not isinstance(detail, str):
+        raise RegistryError(f"{where} {name!r}: detail {detail!r:.200} is not a string")
+    return {**check, "name": name, "passed": passed, "figures": clean_figures, "detail": detail}
+
+
+def _dumps(value: object, what: str) -> str:
+    try:
+        blob = json.dumps(value, sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        raise RegistryError(f"{what} is not JSON-serialisable: {exc}") from None
+    if len(blob) > MAX_JSON_BYTES:
+        raise RegistryError(f"{what} is {len(blob)} bytes as JSON; at most {MAX_JSON_BYTES}")
+    return blob
+
+
+def _show(labels: Mapping[str, str]) -> str:
+    return "{" + ", ".join(f"{k}={v}" for k, v in labels.items()) + "}"
+
+
+def _v(version: int | None) -> str:
+    return "" if version is None else f"v{version}"
+
