@@ -3,6 +3,8 @@
     root/<model>/config.pbtxt            python backend, dynamic batching, every version served
     root/<model>/<version>/policy.pt     the TorchScript policy
     root/<model>/<version>/model.py      the python-backend wrapper (triton_model.py)
+    root/<model>/<version>/policy.onnx   or an imported ONNX file (model.py: onnx_model.py, onnxruntime)
+    root/<model>/<version>/artifact.json an imported version's format and sha256
 
 A version folder is built beside its final place and renamed into it, so a running Triton
 never sees half a version. Usage (plain text: writing a version TorchScripts the module):
@@ -13,6 +15,7 @@ never sees half a version. Usage (plain text: writing a version TorchScripts the
     repo.write_weights("policy", 2, state_dict)   # version 1's architecture, new weights -> .../policy/2
     repo.state_dict("policy", 2)                  # the weights a version serves
     repo.retire("policy", 1)                      # out of Triton's sight (kept under root/.retired)
+    repo.write_artifact("mine", 1, "onnx", data, inputs, outputs)  # an imported file, served as it is
 
 Errors come early and name the bad value:
 
@@ -28,7 +31,9 @@ Errors come early and name the bad value:
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import os
 import re
 import shutil
@@ -40,11 +45,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from inference_server.artifact import ARTIFACT_FILES, ArtifactError, check_artifact
 from protos.codec import Spec, dtype_to_proto, triton_dtype
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _TENSOR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:/-]*")
 _MODEL_PY = Path(__file__).with_name("triton_model.py")
+_WRAPPERS = {"torchscript": _MODEL_PY, "onnx": Path(__file__).with_name("onnx_model.py")}
+_ARTIFACT_JSON = "artifact.json"
 _PROBE_BATCH = 2
 
 
@@ -71,28 +79,12 @@ class ModelRepository:
         leading batch dimension, and returns one tensor or a tuple in action-spec order. It is
         probed with zeros before anything is written. Returns the version folder.
         """
-        _check_model_name(model)
-        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-            raise ValueError(f"version {version!r} must be an integer >= 1")
-        if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
-            raise ValueError(f"max_batch_size {max_batch_size!r} must be an integer >= 1")
-        if not isinstance(max_queue_delay_us, int) or max_queue_delay_us < 0:
-            raise ValueError(f"max_queue_delay_us {max_queue_delay_us!r} must be an integer >= 0")
         observation_spec, action_spec = tuple(observation_spec), tuple(action_spec)
-        _check_specs(observation_spec, action_spec)
+        final, config_path, config = self._plan(model, version, observation_spec, action_spec, max_batch_size,
+                                                max_queue_delay_us)
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
-        model_dir = self.root / model
-        final = model_dir / str(version)
-        if final.exists():
-            raise FileExistsError(f"version {version} of model {model!r} already exists at {final}")
-        config = _config_text(model, observation_spec, action_spec, max_batch_size, max_queue_delay_us)
-        config_path = model_dir / "config.pbtxt"
-        if config_path.exists():
-            existing = config_path.read_text()
-            if _io_block(observation_spec, action_spec) not in existing:
-                raise ValueError(f"the specs of version {version} differ from the inputs/outputs of "
-                                 f"the existing versions of {model!r} in {config_path}")
+        model_dir = final.parent
 
         with warnings.catch_warnings():  # torch deprecates torch.jit; Triton's python backend loads it fine
             warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.jit")
@@ -114,6 +106,69 @@ class ModelRepository:
             raise
         return final
 
+    def write_artifact(self, model: str, version: int, format: str, data: bytes, inputs: Sequence[Spec],
+                       outputs: Sequence[Spec], *, max_batch_size: int = 64, max_queue_delay_us: int = 100) -> Path:
+        """An imported policy file (`format` "torchscript" or "onnx", `data` its bytes) as version
+        `version` of `model`, served as it is: a new model gets its config from `inputs`/`outputs`,
+        an existing one must have the same. The file is checked statically (`check_artifact`:
+        ValueError naming what does not fit), never run here: load it in Triton and probe it.
+        Written beside its final place and renamed into it. Returns the version folder."""
+        if format not in ARTIFACT_FILES:
+            raise ValueError(f"format {format!r} must be one of {sorted(ARTIFACT_FILES)}")
+        inputs, outputs = tuple(inputs), tuple(outputs)
+        final, config_path, config = self._plan(model, version, inputs, outputs, max_batch_size,
+                                                max_queue_delay_us)
+        try:
+            check_artifact(format, data, inputs, outputs)
+        except ArtifactError as exc:
+            raise ValueError(f"{format} file for {model!r} v{version}: {exc}") from None
+        manifest = json.dumps({"format": format, "file": ARTIFACT_FILES[format], "size": len(data),
+                               "sha256": hashlib.sha256(data).hexdigest()})
+        final.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".v{version}-", dir=final.parent))
+        try:
+            (staging / ARTIFACT_FILES[format]).write_bytes(data)
+            (staging / _ARTIFACT_JSON).write_text(manifest)
+            shutil.copyfile(_WRAPPERS[format], staging / "model.py")
+            os.chmod(staging, 0o755)
+            if not config_path.exists() or config_path.read_text() != config:
+                _write_atomically(config_path, config)
+            os.rename(staging, final)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return final
+
+    def imported_format(self, model: str, version: int) -> str | None:
+        """"torchscript" or "onnx" for a version written by `write_artifact`, None otherwise."""
+        path = self.root / _check_model_name(model) / str(version) / _ARTIFACT_JSON
+        return json.loads(path.read_text())["format"] if path.exists() else None
+
+    def _plan(self, model: str, version: int, inputs: tuple[Spec, ...], outputs: tuple[Spec, ...],
+              max_batch_size: int, max_queue_delay_us: int) -> tuple[Path, Path, str]:
+        """Check a new version's arguments; (its final folder, the config path, the config text)."""
+        _check_model_name(model)
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            raise ValueError(f"version {version!r} must be an integer >= 1")
+        if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
+            raise ValueError(f"max_batch_size {max_batch_size!r} must be an integer >= 1")
+        if not isinstance(max_queue_delay_us, int) or max_queue_delay_us < 0:
+            raise ValueError(f"max_queue_delay_us {max_queue_delay_us!r} must be an integer >= 0")
+        _check_specs(inputs, outputs)
+        final = self.root / model / str(version)
+        if final.exists():
+            raise FileExistsError(f"version {version} of model {model!r} already exists at {final}")
+        config_path = self.root / model / "config.pbtxt"
+        if config_path.exists() and _io_block(inputs, outputs) not in config_path.read_text():
+            raise ValueError(f"the specs of version {version} differ from the inputs/outputs of "
+                             f"the existing versions of {model!r} in {config_path}")
+        return final, config_path, _config_text(model, inputs, outputs, max_batch_size, max_queue_delay_us)
+
+    def _refuse_imported(self, model: str, version: int, what: str) -> None:
+        fmt = self.imported_format(model, version)
+        if fmt is not None:
+            raise ValueError(f"version {version} of model {model!r} is an imported {fmt} file: {what} works on "
+                             "versions written from a module (its file is only ever run inside Triton)")
 
     def write_weights(self, model: str, version: int, weights: Mapping[str, torch.Tensor], *,
                       base_version: int | None = None) -> Path:
@@ -125,6 +180,7 @@ class ModelRepository:
         if not on_disk:
             raise FileNotFoundError(f"model {model!r} has no version to take the architecture from")
         base = base_version if base_version is not None else on_disk[-1]
+        self._refuse_imported(model, base, "new weights over its architecture")
         final = self.root / model / str(version)
         if final.exists():
             raise FileExistsError(f"version {version} of model {model!r} already exists at {final}")
@@ -151,6 +207,7 @@ class ModelRepository:
         path = self.root / _check_model_name(model) / str(version) / "policy.pt"
         if not path.exists():
             raise FileNotFoundError(f"version {version} of model {model!r} is not in {self.root}")
+        self._refuse_imported(model, version, "reading its weights")
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.jit")
             return {k: v.detach().contiguous() for k, v in torch.jit.load(str(path), map_location="cpu")

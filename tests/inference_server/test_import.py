@@ -1,0 +1,215 @@
+"""Imported policy files served by a real tritonserver: a TorchScript archive and ONNX files
+(torch.onnx.export and onnx.helper), each matching its reference; bad files refused before
+anything is written; a version that fails to load in Triton leaves the others serving."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import zipfile
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+from inference_server import InferenceError, ModelRepository, PolicyClient, TritonServer, artifact
+from inference_server.artifact import ArtifactError, check_artifact, read_specs, specs_to_json
+from protos.codec import Spec
+
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+OBS = (Spec("obs", np.float32, (3,)),)
+ACT = (Spec("action", np.float32, (2,), (-1.0,), (1.0,)),)
+
+
+def torchscript_bytes(module: torch.nn.Module, specs=(OBS, ACT)) -> bytes:
+    buffer = io.BytesIO()
+    extra = {"tether.json": specs_to_json(*specs)} if specs is not None else {}
+    torch.jit.save(torch.jit.script(module), buffer, _extra_files=extra)
+    return buffer.getvalue()
+
+
+def onnx_bytes(module: torch.nn.Module) -> bytes:
+    buffer = io.BytesIO()
+    torch.onnx.export(module, (torch.zeros(1, 3),), buffer, input_names=["obs"], output_names=["action"],
+                      dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}}, dynamo=False)
+    return buffer.getvalue()
+
+
+def helper_onnx(batch: int | str = 1) -> bytes:
+    """onnx.helper: action = clip(obs[:, :2] * 0.5 + 0.1) and steps = counter + 1 (int64), batch fixed at 1."""
+    graph = helper.make_graph(
+        [helper.make_node("Slice", ["obs", "zero", "two", "one"], ["head"]),
+         helper.make_node("Mul", ["head", "half"], ["scaled"]),
+         helper.make_node("Add", ["scaled", "tenth"], ["shifted"]),
+         helper.make_node("Clip", ["shifted", "low", "high"], ["action"]),
+         helper.make_node("Add", ["counter", "one_i"], ["steps"])],
+        "policy",
+        [helper.make_tensor_value_info("obs", TensorProto.FLOAT, [batch, 3]),
+         helper.make_tensor_value_info("counter", TensorProto.INT64, [batch, 1])],
+        [helper.make_tensor_value_info("action", TensorProto.FLOAT, [batch, 2]),
+         helper.make_tensor_value_info("steps", TensorProto.INT64, [batch, 1])],
+        [helper.make_tensor(name, dtype, dims, [value]) for name, dtype, dims, value in [
+            ("zero", TensorProto.INT64, [1], 0), ("two", TensorProto.INT64, [1], 2), ("one", TensorProto.INT64, [1], 1),
+            ("half", TensorProto.FLOAT, [], 0.5), ("tenth", TensorProto.FLOAT, [], 0.1),
+            ("low", TensorProto.FLOAT, [], -1), ("high", TensorProto.FLOAT, [], 1),
+            ("one_i", TensorProto.INT64, [], 1)]])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+@pytest.fixture(scope="module")
+def module():
+    torch.manual_seed(7)
+    return torch.nn.Sequential(torch.nn.Linear(3, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2), torch.nn.Tanh()).eval()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, module):
+    """One Triton: a TorchScript import, an ONNX export, an onnx.helper graph, and a trained-style
+    model ("mixed") whose version 2 is an imported ONNX file."""
+    repo = ModelRepository(tmp_path_factory.mktemp("import") / "models")
+    repo.write_artifact("ts", 1, "torchscript", torchscript_bytes(module), OBS, ACT)
+    repo.write_artifact("ox", 1, "onnx", onnx_bytes(module), OBS, ACT)
+    inputs, outputs = read_specs("onnx", helper_onnx())
+    repo.write_artifact("rows", 1, "onnx", helper_onnx(), inputs, outputs)
+    repo.write_version("mixed", 1, torch.nn.Linear(3, 2), OBS, ACT)
+    repo.write_artifact("mixed", 2, "onnx", onnx_bytes(module), OBS, ACT)
+    with TritonServer(repo.root, models=["ts", "ox", "rows", "mixed"]) as server:
+        yield repo, server
+
+
+def run(server: TritonServer, fn):
+    async def main():
+        client = PolicyClient(server.grpc_url, timeout_s=10.0)
+        try:
+            return await fn(client)
+        finally:
+            await client.close()
+
+    return asyncio.run(main())
+
+
+def test_specs_are_read_from_the_files(module):
+    assert read_specs("torchscript", torchscript_bytes(module)) == (OBS, ACT)
+    assert read_specs("torchscript", torchscript_bytes(module, specs=None)) is None
+    assert read_specs("onnx", onnx_bytes(module)) == (OBS, (Spec("action", np.float32, (2,)),))
+    inputs, outputs = read_specs("onnx", helper_onnx())
+    assert [(s.name, s.dtype.name, s.shape) for s in inputs + outputs] == [
+        ("obs", "float32", (3,)), ("counter", "int64", (1,)), ("action", "float32", (2,)), ("steps", "int64", (1,))]
+    assert artifact.onnx_batch_is_fixed(helper_onnx()) and not artifact.onnx_batch_is_fixed(onnx_bytes(module))
+    assert artifact.detect_format(torchscript_bytes(module)) == "torchscript"
+    assert artifact.detect_format(helper_onnx()) == "onnx"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["ts", "ox", "mixed"])
+def test_imported_versions_serve_their_reference_outputs(served, module, model):
+    repo, server = served
+    obs = np.random.default_rng(1).standard_normal((6, 3)).astype(np.float32)
+    with torch.no_grad():
+        reference = module(torch.from_numpy(obs)).numpy()
+    version = max(repo.versions(model))
+    out = run(server, lambda c: c.infer(model, version, {"obs": obs}, ["action"]))
+    np.testing.assert_allclose(out["action"], reference, rtol=1e-5, atol=1e-6)
+    assert repo.imported_format(model, version) == ("torchscript" if model == "ts" else "onnx")
+
+
+@pytest.mark.slow
+def test_onnx_with_a_batch_of_one_runs_row_by_row_with_int64(served):
+    _, server = served
+    obs = np.random.default_rng(2).standard_normal((5, 3)).astype(np.float32) * 4
+    counter = np.arange(5, dtype=np.int64)[:, None]
+    out = run(server, lambda c: c.infer("rows", 1, {"obs": obs, "counter": counter}, ["action", "steps"]))
+    session = ort.InferenceSession(helper_onnx(), providers=["CPUExecutionProvider"])
+    expected = np.concatenate([session.run(["action"], {"obs": obs[i:i + 1], "counter": counter[i:i + 1]})[0]
+                               for i in range(5)])
+    np.testing.assert_allclose(out["action"], expected, rtol=1e-6)
+    np.testing.assert_array_equal(out["steps"], counter + 1)
+    assert out["steps"].dtype == np.int64 and np.abs(out["action"]).max() <= 1.0
+
+
+def test_bad_files_are_refused_before_anything_is_written(tmp_path, module):
+    repo = ModelRepository(tmp_path)
+    ts, ox = torchscript_bytes(module), onnx_bytes(module)
+    cases = [
+        ("torchscript", ts[: len(ts) // 2], OBS, ACT, "not a complete TorchScript archive"),
+        ("onnx", ox[: len(ox) // 3], OBS, ACT, "neither a TorchScript archive nor an ONNX model"),
+        ("onnx", ox, (Spec("obs", np.float32, (4,)),), ACT, r"ONNX input 'obs' is float32\[3\], declared float32\[4\]"),
+        ("onnx", ox, (Spec("state", np.float32, (3,)),), ACT, "the ONNX graph has no input 'state'"),
+        ("onnx", ox, OBS, (Spec("action", np.float64, (2,)),), r"ONNX output 'action' is float32\[2\]"),
+        ("torchscript", ts, OBS, (Spec("action", np.float32, (3,)),), "differ from the archive's tether.json"),
+        ("torchscript", b"PK\x03\x04" + b"\0" * 64, OBS, ACT, "not a complete TorchScript archive"),
+        ("onnx", ox, OBS, (Spec("action", np.float32, (2,), (1.0,), (-1.0,)),), "low .* above high"),
+        ("keras", ox, OBS, ACT, "format 'keras'"),
+    ]
+    for fmt, data, inputs, outputs, needle in cases:
+        with pytest.raises(ValueError, match=needle):
+            repo.write_artifact("bad", 1, fmt, data, inputs, outputs)
+    assert not (tmp_path / "bad").exists() or list((tmp_path / "bad").iterdir()) == []
+    zipped = io.BytesIO()
+    with zipfile.ZipFile(zipped, "w") as archive:
+        archive.writestr("x/readme.txt", "hello")
+    with pytest.raises(ArtifactError, match="no x/data.pkl"):
+        check_artifact("torchscript", zipped.getvalue(), OBS, ACT)
+
+
+def test_onnx_with_external_data_or_a_fixed_batch_is_refused(tmp_path, module):
+    model = onnx.load_model_from_string(onnx_bytes(module))
+    weight = model.graph.initializer[0]
+    weight.data_location = TensorProto.EXTERNAL
+    weight.external_data.add(key="location", value="/etc/passwd")
+    with pytest.raises(ArtifactError, match="external files"):
+        check_artifact("onnx", model.SerializeToString(), OBS, ACT)
+    with pytest.raises(ArtifactError, match="fixed batch dimension 4"):
+        check_artifact("onnx", helper_onnx(batch=4), *read_specs("onnx", helper_onnx(batch=4)))
+
+
+def test_existing_models_keep_their_specs_and_imported_weights_stay_unread(tmp_path, module):
+    repo = ModelRepository(tmp_path)
+    repo.write_artifact("p", 1, "torchscript", torchscript_bytes(module), OBS, ACT)
+    other = (Spec("obs", np.float32, (4,)),)
+    with pytest.raises(ValueError, match="differ from the inputs/outputs of the existing versions"):
+        repo.write_artifact("p", 2, "onnx", onnx_bytes(module), other, ACT)
+    with pytest.raises(ValueError, match="imported torchscript file"):
+        repo.write_weights("p", 2, {})
+    with pytest.raises(ValueError, match="imported torchscript file"):
+        repo.state_dict("p", 1)
+    with pytest.raises(FileExistsError):
+        repo.write_artifact("p", 1, "onnx", onnx_bytes(module), OBS, ACT)
+    assert repo.versions("p") == [1]
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("obs:float32", "NAME:DTYPE:SHAPE"), ("obs:complex64:3", "unsupported dtype"), ("obs:float32:x", "numbers"),
+    ("a:float32:2:0,0,0:1", "3 low bounds for 2 elements"), ("obs:float32:3:1", "NAME:DTYPE:SHAPE"),
+])
+def test_bad_spec_strings_name_the_value(text, needle):
+    with pytest.raises(ArtifactError, match=needle):
+        artifact.parse_spec(text)
+
+
+@pytest.mark.slow
+def test_a_version_that_fails_to_load_leaves_the_others_serving(served, module):
+    repo, server = served
+    zipped = io.BytesIO()
+    with zipfile.ZipFile(zipped, "w") as archive:  # passes the static check, fails torch.jit.load in Triton
+        archive.writestr("x/data.pkl", b"not a pickle")
+        archive.writestr("x/code/__torch__.py", b"nonsense")
+    repo.write_artifact("ts", 2, "torchscript", zipped.getvalue(), OBS, ACT)
+
+    async def scenario(client):
+        with pytest.raises(InferenceError, match="version 2"):
+            await client.load_model("ts")
+        return await client.ready_versions("ts"), await client.infer("ts", 1, {"obs": np.zeros((1, 3), np.float32)},
+                                                                      ["action"])
+
+    try:
+        ready, out = run(server, scenario)
+    finally:
+        repo.retire("ts", 2)
+    assert ready == [1] and out["action"].shape == (1, 2)
