@@ -37,6 +37,7 @@ import uuid
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -68,6 +69,7 @@ class SimStats:
     returns: deque[float] = field(default_factory=lambda: deque(maxlen=1000))  # client-side returns
     sessions: int = 0              # sessions welcomed by the gateway
     reconnects: int = 0            # sessions that reconnected after the gateway went away
+    cut_episodes: int = 0          # episodes ended early (truncated LAST) because the budget ran out
     replayed: int = 0              # steps resent as Replay after a reconnect
     elapsed_s: float = 0.0
 
@@ -135,7 +137,8 @@ Controller = Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
 class _Session:
     def __init__(self, channel, env: Environment, *, hello: bridge_pb2.Hello, target: str, stats: SimStats,
                  budget: _Budget, connect_timeout: float, reply_timeout: float, reconnect_s: float,
-                 controller: Controller | None = None):
+                 controller: Controller | None = None, episodes: int | None = None):
+        self.episodes = episodes  # episodes this session runs (None = until the budget runs out)
         self.channel, self.env, self.hello_msg, self.id, self.target = channel, env, hello, hello.session_id, target
         self.stats, self.budget, self.reply_timeout = stats, budget, reply_timeout
         self.connect_timeout, self.reconnect_s, self.controller = connect_timeout, reconnect_s, controller
@@ -236,11 +239,15 @@ class _Session:
 
     async def run(self) -> None:
         ts, step, episode, episode_return = self.env.reset(), 0, 0, 0.0
+        episodes_left = self.episodes
         while True:
             stop = self.budget.exhausted()
-            if stop and ts.step_type is StepType.FIRST:
+            if ts.step_type is StepType.FIRST and (stop or episodes_left == 0):
                 return  # nothing of this episode was sent
+            if ts.step_type is StepType.FIRST and episodes_left is not None:
+                episodes_left -= 1
             step_type = StepType.LAST if stop else ts.step_type
+            cut = stop and ts.step_type is not StepType.LAST
             if step_type is not StepType.LAST:
                 self.budget.claim()
             t0 = time.perf_counter_ns()
@@ -262,6 +269,7 @@ class _Session:
                 self.stats.episodes += 1
                 self.stats.returns.append(episode_return)
                 if stop:
+                    self.stats.cut_episodes += cut
                     return
                 ts, episode_return, episode = self.env.reset(), 0.0, episode + 1
                 self.fallback = zeros(self.env.action_spec())
@@ -364,7 +372,7 @@ def _rpc_error(e: grpc.aio.AioRpcError, *, target: str, session_id: str) -> Exce
 async def _one_session(channel, env: Environment, *, index: int, session_id: str, target: str,
                        policy: str, labels: Mapping[str, str], stats: SimStats, budget: _Budget,
                        connect_timeout: float, reply_timeout: float, reconnect_s: float,
-                       controller: Controller | None) -> None:
+                       controller: Controller | None, episodes: int | None = None) -> None:
     vector = isinstance(env, VectorEnvironment)
     hello = bridge_pb2.Hello(
         session_id=session_id, policy=policy, source=getattr(env, "source", f"sim:{type(env).__name__}"),
@@ -374,7 +382,7 @@ async def _one_session(channel, env: Environment, *, index: int, session_id: str
         num_envs=env.num_envs if vector else 0, batched=vector)
     session = (_VectorSession if vector else _Session)(
         channel, env, hello=hello, target=target, stats=stats, budget=budget, connect_timeout=connect_timeout,
-        reply_timeout=reply_timeout, reconnect_s=reconnect_s, controller=controller)
+        reply_timeout=reply_timeout, reconnect_s=reconnect_s, controller=controller, episodes=episodes)
     try:
         await session.hello(connect_timeout)
         await session.run()
@@ -395,7 +403,8 @@ async def run_sessions(target: str, make_env: Callable[[int], Environment | Vect
                        connect_timeout: float = 10.0, reply_timeout: float = 10.0,
                        progress_every: float = 1.0, labels: Mapping[str, str] | None = None,
                        reconnect_s: float = 0.0, controller: Controller | None = None,
-                       until: Callable[[SimStats], bool] | None = None) -> SimStats:
+                       until: Callable[[SimStats], bool] | None = None, episodes: int | None = None,
+                       session_prefix: str | None = None) -> SimStats:
     """Run `envs` sessions against the gateway at `target` until `seconds` or `steps` (total env
     steps over all sessions, exact) runs out; return their `SimStats`. A `VectorEnvironment` from
     `make_env` gets a vectorised session (see `run_vector_sessions`).
@@ -403,6 +412,9 @@ async def run_sessions(target: str, make_env: Callable[[int], Environment | Vect
     `reconnect_s` > 0: a session whose gateway goes away reconnects for up to that long (and
     replays what was not logged). `controller`: see the module docstring. `until`: checked at
     each progress tick; when it says so, the run ends early (e.g. once the return is high enough).
+    `episodes`: a budget of K complete episodes in total (single-env sessions; session i runs
+    K // envs episodes, plus one if i < K % envs, so a seeded run replays the same episodes).
+    `session_prefix`: session i is called "<prefix>-<i>" (default "sim-<random>").
 
     Raises ConnectionError if the gateway is not reachable within `connect_timeout`,
     SessionError if it rejects a session or breaks the protocol, TimeoutError if a reply takes
@@ -410,8 +422,10 @@ async def run_sessions(target: str, make_env: Callable[[int], Environment | Vect
     """
     if envs < 1:
         raise ValueError(f"envs must be >= 1, got {envs}")
-    if seconds is None and steps is None:
-        raise ValueError("give a budget: seconds or steps")
+    if seconds is None and steps is None and episodes is None:
+        raise ValueError("give a budget: seconds, steps or episodes")
+    if episodes is not None and (isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1):
+        raise ValueError(f"episodes must be an integer >= 1, got {episodes!r}")
     if (seconds is not None and seconds <= 0) or (steps is not None and steps < 0):
         raise ValueError(f"budget must be positive, got seconds={seconds} steps={steps}")
     channel = grpc.aio.insecure_channel(target)
@@ -424,7 +438,11 @@ async def run_sessions(target: str, make_env: Callable[[int], Environment | Vect
             raise ConnectionError(f"gateway {target} not reachable within {connect_timeout:g} s") from None
         for i in range(envs):
             environments.append(make_env(i))
-        stats, run_id = SimStats(), uuid.uuid4().hex[:6]
+        if episodes is not None and any(isinstance(env, VectorEnvironment) for env in environments):
+            raise ValueError("an episodes budget needs single-env sessions, not a vector env")
+        quotas = [None] * envs if episodes is None else [episodes // envs + (i < episodes % envs) for i in range(envs)]
+        prefix = session_prefix or f"sim-{uuid.uuid4().hex[:6]}"
+        stats = SimStats()
         budget, start = _Budget(steps=steps, seconds=seconds), time.monotonic()
         if on_progress is not None or until is not None:
             progress = asyncio.create_task(_tick(stats, start, on_progress, progress_every, until, budget))
@@ -432,9 +450,10 @@ async def run_sessions(target: str, make_env: Callable[[int], Environment | Vect
             async with asyncio.TaskGroup() as tg:
                 for i, env in enumerate(environments):
                     tg.create_task(_one_session(
-                        channel, env, index=i, session_id=f"sim-{run_id}-{i}", target=target, policy=policy,
+                        channel, env, index=i, session_id=f"{prefix}-{i}", target=target, policy=policy,
                         labels=labels or {}, stats=stats, budget=budget, connect_timeout=connect_timeout,
-                        reply_timeout=reply_timeout, reconnect_s=reconnect_s, controller=controller))
+                        reply_timeout=reply_timeout, reconnect_s=reconnect_s, controller=controller,
+                        episodes=quotas[i]))
         except BaseExceptionGroup as group:
             first = group.exceptions[0]
             if len(group.exceptions) > 1:
@@ -504,8 +523,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-episode-steps", type=int)
     parser.add_argument("--connect-timeout", type=float, default=10.0)
     parser.add_argument("--status-every", type=float, default=1.0, help="seconds between status lines")
+    parser.add_argument("--session-id", metavar="PREFIX", help="session i is called PREFIX-i")
+    parser.add_argument("--episodes", type=int, help="stop after this many complete episodes in total")
+    parser.add_argument("--summary", type=Path, metavar="PATH",
+                        help="also write the summary JSON here, with every episode's return")
     args = parser.parse_args(argv)
-    if args.seconds is None and args.steps is None:
+    if args.seconds is None and args.steps is None and args.episodes is None:
         args.seconds = 10.0
 
     vector = args.sessions is not None or args.env.partition(":")[0] in VECTOR_PREFIXES
@@ -525,7 +548,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         stats = asyncio.run(run_sessions(
             args.gateway, build, envs=sessions, seconds=args.seconds, steps=args.steps,
             policy=args.policy, on_progress=status, connect_timeout=args.connect_timeout,
-            progress_every=args.status_every, labels={"env": args.env}))
+            progress_every=args.status_every, labels={"env": args.env}, episodes=args.episodes,
+            session_prefix=args.session_id))
     except ValueError as e:  # a bad --env or budget: a usage error, like argparse's
         print(f"tether sim: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -534,7 +558,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(1) from None
     status(stats)
     print(json.dumps(stats.summary()))
+    if args.summary is not None:
+        _write_summary(args.summary, {**stats.summary(), "returns": list(stats.returns),
+                                      "cut_episodes": stats.cut_episodes})
     return 0
+
+
+def _write_summary(path: Path, summary: dict) -> None:
+    """Atomically: a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(summary))
+    tmp.replace(path)
 
 
 if __name__ == "__main__":

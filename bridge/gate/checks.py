@@ -1,0 +1,297 @@
+"""The gate's verdicts and the pure computations behind them (no Triton, no processes).
+
+    >>> import numpy as np, torch
+    >>> check = integrity({"w": torch.tensor([1.0, float("nan")])}, {"w": torch.zeros(2)})
+    >>> check.name, check.passed, check.detail
+    ('integrity', False, "weight 'w' has 1 non-finite values")
+    >>> compare_outputs({"action": np.ones((2, 1), np.float32)},
+    ...                 {"action": np.full((2, 1), 1.5, np.float32)}).passed
+    False
+    >>> report = GateReport((check, CheckResult.skipped("evaluation", "no eval env configured")))
+    >>> report.passed, report.failed
+    (False, ['integrity'])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import numpy as np
+import torch
+
+from protos.codec import Spec
+
+CHECKS = ("integrity", "consistency", "evaluation", "action_sanity")
+
+# (rtol, atol) per dtype of the compared outputs: served vs the trainer's, |d| <= atol + rtol * |want|
+DEFAULT_TOLERANCES: Mapping[str, tuple[float, float]] = MappingProxyType({
+    "float64": (1e-7, 1e-7), "float32": (1e-4, 1e-4), "float16": (1e-2, 1e-2), "bfloat16": (1e-2, 1e-2),
+    "int64": (0.0, 0.0), "int32": (0.0, 0.0), "uint8": (0.0, 0.0), "bool": (0.0, 0.0)})
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One check's verdict: its name, whether it passed, its figures and why."""
+
+    name: str
+    passed: bool
+    figures: dict[str, float] = field(default_factory=dict)
+    detail: str = ""
+
+    def __post_init__(self):
+        if self.name not in CHECKS:
+            raise ValueError(f"check name {self.name!r} is not one of {CHECKS}")
+        bad = [k for k, v in self.figures.items() if not isinstance(v, int | float) or isinstance(v, bool)]
+        if bad:
+            raise ValueError(f"check {self.name!r}: figures {bad} are not numbers")
+
+    @classmethod
+    def skipped(cls, name: str, why: str) -> CheckResult:
+        """A check that could not run here: it passes, with no figures, saying why."""
+        return cls(name, True, {}, f"skipped: {why}")
+
+    @property
+    def is_skipped(self) -> bool:
+        return self.passed and self.detail.startswith("skipped:")
+
+    def to_dict(self) -> dict:
+        """JSON-ready (non-finite figures become strings "nan" / "inf" / "-inf")."""
+        return {"name": self.name, "passed": self.passed, "detail": self.detail,
+                "figures": {k: (float(v) if math.isfinite(v) else str(float(v))) for k, v in self.figures.items()}}
+
+
+@dataclass(frozen=True)
+class GateReport:
+    """Every check run on one candidate, in order."""
+
+    checks: tuple[CheckResult, ...]
+
+    def __post_init__(self):
+        object.__setattr__(self, "checks", tuple(self.checks))
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.checks)
+
+    @property
+    def failed(self) -> list[str]:
+        return [c.name for c in self.checks if not c.passed]
+
+    def get(self, name: str) -> CheckResult | None:
+        return next((c for c in self.checks if c.name == name), None)
+
+    def summary(self) -> str:
+        """One line: 'integrity ok, consistency FAILED (why), ...'."""
+        return ", ".join(f"{c.name} {'ok' if c.passed else 'FAILED'}" + ("" if c.passed else f" ({c.detail})")
+                         for c in self.checks)
+
+    def to_dict(self) -> dict:
+        return {"passed": self.passed, "failed": self.failed, "checks": [c.to_dict() for c in self.checks]}
+
+
+def integrity(weights: Mapping[str, torch.Tensor], architecture: Mapping[str, torch.Tensor] | None, *,
+              sha256: str | None = None, data: bytes | None = None, max_named: int = 5) -> CheckResult:
+    """Expected tensor names, dtypes and shapes (against `architecture`'s state dict, when given),
+    every value finite, and (given `data` and `sha256`) the digest. Names each bad tensor."""
+    problems: list[str] = []
+    figures: dict[str, float] = {"tensors": float(len(weights))}
+    if sha256 is not None and data is not None:
+        digest = hashlib.sha256(data).hexdigest()
+        figures["sha256_ok"] = float(digest == sha256.lower())
+        if digest != sha256.lower():
+            problems.append(f"sha256 mismatch: the bytes hash to {digest}, the header says {sha256}")
+    if architecture is not None:
+        missing = sorted(architecture.keys() - weights.keys())
+        unexpected = sorted(weights.keys() - architecture.keys())
+        if missing:
+            problems.append(f"missing tensors {missing[:max_named]}")
+        if unexpected:
+            problems.append(f"unexpected tensors {unexpected[:max_named]}")
+        for name in sorted(architecture.keys() & weights.keys()):
+            got, want = weights[name], architecture[name]
+            if tuple(got.shape) != tuple(want.shape):
+                problems.append(f"weight {name!r} has shape {list(got.shape)}, the architecture {list(want.shape)}")
+            if got.dtype != want.dtype:
+                problems.append(f"weight {name!r} has dtype {got.dtype}, the architecture {want.dtype}")
+    non_finite, parameters = 0, 0
+    for name in sorted(weights):
+        tensor = weights[name]
+        if not isinstance(tensor, torch.Tensor):
+            problems.append(f"weight {name!r} is a {type(tensor).__name__}, not a tensor")
+            continue
+        parameters += tensor.numel()
+        if tensor.is_floating_point() or tensor.is_complex():
+            bad = int((~torch.isfinite(tensor)).sum())
+            if bad:
+                non_finite += bad
+                problems.append(f"weight {name!r} has {bad} non-finite values")
+    figures.update(parameters=float(parameters), non_finite=float(non_finite))
+    if not problems:
+        compared = "against the architecture" if architecture is not None else "(no architecture to compare with)"
+        return CheckResult("integrity", True, figures, f"{len(weights)} tensors, all finite, names/dtypes/shapes "
+                                                       f"{'match' if architecture is not None else 'unchecked'} "
+                                                       f"{compared}")
+    more = f" (and {len(problems) - max_named} more)" if len(problems) > max_named else ""
+    return CheckResult("integrity", False, figures, "; ".join(problems[:max_named]) + more)
+
+
+def _dtype_name(dtype: np.dtype | torch.dtype | str) -> str:
+    if isinstance(dtype, torch.dtype):
+        return str(dtype).removeprefix("torch.")
+    return dtype if isinstance(dtype, str) else np.dtype(dtype).name
+
+
+def tolerance_for(dtypes: Iterable[np.dtype | torch.dtype | str],
+                  tolerances: Mapping[str, tuple[float, float]]) -> tuple[float, float]:
+    """The loosest (rtol, atol) among `dtypes` (an unknown dtype: ValueError naming it)."""
+    rtol, atol = 0.0, 0.0
+    for dtype in dtypes:
+        key = _dtype_name(dtype)
+        if key not in tolerances:
+            raise ValueError(f"no tolerance configured for dtype {key!r} (configured: {sorted(tolerances)})")
+        r, a = tolerances[key]
+        rtol, atol = max(rtol, r), max(atol, a)
+    return rtol, atol
+
+
+def compare_outputs(served: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray], *,
+                    tolerances: Mapping[str, tuple[float, float]] = DEFAULT_TOLERANCES,
+                    atol: float = 0.0, extra_dtypes: Sequence[str] = ()) -> CheckResult:
+    """Numerical consistency: every expected output within |d| <= atol + rtol * |want| of the served one.
+
+    (rtol, atol) is the loosest of the outputs' dtypes and `extra_dtypes` (e.g. the weights'); a
+    positive `atol` (the publisher's header.atol) replaces it with that absolute tolerance.
+    Figures: max_abs_error, max_rel_error (|d| / |want| where |want| > the absolute tolerance),
+    worst (the largest |d| / allowed: <= 1 passes), rtol, atol, outputs.
+    """
+    figures = {"max_abs_error": 0.0, "max_rel_error": 0.0, "worst": 0.0, "rtol": 0.0, "atol": 0.0,
+               "outputs": float(len(expected))}
+    problems: list[str] = []
+    for key in sorted(expected):
+        want = np.asarray(expected[key])
+        if key not in served:
+            problems.append(f"output {key!r} is not served")
+            continue
+        got = np.asarray(served[key])
+        if got.shape != want.shape:
+            problems.append(f"output {key!r}: served shape {list(got.shape)}, the reference {list(want.shape)}")
+            continue
+        if atol > 0:
+            r, a = 0.0, float(atol)
+        else:
+            r, a = tolerance_for([got.dtype, want.dtype, *extra_dtypes], tolerances)
+        figures["rtol"], figures["atol"] = max(figures["rtol"], r), max(figures["atol"], a)
+        got64, want64 = got.astype(np.float64), want.astype(np.float64)
+        if not np.isfinite(got64).all():
+            problems.append(f"output {key!r}: the served values are not all finite")
+            figures["max_abs_error"] = figures["worst"] = math.inf
+            continue
+        if not want.size:
+            continue
+        diff = np.abs(got64 - want64)
+        allowed = a + r * np.abs(want64)
+        abs_err = float(diff.max())
+        big = np.abs(want64) > max(a, 1e-12)
+        rel_err = float((diff[big] / np.abs(want64[big])).max()) if big.any() else 0.0
+        worst = float(np.max(np.where(allowed > 0, diff / np.where(allowed > 0, allowed, 1.0),
+                                      np.where(diff > 0, np.inf, 0.0))))
+        figures["max_abs_error"] = max(figures["max_abs_error"], abs_err)
+        figures["max_rel_error"] = max(figures["max_rel_error"], rel_err)
+        figures["worst"] = max(figures["worst"], worst)
+        if worst > 1.0:
+            problems.append(f"output {key!r}: max abs error {abs_err:.3g}, max rel error {rel_err:.3g} exceed "
+                            f"the tolerance (atol {a:g} + rtol {r:g} * |reference|)")
+    if problems:
+        return CheckResult("consistency", False, figures,
+                           "; ".join(problems) + ": a wrong export, a dtype slip or stale weights")
+    return CheckResult("consistency", True, figures,
+                       f"{len(expected)} output(s) within tolerance: max abs error {figures['max_abs_error']:.3g}, "
+                       f"max rel error {figures['max_rel_error']:.3g}")
+
+
+def _bounds(spec: Spec) -> tuple[np.ndarray, np.ndarray]:
+    """Broadcast low/high of `spec` to its shape (-inf/+inf where it declares none)."""
+    low = np.broadcast_to(np.asarray(spec.low, np.float64) if spec.low else -np.inf, spec.shape)
+    high = np.broadcast_to(np.asarray(spec.high, np.float64) if spec.high else np.inf, spec.shape)
+    return low, high
+
+
+def action_sanity(actions: Mapping[str, np.ndarray], action_spec: Sequence[Spec], *,
+                  pairs: Sequence[tuple[int, int]] = (), bound_tolerance: float = 1e-6,
+                  max_jerk: float | None = None) -> CheckResult:
+    """Bounds, finiteness and jerk of a batch of actions (leading dimension: samples).
+
+    An element is out of bounds when below low - tol * width or above high + tol * width (width =
+    high - low; an absolute tol where a side is unbounded). `pairs` are (previous, next) row indices
+    of consecutive logged steps of one episode; jerk = max |a_next - a_prev| / width (raw where the
+    width is not finite). Fails on any out-of-bounds or non-finite action, or jerk > max_jerk.
+    """
+    samples = max((len(a) for a in actions.values()), default=0)
+    out_rows = np.zeros(samples, bool)
+    nonfinite_rows = np.zeros(samples, bool)
+    jerk = 0.0
+    problems: list[str] = []
+    for spec in action_spec:
+        if spec.name not in actions:
+            problems.append(f"action {spec.name!r} is not served")
+            continue
+        a = np.asarray(actions[spec.name], np.float64).reshape(len(actions[spec.name]), *spec.shape)
+        low, high = _bounds(spec)
+        width = high - low
+        slack = np.where(np.isfinite(width), bound_tolerance * width, bound_tolerance)
+        finite = np.isfinite(a)
+        nonfinite_rows |= ~finite.reshape(len(a), -1).all(axis=1)
+        with np.errstate(invalid="ignore"):
+            outside = finite & ((a < low - slack) | (a > high + slack))
+        rows = outside.reshape(len(a), -1).any(axis=1)
+        if rows.any():
+            worst = int(np.argmax(rows))
+            problems.append(f"action {spec.name!r} leaves its bounds [{spec.low}, {spec.high}] in {int(rows.sum())} "
+                            f"of {len(a)} samples (e.g. {a[worst].ravel()[:4].tolist()})")
+        out_rows |= rows
+        if pairs:
+            prev, nxt = np.asarray(pairs).T
+            scale = np.where(np.isfinite(width) & (width > 0), width, 1.0)
+            steps = np.abs(a[nxt] - a[prev]) / scale
+            steps = steps[np.isfinite(steps)]
+            if steps.size:
+                jerk = max(jerk, float(steps.max()))
+    if nonfinite_rows.any():
+        problems.append(f"{int(nonfinite_rows.sum())} of {samples} samples have non-finite actions")
+    if max_jerk is not None and jerk > max_jerk:
+        problems.append(f"max jerk {jerk:.3g} (of the bound range, between consecutive steps) exceeds {max_jerk:g}")
+    figures = {"samples": float(samples), "pairs": float(len(pairs)),
+               "out_of_bounds": float(out_rows.mean()) if samples else 0.0,
+               "non_finite": float(nonfinite_rows.mean()) if samples else 0.0, "max_jerk": jerk}
+    if problems:
+        return CheckResult("action_sanity", False, figures, "; ".join(problems))
+    judged = f", max jerk {jerk:.3g} <= {max_jerk:g}" if max_jerk is not None else f", max jerk {jerk:.3g} (not judged)"
+    return CheckResult("action_sanity", True, figures,
+                       f"{samples} recorded observations: all actions finite and within bounds{judged}")
+
+
+def evaluation(candidate: Sequence[float], incumbent: Sequence[float], *, margin: float) -> CheckResult:
+    """Fails when mean(candidate) < mean(incumbent) - margin * |mean(incumbent)| (same seeds)."""
+    c, i = np.asarray(candidate, np.float64), np.asarray(incumbent, np.float64)
+    if not c.size or not i.size:
+        return CheckResult("evaluation", False, {"episodes": float(min(c.size, i.size))},
+                           f"no episodes to compare (candidate {c.size}, incumbent {i.size})")
+    c_mean, i_mean = float(c.mean()), float(i.mean())
+    figures = {"episodes": float(c.size), "candidate_mean": c_mean, "candidate_std": float(c.std()),
+               "incumbent_mean": i_mean, "incumbent_std": float(i.std()), "margin": float(margin)}
+    if i_mean != 0:
+        figures["ratio"] = c_mean / i_mean
+    threshold = i_mean - margin * abs(i_mean)
+    figures["threshold"] = threshold
+    rule = (f"rule: candidate mean >= incumbent mean - {margin:g} * |incumbent mean| = {threshold:.4g}; "
+            f"candidate {c_mean:.4g} ± {figures['candidate_std']:.3g}, incumbent {i_mean:.4g} ± "
+            f"{figures['incumbent_std']:.3g} over {c.size} episodes")
+    if not np.isfinite(c).all():
+        return CheckResult("evaluation", False, figures, f"non-finite candidate returns; {rule}")
+    if not c_mean >= threshold:
+        return CheckResult("evaluation", False, figures, f"the candidate performs worse than the incumbent: {rule}")
+    return CheckResult("evaluation", True, figures, f"not worse than the incumbent: {rule}")

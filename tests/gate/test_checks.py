@@ -1,0 +1,151 @@
+"""The gate's verdicts without Triton: integrity, output comparison, action sanity, the evaluation rule."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from bridge.gate import CheckResult, Gate, GateConfig, GateReport, SimEvaluator
+from bridge.gate.checks import action_sanity, compare_outputs, evaluation, integrity
+from bridge.gate.evaluation import EvaluationError, _episode_returns
+from inference_server import PolicyClient
+from protos import policies_pb2
+from protos.codec import Spec, encode
+
+ARCH = {"net.0.weight": torch.zeros(8, 4), "net.0.bias": torch.zeros(8), "net.2.weight": torch.zeros(1, 8)}
+ACT = (Spec("action", np.float32, (2,), low=(-1.0, -2.0), high=(1.0, 2.0)),)
+
+
+def test_integrity_passes_matching_finite_weights_and_reports_figures():
+    weights = {k: torch.randn(v.shape) for k, v in ARCH.items()}
+    data = b"safetensors bytes"
+    check = integrity(weights, ARCH, sha256=hashlib.sha256(data).hexdigest(), data=data)
+    assert check.passed and check.name == "integrity"
+    assert check.figures == {"tensors": 3.0, "sha256_ok": 1.0, "parameters": 48.0, "non_finite": 0.0}
+
+
+@pytest.mark.parametrize(("change", "named"), [
+    ({"net.0.bias": torch.tensor([0.0] * 7 + [float("nan")])}, "weight 'net.0.bias' has 1 non-finite values"),
+    ({"net.0.bias": torch.full((8,), float("inf"))}, "weight 'net.0.bias' has 8 non-finite values"),
+    ({"net.0.weight": torch.zeros(4, 8)}, "weight 'net.0.weight' has shape [4, 8], the architecture [8, 4]"),
+    ({"net.0.weight": torch.zeros(8, 4, dtype=torch.float64)}, "weight 'net.0.weight' has dtype torch.float64"),
+    ({"net.9.weight": torch.zeros(1)}, "unexpected tensors ['net.9.weight']"),
+])
+def test_integrity_names_the_bad_tensor(change, named):
+    weights = {**{k: torch.zeros(v.shape) for k, v in ARCH.items()}, **change}
+    check = integrity(weights, ARCH)
+    assert not check.passed and named in check.detail
+
+
+def test_integrity_names_missing_tensors_and_a_wrong_digest():
+    weights = {"net.0.weight": torch.zeros(8, 4)}
+    check = integrity(weights, ARCH, sha256="00" * 32, data=b"x")
+    assert not check.passed and check.figures["sha256_ok"] == 0.0
+    assert "missing tensors ['net.0.bias', 'net.2.weight']" in check.detail and "sha256 mismatch" in check.detail
+    assert Gate(client=None, experience_dir=None, evaluator=None, config=GateConfig()).check_artifact(
+        weights, ARCH).detail == check.detail.split("; ", 1)[1]
+
+
+def test_compare_outputs_uses_the_tolerance_of_the_dtype():
+    want = np.array([[1.0, -2.0], [0.0, 4.0]], np.float32)
+    close = compare_outputs({"a": want + np.float32(5e-5)}, {"a": want})
+    assert close.passed and 4e-5 < close.figures["max_abs_error"] < 6e-5 and close.figures["worst"] <= 1
+    off = compare_outputs({"a": want + np.float32(3e-3)}, {"a": want})
+    assert not off.passed and "'a'" in off.detail and off.figures["max_abs_error"] == pytest.approx(3e-3, rel=1e-3)
+    assert off.figures["max_rel_error"] == pytest.approx(3e-3, rel=1e-2)   # the largest where |want| > atol: 1.0
+    half = compare_outputs({"a": (want + np.float32(3e-3)).astype(np.float16)}, {"a": want.astype(np.float16)})
+    assert half.passed and half.figures["rtol"] == 1e-2            # float16 is judged at 1e-2
+    strict = compare_outputs({"a": want + np.float32(3e-3)}, {"a": want}, atol=1e-2)  # the header's atol
+    assert strict.passed and strict.figures["atol"] == 1e-2 and strict.figures["rtol"] == 0
+
+
+def test_compare_outputs_fails_on_shape_missing_output_and_non_finite():
+    want = np.zeros((2, 2), np.float32)
+    assert "served shape [2, 3]" in compare_outputs({"a": np.zeros((2, 3), np.float32)}, {"a": want}).detail
+    assert "'a' is not served" in compare_outputs({}, {"a": want}).detail
+    nan = compare_outputs({"a": np.full((2, 2), np.nan, np.float32)}, {"a": want})
+    assert not nan.passed and "not all finite" in nan.detail
+
+
+def test_action_sanity_bounds_non_finite_and_jerk():
+    ok = action_sanity({"action": np.array([[0.5, -2.0], [1.0, 1.9]], np.float32)}, ACT, pairs=[(0, 1)])
+    assert ok.passed and ok.figures["samples"] == 2 and ok.figures["max_jerk"] == pytest.approx(0.975)
+    out = action_sanity({"action": np.array([[0.5, 0.0], [1.5, 0.0], [0.0, -2.5], [0.0, 0.0]], np.float32)}, ACT)
+    assert not out.passed and out.figures["out_of_bounds"] == 0.5 and "leaves its bounds" in out.detail
+    nan = action_sanity({"action": np.array([[np.nan, 0.0], [0.0, 0.0]], np.float32)}, ACT)
+    assert not nan.passed and nan.figures["non_finite"] == 0.5 and "non-finite" in nan.detail
+    jerky = action_sanity({"action": np.array([[-1.0, 0.0], [1.0, 0.0]], np.float32)}, ACT, pairs=[(0, 1)],
+                          max_jerk=0.5)
+    assert not jerky.passed and jerky.figures["max_jerk"] == 1.0 and "max jerk 1 " in jerky.detail
+    unbounded = (Spec("action", np.float32, (2,)),)   # no bounds declared: only finiteness is judged
+    assert action_sanity({"action": np.full((3, 2), 1e6, np.float32)}, unbounded).passed
+
+
+def test_evaluation_rule_and_its_figures():
+    better = evaluation([10, 12], [10, 10], margin=0.1)
+    assert better.passed and better.figures["ratio"] == pytest.approx(1.1) and "rule:" in better.detail
+    within = evaluation([9.5, 9.5], [10, 10], margin=0.1)
+    assert within.passed and within.figures["threshold"] == 9.0
+    worse = evaluation([5, 6], [50, 50], margin=0.1)
+    assert not worse.passed and "worse than the incumbent" in worse.detail and worse.figures["candidate_std"] == 0.5
+    negative = evaluation([-110], [-100], margin=0.05)   # a margin of |incumbent|: -105 is the threshold
+    assert not negative.passed and negative.figures["threshold"] == -105
+    assert not evaluation([float("nan")], [1.0], margin=0.1).passed
+    assert not evaluation([], [1.0], margin=0.1).passed
+
+
+def test_results_reports_and_config_validate_and_serialise():
+    with pytest.raises(ValueError, match="'speed' is not one of"):
+        CheckResult("speed", True)
+    with pytest.raises(ValueError, match="figures \\['x'\\] are not numbers"):
+        CheckResult("integrity", True, {"x": "abc"})
+    skipped = CheckResult.skipped("evaluation", "no eval env configured")
+    assert skipped.passed and skipped.is_skipped and skipped.figures == {}
+    report = GateReport([CheckResult("consistency", False, {"worst": float("inf")}, "off"), skipped])
+    assert not report.passed and report.failed == ["consistency"] and report.get("evaluation") is skipped
+    assert json.loads(json.dumps(report.to_dict()))["checks"][0]["figures"] == {"worst": "inf"}
+    for bad in ({"eval_episodes": 0}, {"eval_margin": -0.1}, {"sanity_samples": 1.5}, {"max_jerk": -1},
+                {"tolerances": {"float32": (1e-4,)}}, {"eval_max_steps": 0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            GateConfig(**bad)
+    with pytest.raises(TypeError):
+        GateConfig(None)  # keyword-only
+
+
+def test_sim_evaluator_refuses_bad_arguments_and_unhonoured_pins():
+    for bad, match in (({"address": "nowhere"}, "HOST:PORT"), ({"env": ""}, "env"), ({"envs": 0}, "envs"),
+                       ({"max_steps": 0}, "max_steps")):
+        kw = {"address": "127.0.0.1:1", "env": "InvertedPendulum-v5", "pin": print, "unpin": print, **bad}
+        with pytest.raises(ValueError, match=match):
+            SimEvaluator(**kw)
+    summary = {"returns": [5.0, 6.0], "cut_episodes": 0, "policy_versions": {"1": 10, "2": 3}, "errors": {}}
+    with pytest.raises(EvaluationError, match="did not honour the pin"):
+        _episode_returns(summary, version=2, episodes=2)
+    with pytest.raises(EvaluationError, match="1 episodes completed, 2 asked for"):
+        _episode_returns({**summary, "returns": [5.0], "policy_versions": {"2": 3}}, version=2, episodes=2)
+    assert _episode_returns({**summary, "policy_versions": {"2": 3}}, version=2, episodes=2) == [5.0, 6.0]
+
+
+def test_a_gate_without_triton_fails_closed_and_skips_what_cannot_run(tmp_path):
+    async def scenario():
+        client = PolicyClient("127.0.0.1:1", timeout_s=1.0)
+        gate = Gate(client=client, experience_dir=tmp_path / "none", evaluator=None, config=GateConfig())
+        probe = np.zeros((2, 4), np.float32)
+        header = policies_pb2.PublishHeader(policy="p", probe_inputs=[encode("observation", probe)],
+                                            probe_outputs=[encode("action", probe[:, :1])])
+        try:
+            return await gate.check_served(policy="p", version=2, incumbent=1, header=header, action_spec=ACT), \
+                await gate.consistency("p", 2, policies_pb2.PublishHeader(policy="p"))
+        finally:
+            await client.close()
+
+    (consistency, evaluation_, sanity), no_probe = asyncio.run(scenario())
+    assert not consistency.passed and "could not complete" in consistency.detail and "UNAVAILABLE" in consistency.detail
+    assert evaluation_.is_skipped and "no eval env" in evaluation_.detail
+    assert sanity.is_skipped and "no experience log" in sanity.detail
+    assert not no_probe.passed and "no probe_inputs" in no_probe.detail
