@@ -25,13 +25,25 @@ _sym_db = _symbol_database.Default()
 from protos.tether.v1 import tensor_pb2 as protos_dot_tether_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fprotos/tether/v1/policies.proto\x12\ttether.v1\x1a\x1dprotos/tether/v1/tensor.proto\"R\n\x0cPublishChunk\x12*\n\x06header\x18\x01 \x01(\x0b\x32\x18.tether.v1.PublishHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04kind\"u\n\x07Lineage\x12\x16\n\x0eparent_version\x18\x01 \x01(\x03\x12\x14\n\x0ctrainer_step\x18\x02 \x01(\x04\x12\x13\n\x0b\x64\x61ta_offset\x18\x03 \x01(\x04\x12\x16\n\x0ereward_version\x18\x04 \x01(\t\x12\x0f\n\x07trainer\x18\x05 \x01(\t\"\xa2\x02\n\rPublishHeader\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x0e\n\x06\x66ormat\x18\x02 \x01(\t\x12\x0c\n\x04size\x18\x03 \x01(\x04\x12\x0e\n\x06sha256\x18\x04 \x01(\t\x12#\n\x07lineage\x18\x05 \x01(\x0b\x32\x12.tether.v1.Lineage\x12\'\n\x0cprobe_inputs\x18\x06 \x03(\x0b\x32\x11.tether.v1.Tensor\x12(\n\rprobe_outputs\x18\x07 \x03(\x0b\x32\x11.tether.v1.Tensor\x12\x0c\n\x04\x61tol\x18\x08 \x01(\x01\x12%\n\x06inputs\x18\t \x03(\x0b\x32\x15.tether.v1.TensorSpec\x12&\n\x07outputs\x18\n \x03(\x0b\x32\x15.tether.v1.TensorSpec\"\x84\x01\n\x0cPublishReply\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x16\n\x0eready_versions\x18\x04 \x03(\x03\x12\x15\n\rmax_abs_error\x18\x05 \x01(\x01\x12\x14\n\x0cload_seconds\x18\x06 \x01(\x01\"\x1d\n\x0bListRequest\x12\x0e\n\x06policy\x18\x01 \x01(\t\"\x82\x01\n\rPolicyVersion\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0e\n\x06sha256\x18\x02 \x01(\t\x12#\n\x07lineage\x18\x03 \x01(\x0b\x32\x12.tether.v1.Lineage\x12\x19\n\x11published_unix_ns\x18\x04 \x01(\x03\x12\x10\n\x08sessions\x18\x05 \x01(\x04\"\xa7\x01\n\nPolicyList\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x0e\n\x06newest\x18\x02 \x01(\x03\x12*\n\x08versions\x18\x03 \x03(\x0b\x32\x18.tether.v1.PolicyVersion\x12%\n\x06inputs\x18\x04 \x03(\x0b\x32\x15.tether.v1.TensorSpec\x12&\n\x07outputs\x18\x05 \x03(\x0b\x32\x15.tether.v1.TensorSpec\"D\n\x0c\x46\x65tchRequest\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x13\n\x0b\x63hunk_bytes\x18\x03 \x01(\r2\xbd\x01\n\x08Policies\x12=\n\x07Publish\x12\x17.tether.v1.PublishChunk\x1a\x17.tether.v1.PublishReply(\x01\x12\x35\n\x04List\x12\x16.tether.v1.ListRequest\x1a\x15.tether.v1.PolicyList\x12;\n\x05\x46\x65tch\x12\x17.tether.v1.FetchRequest\x1a\x17.tether.v1.PublishChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fprotos/tether/v1/policies.proto\x12\ttether.v1\x1a\x1dprotos/tether/v1/tensor.proto\"R\n\x0cPublishChunk\x12*\n\x06header\x18\x01 \x01(\x0b\x32\x18.tether.v1.PublishHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04kind\"u\n\x07Lineage\x12\x16\n\x0eparent_version\x18\x01 \x01(\x03\x12\x14\n\x0ctrainer_step\x18\x02 \x01(\x04\x12\x13\n\x0b\x64\x61ta_offset\x18\x03 \x01(\x04\x12\x16\n\x0ereward_version\x18\x04 \x01(\t\x12\x0f\n\x07trainer\x18\x05 \x01(\t\"\xa2\x02\n\rPublishHeader\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x0e\n\x06\x66ormat\x18\x02 \x01(\t\x12\x0c\n\x04size\x18\x03 \x01(\x04\x12\x0e\n\x06sha256\x18\x04 \x01(\t\x12#\n\x07lineage\x18\x05 \x01(\x0b\x32\x12.tether.v1.Lineage\x12\'\n\x0cprobe_inputs\x18\x06 \x03(\x0b\x32\x11.tether.v1.Tensor\x12(\n\rprobe_outputs\x18\x07 \x03(\x0b\x32\x11.tether.v1.Tensor\x12\x0c\n\x04\x61tol\x18\x08 \x01(\x01\x12%\n\x06inputs\x18\t \x03(\x0b\x32\x15.tether.v1.TensorSpec\x12&\n\x07outputs\x18\n \x03(\x0b\x32\x15.tether.v1.TensorSpec\"\x84\x01\n\x0cPublishReply\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x16\n\x0eready_versions\x18\x04 \x03(\x03\x12\x15\n\rmax_abs_error\x18\x05 \x01(\x01\x12\x14\n\x0cload_seconds\x18\x06 \x01(\x01\"\x1d\n\x0bListRequest\x12\x0e\n\x06policy\x18\x01 \x01(\t\"\x86\x02\n\rPolicyVersion\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0e\n\x06sha256\x18\x02 \x01(\t\x12#\n\x07lineage\x18\x03 \x01(\x0b\x32\x12.tether.v1.Lineage\x12\x19\n\x11published_unix_ns\x18\x04 \x01(\x03\x12\x10\n\x08sessions\x18\x05 \x01(\x04\x12\r\n\x05state\x18\x06 \x01(\t\x12\x0e\n\x06\x66ormat\x18\x07 \x01(\t\x12\"\n\x04gate\x18\x08 \x03(\x0b\x32\x14.tether.v1.GateCheck\x12&\n\x05stats\x18\t \x01(\x0b\x32\x17.tether.v1.VersionStats\x12\x17\n\x0fupdated_unix_ns\x18\n \x01(\x03\"\x9d\x01\n\tGateCheck\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06passed\x18\x02 \x01(\x08\x12\x32\n\x07\x66igures\x18\x03 \x03(\x0b\x32!.tether.v1.GateCheck.FiguresEntry\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\x1a.\n\x0c\x46iguresEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xe9\x01\n\x0cVersionStats\x12\r\n\x05steps\x18\x01 \x01(\x04\x12\x10\n\x08\x65pisodes\x18\x02 \x01(\x04\x12\x13\n\x0bmean_return\x18\x03 \x01(\x01\x12\x16\n\x0elatency_p50_ms\x18\x04 \x01(\x01\x12\x16\n\x0elatency_p99_ms\x18\x05 \x01(\x01\x12\x0e\n\x06\x65rrors\x18\x06 \x01(\x04\x12\x1b\n\x13guard_interventions\x18\x07 \x01(\x04\x12\x14\n\x0cshadow_steps\x18\x08 \x01(\x04\x12\x19\n\x11shadow_divergence\x18\t \x01(\x01\x12\x15\n\rshadow_errors\x18\n \x01(\x04\"\xc0\x02\n\x07Rollout\x12\x0c\n\x04live\x18\x01 \x01(\x03\x12\x15\n\rprevious_live\x18\x02 \x01(\x03\x12\x0e\n\x06shadow\x18\x03 \x01(\x03\x12\x0e\n\x06\x63\x61nary\x18\x04 \x01(\x03\x12\x17\n\x0f\x63\x61nary_fraction\x18\x05 \x01(\x01\x12;\n\rcanary_labels\x18\x06 \x03(\x0b\x32$.tether.v1.Rollout.CanaryLabelsEntry\x12*\n\x04pins\x18\x07 \x03(\x0b\x32\x1c.tether.v1.Rollout.PinsEntry\x12\x0c\n\x04mode\x18\x08 \x01(\t\x1a\x33\n\x11\x43\x61naryLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a+\n\tPinsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\x8f\x02\n\nAuditEvent\x12\n\n\x02id\x18\x01 \x01(\x03\x12\x11\n\tt_unix_ns\x18\x02 \x01(\x03\x12\x0e\n\x06policy\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\x03\x12\x0c\n\x04kind\x18\x05 \x01(\t\x12\x12\n\nfrom_state\x18\x06 \x01(\t\x12\x10\n\x08to_state\x18\x07 \x01(\t\x12\x0b\n\x03who\x18\x08 \x01(\t\x12\x0b\n\x03why\x18\t \x01(\t\x12\x33\n\x07\x66igures\x18\n \x03(\x0b\x32\".tether.v1.AuditEvent.FiguresEntry\x12\x0e\n\x06\x64\x65tail\x18\x0b \x01(\t\x1a.\n\x0c\x46iguresEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"x\n\tFreshness\x12\x0e\n\x06newest\x18\x01 \x01(\x03\x12\x10\n\x08sessions\x18\x02 \x01(\x04\x12\x17\n\x0fmax_version_lag\x18\x03 \x01(\x03\x12\x18\n\x10mean_version_lag\x18\x04 \x01(\x01\x12\x16\n\x0emax_time_lag_s\x18\x05 \x01(\x01\"6\n\x14RolloutStatusRequest\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x0e\n\x06\x65vents\x18\x02 \x01(\r\"\xc5\x01\n\x12RolloutStatusReply\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12#\n\x07rollout\x18\x02 \x01(\x0b\x32\x12.tether.v1.Rollout\x12*\n\x08versions\x18\x03 \x03(\x0b\x32\x18.tether.v1.PolicyVersion\x12%\n\x06\x65vents\x18\x04 \x03(\x0b\x32\x15.tether.v1.AuditEvent\x12\'\n\tfreshness\x18\x05 \x01(\x0b\x32\x14.tether.v1.Freshness\"\xf5\x01\n\x0ePromoteRequest\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\n\n\x02to\x18\x03 \x01(\t\x12\x0b\n\x03why\x18\x04 \x01(\t\x12\x1c\n\x0f\x63\x61nary_fraction\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12\x42\n\rcanary_labels\x18\x06 \x03(\x0b\x32+.tether.v1.PromoteRequest.CanaryLabelsEntry\x1a\x33\n\x11\x43\x61naryLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x12\n\x10_canary_fraction\"?\n\x0fRollbackRequest\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0b\n\x03why\x18\x03 \x01(\t\"L\n\nPinRequest\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x10\n\x08selector\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x0b\n\x03why\x18\x04 \x01(\t\"\xcb\x01\n\rCanaryRequest\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x15\n\x08\x66raction\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x34\n\x06labels\x18\x03 \x03(\x0b\x32$.tether.v1.CanaryRequest.LabelsEntry\x12\x14\n\x0c\x63lear_labels\x18\x04 \x01(\x08\x12\x0b\n\x03why\x18\x05 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x0b\n\t_fraction\"\xa7\x01\n\nPolicyList\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x0e\n\x06newest\x18\x02 \x01(\x03\x12*\n\x08versions\x18\x03 \x03(\x0b\x32\x18.tether.v1.PolicyVersion\x12%\n\x06inputs\x18\x04 \x03(\x0b\x32\x15.tether.v1.TensorSpec\x12&\n\x07outputs\x18\x05 \x03(\x0b\x32\x15.tether.v1.TensorSpec\"D\n\x0c\x46\x65tchRequest\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x13\n\x0b\x63hunk_bytes\x18\x03 \x01(\r2\x9d\x04\n\x08Policies\x12=\n\x07Publish\x12\x17.tether.v1.PublishChunk\x1a\x17.tether.v1.PublishReply(\x01\x12\x35\n\x04List\x12\x16.tether.v1.ListRequest\x1a\x15.tether.v1.PolicyList\x12;\n\x05\x46\x65tch\x12\x17.tether.v1.FetchRequest\x1a\x17.tether.v1.PublishChunk0\x01\x12O\n\rRolloutStatus\x12\x1f.tether.v1.RolloutStatusRequest\x1a\x1d.tether.v1.RolloutStatusReply\x12\x43\n\x07Promote\x12\x19.tether.v1.PromoteRequest\x1a\x1d.tether.v1.RolloutStatusReply\x12\x45\n\x08Rollback\x12\x1a.tether.v1.RollbackRequest\x1a\x1d.tether.v1.RolloutStatusReply\x12;\n\x03Pin\x12\x15.tether.v1.PinRequest\x1a\x1d.tether.v1.RolloutStatusReply\x12\x44\n\tSetCanary\x12\x18.tether.v1.CanaryRequest\x1a\x1d.tether.v1.RolloutStatusReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.tether.v1.policies_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_GATECHECK_FIGURESENTRY']._loaded_options = None
+  _globals['_GATECHECK_FIGURESENTRY']._serialized_options = b'8\001'
+  _globals['_ROLLOUT_CANARYLABELSENTRY']._loaded_options = None
+  _globals['_ROLLOUT_CANARYLABELSENTRY']._serialized_options = b'8\001'
+  _globals['_ROLLOUT_PINSENTRY']._loaded_options = None
+  _globals['_ROLLOUT_PINSENTRY']._serialized_options = b'8\001'
+  _globals['_AUDITEVENT_FIGURESENTRY']._loaded_options = None
+  _globals['_AUDITEVENT_FIGURESENTRY']._serialized_options = b'8\001'
+  _globals['_PROMOTEREQUEST_CANARYLABELSENTRY']._loaded_options = None
+  _globals['_PROMOTEREQUEST_CANARYLABELSENTRY']._serialized_options = b'8\001'
+  _globals['_CANARYREQUEST_LABELSENTRY']._loaded_options = None
+  _globals['_CANARYREQUEST_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_PUBLISHCHUNK']._serialized_start=77
   _globals['_PUBLISHCHUNK']._serialized_end=159
   _globals['_LINEAGE']._serialized_start=161
@@ -43,11 +55,45 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTREQUEST']._serialized_start=708
   _globals['_LISTREQUEST']._serialized_end=737
   _globals['_POLICYVERSION']._serialized_start=740
-  _globals['_POLICYVERSION']._serialized_end=870
-  _globals['_POLICYLIST']._serialized_start=873
-  _globals['_POLICYLIST']._serialized_end=1040
-  _globals['_FETCHREQUEST']._serialized_start=1042
-  _globals['_FETCHREQUEST']._serialized_end=1110
-  _globals['_POLICIES']._serialized_start=1113
-  _globals['_POLICIES']._serialized_end=1302
+  _globals['_POLICYVERSION']._serialized_end=1002
+  _globals['_GATECHECK']._serialized_start=1005
+  _globals['_GATECHECK']._serialized_end=1162
+  _globals['_GATECHECK_FIGURESENTRY']._serialized_start=1116
+  _globals['_GATECHECK_FIGURESENTRY']._serialized_end=1162
+  _globals['_VERSIONSTATS']._serialized_start=1165
+  _globals['_VERSIONSTATS']._serialized_end=1398
+  _globals['_ROLLOUT']._serialized_start=1401
+  _globals['_ROLLOUT']._serialized_end=1721
+  _globals['_ROLLOUT_CANARYLABELSENTRY']._serialized_start=1625
+  _globals['_ROLLOUT_CANARYLABELSENTRY']._serialized_end=1676
+  _globals['_ROLLOUT_PINSENTRY']._serialized_start=1678
+  _globals['_ROLLOUT_PINSENTRY']._serialized_end=1721
+  _globals['_AUDITEVENT']._serialized_start=1724
+  _globals['_AUDITEVENT']._serialized_end=1995
+  _globals['_AUDITEVENT_FIGURESENTRY']._serialized_start=1116
+  _globals['_AUDITEVENT_FIGURESENTRY']._serialized_end=1162
+  _globals['_FRESHNESS']._serialized_start=1997
+  _globals['_FRESHNESS']._serialized_end=2117
+  _globals['_ROLLOUTSTATUSREQUEST']._serialized_start=2119
+  _globals['_ROLLOUTSTATUSREQUEST']._serialized_end=2173
+  _globals['_ROLLOUTSTATUSREPLY']._serialized_start=2176
+  _globals['_ROLLOUTSTATUSREPLY']._serialized_end=2373
+  _globals['_PROMOTEREQUEST']._serialized_start=2376
+  _globals['_PROMOTEREQUEST']._serialized_end=2621
+  _globals['_PROMOTEREQUEST_CANARYLABELSENTRY']._serialized_start=1625
+  _globals['_PROMOTEREQUEST_CANARYLABELSENTRY']._serialized_end=1676
+  _globals['_ROLLBACKREQUEST']._serialized_start=2623
+  _globals['_ROLLBACKREQUEST']._serialized_end=2686
+  _globals['_PINREQUEST']._serialized_start=2688
+  _globals['_PINREQUEST']._serialized_end=2764
+  _globals['_CANARYREQUEST']._serialized_start=2767
+  _globals['_CANARYREQUEST']._serialized_end=2970
+  _globals['_CANARYREQUEST_LABELSENTRY']._serialized_start=2912
+  _globals['_CANARYREQUEST_LABELSENTRY']._serialized_end=2957
+  _globals['_POLICYLIST']._serialized_start=2973
+  _globals['_POLICYLIST']._serialized_end=3140
+  _globals['_FETCHREQUEST']._serialized_start=3142
+  _globals['_FETCHREQUEST']._serialized_end=3210
+  _globals['_POLICIES']._serialized_start=3213
+  _globals['_POLICIES']._serialized_end=3754
 # @@protoc_insertion_point(module_scope)

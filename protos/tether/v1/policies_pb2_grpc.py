@@ -49,6 +49,31 @@ class PoliciesStub:
                 request_serializer=protos_dot_tether_dot_v1_dot_policies__pb2.FetchRequest.SerializeToString,
                 response_deserializer=protos_dot_tether_dot_v1_dot_policies__pb2.PublishChunk.FromString,
                 _registered_method=True)
+        self.RolloutStatus = channel.unary_unary(
+                '/tether.v1.Policies/RolloutStatus',
+                request_serializer=protos_dot_tether_dot_v1_dot_policies__pb2.RolloutStatusRequest.SerializeToString,
+                response_deserializer=protos_dot_tether_dot_v1_dot_policies__pb2.RolloutStatusReply.FromString,
+                _registered_method=True)
+        self.Promote = channel.unary_unary(
+                '/tether.v1.Policies/Promote',
+                request_serializer=protos_dot_tether_dot_v1_dot_policies__pb2.PromoteRequest.SerializeToString,
+                response_deserializer=protos_dot_tether_dot_v1_dot_policies__pb2.RolloutStatusReply.FromString,
+                _registered_method=True)
+        self.Rollback = channel.unary_unary(
+                '/tether.v1.Policies/Rollback',
+                request_serializer=protos_dot_tether_dot_v1_dot_policies__pb2.RollbackRequest.SerializeToString,
+                response_deserializer=protos_dot_tether_dot_v1_dot_policies__pb2.RolloutStatusReply.FromString,
+                _registered_method=True)
+        self.Pin = channel.unary_unary(
+                '/tether.v1.Policies/Pin',
+                request_serializer=protos_dot_tether_dot_v1_dot_policies__pb2.PinRequest.SerializeToString,
+                response_deserializer=protos_dot_tether_dot_v1_dot_policies__pb2.RolloutStatusReply.FromString,
+                _registered_method=True)
+        self.SetCanary = channel.unary_unary(
+                '/tether.v1.Policies/SetCanary',
+                request_serializer=protos_dot_tether_dot_v1_dot_policies__pb2.CanaryRequest.SerializeToString,
+                response_deserializer=protos_dot_tether_dot_v1_dot_policies__pb2.RolloutStatusReply.FromString,
+                _registered_method=True)
 
 
 class PoliciesServicer:
@@ -74,6 +99,42 @@ class PoliciesServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RolloutStatus(self, request, context):
+        """The rollout of a policy: its versions (state, gate checks, runtime figures), who acts with
+        which (live / canary / shadow / pins), freshness and the recent audit log. Viewer role.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Promote(self, request, context):
+        """Operator role; each change is an audit event with the caller and `why`.
+        to shadow, canary or live
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Rollback(self, request, context):
+        """version 0 = the live one
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Pin(self, request, context):
+        """version 0 = unpin
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetCanary(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PoliciesServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -91,6 +152,31 @@ def add_PoliciesServicer_to_server(servicer, server):
                     servicer.Fetch,
                     request_deserializer=protos_dot_tether_dot_v1_dot_policies__pb2.FetchRequest.FromString,
                     response_serializer=protos_dot_tether_dot_v1_dot_policies__pb2.PublishChunk.SerializeToString,
+            ),
+            'RolloutStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.RolloutStatus,
+                    request_deserializer=protos_dot_tether_dot_v1_dot_policies__pb2.RolloutStatusRequest.FromString,
+                    response_serializer=protos_dot_tether_dot_v1_dot_policies__pb2.RolloutStatusReply.SerializeToString,
+            ),
+            'Promote': grpc.unary_unary_rpc_method_handler(
+                    servicer.Promote,
+                    request_deserializer=protos_dot_tether_dot_v1_dot_policies__pb2.PromoteRequest.FromString,
+                    response_serializer=protos_dot_tether_dot_v1_dot_policies__pb2.RolloutStatusReply.SerializeToString,
+            ),
+            'Rollback': grpc.unary_unary_rpc_method_handler(
+                    servicer.Rollback,
+                    request_deserializer=protos_dot_tether_dot_v1_dot_policies__pb2.RollbackRequest.FromString,
+                    response_serializer=protos_dot_tether_dot_v1_dot_policies__pb2.RolloutStatusReply.SerializeToString,
+            ),
+            'Pin': grpc.unary_unary_rpc_method_handler(
+                    servicer.Pin,
+                    request_deserializer=protos_dot_tether_dot_v1_dot_policies__pb2.PinRequest.FromString,
+                    response_serializer=protos_dot_tether_dot_v1_dot_policies__pb2.RolloutStatusReply.SerializeToString,
+            ),
+            'SetCanary': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetCanary,
+                    request_deserializer=protos_dot_tether_dot_v1_dot_policies__pb2.CanaryRequest.FromString,
+                    response_serializer=protos_dot_tether_dot_v1_dot_policies__pb2.RolloutStatusReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -174,6 +260,141 @@ class Policies:
             '/tether.v1.Policies/Fetch',
             protos_dot_tether_dot_v1_dot_policies__pb2.FetchRequest.SerializeToString,
             protos_dot_tether_dot_v1_dot_policies__pb2.PublishChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RolloutStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.Policies/RolloutStatus',
+            protos_dot_tether_dot_v1_dot_policies__pb2.RolloutStatusRequest.SerializeToString,
+            protos_dot_tether_dot_v1_dot_policies__pb2.RolloutStatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Promote(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.Policies/Promote',
+            protos_dot_tether_dot_v1_dot_policies__pb2.PromoteRequest.SerializeToString,
+            protos_dot_tether_dot_v1_dot_policies__pb2.RolloutStatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Rollback(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.Policies/Rollback',
+            protos_dot_tether_dot_v1_dot_policies__pb2.RollbackRequest.SerializeToString,
+            protos_dot_tether_dot_v1_dot_policies__pb2.RolloutStatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Pin(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.Policies/Pin',
+            protos_dot_tether_dot_v1_dot_policies__pb2.PinRequest.SerializeToString,
+            protos_dot_tether_dot_v1_dot_policies__pb2.RolloutStatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetCanary(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.Policies/SetCanary',
+            protos_dot_tether_dot_v1_dot_policies__pb2.CanaryRequest.SerializeToString,
+            protos_dot_tether_dot_v1_dot_policies__pb2.RolloutStatusReply.FromString,
             options,
             channel_credentials,
             insecure,
