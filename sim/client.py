@@ -71,6 +71,7 @@ class SimStats:
     reconnects: int = 0            # sessions that reconnected after the gateway went away
     cut_episodes: int = 0          # episodes ended early (truncated LAST) because the budget ran out
     replayed: int = 0              # steps resent as Replay after a reconnect
+    held: int = 0                  # env steps answered with the safe action under an operator e-stop (Action.estop)
     elapsed_s: float = 0.0
 
     def rtt_ms(self) -> dict[str, float | None]:
@@ -91,7 +92,7 @@ class SimStats:
                 "rtt_ms": self.rtt_ms(), "errors": dict(self.errors),
                 "policy_versions": {str(v): n for v, n in sorted(self.policy_versions.items())},
                 "recent_return": None if self.recent_return() is None else round(self.recent_return(), 3),
-                "reconnects": self.reconnects, "replayed": self.replayed,
+                "reconnects": self.reconnects, "replayed": self.replayed, "held": self.held,
                 "elapsed_s": round(self.elapsed_s, 3)}
 
     def recent_return(self, episodes: int = 20) -> float | None:
@@ -282,7 +283,10 @@ class _Session:
     def _act(self, kind: str, reply, rtt_ns: int, current: TimeStep) -> TimeStep:
         if kind == "action":
             self.stats.rtt_ns.append(rtt_ns)
-            self.stats.policy_versions[reply.policy_version] += 1
+            if reply.estop:  # an operator's e-stop: the safe action (held), no policy acted
+                self.stats.held += 1
+            else:
+                self.stats.policy_versions[reply.policy_version] += 1
             try:
                 action = decode_all(reply.tensors)
                 return self.env.step(action if self.controller is None else self.controller(current.observation))
@@ -338,7 +342,10 @@ class _VectorSession(_Session):
             kind = msg.WhichOneof("kind")
             if kind == "action" and msg.action.step == step:
                 self.stats.rtt_ns.append(time.perf_counter_ns() - t0)
-                self.stats.policy_versions[msg.action.policy_version] += n
+                if msg.action.estop:  # an operator's e-stop: safe action rows (held), no policy acted
+                    self.stats.held += n
+                else:
+                    self.stats.policy_versions[msg.action.policy_version] += n
                 for error in msg.action.env_errors:
                     self.stats.errors[bridge_pb2.StepError.Code.Name(error.code)] += 1
                 try:
@@ -525,11 +532,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--status-every", type=float, default=1.0, help="seconds between status lines")
     parser.add_argument("--session-id", metavar="PREFIX", help="session i is called PREFIX-i")
     parser.add_argument("--episodes", type=int, help="stop after this many complete episodes in total")
+    parser.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Hello label of every session (repeatable), e.g. robot=sim_1 (tether estop --robot)")
     parser.add_argument("--summary", type=Path, metavar="PATH",
                         help="also write the summary JSON here, with every episode's return")
     args = parser.parse_args(argv)
     if args.seconds is None and args.steps is None and args.episodes is None:
         args.seconds = 10.0
+    labels = dict(item.partition("=")[::2] for item in args.label)
+    if any(not k or not v for k, v in labels.items()) or len(labels) != len(args.label):
+        parser.error(f"--label takes distinct KEY=VALUE, got {args.label}")
 
     vector = args.sessions is not None or args.env.partition(":")[0] in VECTOR_PREFIXES
     sessions = (args.sessions or 1) if vector else args.envs
@@ -548,7 +560,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         stats = asyncio.run(run_sessions(
             args.gateway, build, envs=sessions, seconds=args.seconds, steps=args.steps,
             policy=args.policy, on_progress=status, connect_timeout=args.connect_timeout,
-            progress_every=args.status_every, labels={"env": args.env}, episodes=args.episodes,
+            progress_every=args.status_every, labels={"env": args.env, **labels}, episodes=args.episodes,
             session_prefix=args.session_id))
     except ValueError as e:  # a bad --env or budget: a usage error, like argparse's
         print(f"tether sim: error: {e}", file=sys.stderr)

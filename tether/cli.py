@@ -112,6 +112,8 @@ def _log(argv: list[str]) -> None:
 
 COMMANDS = {"demo": _demo, "triton": _triton, "gateway": _gateway, "sim": _sim, "edge": _edge, "train": _train,
             "log": _log}
+COMMANDS.update({name: (lambda argv, name=name: getattr(__import__("bridge.console.cli").console.cli, name)(argv))
+                 for name in ("status", "estop", "release")})  # bridge/console/cli.py: the fleet via tether.v1.Fleet
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -28,6 +28,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from bridge.console.fleet import Fleet
+from bridge.console.fleet_service import FleetService
 from bridge.gateway.batcher import MicroBatcher
 from bridge.gateway.errors import DuplicateSession, InvalidHello
 from bridge.gateway.policies import PolicyCatalog, check_compatible
@@ -40,7 +42,7 @@ from bridge.gateway.vector_session import MAX_ENVS, VectorSession
 from bridge.rewards import RewardConfigError, RewardFunction
 from bridge.security import Authorizer
 from inference_server import ModelRepository, PolicyClient
-from protos import bridge_pb2, bridge_pb2_grpc, policies_pb2_grpc
+from protos import bridge_pb2, bridge_pb2_grpc, fleet_pb2_grpc, policies_pb2_grpc
 from protos.codec import TensorError, specs_from_proto
 
 log = logging.getLogger("tether.gateway")
@@ -63,12 +65,16 @@ class GatewayConfig:
     fsync_interval_ms: float = 5.0        # group commit: the longest a transition waits to be on disk
     rewards: Mapping[str, Path] = field(default_factory=dict)  # policy -> reward config YAML
     switch: str = "episode"          # when sessions move to a new version: "episode" or "step"
+    console_port: int | None = None  # the operator console + /metrics over HTTP (0 = a free port); None = off
+    console_host: str = "127.0.0.1"
 
     def __post_init__(self):
         if self.deadline_ms <= 0:
             raise ValueError(f"deadline_ms must be positive, got {self.deadline_ms}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"port out of range: {self.port}")
+        if self.console_port is not None and not 0 <= self.console_port < 65536:
+            raise ValueError(f"console_port out of range: {self.console_port}")
         if self.switch not in ("episode", "step"):
             raise ValueError(f"switch must be 'episode' or 'step', got {self.switch!r}")
         if self.fsync_interval_ms < 0:
@@ -89,6 +95,8 @@ class Gateway:
         self.rewards = {policy: RewardFunction.from_yaml(path) for policy, path in config.rewards.items()}
         self.experience = None  # the ExperienceLog, once started
         self.auth = Authorizer()  # who may view and act (bridge.security)
+        self.fleet = Fleet(self)  # sessions' figures, metrics, e-stops, operator audit (bridge.console)
+        self.console = None       # the HTTP console, when config.console_port is set
         self.sessions: dict[str, Session | VectorSession] = {}
         self.closed_stats: deque[SessionStats] = deque(maxlen=1024)  # the most recent closed sessions
         self.server_version = ""
@@ -110,6 +118,7 @@ class Gateway:
                                                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
         bridge_pb2_grpc.add_BridgeServicer_to_server(BridgeService(self), self._server)
         policies_pb2_grpc.add_PoliciesServicer_to_server(PoliciesService(self), self._server)
+        fleet_pb2_grpc.add_FleetServicer_to_server(FleetService(self), self._server)
         if self.config.experience_dir is not None:
             from bridge.experience.log import ExperienceLog
             from bridge.experience.service import ExperienceService
@@ -127,11 +136,20 @@ class Gateway:
         await self._server.start()
         for name in ("", SERVICE_NAME):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if self.config.console_port is not None:
+            from bridge.console.server import Console
+
+            self.console = Console(self, host=self.config.console_host, port=self.config.console_port)
+            await self.console.start()
+            self.fleet.console_url = self.console.url
+            log.info("console on %s", self.console.url)
         log.info("gateway serving on %s (Triton %s at %s)", self.address, self.server_version,
                  self.config.triton_url)
 
     async def stop(self, grace: float = 1.0) -> None:
         await self._health.enter_graceful_shutdown()
+        if self.console is not None:
+            await self.console.stop()
         if self._server is not None:
             await self._server.stop(grace)
         for session in list(self.sessions.values()):
@@ -226,6 +244,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="reward config of a policy (repeatable); default: the simulator's reward")
     p.add_argument("--switch", choices=("episode", "step"), default="episode",
                    help="when sessions move to a newly published version")
+    p.add_argument("--console-port", type=int, help="serve the operator console and /metrics here (0 = a free port)")
+    p.add_argument("--console-host", default="127.0.0.1", help="the console's bind address")
+    p.add_argument("--log-format", choices=("text", "json"), default="text",
+                   help="json: one JSON object a line, with the session and policy version")
     return p.parse_args(argv)
 
 
@@ -244,6 +266,8 @@ async def serve(config: GatewayConfig) -> None:
     gateway = Gateway(config)
     await gateway.start()
     print(f"gateway listening on {gateway.address}", flush=True)
+    if gateway.console is not None:
+        print(f"console on {gateway.console.url}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -254,12 +278,15 @@ async def serve(config: GatewayConfig) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     a = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    from bridge.console.logs import configure_logging
+
+    configure_logging(a.log_format)
     config = GatewayConfig(triton_url=a.triton, policy=a.policy, host=a.host, port=a.port,
                            deadline_ms=a.deadline_ms, max_batch=a.max_batch, max_inflight=a.max_inflight,
                            triton_timeout_s=a.triton_timeout, model_repository=a.model_repository,
                            experience_dir=a.experience_dir, fsync_interval_ms=a.fsync_interval_ms,
-                           rewards=_reward_configs(a.rewards), switch=a.switch)
+                           rewards=_reward_configs(a.rewards), switch=a.switch,
+                           console_port=a.console_port, console_host=a.console_host)
     try:
         asyncio.run(serve(config))
     except RewardConfigError as exc:

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from bridge.console.logs import log_context
 from bridge.gateway.errors import GatewayError, InvalidHello
 from protos import bridge_pb2, bridge_pb2_grpc
 
@@ -25,12 +26,17 @@ class BridgeService(bridge_pb2_grpc.BridgeServicer):
             session = await self._gateway.open_session(first.hello)
         except GatewayError as exc:
             await context.abort(exc.status, str(exc))
+        fleet = self._gateway.fleet  # figures, metrics, e-stops (bridge.console.fleet)
+        fleet.opened(session, first.hello)
+        log_context.set(session)
         try:
             yield bridge_pb2.ServerMessage(welcome=self._gateway.welcome(session))
             async for msg in request_iterator:
                 kind = msg.WhichOneof("kind")
                 if kind == "observation":
-                    reply = await session.handle(msg.observation)
+                    obs = msg.observation
+                    reply = await (fleet.hold(session, obs) if fleet.held(session) else session.handle(obs))
+                    fleet.observed(session, obs, reply)
                 elif kind == "replay":
                     reply = session.replay(msg.replay)
                 else:
@@ -40,4 +46,5 @@ class BridgeService(bridge_pb2_grpc.BridgeServicer):
                 yield reply
                 session.flush()  # log what this step completed, now that the reply is on its way
         finally:
+            fleet.closed(session)
             self._gateway.close_session(session)

@@ -68,7 +68,9 @@ and the thread hops between the control thread and gRPC (~0.1-0.3 ms).
 E-stop (see `bridge.ros2.estop`): True on the topic map's e-stop topic latches the guard, False
 does not release it; a `std_msgs/String` "name: why" on `release_topic` does, if `name` is one of
 `EdgeConfig.operators` (otherwise it is refused). Every latch, release and refusal is logged with
-who and why. The node reports its latch on `state_topic`.
+who and why. The node reports its latch on `state_topic`. An operator's e-stop through the gateway
+(`tether estop`, the console) arrives as `Action.estop`: the guard latches (reason `GATEWAY_ESTOP`)
+and the first action without it releases that latch (a local latch needs a local release).
 
 Beside it: `bridge.ros2.edge_config` (EdgeConfig, guard_config: the settings, checked up front),
 `bridge.ros2.edge_stats` (EdgeStats: what the node counts and times) and
@@ -101,6 +103,7 @@ from protos import bridge_pb2
 from protos.codec import Spec, TensorError
 
 log = logging.getLogger("tether.edge")
+GATEWAY_ESTOP = "e-stop through the gateway (Action.estop)"  # the guard's latch reason for an operator's gateway e-stop
 
 __all__ = ["CommandRecord", "EdgeError", "EdgeNode"]
 
@@ -503,6 +506,8 @@ class EdgeNode:
                 self.stats.inference_ns.append(timing.infer_end_ns - timing.infer_start_ns)
 
     def _on_action(self, action: bridge_pb2.Action, flight: _InFlight) -> None:
+        if action.estop != (self.guard.estop_reason == GATEWAY_ESTOP):
+            self._gateway_estop(action.estop)
         try:
             vector = self._reply_layout.vector(action.tensors)
         except TensorError as exc:
@@ -522,6 +527,18 @@ class EdgeNode:
         decision = self._filter(vector)
         if decision is not None:
             self._publish(decision, CommandSource(flight.step, 0, action.policy_version))
+
+    def _gateway_estop(self, latch: bool) -> None:
+        """Action.estop=true latches the guard (safe action from now on, also if the link drops); the first
+        action without it releases that latch only: a local e-stop stays latched until a local release."""
+        if latch:
+            if self.guard.estop(GATEWAY_ESTOP):
+                log.warning("e-stop latched: the gateway says an operator e-stopped this robot")
+                if self._queue is not None:
+                    self._queue.clear()
+        elif self.guard.release(operator="gateway"):
+            log.warning("e-stop released through the gateway")
+        self._publish_state()
 
     def _filter(self, vector: np.ndarray) -> GuardDecision | None:
         """The guard's command for a policy action; the very first starts from the measured pose."""

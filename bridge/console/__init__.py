@@ -1,0 +1,6 @@
+"""The operator's view of a gateway: the web console, the fleet's figures and e-stops, metrics, JSON logs.
+
+    gateway.fleet            # bridge.console.fleet.Fleet: per-session figures, e-stops, operator audit
+    gateway.console          # bridge.console.server.Console: HTTP (page, JSON API, /metrics), when enabled
+    tether status | estop | release     # bridge.console.cli, through tether.v1.Fleet
+"""

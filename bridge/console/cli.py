@@ -1,0 +1,122 @@
+"""`tether status`, `tether estop`, `tether release`: the fleet through tether.v1.Fleet.
+
+    tether status --gateway 127.0.0.1:50051                 # sessions and versions as tables
+    tether estop --gateway 127.0.0.1:50051 --robot arm_1 --reason "person in the cell"
+    tether estop --gateway 127.0.0.1:50051 --all
+    tether release --gateway 127.0.0.1:50051 --robot arm_1 --reason "cell clear"
+
+Credentials: `--token NAME.SECRET` (or $TETHER_TOKEN) is sent as `authorization: Bearer ...`;
+`--operator NAME` (or $TETHER_OPERATOR) names you where the gateway allows open access.
+Exit status: 0 done, 1 refused or failed (the reason on stderr), 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import grpc
+
+from protos import fleet_pb2, fleet_pb2_grpc
+
+
+def _parser(command: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"tether {command}", description=__doc__.splitlines()[0])
+    p.add_argument("--gateway", default="127.0.0.1:50051", help="the gateway's gRPC address HOST:PORT")
+    p.add_argument("--token", default=os.environ.get("TETHER_TOKEN", ""), help="operator/viewer token NAME.SECRET")
+    p.add_argument("--operator", default=os.environ.get("TETHER_OPERATOR", ""), help="your name (open access)")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds")
+    if command != "status":
+        who = p.add_mutually_exclusive_group(required=True)
+        who.add_argument("--session", help="one session id")
+        who.add_argument("--robot", help="the sessions whose Hello labels say robot=NAME")
+        who.add_argument("--all", action="store_true", help="every session, and those that connect later")
+        p.add_argument("--reason", default="", help="why (audit log)")
+    else:
+        p.add_argument("--json", action="store_true", help="print the FleetStatus message as JSON")
+    return p
+
+
+def metadata(token: str, operator: str) -> list[tuple[str, str]]:
+    md = []
+    if token:
+        md.append(("authorization", f"Bearer {token}"))
+    if operator:
+        md.append(("x-tether-operator", operator))
+    return md
+
+
+def table(rows: list[list[str]], header: list[str]) -> str:
+    """Left-aligned columns.
+
+    >>> print(table([["a", "1"]], ["name", "n"]))
+    name  n
+    a     1
+    """
+    cells = [header, *rows]
+    widths = [max(len(str(r[i])) for r in cells) for i in range(len(header))]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells)
+
+
+def render(status: fleet_pb2.FleetStatus) -> str:
+    sessions = [[s.session_id, s.source, ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())),
+                 f"{s.policy} v{s.policy_version}", str(s.num_envs), f"{s.steps_per_s:.1f}",
+                 f"{s.latency_p50_ms:.2f}/{s.latency_p99_ms:.2f}", str(s.episodes), str(s.guard_interventions),
+                 "ESTOP" if s.estopped else ("edge-estop" if s.edge_estopped else "-"), s.last_error[:40]]
+                for s in status.sessions]
+    versions = [[v.policy, f"v{v.version}", v.state, str(v.sessions)] for v in status.versions]
+    out = [f"{len(status.sessions)} sessions (Triton {status.server_version})"
+           + (f", console {status.console_url}" if status.console_url else ""),
+           table(sessions, ["session", "source", "labels", "version", "envs", "steps/s", "p50/p99 ms", "episodes",
+                            "guard", "estop", "last error"]),
+           "", table(versions, ["policy", "version", "state", "sessions"])]
+    for e in status.estops:
+        target = "all" if e.all else f"session {e.session_id}" if e.session_id else f"robot {e.robot}"
+        out.append(f"E-STOP latched: {target} by {e.who}" + (f" ({e.why})" if e.why else ""))
+    return "\n".join(out)
+
+
+def main(command: str, argv: list[str] | None = None) -> int:
+    a = _parser(command).parse_args(argv)
+    md = metadata(a.token, a.operator)
+    with grpc.insecure_channel(a.gateway) as channel:
+        stub = fleet_pb2_grpc.FleetStub(channel)
+        try:
+            if command == "status":
+                status = stub.Status(fleet_pb2.StatusRequest(), metadata=md, timeout=a.timeout)
+                if a.json:
+                    from google.protobuf.json_format import MessageToJson
+
+                    print(MessageToJson(status, preserving_proto_field_name=True))
+                else:
+                    print(render(status))
+                return 0
+            request = fleet_pb2.EStopRequest(reason=a.reason)
+            if a.all:
+                request.all = True
+            elif a.robot:
+                request.robot = a.robot
+            else:
+                request.session_id = a.session
+            call = stub.EStop if command == "estop" else stub.Release
+            reply = call(request, metadata=md, timeout=a.timeout)
+        except grpc.RpcError as exc:
+            print(f"tether {command}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            return 1
+    what = "latched" if command == "estop" else "released"
+    print(f"{what}{'' if reply.changed else ' (no change)'} by {reply.who}; held now: "
+          f"{', '.join(reply.sessions) or 'none'}")
+    return 0
+
+
+def status(argv: list[str]) -> None:
+    raise SystemExit(main("status", argv))
+
+
+def estop(argv: list[str]) -> None:
+    raise SystemExit(main("estop", argv))
+
+
+def release(argv: list[str]) -> None:
+    raise SystemExit(main("release", argv))

@@ -1,0 +1,379 @@
+"""The operator console: HTTP inside the gateway process, on its asyncio loop (aiohttp).
+
+    console = Console(gateway, host="127.0.0.1", port=0)     # the gateway starts it (--console-port)
+    await console.start(); console.url                       # http://127.0.0.1:PORT/
+    await console.stop()
+
+Routes (reads need the "viewer" role, actions "operator": `gateway.auth.require_http`; a refusal is
+HTTP 401/403 with the reason):
+    GET  /                  the page (HTML + JS + CSS from bridge/console/static, nothing from the internet)
+    GET  /api/state         fleet, versions, rollout, e-stops, audit trail, chart series (the page polls it)
+    GET  /metrics           Prometheus text format
+    POST /api/estop         {"target": {"session_id"|"robot"|"all": ...}, "why": "..."}
+    POST /api/release       the same
+    POST /api/promote       {"policy", "version", "to": "shadow"|"canary"|"live", "fraction"?, "labels"?, "why"}
+    POST /api/rollback      {"policy", "version"?: int (default: the live one), "why"}
+    POST /api/canary        {"policy", "fraction"?, "labels"?, "why"}
+    POST /api/pin           {"policy", "selector": "session=ID"|"KEY=VALUE", "version": int | null, "why"}
+Every action is audited with the operator's name (`who` from the credentials).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import time
+from collections import deque
+from pathlib import Path
+
+import grpc
+import numpy as np
+from aiohttp import web
+
+from bridge.console.fleet import BadTarget, Target
+from bridge.gateway.errors import GatewayError
+from bridge.metrics import CONTENT_TYPE
+
+log = logging.getLogger("tether.console")
+STATIC = Path(__file__).parent / "static"
+HTTP_STATUS = {grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.UNAUTHENTICATED: 401,
+               grpc.StatusCode.PERMISSION_DENIED: 403, grpc.StatusCode.NOT_FOUND: 404,
+               grpc.StatusCode.ALREADY_EXISTS: 409, grpc.StatusCode.FAILED_PRECONDITION: 409,
+               grpc.StatusCode.RESOURCE_EXHAUSTED: 429, grpc.StatusCode.UNIMPLEMENTED: 501,
+               grpc.StatusCode.UNAVAILABLE: 503}
+MAX_BODY = 64 << 10
+HISTORY = 600  # chart points (one a second)
+
+
+class Console:
+    def __init__(self, gateway, *, host: str = "127.0.0.1", port: int = 0, sample_s: float = 1.0):
+        self._gw = gateway
+        self.host, self.port, self.sample_s = host, port, sample_s
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+        self._sampler: asyncio.Task | None = None
+        self.history: dict[str, deque] = {"steps_per_s": deque(maxlen=HISTORY), "lag_versions": deque(maxlen=HISTORY),
+                                          "lag_s": deque(maxlen=HISTORY)}
+        app = web.Application(client_max_size=MAX_BODY)
+        app.router.add_get("/", self._index)
+        app.router.add_get("/static/{name}", self._static)
+        app.router.add_get("/api/state", self._state)
+        app.router.add_get("/metrics", self._metrics)
+        for name in ("estop", "release", "promote", "rollback", "canary", "pin"):
+            app.router.add_post(f"/api/{name}", self._action(name))
+        self.app = app
+
+    async def start(self) -> None:
+        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, reuse_port=False)
+        try:
+            await site.start()
+        except OSError as exc:
+            await self._runner.cleanup()
+            raise OSError(f"cannot bind the console to {self.host}:{self.port}: {exc}") from exc
+        port = site._server.sockets[0].getsockname()[1]
+        self.port = port
+        self.url = f"http://{self.host}:{port}/"
+        self._sampler = asyncio.create_task(self._sample())
+
+    async def stop(self) -> None:
+        if self._sampler is not None:
+            self._sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sampler
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    # -- pages and reads --------------------------------------------------------------------------
+
+    async def _index(self, request: web.Request) -> web.StreamResponse:
+        return web.FileResponse(STATIC / "index.html", headers=_NO_CACHE)
+
+    async def _static(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        if name not in ("app.js", "style.css"):
+            raise web.HTTPNotFound(text=f"no static file {name!r}")
+        return web.FileResponse(STATIC / name, headers=_NO_CACHE)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        if (refused := self._refused(request, "viewer")) is not None:
+            return refused
+        return web.Response(body=self._gw.fleet.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
+
+    async def _state(self, request: web.Request) -> web.Response:
+        if (refused := self._refused(request, "viewer")) is not None:
+            return refused
+        return web.json_response(self.state(), dumps=_dumps, headers=_NO_CACHE)
+
+    def state(self) -> dict:
+        gw, fleet = self._gw, self._gw.fleet
+        lat = fleet.latencies_ms()
+        edges = [0.0, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4, 6, 8, 12, 16, 25, 50, 100, 1e9]
+        counts = np.histogram(lat, bins=edges)[0].tolist() if lat.size else [0] * (len(edges) - 1)
+        returns = {f"{p} v{v}": list(series)[-200:] for (p, v), series in sorted(fleet.returns.items())}
+        return {
+            "t": time.time(),
+            "gateway": {"address": gw.address, "triton": gw.server_version, "default_policy": gw.config.policy,
+                        "console": self.url, "switch": gw.config.switch, "rollout": _rollout_mode(gw)},
+            "sessions": fleet.sessions(),
+            "versions": self._versions(),
+            "estops": [{"target": key, "who": e.who, "why": e.why, "t_ns": e.t_ns} for key, e in fleet.estops.items()],
+            "audit": self._audit(),
+            "charts": {"steps_per_s": list(self.history["steps_per_s"]),
+                       "lag_versions": list(self.history["lag_versions"]), "lag_s": list(self.history["lag_s"]),
+                       "returns": returns, "latency": {"edges_ms": edges[:-1], "counts": counts}},
+        }
+
+    def _versions(self) -> list[dict]:
+        """Per policy: its versions (lineage, gate checks, state, runtime figures) and its rollout."""
+        gw = self._gw
+        registry, rollout = getattr(gw, "registry", None), getattr(gw, "rollout", None)
+        acting: dict[tuple[str, int], int] = {}
+        for s in list(gw.sessions.values()):
+            acting[(s.policy.name, s.policy.version)] = acting.get((s.policy.name, s.policy.version), 0) + 1
+        policies = sorted(set(registry.policies()) if registry is not None else {p for p, _ in acting} |
+                          ({gw.config.policy} if gw.config.policy else set()))
+        out = []
+        for policy in policies:
+            stats = _safe(lambda p=policy: rollout.version_stats(p)) if rollout is not None else None
+            entry = {"policy": policy, "rollout": None, "versions": []}
+            if registry is not None:
+                entry["rollout"] = _safe(lambda p=policy: dataclasses.asdict(registry.rollout(p)))
+                for rec in registry.versions(policy):
+                    d = dataclasses.asdict(rec)
+                    d["state"] = str(rec.state)
+                    d["sessions"] = acting.get((policy, rec.version), 0)
+                    d["stats"] = (stats or {}).get(rec.version)
+                    entry["versions"].append(d)
+            else:
+                for (p, v), n in sorted(acting.items()):
+                    if p == policy:
+                        entry["versions"].append({"policy": p, "version": v, "state": "serving", "sessions": n,
+                                                  "lineage": {}, "gate": [], "stats": (stats or {}).get(v)})
+            out.append(entry)
+        return out
+
+    def _audit(self, limit: int = 100) -> list[dict]:
+        """The registry's events and the fleet's operator actions, newest first."""
+        events = []
+        registry = getattr(self._gw, "registry", None)
+        if registry is not None:
+            for e in _safe(lambda: registry.events(limit=limit)) or ():
+                d = dataclasses.asdict(e)
+                d["source"] = "registry"
+                events.append(d)
+        seen = {(e["t_ns"], e["kind"], e["who"]) for e in events}
+        for e in self._gw.fleet.audit_events(limit):
+            if (e["t_ns"], e["kind"], e["who"]) not in seen:
+                events.append({**e, "source": "gateway"})
+        events.sort(key=lambda e: e["t_ns"], reverse=True)
+        return events[:limit]
+
+    async def _sample(self) -> None:
+        """One chart point a second: fleet steps/s and policy freshness."""
+        fleet = self._gw.fleet
+        last_rows, last_t = fleet.total_rows, time.monotonic()
+        while True:
+            await asyncio.sleep(self.sample_s)
+            now, rows = time.monotonic(), fleet.total_rows
+            t = round(time.time(), 3)
+            self.history["steps_per_s"].append([t, round((rows - last_rows) / max(now - last_t, 1e-9), 2)])
+            last_rows, last_t = rows, now
+            lag_v, lag_s = _freshness(self._gw)
+            self.history["lag_versions"].append([t, lag_v])
+            if lag_s is not None:
+                self.history["lag_s"].append([t, lag_s])
+
+    # -- actions ----------------------------------------------------------------------------------
+
+    def _refused(self, request: web.Request, role: str) -> web.Response | None:
+        try:
+            self._gw.auth.require_http(request.headers, role)
+        except GatewayError as exc:
+            return _error(exc)
+        return None
+
+    def _action(self, name: str):
+        async def handler(request: web.Request) -> web.Response:
+            try:
+                who = self._gw.auth.require_http(request.headers, "operator")
+                try:
+                    body = await request.json()
+                except (ValueError, UnicodeDecodeError) as exc:
+                    raise BadTarget(f"the request body is not JSON: {exc}") from None
+                if not isinstance(body, dict):
+                    raise BadTarget(f"the request body must be a JSON object, got {type(body).__name__}")
+                why = body.get("why") or ""
+                if not isinstance(why, str) or len(why) > 512:
+                    raise BadTarget("why must be a string of at most 512 characters")
+                result = await getattr(self, f"_do_{name}")(body, who=who, why=why or f"{name} from the console")
+                log.info("console: %s by %s: %s", name, who, why)
+                return web.json_response({"ok": True, "who": who, "result": result}, dumps=_dumps)
+            except GatewayError as exc:
+                return _error(exc)
+            except (ValueError, TypeError, KeyError) as exc:
+                return web.json_response({"ok": False, "error": f"{name}: {exc}"}, status=400)
+        return handler
+
+    async def _do_estop(self, body: dict, *, who: str, why: str):
+        changed, held = self._gw.fleet.estop(_target(body), who=who, why=why)
+        return {"changed": changed, "held": held}
+
+    async def _do_release(self, body: dict, *, who: str, why: str):
+        changed, held = self._gw.fleet.release(_target(body), who=who, why=why)
+        return {"changed": changed, "held": held}
+
+    async def _do_promote(self, body: dict, *, who: str, why: str):
+        from bridge.registry import State
+
+        record = await self._controller().promote(
+            _str(body, "policy"), _int(body, "version"), State(_str(body, "to")), who=who, why=why,
+            fraction=_opt_float(body, "fraction"), labels=_opt_labels(body))
+        return _plain(record)
+
+    async def _do_rollback(self, body: dict, *, who: str, why: str):
+        version = body.get("version")
+        record = await self._controller().rollback(_str(body, "policy"), None if version is None else
+                                                   _int(body, "version"), who=who, why=why)
+        return _plain(record)
+
+    async def _do_canary(self, body: dict, *, who: str, why: str):
+        rollout = await self._controller().set_canary(_str(body, "policy"), fraction=_opt_float(body, "fraction"),
+                                                      labels=_opt_labels(body), who=who, why=why)
+        return _plain(rollout)
+
+    async def _do_pin(self, body: dict, *, who: str, why: str):
+        version = body.get("version")
+        rollout = await self._controller().pin(_str(body, "policy"), _str(body, "selector"),
+                                               None if version is None else _int(body, "version"), who=who, why=why)
+        return _plain(rollout)
+
+    def _controller(self):
+        rollout = getattr(self._gw, "rollout", None)
+        if rollout is None:
+            raise _NoRollout("this gateway has no rollout controller (promote, rollback, canary and pin need one)")
+        return rollout
+
+
+class _NoRollout(GatewayError):
+    status = grpc.StatusCode.UNIMPLEMENTED
+
+
+_NO_CACHE = {"Cache-Control": "no-store"}
+
+
+def _error(exc: GatewayError) -> web.Response:
+    return web.json_response({"ok": False, "error": str(exc)}, status=HTTP_STATUS.get(exc.status, 500))
+
+
+def _target(body: dict) -> Target:
+    target = body.get("target")
+    if not isinstance(target, dict):
+        raise BadTarget(f"target must be an object naming session_id, robot or all, got {target!r}")
+    unknown = set(target) - {"session_id", "robot", "all"}
+    if unknown:
+        raise BadTarget(f"unknown target field(s) {sorted(unknown)}")
+    return Target(session_id=str(target.get("session_id") or ""), robot=str(target.get("robot") or ""),
+                  all=target.get("all") is True)
+
+
+def _str(body: dict, key: str) -> str:
+    value = body.get(key)
+    if not isinstance(value, str) or not value or len(value) > 256:
+        raise BadTarget(f"{key} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _int(body: dict, key: str) -> int:
+    value = body.get(key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadTarget(f"{key} must be an integer, got {value!r}")
+    return value
+
+
+def _opt_float(body: dict, key: str) -> float | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise BadTarget(f"{key} must be a number, got {value!r}")
+    return float(value)
+
+
+def _opt_labels(body: dict) -> dict[str, str] | None:
+    labels = body.get("labels")
+    if labels is None:
+        return None
+    if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+        raise BadTarget(f"labels must be an object of strings, got {labels!r}")
+    return labels
+
+
+def _plain(value):
+    if dataclasses.is_dataclass(value):
+        return dataclasses.asdict(value)
+    return value
+
+
+def _rollout_mode(gw) -> str:
+    return str(getattr(gw.config, "rollout", "") or "")
+
+
+def _freshness(gw) -> tuple[int, float | None]:
+    """(version lag, time lag in s or None) of the fleet: the rollout controller's when it has one."""
+    rollout = getattr(gw, "rollout", None)
+    fresh = _safe(rollout.freshness) if rollout is not None else None
+    if isinstance(fresh, dict) and isinstance(fresh.get("fleet"), dict):
+        f = fresh["fleet"]
+        lag_v, lag_s = f.get("version_lag"), f.get("time_lag_s")
+        if isinstance(lag_v, int | float):
+            return int(lag_v), float(lag_s) if isinstance(lag_s, int | float) else None
+    newest: dict[str, int] = {}
+    oldest: dict[str, int] = {}
+    for s in list(gw.sessions.values()):
+        p, v = s.policy.name, s.policy.version
+        newest[p], oldest[p] = max(newest.get(p, v), v), min(oldest.get(p, v), v)
+    registry = getattr(gw, "registry", None)
+    if registry is not None:
+        for p in oldest:
+            versions = _safe(lambda p=p: [r.version for r in registry.versions(p)]) or []
+            newest[p] = max([newest[p], *versions])
+    return max((newest[p] - oldest[p] for p in oldest), default=0), None
+
+
+def _safe(fn):
+    try:
+        return fn()
+    except Exception as exc:  # a read for the page never breaks the page; the error shows in the log
+        log.debug("console read failed: %s", exc)
+        return None
+
+
+def _dumps(value) -> str:
+    return json.dumps(_finite(value), default=_json_default, allow_nan=False)
+
+
+def _finite(value):
+    """NaN and infinities (e.g. in gate figures) become null: the page gets valid JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _json_default(value):
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    return str(value)
