@@ -20,6 +20,9 @@ $(STAMP): pyproject.toml Makefile
 	# torch first: the CPU build on disk, before anything pulls a CUDA build
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'
+	# the console's browser test: Debian's chromium, driven by Playwright (never a downloaded browser)
+	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; } || \
+	  echo "WARNING: chromium not installed: the console's browser test will skip" >&2
 	# ament index + share/tether in the venv prefix: `ros2 launch tether robot.launch.py` (editable
 	# installs skip pyproject's data-files, so link them here)
 	mkdir -p $(VENV)/share/ament_index/resource_index/packages $(VENV)/share/tether/launch $(VENV)/share/tether/config
