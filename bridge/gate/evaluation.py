@@ -51,6 +51,14 @@ class SimEvaluator:
         self.timeout_s, self.python = timeout_s, python
         self._pin, self._unpin = pin, unpin
 
+    @classmethod
+    def from_config(cls, config, *, address: str, pin: Callable[[str, int], None | Awaitable[None]],
+                    unpin: Callable[[str], None | Awaitable[None]], **kw) -> SimEvaluator:
+        """The evaluator a `GateConfig` describes (its eval_env and eval_max_steps)."""
+        if config.eval_env is None:
+            raise ValueError("GateConfig.eval_env is None: there is no env to evaluate in")
+        return cls(address=address, env=config.eval_env, pin=pin, unpin=unpin, max_steps=config.eval_max_steps, **kw)
+
     def command(self, policy: str, version: int, episodes: int, prefix: str, summary: Path) -> list[str]:
         """The `tether sim` command line of one evaluation run."""
         cmd = [self.python, "-m", "tether", "sim", "--gateway", self.address, "--env", self.env,

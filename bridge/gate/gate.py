@@ -8,13 +8,14 @@ Usage (plain text: it needs Triton, and for evaluation a gateway and simulators)
     artifact = gate.check_artifact(weights, architecture)            # before writing the version folder
     ... write the Triton version folder, load_model ...
     served = await gate.check_served(policy="pendulum", version=3, incumbent=2, header=header,
-                                     action_spec=action_spec)          # consistency, evaluation, action_sanity
+                                     action_spec=action_spec)          # consistency, action_sanity, evaluation
     report = GateReport((artifact, *served))
     report.passed, report.failed, report.to_dict()                     # e.g. False, ["evaluation"], {...}
 
 `check_served` runs every check that can run and reports each (it does not stop at the first
-failure); a check that cannot run here (no probe batch allowed, no eval env, no incumbent, no
-experience log or no data in it) passes as "skipped: <why>" with no figures.
+failure); the incumbent's evaluation returns are reused while the incumbent stays the same. A
+check that cannot run here (no probe batch allowed, no eval env, no incumbent, no experience log
+or no data in it) passes as "skipped: <why>" with no figures.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class GateConfig:
     max_jerk: float | None = None        # max |a_t - a_{t-1}| / range; None = reported, not judged
     tolerances: Mapping[str, tuple[float, float]] = field(default_factory=lambda: DEFAULT_TOLERANCES)
     require_probe: bool = True           # no probe batch in the header: consistency fails (else: skipped)
+    reuse_incumbent: bool = True         # the incumbent's returns are evaluated once per (policy, version)
 
     def __post_init__(self):
         for name in ("eval_episodes", "sanity_samples", "sanity_batch"):
@@ -96,6 +98,7 @@ class Gate:
         self.experience_dir = None if experience_dir is None else Path(experience_dir)
         self.evaluator = evaluator
         self.config = config
+        self._incumbent_returns: dict[tuple[str, int, int], list[float]] = {}
 
     def check_artifact(self, weights: Mapping[str, torch.Tensor], architecture: Mapping[str, torch.Tensor] | None,
                        *, sha256: str | None = None, data: bytes | None = None) -> CheckResult:
@@ -105,11 +108,11 @@ class Gate:
 
     async def check_served(self, *, policy: str, version: int, incumbent: int | None,
                            header: policies_pb2.PublishHeader, action_spec: Sequence[Spec]) -> list[CheckResult]:
-        """Consistency, evaluation and action sanity of `version` as Triton serves it."""
+        """Consistency, action sanity and evaluation of `version` as Triton serves it (cheapest first)."""
         action_spec = tuple(action_spec)
         results = [await self._guarded("consistency", self.consistency(policy, version, header)),
-                   await self._guarded("evaluation", self.evaluation(policy, version, incumbent)),
-                   await self._guarded("action_sanity", self.action_sanity(policy, version, action_spec))]
+                   await self._guarded("action_sanity", self.action_sanity(policy, version, action_spec)),
+                   await self._guarded("evaluation", self.evaluation(policy, version, incumbent))]
         for r in results:
             log.info("gate %s v%d %s: %s %s", policy, version, r.name, "passed" if r.passed else "FAILED", r.detail)
         return results
@@ -121,7 +124,7 @@ class Gate:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.exception("gate check %s could not complete", name)
+            log.warning("gate check %s could not complete: %s: %s", name, type(exc).__name__, exc)
             return CheckResult(name, False, {}, f"could not complete: {type(exc).__name__}: {exc}")
 
     async def consistency(self, policy: str, version: int, header: policies_pb2.PublishHeader) -> CheckResult:
@@ -149,7 +152,11 @@ class Gate:
         if incumbent is None:
             return CheckResult.skipped("evaluation", "no incumbent version to compare with")
         candidate_returns = await self.evaluator.returns(policy, version, config.eval_episodes)
-        incumbent_returns = await self.evaluator.returns(policy, incumbent, config.eval_episodes)
+        key = (policy, incumbent, config.eval_episodes)
+        incumbent_returns = self._incumbent_returns.get(key) if config.reuse_incumbent else None
+        if incumbent_returns is None:
+            incumbent_returns = await self.evaluator.returns(policy, incumbent, config.eval_episodes)
+            self._incumbent_returns = {key: incumbent_returns}  # only the newest incumbent is kept
         result = checks.evaluation(candidate_returns, incumbent_returns, margin=config.eval_margin)
         detail = f"v{version} vs incumbent v{incumbent} in {config.eval_env}: {result.detail}"
         return CheckResult("evaluation", result.passed, result.figures, detail)

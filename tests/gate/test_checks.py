@@ -144,8 +144,44 @@ def test_a_gate_without_triton_fails_closed_and_skips_what_cannot_run(tmp_path):
         finally:
             await client.close()
 
-    (consistency, evaluation_, sanity), no_probe = asyncio.run(scenario())
+    (consistency, sanity, evaluation_), no_probe = asyncio.run(scenario())
     assert not consistency.passed and "could not complete" in consistency.detail and "UNAVAILABLE" in consistency.detail
     assert evaluation_.is_skipped and "no eval env" in evaluation_.detail
     assert sanity.is_skipped and "no experience log" in sanity.detail
     assert not no_probe.passed and "no probe_inputs" in no_probe.detail
+
+
+def test_recent_observations_reads_the_newest_steps_of_the_policy_backwards_over_segments(tmp_path):
+    from bridge.experience import ExperienceLog
+    from bridge.gate.samples import recent_observations
+    from tests.experience.helpers import transition
+
+    async def fill():
+        log = ExperienceLog(tmp_path, segment_bytes=12000, fsync=False)
+        await log.start()
+        try:
+            for step in range(60):  # interleaved: two sessions of "pi", one of another policy, the gate's own
+                for session, policy in (("a", "pi"), ("b", "pi"), ("c", "other"), ("gate-pi-v2-x-0", "pi")):
+                    await log.append(transition(session, step, episode=step // 25, obs_dim=4, policy=policy))
+        finally:
+            await log.close()
+
+    asyncio.run(fill())
+    inputs = (Spec("observation", np.float32, (4,)),)
+    assert 5 < len(list(tmp_path.glob("segment-*.mcap"))) < 64
+    batch = recent_observations(tmp_path, policy="pi", inputs=inputs, count=30)
+    assert len(batch) == 30 and batch.inputs["observation"].shape == (30, 4)
+    assert {s for s, _, _ in batch.keys} == {"a", "b"}                          # not "other", not the gate's
+    assert sorted(step for s, _, step in batch.keys if s == "a") == list(range(45, 60))   # the newest, in order
+    expected = transition("a", 59, obs_dim=4)
+    np.testing.assert_array_equal(batch.inputs["observation"][batch.keys.index(("a", 2, 59))],
+                                  np.frombuffer(expected.observation[0].data, np.float32))
+    # pairs: consecutive steps of one episode of one session (episode 1 ends at step 49)
+    steps = {i: key for i, key in enumerate(batch.keys)}
+    assert all(steps[j][0] == steps[i][0] and steps[j][1] == steps[i][1] and steps[j][2] == steps[i][2] + 1
+               for i, j in batch.pairs)
+    assert len(batch.pairs) == 2 * (15 - 1 - 1)   # 14 consecutive pairs per session, less the episode change
+    assert len(recent_observations(tmp_path, policy="pi", inputs=inputs, count=1000)) == 120
+    assert len(recent_observations(tmp_path, policy="none", inputs=inputs, count=10)) == 0
+    wrong_shape = (Spec("observation", np.float32, (5,)),)
+    assert len(recent_observations(tmp_path, policy="pi", inputs=wrong_shape, count=10)) == 0
