@@ -7,6 +7,7 @@ is Triton's job (`ModelRepository.write_artifact`, then load and probe the versi
     fmt = detect_format(data)                         # "torchscript" (a zip) or "onnx"
     inputs, outputs = read_specs(fmt, data)           # ONNX graph / TorchScript's tether.json, or None
     check_artifact(fmt, data, inputs, outputs)        # ArtifactError naming what does not fit
+    onnx_weights(data)                                # an ONNX file's initializers (for the integrity check)
 
 Specs on a command line are NAME:DTYPE:SHAPE[:LOW:HIGH], shape and bounds comma-separated:
 
@@ -158,6 +159,13 @@ def check_artifact(fmt: str, data: bytes, inputs: Sequence[Spec], outputs: Seque
         if isinstance(batch, int) and batch != 1:
             raise ArtifactError(f"ONNX tensor {value.name!r} has a fixed batch dimension {batch}: export it with "
                                 "a dynamic first axis (or 1)")
+
+
+def onnx_weights(data: bytes) -> dict[str, np.ndarray]:
+    """An ONNX model's initializers by name (its weights), read without running anything."""
+    from onnx import numpy_helper
+
+    return {t.name: numpy_helper.to_array(t) for t in _onnx_model(data).graph.initializer}
 
 
 def onnx_batch_is_fixed(data: bytes) -> bool:

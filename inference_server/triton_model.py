@@ -29,6 +29,10 @@ class TritonPythonModel:
         folder = Path(args["model_repository"]) / args["model_version"]
         self._policy = torch.jit.load(str(folder / "policy.pt"), map_location="cpu")
         self._policy.eval()
+        for name, tensor in self._policy.state_dict().items():  # an imported file is not checked before
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                raise ValueError(f"weight {name!r} has non-finite values: version {args['model_version']} "
+                                 "is not served")
         self._warm_up(config, pb_utils)
 
     def _warm_up(self, config: dict, pb_utils) -> None:

@@ -9,6 +9,9 @@
     tether edge --gateway 127.0.0.1:50051 --topic-map launch/config/topic_map.yaml --transport dds
     tether train --gateway 127.0.0.1:50051 --algo ppo --policy invertedpendulum_v5 --nproc 2
     tether log inspect runs/demo/experience
+    tether certs init runs/certs --client arm_1:robot --client alice:operator
+    tether token add alice --role operator --file runs/tokens.json
+    tether policy import walker.onnx --name walker --gateway 127.0.0.1:50051
 """
 
 from __future__ import annotations
@@ -110,10 +113,20 @@ def _log(argv: list[str]) -> None:
     main(argv)
 
 
+def _policy(argv: list[str]) -> None:
+    from tether.policy_cli import main
+
+    main(argv)
+
+
 COMMANDS = {"demo": _demo, "triton": _triton, "gateway": _gateway, "sim": _sim, "edge": _edge, "train": _train,
             "log": _log}
 COMMANDS.update({name: (lambda argv, name=name: getattr(__import__("bridge.console.cli").console.cli, name)(argv))
                  for name in ("status", "estop", "release")})  # bridge/console/cli.py: the fleet via tether.v1.Fleet
+COMMANDS["policy"] = _policy  # tether policy import FILE --name NAME (TorchScript / ONNX)
+
+COMMANDS["certs"] = lambda argv: __import__("bridge.security.cli").security.cli.certs_main(argv)  # lab CA, certs
+COMMANDS["token"] = lambda argv: __import__("bridge.security.cli").security.cli.token_main(argv)  # hashed tokens
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -213,3 +213,19 @@ def test_a_version_that_fails_to_load_leaves_the_others_serving(served, module):
     finally:
         repo.retire("ts", 2)
     assert ready == [1] and out["action"].shape == (1, 2)
+
+
+@pytest.mark.slow
+def test_a_torchscript_file_with_nan_weights_is_not_served(served, module):
+    repo, server = served
+    broken = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Tanh())
+    with torch.no_grad():
+        broken[0].bias[1] = float("nan")
+    repo.write_artifact("nan", 1, "torchscript", torchscript_bytes(broken), OBS, ACT)  # statically fine
+
+    async def scenario(client):
+        with pytest.raises(InferenceError, match=r"weight '0.bias' has non-finite values"):
+            await client.load_model("nan")
+        return await client.ready_versions("nan")
+
+    assert run(server, scenario) == []

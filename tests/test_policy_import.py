@@ -1,0 +1,154 @@
+"""`tether policy import`: a TorchScript module and an ONNX file made here, read with their specs,
+probed locally, sent as a Publish stream and served by a real Triton matching the local outputs;
+bad files and wrong specs refused with a message naming what is wrong."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+
+import numpy as np
+import pytest
+import torch
+
+from inference_server import ModelRepository, PolicyClient, TritonServer
+from inference_server.artifact import ArtifactError, specs_to_json
+from protos.codec import Spec, decode_all, specs_from_proto
+from tether import policy_cli
+from tether.cli import main as tether_main
+
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+OBS = (Spec("obs", np.float32, (4,), (-2.0,), (2.0,)),)
+ACT = (Spec("action", np.float32, (2,), (-1.0,), (1.0,)),)
+
+
+class Policy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.net = torch.nn.Sequential(torch.nn.Linear(4, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.net(obs))
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """policy.pt (TorchScript with tether.json), bare.pt (without), policy.onnx (torch.onnx.export)."""
+    folder = tmp_path_factory.mktemp("files")
+    module = Policy().eval()
+    scripted = torch.jit.script(module)
+    torch.jit.save(scripted, str(folder / "policy.pt"), _extra_files={"tether.json": specs_to_json(OBS, ACT)})
+    torch.jit.save(scripted, str(folder / "bare.pt"))
+    buffer = io.BytesIO()
+    torch.onnx.export(module, (torch.zeros(1, 4),), buffer, input_names=["obs"], output_names=["action"],
+                      dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}}, dynamo=False)
+    (folder / "policy.onnx").write_bytes(buffer.getvalue())
+    return folder, module
+
+
+def test_specs_come_from_the_file_or_the_command_line(files):
+    folder, _ = files
+    ts = policy_cli.read_policy_file(folder / "policy.pt")
+    assert (ts.format, ts.inputs, ts.outputs) == ("torchscript", OBS, ACT) and ts.outputs[0].high == (1.0,)
+    onnx = policy_cli.read_policy_file(folder / "policy.onnx", outputs=ACT)
+    assert onnx.format == "onnx" and onnx.inputs == OBS and onnx.outputs[0].low == (-1.0,)
+    assert policy_cli.read_policy_file(folder / "policy.onnx").inputs[0].low == ()  # the graph has no bounds
+    bare = policy_cli.read_policy_file(folder / "bare.pt", inputs=OBS, outputs=ACT)
+    assert bare.inputs == OBS
+    with pytest.raises(ArtifactError, match="declares no specs: pass --obs and --action"):
+        policy_cli.read_policy_file(folder / "bare.pt")
+
+
+@pytest.mark.parametrize("name", ["policy.pt", "policy.onnx"])
+def test_probe_and_reference_outputs_are_the_modules(files, name):
+    folder, module = files
+    policy = policy_cli.read_policy_file(folder / name, inputs=OBS)  # the bounds (an ONNX graph has none)
+    probe = policy_cli.probe_inputs(policy.inputs, batch=8, seed=1)
+    assert probe["obs"].shape == (8, 4) and np.abs(probe["obs"]).max() <= 2.0
+    np.testing.assert_array_equal(probe["obs"], policy_cli.probe_inputs(policy.inputs, batch=8, seed=1)["obs"])
+    expected = policy_cli.reference_outputs(policy, probe)
+    with torch.no_grad():
+        np.testing.assert_allclose(expected["action"], module(torch.from_numpy(probe["obs"])).numpy(), atol=1e-6)
+
+
+def test_the_publish_stream_carries_the_whole_file_and_its_specs(files):
+    folder, _ = files
+    policy = policy_cli.read_policy_file(folder / "policy.onnx", outputs=ACT)
+    probe = policy_cli.probe_inputs(policy.inputs, batch=3)
+    chunks = list(policy_cli.publish_chunks(policy, "walker", probe, policy_cli.reference_outputs(policy, probe),
+                                            chunk_bytes=1000))
+    header, data = chunks[0].header, b"".join(c.data for c in chunks[1:])
+    assert all(len(c.data) <= 1000 for c in chunks[1:]) and len(chunks) == 1 + -(-len(data) // 1000)
+    assert data == policy.data and header.size == len(data) and header.sha256 == hashlib.sha256(data).hexdigest()
+    assert header.format == "onnx" and header.policy == "walker" and header.lineage.trainer.startswith("import:")
+    assert specs_from_proto(header.inputs) == OBS and specs_from_proto(header.outputs)[0].high == (1.0,)
+    assert decode_all(header.probe_inputs)["obs"].shape == (3, 4)
+
+
+@pytest.mark.slow
+def test_imported_files_are_served_by_triton_as_computed_locally(files, tmp_path):
+    """What the gateway does with an import stream, step by step, against a real Triton."""
+    folder, _ = files
+    repo = ModelRepository(tmp_path / "models")
+    streams = {}
+    for version, name in enumerate(["policy.pt", "policy.onnx"], start=1):
+        policy = policy_cli.read_policy_file(folder / name, outputs=ACT)
+        probe = policy_cli.probe_inputs(policy.inputs, seed=version)
+        chunks = list(policy_cli.publish_chunks(policy, "mine", probe, policy_cli.reference_outputs(policy, probe)))
+        header = chunks[0].header
+        data = b"".join(c.data for c in chunks[1:])
+        repo.write_artifact(header.policy, version, header.format, data, specs_from_proto(header.inputs),
+                            specs_from_proto(header.outputs))
+        streams[version] = header
+
+    async def served():
+        client = PolicyClient(server.grpc_url, timeout_s=10.0)
+        try:
+            results = {}
+            for version, header in streams.items():
+                probe, expected = decode_all(header.probe_inputs), decode_all(header.probe_outputs)
+                got = await client.infer("mine", version, probe, list(expected))
+                results[version] = float(np.abs(got["action"] - expected["action"]).max())
+            return results, await client.ready_versions("mine")
+        finally:
+            await client.close()
+
+    with TritonServer(repo.root, models=["mine"]) as server:
+        errors, ready = asyncio.run(served())
+    assert ready == [1, 2] and max(errors.values()) < 1e-5
+
+
+def test_bad_files_and_wrong_specs_are_refused_by_the_command(files, tmp_path, capsys):
+    folder, _ = files
+    truncated = tmp_path / "truncated.onnx"
+    truncated.write_bytes((folder / "policy.onnx").read_bytes()[:300])
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes((folder / "policy.pt").read_bytes()[:-200])
+    cases = [
+        ([str(truncated)], "neither a TorchScript archive nor an ONNX model"),
+        ([str(cut)], "not a complete TorchScript archive"),
+        ([str(folder / "policy.onnx"), "--obs", "obs:float32:5"], r"ONNX input 'obs' is float32\[4\], declared"),
+        ([str(folder / "bare.pt"), "--obs", "obs:float32:4", "--action", "action:float32:3"],
+         r"output 'action' is float32\[8, 2\] for a batch of 8, declared float32\[8, 3\]"),
+        ([str(folder / "bare.pt"), "--obs", "obs:float32:5", "--action", "action:float32:2"],
+         "fails on a probe batch"),
+        ([str(folder / "policy.pt"), "--action", "action:float32:2:1:-1"], "low .* above high"),
+        ([str(tmp_path / "missing.onnx")], "cannot read"),
+    ]
+    for args, needle in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            tether_main(["policy", "import", *args, "--name", "x", "--gateway", "127.0.0.1:1", "--timeout", "1"])
+        assert exit_info.value.code.startswith("tether policy import: ")
+        assert __import__("re").search(needle, exit_info.value.code), (needle, exit_info.value.code)
+
+
+def test_inspect_prints_the_specs(files, capsys):
+    folder, _ = files
+    tether_main(["policy", "inspect", str(folder / "policy.onnx")])
+    out = capsys.readouterr().out
+    assert out.startswith(f"# {folder / 'policy.onnx'}: onnx") and '"name": "obs"' in out
+    with pytest.raises(SystemExit, match="without tether.json"):
+        tether_main(["policy", "inspect", str(folder / "bare.pt")])

@@ -1,0 +1,243 @@
+"""`tether policy import FILE --name NAME`: bring your own policy, a TorchScript module or an ONNX file.
+
+    tether policy import walker.onnx --name walker --gateway 127.0.0.1:50051
+    tether policy import arm.pt --name arm --obs obs:float32:11 --action action:float32:3:-1:1
+    tether policy inspect walker.onnx          # the specs the file declares, as tether.json
+
+The file travels whole as a `tether.v1.Policies.Publish` (header.format "torchscript" or "onnx",
+chunked, sha256) with its specs: declared with --obs/--action (NAME:DTYPE:SHAPE[:LOW:HIGH]) or
+read from the file (an ONNX graph's inputs/outputs; a TorchScript archive's `tether.json`, saved
+with `torch.jit.save(m, path, _extra_files={"tether.json": specs_to_json(inputs, outputs)})`).
+Here, on the user's machine, the file is run on a probe batch (random within the observation
+bounds, fixed seed) and its outputs go along, so that the gateway's gate checks what Triton serves
+against them exactly as for a trainer's publish. A new NAME creates a policy; an existing one gets
+a new version (its specs must match). As a library (plain text: it needs a gateway):
+
+    policy = read_policy_file(Path("walker.onnx"))
+    probe = probe_inputs(policy.inputs, batch=8, seed=0)
+    reply = publish(address, publish_chunks(policy, "walker", probe, reference_outputs(policy, probe)))
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import os
+import socket
+import warnings
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from inference_server.artifact import (
+    FORMATS,
+    ArtifactError,
+    check_artifact,
+    detect_format,
+    onnx_batch_is_fixed,
+    parse_spec,
+    read_specs,
+    specs_to_json,
+)
+from protos import codec, policies_pb2
+from protos.codec import Spec
+
+CHUNK_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class PolicyFile:
+    """An imported policy file with the specs it is served with (no batch dimension)."""
+
+    format: str
+    data: bytes
+    inputs: tuple[Spec, ...]
+    outputs: tuple[Spec, ...]
+    source: str = ""
+
+
+def read_policy_file(path: Path, *, format: str | None = None, inputs: Sequence[Spec] = (),
+                     outputs: Sequence[Spec] = ()) -> PolicyFile:
+    """Read `path`, tell its format, take the declared specs (or the file's) and check them
+    statically; ArtifactError naming what is wrong."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ArtifactError(f"cannot read {path}: {exc.strerror or exc}") from None
+    fmt = format or detect_format(data)
+    if fmt not in FORMATS:
+        raise ArtifactError(f"format {fmt!r} must be one of {FORMATS}")
+    declared = read_specs(fmt, data)
+    inputs = tuple(inputs) or (declared[0] if declared else ())
+    outputs = tuple(outputs) or (declared[1] if declared else ())
+    if not inputs or not outputs:
+        raise ArtifactError(f"{path} declares no specs: pass --obs and --action (NAME:DTYPE:SHAPE[:LOW:HIGH]) "
+                            "or save a tether.json in the TorchScript archive")
+    check_artifact(fmt, data, inputs, outputs)
+    return PolicyFile(fmt, data, inputs, outputs, source=Path(path).name)
+
+
+def probe_inputs(inputs: Sequence[Spec], *, batch: int = 8, seed: int = 0) -> dict[str, np.ndarray]:
+    """A probe batch: uniform within each tensor's bounds where both are given, else standard
+    normal (integers: within the bounds or 0..9; bool: random). Fixed by `seed`.
+
+    >>> probe = probe_inputs([Spec("obs", np.float32, (3,), (-1.0,), (1.0,))], batch=4)
+    >>> probe["obs"].shape, probe["obs"].dtype.name, bool(np.abs(probe["obs"]).max() <= 1)
+    ((4, 3), 'float32', True)
+    """
+    if batch < 1:
+        raise ValueError(f"probe batch {batch} must be >= 1")
+    rng = np.random.default_rng(seed)
+    arrays = {}
+    for spec in inputs:
+        shape = (batch, *spec.shape)
+        low = np.broadcast_to(np.asarray(spec.low, np.float64), spec.shape) if spec.low else None
+        high = np.broadcast_to(np.asarray(spec.high, np.float64), spec.shape) if spec.high else None
+        if spec.dtype.kind == "b":
+            value = rng.random(shape) < 0.5
+        elif spec.dtype.kind in "iu":
+            lo = low if low is not None else 0
+            hi = high if high is not None else 9
+            value = rng.integers(lo, np.asarray(hi) + 1, size=shape)
+        elif low is not None and high is not None and np.isfinite(low).all() and np.isfinite(high).all():
+            value = rng.uniform(low, high, size=shape)
+        else:
+            value = rng.standard_normal(shape)
+        arrays[spec.name] = np.ascontiguousarray(value, dtype=spec.dtype)
+    return arrays
+
+
+def reference_outputs(policy: PolicyFile, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run the file here (torch.jit.load or onnxruntime) on `inputs`; its outputs by name, checked
+    against the declared output specs (ArtifactError naming the output that does not fit)."""
+    names = [s.name for s in policy.outputs]
+    batch = len(next(iter(inputs.values())))
+    try:
+        if policy.format == "torchscript":
+            import torch
+
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", category=DeprecationWarning)
+                module = torch.jit.load(io.BytesIO(policy.data), map_location="cpu").eval()
+                with torch.inference_mode():
+                    result = module(*(torch.from_numpy(np.array(inputs[s.name])) for s in policy.inputs))
+            result = (result,) if isinstance(result, torch.Tensor) else result
+            if not isinstance(result, tuple | list) or not all(isinstance(t, torch.Tensor) for t in result):
+                raise ArtifactError("the module must return a tensor or a tuple of tensors, got "
+                                    f"{type(result).__name__}")
+            if len(result) != len(names):
+                raise ArtifactError(f"the module returns {len(result)} tensors, the action specs name {names}")
+            outputs = {name: t.numpy() for name, t in zip(names, result, strict=True)}
+        else:
+            import onnxruntime as ort
+
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = 1
+            session = ort.InferenceSession(policy.data, sess_options=options, providers=["CPUExecutionProvider"])
+            feed = {s.name: inputs[s.name] for s in policy.inputs}
+            rows = [{k: v[i:i + 1] for k, v in feed.items()} for i in range(batch)] \
+                if onnx_batch_is_fixed(policy.data) else [feed]
+            runs = [session.run(names, row) for row in rows]
+            outputs = {name: np.concatenate([r[j] for r in runs]) for j, name in enumerate(names)}
+    except ArtifactError:
+        raise
+    except Exception as exc:
+        shapes = {k: list(v.shape) for k, v in inputs.items()}
+        raise ArtifactError(f"the {policy.format} file fails on a probe batch {shapes}: "
+                            f"{type(exc).__name__}: {exc}") from None
+    for spec in policy.outputs:
+        got = outputs[spec.name]
+        if got.shape != (batch, *spec.shape) or got.dtype != spec.dtype:
+            raise ArtifactError(f"output {spec.name!r} is {got.dtype.name}{list(got.shape)} for a batch of {batch}, "
+                                f"declared {spec.dtype.name}{[batch, *spec.shape]}")
+    return outputs
+
+
+def publish_chunks(policy: PolicyFile, name: str, inputs: Mapping[str, np.ndarray],
+                   outputs: Mapping[str, np.ndarray], *, atol: float = 0.0,
+                   chunk_bytes: int = CHUNK_BYTES) -> Iterator[policies_pb2.PublishChunk]:
+    """The Publish stream of an import: a header (format, size, sha256, specs, probe), then the file."""
+    if chunk_bytes < 1:
+        raise ValueError(f"chunk_bytes {chunk_bytes} must be >= 1")
+    lineage = policies_pb2.Lineage(trainer=f"import:{policy.source or 'file'}@{socket.gethostname()}:{os.getpid()}")
+    header = policies_pb2.PublishHeader(
+        policy=name, format=policy.format, size=len(policy.data), sha256=hashlib.sha256(policy.data).hexdigest(),
+        lineage=lineage, probe_inputs=codec.encode_all(inputs), probe_outputs=codec.encode_all(outputs), atol=atol,
+        inputs=[s.to_proto() for s in policy.inputs], outputs=[s.to_proto() for s in policy.outputs])
+    yield policies_pb2.PublishChunk(header=header)
+    view = memoryview(policy.data)
+    for start in range(0, len(view), chunk_bytes):
+        yield policies_pb2.PublishChunk(data=bytes(view[start:start + chunk_bytes]))
+
+
+def publish(address: str, chunks: Iterable[policies_pb2.PublishChunk], *,
+            timeout_s: float = 300.0) -> policies_pb2.PublishReply:
+    """Send a Publish stream to the gateway at `address`; grpc.RpcError says why it was refused."""
+    import grpc
+
+    from protos import policies_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        return policies_pb2_grpc.PoliciesStub(channel).Publish(iter(chunks), timeout=timeout_s, wait_for_ready=True)
+
+
+def _import(argv: list[str]) -> None:
+    import grpc
+
+    p = argparse.ArgumentParser(prog="tether policy import",
+                                description="Import a TorchScript module or an ONNX file as a policy version.")
+    p.add_argument("file", type=Path)
+    p.add_argument("--name", required=True, help="the policy: a new name creates it, an existing one gets a version")
+    p.add_argument("--gateway", default="127.0.0.1:50051", help="HOST:PORT of the gateway")
+    p.add_argument("--format", choices=FORMATS, help="default: told from the file (a zip is TorchScript)")
+    p.add_argument("--obs", action="append", default=[], metavar="NAME:DTYPE:SHAPE[:LOW:HIGH]",
+                   help="an observation tensor the policy takes (repeat; default: read from the file)")
+    p.add_argument("--action", action="append", default=[], metavar="NAME:DTYPE:SHAPE[:LOW:HIGH]",
+                   help="an action tensor the policy gives (repeat; default: read from the file)")
+    p.add_argument("--probe-batch", type=int, default=8, help="rows of the probe batch the gate checks Triton with")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--atol", type=float, default=0.0, help="served-vs-file tolerance (0 = per dtype)")
+    p.add_argument("--chunk-bytes", type=int, default=CHUNK_BYTES)
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds for the whole import")
+    a = p.parse_args(argv)
+    try:
+        policy = read_policy_file(a.file, format=a.format, inputs=[parse_spec(s) for s in a.obs],
+                                  outputs=[parse_spec(s) for s in a.action])
+        probe = probe_inputs(policy.inputs, batch=a.probe_batch, seed=a.seed)
+        expected = reference_outputs(policy, probe)
+        reply = publish(a.gateway, publish_chunks(policy, a.name, probe, expected, atol=a.atol,
+                                                  chunk_bytes=a.chunk_bytes), timeout_s=a.timeout)
+    except (ArtifactError, ValueError) as exc:
+        raise SystemExit(f"tether policy import: {exc}") from None
+    except grpc.RpcError as exc:
+        raise SystemExit(f"tether policy import: the gateway at {a.gateway} refused {a.file} "
+                         f"({exc.code().name}): {exc.details()}") from None
+    print(f"imported {a.file} ({policy.format}, {len(policy.data) / 1e6:.1f} MB) as {reply.policy} v{reply.version}: "
+          f"served and verified (max abs error {reply.max_abs_error:.2e}, {reply.load_seconds:.2f} s), "
+          f"Triton serves versions {list(reply.ready_versions)}", flush=True)
+
+
+def _inspect(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(prog="tether policy inspect", description="The specs a policy file declares.")
+    p.add_argument("file", type=Path)
+    a = p.parse_args(argv)
+    try:
+        data = a.file.read_bytes()
+        fmt = detect_format(data)
+        specs = read_specs(fmt, data)
+    except (OSError, ArtifactError) as exc:
+        raise SystemExit(f"tether policy inspect: {exc}") from None
+    if specs is None:
+        raise SystemExit(f"tether policy inspect: {a.file} is a TorchScript archive without tether.json: "
+                         "declare --obs/--action when importing it")
+    print(f"# {a.file}: {fmt}\n{specs_to_json(*specs)}")
+
+
+def main(argv: list[str]) -> None:
+    commands = {"import": _import, "inspect": _inspect}
+    if not argv or argv[0] not in commands:
+        raise SystemExit(f"usage: tether policy {{{','.join(commands)}}} FILE [options]\n{__doc__}")
+    commands[argv[0]](argv[1:])
