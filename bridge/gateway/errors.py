@@ -28,3 +28,21 @@ class PolicyUnavailable(GatewayError):
     """Triton is unreachable or serves no ready version of the policy."""
 
     status = grpc.StatusCode.UNAVAILABLE
+
+
+class Unauthenticated(GatewayError):
+    """No credentials, or credentials that do not verify (bridge.security)."""
+
+    status = grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDenied(GatewayError):
+    """Verified credentials whose role does not allow the action (bridge.security)."""
+
+    status = grpc.StatusCode.PERMISSION_DENIED
+
+
+class TooManySessions(GatewayError):
+    """The gateway's session cap or a source's cap is reached (bridge.gateway.limits)."""
+
+    status = grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -24,6 +24,7 @@ class PoliciesService(policies_pb2_grpc.PoliciesServicer):
     async def Publish(self, request_iterator: AsyncIterator[policies_pb2.PublishChunk],
                       context: grpc.aio.ServicerContext) -> policies_pb2.PublishReply:
         try:
+            await self._gateway.auth.require(context, "trainer")  # bridge.security: a trainer or operator
             first = await anext(request_iterator, None)
             if first is None or first.WhichOneof("kind") != "header":
                 raise PublishError("the first PublishChunk must be a header")

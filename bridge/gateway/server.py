@@ -32,6 +32,7 @@ from bridge.console.fleet import Fleet
 from bridge.console.fleet_service import FleetService
 from bridge.gateway.batcher import MicroBatcher
 from bridge.gateway.errors import DuplicateSession, InvalidHello
+from bridge.gateway.limits import Admission, Limits, check_hello
 from bridge.gateway.policies import PolicyCatalog, check_compatible
 from bridge.gateway.policies_service import PoliciesService
 from bridge.gateway.publisher import Publisher
@@ -41,6 +42,8 @@ from bridge.gateway.session import Session, SessionStats
 from bridge.gateway.vector_session import MAX_ENVS, VectorSession
 from bridge.rewards import RewardConfigError, RewardFunction
 from bridge.security import Authorizer
+from bridge.security.tls import InsecureBind, TlsFiles, check_exposure, is_loopback, server_credentials
+from bridge.security.tokens import TokenError, TokenStore
 from inference_server import ModelRepository, PolicyClient
 from protos import bridge_pb2, bridge_pb2_grpc, fleet_pb2_grpc, policies_pb2_grpc
 from protos.codec import TensorError, specs_from_proto
@@ -48,6 +51,11 @@ from protos.codec import TensorError, specs_from_proto
 log = logging.getLogger("tether.gateway")
 SERVICE_NAME = bridge_pb2.DESCRIPTOR.services_by_name["Bridge"].full_name
 MAX_MESSAGE_BYTES = 64 << 20  # camera observations: a 1080p RGB frame alone is 6 MB (gRPC's default cap: 4 MB)
+# A dead peer's streams end within ~30 s (ping every 20 s, 10 s to answer, also on idle streams); a
+# connection with no RPC for 5 min is closed; clients may ping every 5 s.
+KEEPALIVE = [("grpc.keepalive_time_ms", 20_000), ("grpc.keepalive_timeout_ms", 10_000),
+             ("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.max_pings_without_data", 0),
+             ("grpc.http2.min_ping_interval_without_data_ms", 5_000), ("grpc.max_connection_idle_ms", 300_000)]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,6 +73,14 @@ class GatewayConfig:
     fsync_interval_ms: float = 5.0        # group commit: the longest a transition waits to be on disk
     rewards: Mapping[str, Path] = field(default_factory=dict)  # policy -> reward config YAML
     switch: str = "episode"          # when sessions move to a new version: "episode" or "step"
+    # bridge.security: TLS (mTLS with tls_client_ca), the --insecure rule, tokens; bridge.gateway.limits
+    tls_cert: Path | None = None     # server certificate (PEM); with tls_key, gRPC serves TLS only
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None  # every client must present a certificate signed by this CA (mTLS)
+    insecure: bool = False           # allow plaintext on a non-loopback host (warned loudly)
+    tokens: Path | None = None       # operator/trainer tokens file (`tether token add`)
+    anonymous_viewers: bool = True   # read-only viewing without credentials
+    limits: Limits = field(default_factory=Limits)  # session caps, idle timeout, Hello string bounds
     console_port: int | None = None  # the operator console + /metrics over HTTP (0 = a free port); None = off
     console_host: str = "127.0.0.1"
 
@@ -79,6 +95,10 @@ class GatewayConfig:
             raise ValueError(f"switch must be 'episode' or 'step', got {self.switch!r}")
         if self.fsync_interval_ms < 0:
             raise ValueError(f"fsync_interval_ms must be >= 0, got {self.fsync_interval_ms}")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError(f"TLS needs both tls_cert and tls_key, got cert={self.tls_cert} key={self.tls_key}")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("tls_client_ca (mTLS) needs tls_cert and tls_key")
 
 
 class Gateway:
@@ -94,7 +114,8 @@ class Gateway:
                                    in_use=lambda name: set(self.acting_versions(name)))
         self.rewards = {policy: RewardFunction.from_yaml(path) for policy, path in config.rewards.items()}
         self.experience = None  # the ExperienceLog, once started
-        self.auth = Authorizer()  # who may view and act (bridge.security)
+        self.auth = _authorizer(config)  # who may view and act (bridge.security)
+        self.admission = Admission(config.limits)  # session caps (bridge.gateway.limits)
         self.fleet = Fleet(self)  # sessions' figures, metrics, e-stops, operator audit (bridge.console)
         self.console = None       # the HTTP console, when config.console_port is set
         self.sessions: dict[str, Session | VectorSession] = {}
@@ -107,6 +128,11 @@ class Gateway:
 
     async def start(self) -> None:
         """Wait for Triton (a clear error if it is not there), then serve on the configured port."""
+        c = self.config
+        tls = TlsFiles(cert=c.tls_cert, key=c.tls_key, client_ca=c.tls_client_ca) if c.tls_cert else None
+        check_exposure(c.host, tls=tls is not None, insecure=c.insecure)  # InsecureBind: plaintext off loopback
+        log.info("gateway security: %s; %s", ("mTLS (client certificates required)" if c.tls_client_ca else "TLS")
+                 if tls else "plaintext", self.auth.describe())
         try:
             await self._client.wait_ready(self.config.triton_timeout_s)
         except Exception as exc:
@@ -115,7 +141,8 @@ class Gateway:
         self.server_version = await self._client.server_version()
         self._server = grpc.aio.server(options=[("grpc.so_reuseport", 0),  # a taken port is an error, not shared
                                                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                                                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+                                                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                                                *KEEPALIVE])
         bridge_pb2_grpc.add_BridgeServicer_to_server(BridgeService(self), self._server)
         policies_pb2_grpc.add_PoliciesServicer_to_server(PoliciesService(self), self._server)
         fleet_pb2_grpc.add_FleetServicer_to_server(FleetService(self), self._server)
@@ -129,7 +156,9 @@ class Gateway:
             await self.experience.start()
             experience_pb2_grpc.add_ExperienceServicer_to_server(ExperienceService(self.experience), self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
-        port = self._server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        bind = f"{self.config.host}:{self.config.port}"
+        port = (self._server.add_secure_port(bind, server_credentials(tls)) if tls
+                else self._server.add_insecure_port(bind))
         if port == 0:
             raise OSError(f"cannot bind the gateway to {self.config.host}:{self.config.port}")
         self.address = f"{self.config.host}:{port}"
@@ -162,7 +191,9 @@ class Gateway:
     async def wait(self) -> None:
         await self._server.wait_for_termination()
 
-    async def open_session(self, hello: bridge_pb2.Hello) -> Session | VectorSession:
+    async def open_session(self, hello: bridge_pb2.Hello, *, peer: str = "local") -> Session | VectorSession:
+        check_hello(hello, self.config.limits)  # bounded, printable strings: InvalidHello naming the field
+        self.admission.check(peer)  # caps: TooManySessions (RESOURCE_EXHAUSTED); counted when added below
         try:
             observation = specs_from_proto(hello.observation_spec)
             action = specs_from_proto(hello.action_spec)
@@ -191,6 +222,7 @@ class Gateway:
                                     observation_spec=observation, action_spec=action, batcher=self.batcher,
                                     deadline_s=self.config.deadline_ms / 1e3, rewards=rewards, recorder=group,
                                     catalog=self.catalog)
+            self.admission.admit(session_id, peer=peer)
             self.sessions[session_id] = session
             log.info("vector session %s (%d envs) from %s on %s v%d", session_id, num_envs, hello.source or "?",
                      policy.name, policy.version)
@@ -201,6 +233,7 @@ class Gateway:
                           observation_spec=observation, action_spec=action, batcher=self.batcher,
                           deadline_s=self.config.deadline_ms / 1e3, rewards=rewards, recorder=recorder,
                           catalog=self.catalog, switch=self.config.switch)
+        self.admission.admit(session_id, peer=peer)
         self.sessions[session_id] = session
         log.info("session %s from %s on %s v%d", session_id, hello.source or "?", policy.name, policy.version)
         return session
@@ -218,6 +251,7 @@ class Gateway:
 
     def close_session(self, session: Session | VectorSession) -> None:
         if self.sessions.get(session.id) is session:
+            self.admission.release(session.id)
             session.flush()
             del self.sessions[session.id]
             self.closed_stats.append(session.stats)
@@ -248,7 +282,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--console-host", default="127.0.0.1", help="the console's bind address")
     p.add_argument("--log-format", choices=("text", "json"), default="text",
                    help="json: one JSON object a line, with the session and policy version")
+    s = p.add_argument_group("security and limits (bridge.security, bridge.gateway.limits)")
+    s.add_argument("--tls-cert", type=Path, help="server certificate (PEM): serve gRPC over TLS")
+    s.add_argument("--tls-key", type=Path, help="the server certificate's private key (PEM)")
+    s.add_argument("--tls-client-ca", type=Path, help="require client certificates signed by this CA (mTLS)")
+    s.add_argument("--insecure", action="store_true", help="allow plaintext on a non-loopback --host (loud warning)")
+    s.add_argument("--tokens", type=Path, help="operator/trainer tokens file (tether token add)")
+    s.add_argument("--no-anonymous-viewers", dest="anonymous_viewers", action="store_false",
+                   help="viewing (read-only RPCs, console) also needs a token or certificate")
+    s.add_argument("--max-sessions", type=int, default=Limits.max_sessions, help="0 = no cap")
+    s.add_argument("--max-sessions-per-source", type=int, default=Limits.max_sessions_per_source,
+                   help="per client certificate identity, else per address (0 = no cap)")
+    s.add_argument("--idle-timeout-s", type=float, default=Limits.idle_timeout_s,
+                   help="close a session silent this long (0 = never)")
     return p.parse_args(argv)
+
+
+def _security_kwargs(a: argparse.Namespace) -> dict:
+    limits = Limits(max_sessions=a.max_sessions, max_sessions_per_source=a.max_sessions_per_source,
+                    idle_timeout_s=a.idle_timeout_s)
+    return {"tls_cert": a.tls_cert, "tls_key": a.tls_key, "tls_client_ca": a.tls_client_ca, "insecure": a.insecure,
+            "tokens": a.tokens, "anonymous_viewers": a.anonymous_viewers, "limits": limits}
+
+
+def _authorizer(config: GatewayConfig) -> Authorizer:
+    """Open access only on loopback with no credentials configured; exposed (even --insecure), operator
+    and trainer actions need a token or a client certificate."""
+    tokens = TokenStore(config.tokens) if config.tokens is not None else None
+    mtls = config.tls_client_ca is not None
+    open_access = tokens is None and not mtls and is_loopback(config.host)
+    return Authorizer(tokens=tokens, client_certs=mtls, open_access=open_access,
+                      anonymous_viewers=config.anonymous_viewers)
 
 
 def _reward_configs(items: list[str]) -> dict[str, Path]:
@@ -285,9 +349,11 @@ def main(argv: list[str] | None = None) -> None:
                            deadline_ms=a.deadline_ms, max_batch=a.max_batch, max_inflight=a.max_inflight,
                            triton_timeout_s=a.triton_timeout, model_repository=a.model_repository,
                            experience_dir=a.experience_dir, fsync_interval_ms=a.fsync_interval_ms,
-                           rewards=_reward_configs(a.rewards), switch=a.switch,
+                           rewards=_reward_configs(a.rewards), switch=a.switch, **_security_kwargs(a),
                            console_port=a.console_port, console_host=a.console_host)
     try:
         asyncio.run(serve(config))
     except RewardConfigError as exc:
+        raise SystemExit(f"tether gateway: {exc}") from None
+    except (InsecureBind, TokenError, FileNotFoundError) as exc:  # bridge.security: a refusal, not a traceback
         raise SystemExit(f"tether gateway: {exc}") from None

@@ -10,6 +10,7 @@ import grpc
 
 from bridge.console.logs import log_context
 from bridge.gateway.errors import GatewayError, InvalidHello
+from bridge.gateway.limits import IdleTimeout, peer_key, within_idle
 from protos import bridge_pb2, bridge_pb2_grpc
 
 
@@ -19,11 +20,13 @@ class BridgeService(bridge_pb2_grpc.BridgeServicer):
 
     async def Connect(self, request_iterator: AsyncIterator[bridge_pb2.ClientMessage],
                       context: grpc.aio.ServicerContext) -> AsyncIterator[bridge_pb2.ServerMessage]:
+        messages = within_idle(request_iterator, self._gateway.config.limits.idle_timeout_s)  # silence ends it
         try:
-            first = await anext(request_iterator, None)
+            first = await anext(messages, None)
             if first is None or first.WhichOneof("kind") != "hello":
-                raise InvalidHello("the first message of a Connect stream must be a Hello")
-            session = await self._gateway.open_session(first.hello)
+                got = "nothing" if first is None else f"{first.WhichOneof('kind') or 'an empty message'}"
+                raise InvalidHello(f"the first message of a Connect stream must be a Hello, got {got}")
+            session = await self._gateway.open_session(first.hello, peer=peer_key(context))
         except GatewayError as exc:
             await context.abort(exc.status, str(exc))
         fleet = self._gateway.fleet  # figures, metrics, e-stops (bridge.console.fleet)
@@ -31,7 +34,7 @@ class BridgeService(bridge_pb2_grpc.BridgeServicer):
         log_context.set(session)
         try:
             yield bridge_pb2.ServerMessage(welcome=self._gateway.welcome(session))
-            async for msg in request_iterator:
+            async for msg in messages:
                 kind = msg.WhichOneof("kind")
                 if kind == "observation":
                     obs = msg.observation
@@ -45,6 +48,8 @@ class BridgeService(bridge_pb2_grpc.BridgeServicer):
                 reply.durable_through = session.recorder.durable_through
                 yield reply
                 session.flush()  # log what this step completed, now that the reply is on its way
+        except IdleTimeout as exc:
+            await context.abort(exc.status, str(exc))
         finally:
             fleet.closed(session)
             self._gateway.close_session(session)

@@ -1,0 +1,139 @@
+"""What one client may hold of the gateway: bounded Hello strings and session caps.
+
+    limits = Limits(max_sessions=256, max_sessions_per_source=16)
+    check_hello(hello, limits)                   # InvalidHello naming the field, e.g. "labels: 40 labels (at most 32)"
+    admission = Admission(limits)
+    admission.admit("s1", peer="robot:arm_1")    # TooManySessions (RESOURCE_EXHAUSTED) past a cap
+    admission.release("s1")
+
+A session's *source* for its cap is who the transport says the peer is: its client certificate's
+identity under mTLS ("robot:arm_1"), else its network address ("ipv4:10.0.0.7"). `Hello.source` is
+what the client declares about itself (e.g. "mujoco:Hopper-v5"): it is bounded and logged, not
+trusted for quotas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+
+import grpc
+
+from bridge.gateway.errors import GatewayError, InvalidHello, TooManySessions
+from bridge.security import peer_identity
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    max_sessions: int = 1024            # sessions the gateway holds at once (0 = no cap)
+    max_sessions_per_source: int = 256  # per peer identity or address (0 = no cap)
+    idle_timeout_s: float = 60.0        # a stream silent this long is closed (0 = never)
+    max_id_chars: int = 128             # session_id
+    max_source_chars: int = 128         # Hello.source
+    max_policy_chars: int = 128         # Hello.policy
+    max_labels: int = 32
+    max_label_key_chars: int = 64
+    max_label_value_chars: int = 256
+    max_specs: int = 64                 # tensors in observation_spec, and in action_spec
+
+    def __post_init__(self):
+        for name, value in vars(self).items():
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
+
+
+def _text(field: str, value: str, max_chars: int, *, spaces: bool) -> None:
+    if len(value) > max_chars:
+        raise InvalidHello(f"{field}: {len(value)} characters (at most {max_chars}): {value[:32]!r}...")
+    if not value.isprintable() or (not spaces and any(c.isspace() for c in value)):
+        raise InvalidHello(f"{field}: only printable characters{'' if spaces else ' without spaces'} "
+                           f"are allowed, got {value[:64]!r}")
+
+
+def check_hello(hello, limits: Limits) -> None:
+    """Raise InvalidHello naming the first field out of bounds (the message shows it escaped)."""
+    _text("session_id", hello.session_id, limits.max_id_chars, spaces=False)
+    _text("source", hello.source, limits.max_source_chars, spaces=True)
+    _text("policy", hello.policy, limits.max_policy_chars, spaces=False)
+    labels: Mapping[str, str] = hello.labels
+    if len(labels) > limits.max_labels:
+        raise InvalidHello(f"labels: {len(labels)} labels (at most {limits.max_labels})")
+    for key, value in labels.items():
+        if not key:
+            raise InvalidHello("labels: an empty label key")
+        _text("labels key", key, limits.max_label_key_chars, spaces=False)
+        _text(f"labels[{key!r}]", value, limits.max_label_value_chars, spaces=True)
+    for field in ("observation_spec", "action_spec"):
+        if len(getattr(hello, field)) > limits.max_specs:
+            raise InvalidHello(f"{field}: {len(getattr(hello, field))} tensors (at most {limits.max_specs})")
+
+
+class Admission:
+    """Counts sessions overall and per source; `admit` refuses past a cap. Not thread-safe: call it
+    from the event loop, with no await between the check and adding the session."""
+
+    def __init__(self, limits: Limits):
+        self.limits = limits
+        self._source: dict[str, str] = {}
+        self._per_source: Counter[str] = Counter()
+
+    def __len__(self) -> int:
+        return len(self._source)
+
+    def check(self, peer: str) -> None:
+        """Raise TooManySessions if one more session from `peer` would pass a cap."""
+        cap, per = self.limits.max_sessions, self.limits.max_sessions_per_source
+        if cap and len(self._source) >= cap:
+            raise TooManySessions(f"the gateway holds its maximum of {cap} sessions (--max-sessions)")
+        if per and self._per_source[peer] >= per:
+            raise TooManySessions(f"source {peer!r} holds its maximum of {per} sessions "
+                                  f"(--max-sessions-per-source)")
+
+    def admit(self, session_id: str, *, peer: str) -> None:
+        """Count the session (`check` first); `release` uncounts it."""
+        self.check(peer)
+        self._source[session_id] = peer
+        self._per_source[peer] += 1
+
+    def release(self, session_id: str) -> None:
+        peer = self._source.pop(session_id, None)
+        if peer is not None:
+            self._per_source[peer] -= 1
+            if self._per_source[peer] <= 0:
+                del self._per_source[peer]
+
+    def by_source(self) -> dict[str, int]:
+        return dict(self._per_source)
+
+
+class IdleTimeout(GatewayError):
+    """A Connect stream sent nothing for `idle_timeout_s`: its session is closed and its slot freed."""
+
+    status = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+async def within_idle(messages: AsyncIterator[T], idle_s: float) -> AsyncIterator[T]:
+    """`messages`, raising IdleTimeout when the next one takes longer than `idle_s` (0 = wait forever)."""
+    while True:
+        try:
+            async with asyncio.timeout(idle_s or None):
+                message = await anext(messages)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise IdleTimeout(f"no message for {idle_s:g} s (--idle-timeout-s): the session is closed") from None
+        yield message
+
+
+def peer_key(context) -> str:
+    """The source a session counts against: its certificate identity, else its address without the port."""
+    if (identity := peer_identity(context)) is not None:
+        return str(identity)
+    peer = context.peer() or "unknown"
+    host, sep, port = peer.rpartition(":")
+    return host if sep and port.isdigit() else peer

@@ -1,0 +1,137 @@
+"""`Authorizer.require` behind a real gRPC server: tokens (plaintext loopback and TLS), client
+certificates (mTLS), roles, open access; and `require_http` for the console."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from bridge.gateway.errors import PermissionDenied, Unauthenticated
+from bridge.security import Authorizer
+from bridge.security.channel import secure_channel
+from bridge.security.tls import TlsFiles
+from bridge.security.tokens import TokenStore
+from tests.security.helpers import ask, client_files, make_certs, probe_server
+
+OK, UNAUTH, DENIED = grpc.StatusCode.OK, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    return make_certs(tmp_path_factory.mktemp("certs"))
+
+
+def test_tokens_over_loopback_plaintext(tmp_path):
+    store = TokenStore(tmp_path / "tokens.json")
+    alice, bob = store.add("alice", role="operator"), store.add("bob", role="viewer")
+    trainer = store.add("ci", role="trainer")
+
+    async def scenario():
+        async with probe_server(Authorizer(tokens=store)) as address:
+            async def who(token, role):
+                async with secure_channel(address, token=token) as channel:
+                    return await ask(channel, role)
+
+            assert await who(alice, "operator") == (OK, "operator:alice")
+            assert await who(alice, "viewer") == (OK, "operator:alice")
+            assert await who(trainer, "trainer") == (OK, "trainer:ci")
+            assert await who(None, "viewer") == (OK, "viewer:anonymous")        # anonymous viewing allowed
+            code, details = await who(None, "operator")
+            assert code == UNAUTH and "tether token add" in details
+            code, details = await who(bob, "operator")
+            assert code == DENIED and "viewer:bob may not act as operator" in details
+            assert (await who(trainer, "operator"))[0] == DENIED
+            assert (await who(alice[:-2] + "xx", "operator"))[0] == UNAUTH     # a mistyped secret
+            assert (await who(alice[:-2] + "xx", "viewer"))[0] == UNAUTH       # a bad token is never ignored
+            store.revoke("alice")
+            assert (await who(alice, "operator"))[0] == UNAUTH
+
+    asyncio.run(scenario())
+
+
+def test_client_certificates_and_tokens_over_mtls(certs, tmp_path):
+    store = TokenStore(tmp_path / "tokens.json")
+    carol = store.add("carol", role="operator")
+    tls = TlsFiles(cert=certs / "server.crt", key=certs / "server.key", client_ca=certs / "ca.crt")
+    auth = Authorizer(tokens=store, client_certs=True, anonymous_viewers=False)
+
+    async def scenario():
+        async with probe_server(auth, tls=tls) as address:
+            async def who(name, role, token=None):
+                async with secure_channel(address, token=token, **client_files(certs, name)) as channel:
+                    return await ask(channel, role)
+
+            assert await who("alice", "operator") == (OK, "operator:alice")
+            assert await who("arm_1", "robot") == (OK, "robot:arm_1")
+            code, details = await who("arm_1", "operator")
+            assert code == DENIED and "robot:arm_1 may not act as operator" in details
+            assert (await who("bob", "viewer")) == (OK, "viewer:bob")
+            assert (await who("bob", "operator"))[0] == DENIED
+            assert await who("arm_1", "operator", token=carol) == (OK, "operator:carol")  # token over TLS
+            code, _ = await who(None, "viewer")                 # no client certificate: the handshake fails
+            assert code == grpc.StatusCode.UNAVAILABLE
+
+    asyncio.run(scenario())
+
+
+def test_a_certificate_from_another_ca_is_refused(certs, tmp_path):
+    other = make_certs(tmp_path / "other")
+    tls = TlsFiles(cert=certs / "server.crt", key=certs / "server.key", client_ca=certs / "ca.crt")
+
+    async def scenario():
+        async with probe_server(Authorizer(client_certs=True), tls=tls) as address:
+            files = {"ca": certs / "ca.crt", "cert": other / "alice.crt", "key": other / "alice.key"}
+            async with secure_channel(address, **files) as channel:
+                assert (await ask(channel, "operator"))[0] == grpc.StatusCode.UNAVAILABLE
+            async with secure_channel(address, **client_files(other, "alice")) as channel:  # trusts the wrong CA
+                assert (await ask(channel, "viewer"))[0] == grpc.StatusCode.UNAVAILABLE
+
+    asyncio.run(scenario())
+
+
+def test_open_access_and_exposed_without_credentials():
+    async def scenario():
+        async with probe_server(Authorizer()) as address:
+            async with secure_channel(address) as channel:
+                assert await ask(channel, "operator") == (OK, "operator:anonymous")
+            async with grpc.aio.insecure_channel(address) as channel:
+                reply = await channel.unary_unary("/probe.Probe/Who")(b"operator", metadata=(
+                    ("x-tether-operator", "dana"),))
+                assert reply == b"operator:dana"
+                reply = await channel.unary_unary("/probe.Probe/Who")(b"operator", metadata=(
+                    ("x-tether-operator", "root <script>" + "x" * 100),))       # not a name: not in the audit log
+                assert reply == b"operator:anonymous"
+        async with probe_server(Authorizer(open_access=False)) as address:  # exposed, nothing configured
+            async with secure_channel(address) as channel:
+                code, details = await ask(channel, "operator")
+                assert code == DENIED and "--tokens" in details
+                assert await ask(channel, "viewer") == (OK, "viewer:anonymous")
+
+    asyncio.run(scenario())
+
+
+def test_require_http(tmp_path):
+    store = TokenStore(tmp_path / "tokens.json")
+    alice = store.add("alice", role="operator")
+    auth = Authorizer(tokens=store, client_certs=True)
+    assert auth.require_http({"Authorization": f"Bearer {alice}"}, "operator") == "operator:alice"
+    assert auth.require_http({}, "viewer") == "viewer:anonymous"
+    with pytest.raises(Unauthenticated):
+        auth.require_http({}, "operator")
+    with pytest.raises(Unauthenticated):
+        auth.require_http({"authorization": "Bearer alice.nope"}, "viewer")
+    peer = {"subject": ((("organizationalUnitName", "viewer"),), (("commonName", "bob"),))}
+    assert auth.require_http({}, "viewer", peer_cert=peer) == "viewer:bob"
+    with pytest.raises(PermissionDenied, match="viewer:bob"):
+        auth.require_http({}, "operator", peer_cert=peer)
+    with pytest.raises(ValueError, match="'root'"):
+        auth.require_http({}, "root")
+
+
+def test_a_token_is_not_sent_in_plaintext_off_loopback():
+    with pytest.raises(ValueError, match="plaintext"):
+        secure_channel("192.0.2.7:50051", token="alice.secret")
+    with pytest.raises(ValueError, match="--tls-key"):
+        secure_channel("127.0.0.1:50051", ca=None, cert="x.crt")
