@@ -5,7 +5,9 @@ session gets.
     policy = await catalog.resolve("")           # "" = the default policy
     policy.name, policy.version, policy.inputs, policy.outputs
     await catalog.promote("hopper", 2)           # after a verified load: sessions move to v2
-    catalog.current("hopper")                    # what a session switching now gets (no Triton call)
+    catalog.current("hopper")                    # the live version (no Triton call)
+    await catalog.ensure("hopper", 3)            # any served version's specs, cached
+    catalog.get("hopper", 3)                     # the cached one, or None (no Triton call)
 """
 
 from __future__ import annotations
@@ -43,13 +45,15 @@ LOG_PROB = "log_prob"  # the output a stochastic policy reports its action's log
 
 
 class PolicyCatalog:
-    """Which version of each policy sessions get now: at first the newest ready version in Triton,
-    then whatever `promote` says (after a new version was loaded and verified)."""
+    """Which version of each policy is live: at first the newest ready version in Triton, then
+    whatever `promote` says (the rollout controller, after a version was loaded and verified).
+    Also the specs of every version in use (`ensure`, `get`): sessions switch without a Triton call."""
 
     def __init__(self, server: PolicyServer, *, default: str):
         self._server = server
         self.default = default
         self._current: dict[str, ServedPolicy] = {}
+        self._versions: dict[tuple[str, int], ServedPolicy] = {}
 
     async def resolve(self, name: str = "") -> ServedPolicy:
         name = name or self.default
@@ -66,9 +70,18 @@ class PolicyCatalog:
         return await self.promote(name, max(ready))
 
     async def promote(self, name: str, version: int) -> ServedPolicy:
-        inputs, outputs = await self._server.model_io(name, version)
-        policy = self._current[name] = ServedPolicy(name, version, inputs, outputs)
+        policy = self._current[name] = await self.ensure(name, version)
         return policy
+
+    async def ensure(self, name: str, version: int) -> ServedPolicy:
+        policy = self._versions.get((name, version))
+        if policy is None:
+            inputs, outputs = await self._server.model_io(name, version)
+            policy = self._versions[(name, version)] = ServedPolicy(name, version, inputs, outputs)
+        return policy
+
+    def get(self, name: str, version: int) -> ServedPolicy | None:
+        return self._versions.get((name, version))
 
     def current(self, name: str) -> ServedPolicy:
         return self._current[name]

@@ -1,6 +1,7 @@
-"""The `tether.v1.Policies` servicer: thin. Publish reads the chunked weights and hands them to
-`Publisher`; List and Fetch read what the catalog and the repository hold. Typed errors become
-gRPC statuses here.
+"""The `tether.v1.Policies` servicer: thin. Publish reads the chunked weights and hands them to the
+rollout controller; List and Fetch read what the catalog, registry and repository hold; the
+rollout RPCs (RolloutStatus, Promote, Rollback, Pin, SetCanary) call the controller as the caller
+the authorizer names (viewer to read, operator to change). Typed errors become gRPC statuses here.
 """
 
 from __future__ import annotations
@@ -11,10 +12,13 @@ import grpc
 
 from bridge.gateway.errors import GatewayError
 from bridge.gateway.publisher import PublishError, read_metadata
+from bridge.registry import Event, RegistryError, State, VersionRecord
 from protos import policies_pb2, policies_pb2_grpc
 
 MAX_WEIGHTS_BYTES = 4 << 30
 DEFAULT_CHUNK = 1 << 20
+DEFAULT_EVENTS = 20
+MAX_EVENTS = 1000
 
 
 class PoliciesService(policies_pb2_grpc.PoliciesServicer):
@@ -38,7 +42,7 @@ class PoliciesService(policies_pb2_grpc.PoliciesServicer):
                 data += chunk.data
                 if len(data) > header.size:
                     raise PublishError(f"more than the {header.size} bytes the header announced")
-            return await self._gateway.publisher.publish(header, bytes(data))
+            return await self._gateway.rollout.publish(header, bytes(data))
         except GatewayError as exc:
             await context.abort(exc.status, str(exc))
 
@@ -50,9 +54,12 @@ class PoliciesService(policies_pb2_grpc.PoliciesServicer):
         except GatewayError as exc:
             await context.abort(exc.status, str(exc))
         acting = self._gateway.acting_versions(policy.name)
-        reply = policies_pb2.PolicyList(policy=policy.name, newest=policy.version,
+        live = self._gateway.rollout.rollouts().get(policy.name)
+        newest = live.live if live is not None and live.live is not None else policy.version
+        reply = policies_pb2.PolicyList(policy=policy.name, newest=newest,
                                         inputs=[s.to_proto() for s in policy.inputs],
                                         outputs=[s.to_proto() for s in policy.outputs])
+        records = {r.version: r for r in self._gateway.registry.versions(policy.name)}
         repo = self._gateway.repository
         for version in ready:
             meta = read_metadata(repo, policy.name, version) if repo is not None else None
@@ -60,6 +67,8 @@ class PoliciesService(policies_pb2_grpc.PoliciesServicer):
             if meta is not None:
                 entry.sha256, entry.published_unix_ns = meta.sha256, meta.published_unix_ns
                 entry.lineage.CopyFrom(meta.lineage)
+            if version in records:
+                entry.state = str(records[version].state)
         return reply
 
     async def Fetch(self, request: policies_pb2.FetchRequest,
@@ -73,3 +82,140 @@ class PoliciesService(policies_pb2_grpc.PoliciesServicer):
         size = request.chunk_bytes or DEFAULT_CHUNK
         for start in range(0, len(data), size):
             yield policies_pb2.PublishChunk(data=data[start:start + size])
+
+    # -- rollout -------------------------------------------------------------------------------------------------
+
+    async def RolloutStatus(self, request: policies_pb2.RolloutStatusRequest,
+                            context: grpc.aio.ServicerContext) -> policies_pb2.RolloutStatusReply:
+        try:
+            await self._gateway.auth.require(context, "viewer")
+            if request.events > MAX_EVENTS:
+                raise RegistryError(f"events {request.events} is more than {MAX_EVENTS}")
+            return await self._status(request.policy, request.events or DEFAULT_EVENTS)
+        except GatewayError as exc:
+            await context.abort(exc.status, str(exc))
+
+    async def Promote(self, request: policies_pb2.PromoteRequest,
+                      context: grpc.aio.ServicerContext) -> policies_pb2.RolloutStatusReply:
+        try:
+            who = await self._gateway.auth.require(context, "operator")
+            name = await self._policy(request.policy)
+            to = _state(request.to)
+            fraction = request.canary_fraction if request.HasField("canary_fraction") else None
+            await self._gateway.rollout.promote(name, request.version, to, who=who, why=_why(request.why),
+                                                fraction=fraction, labels=dict(request.canary_labels) or None)
+            return await self._status(name, DEFAULT_EVENTS)
+        except GatewayError as exc:
+            await context.abort(exc.status, str(exc))
+
+    async def Rollback(self, request: policies_pb2.RollbackRequest,
+                       context: grpc.aio.ServicerContext) -> policies_pb2.RolloutStatusReply:
+        try:
+            who = await self._gateway.auth.require(context, "operator")
+            name = await self._policy(request.policy)
+            await self._gateway.rollout.rollback(name, request.version or None, who=who, why=_why(request.why))
+            return await self._status(name, DEFAULT_EVENTS)
+        except GatewayError as exc:
+            await context.abort(exc.status, str(exc))
+
+    async def Pin(self, request: policies_pb2.PinRequest,
+                  context: grpc.aio.ServicerContext) -> policies_pb2.RolloutStatusReply:
+        try:
+            who = await self._gateway.auth.require(context, "operator")
+            name = await self._policy(request.policy)
+            await self._gateway.rollout.pin(name, request.selector, request.version or None, who=who,
+                                            why=_why(request.why))
+            return await self._status(name, DEFAULT_EVENTS)
+        except GatewayError as exc:
+            await context.abort(exc.status, str(exc))
+
+    async def SetCanary(self, request: policies_pb2.CanaryRequest,
+                        context: grpc.aio.ServicerContext) -> policies_pb2.RolloutStatusReply:
+        try:
+            who = await self._gateway.auth.require(context, "operator")
+            name = await self._policy(request.policy)
+            labels = {} if request.clear_labels else (dict(request.labels) or None)
+            fraction = request.fraction if request.HasField("fraction") else None
+            await self._gateway.rollout.set_canary(name, fraction=fraction, labels=labels, who=who,
+                                                   why=_why(request.why))
+            return await self._status(name, DEFAULT_EVENTS)
+        except GatewayError as exc:
+            await context.abort(exc.status, str(exc))
+
+    async def _policy(self, name: str) -> str:
+        policy = await self._gateway.catalog.resolve(name)
+        await self._gateway.rollout.track(policy.name)
+        return policy.name
+
+    async def _status(self, name: str, events: int) -> policies_pb2.RolloutStatusReply:
+        name = await self._policy(name)
+        gw = self._gateway
+        rollout = gw.rollout.rollouts()[name]
+        acting = gw.acting_versions(name)
+        stats = gw.rollout.version_stats(name)
+        reply = policies_pb2.RolloutStatusReply(policy=name)
+        r = reply.rollout
+        r.live, r.previous_live = rollout.live or 0, rollout.previous_live or 0
+        r.shadow, r.canary, r.canary_fraction = rollout.shadow or 0, rollout.canary or 0, rollout.canary_fraction
+        r.canary_labels.update(rollout.canary_labels)
+        r.pins.update(rollout.pins)
+        r.mode = gw.rollout.plan.mode
+        for record in gw.registry.versions(name):
+            version_proto(record, reply.versions.add(), sessions=acting.get(record.version, 0),
+                          stats=stats.get(record.version))
+        reply.events.extend(event_proto(e) for e in recent_events(gw.registry, name, events))
+        fresh = gw.rollout.freshness()["policies"].get(name)
+        if fresh is not None:
+            reply.freshness.CopyFrom(policies_pb2.Freshness(
+                newest=fresh["newest"], sessions=fresh["sessions"], max_version_lag=fresh["max_version_lag"],
+                mean_version_lag=fresh["mean_version_lag"], max_time_lag_s=fresh["max_time_lag_s"]))
+        return reply
+
+
+def version_proto(record: VersionRecord, out: policies_pb2.PolicyVersion, *, sessions: int = 0,
+                  stats: dict | None = None) -> policies_pb2.PolicyVersion:
+    out.version, out.sha256, out.state, out.format = record.version, record.sha256, str(record.state), record.format
+    out.published_unix_ns, out.updated_unix_ns, out.sessions = record.created_ns, record.updated_ns, sessions
+    lineage = record.lineage or {}
+    for key in ("parent_version", "trainer_step", "data_offset"):
+        if key in lineage:
+            setattr(out.lineage, key, int(lineage[key]))
+    for key in ("reward_version", "trainer"):
+        if key in lineage:
+            setattr(out.lineage, key, str(lineage[key]))
+    for check in record.gate:
+        out.gate.add(name=check["name"], passed=check["passed"], detail=check.get("detail", ""),
+                     figures={k: float(v) for k, v in check.get("figures", {}).items()})
+    if stats:
+        out.stats.CopyFrom(policies_pb2.VersionStats(**stats))
+    return out
+
+
+def event_proto(e: Event) -> policies_pb2.AuditEvent:
+    return policies_pb2.AuditEvent(id=e.id, t_unix_ns=e.t_ns, policy=e.policy, version=e.version or 0, kind=e.kind,
+                                   from_state=e.from_state, to_state=e.to_state, who=e.who, why=e.why,
+                                   figures={k: float(v) for k, v in e.figures.items()}, detail=e.detail)
+
+
+def recent_events(registry, policy: str, count: int) -> list[Event]:
+    """The last `count` audit events of `policy`, oldest first (pages through the log, bounded)."""
+    kept: list[Event] = []
+    since = 0
+    for _ in range(1000):
+        page = registry.events(policy, since_id=since, limit=1000)
+        kept = (kept + page)[-count:]
+        if len(page) < 1000:
+            break
+        since = page[-1].id
+    return kept
+
+
+def _state(text: str) -> State:
+    try:
+        return State(text)
+    except ValueError:
+        raise RegistryError(f"state {text!r} is not one of {[str(s) for s in State]}") from None
+
+
+def _why(text: str) -> str:
+    return text or "no reason given"

@@ -30,6 +30,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from bridge.console.fleet import Fleet
 from bridge.console.fleet_service import FleetService
+from bridge.gate import Gate, GateConfig
 from bridge.gateway.batcher import MicroBatcher
 from bridge.gateway.errors import DuplicateSession, InvalidHello
 from bridge.gateway.limits import Admission, Limits, check_hello
@@ -37,6 +38,10 @@ from bridge.gateway.policies import PolicyCatalog, check_compatible
 from bridge.gateway.policies_service import PoliciesService
 from bridge.gateway.publisher import Publisher
 from bridge.gateway.recorder import Recorder, RecorderGroup
+from bridge.gateway.rollout import RolloutController
+from bridge.gateway.rollout_config import RolloutPlan, open_registry
+from bridge.gateway.rollout_config import add_arguments as add_rollout_arguments
+from bridge.gateway.rollout_config import from_arguments as rollout_settings
 from bridge.gateway.service import BridgeService
 from bridge.gateway.session import Session, SessionStats
 from bridge.gateway.vector_session import MAX_ENVS, VectorSession
@@ -73,6 +78,9 @@ class GatewayConfig:
     fsync_interval_ms: float = 5.0        # group commit: the longest a transition waits to be on disk
     rewards: Mapping[str, Path] = field(default_factory=dict)  # policy -> reward config YAML
     switch: str = "episode"          # when sessions move to a new version: "episode" or "step"
+    rollout: RolloutPlan = field(default_factory=RolloutPlan)  # direct, or staged shadow -> canary -> live
+    registry: Path | None = None     # default: <model_repository>/.tether/registry.sqlite; no repository: in memory
+    gate: GateConfig = field(default_factory=GateConfig)  # what a candidate version must pass (bridge.gate)
     # bridge.security: TLS (mTLS with tls_client_ca), the --insecure rule, tokens; bridge.gateway.limits
     tls_cert: Path | None = None     # server certificate (PEM); with tls_key, gRPC serves TLS only
     tls_key: Path | None = None
@@ -110,8 +118,13 @@ class Gateway:
         self.batcher = MicroBatcher(self._client, max_batch=config.max_batch,
                                     max_inflight=config.max_inflight)
         self.repository = ModelRepository(config.model_repository) if config.model_repository else None
-        self.publisher = Publisher(repository=self.repository, client=self.control, catalog=self.catalog,
-                                   in_use=lambda name: set(self.acting_versions(name)))
+        self.publisher = Publisher(repository=self.repository, client=self.control)
+        self.registry = open_registry(config.registry, self.repository)
+        self.rollout = RolloutController(
+            registry=self.registry, catalog=self.catalog, control=self.control, batcher=self.batcher,
+            publisher=self.publisher, repository=self.repository, plan=config.rollout,
+            gate=Gate(client=self.control, experience_dir=config.experience_dir, evaluator=None, config=config.gate),
+            in_use=lambda name: set(self.acting_versions(name)), sessions=lambda: list(self.sessions.values()))
         self.rewards = {policy: RewardFunction.from_yaml(path) for policy, path in config.rewards.items()}
         self.experience = None  # the ExperienceLog, once started
         self.auth = _authorizer(config)  # who may view and act (bridge.security)
@@ -162,6 +175,8 @@ class Gateway:
         if port == 0:
             raise OSError(f"cannot bind the gateway to {self.config.host}:{self.config.port}")
         self.address = f"{self.config.host}:{port}"
+        self.rollout.attach_evaluator(self.address)
+        await self.rollout.start([self.config.policy] if self.config.policy else [])  # restore, verify what serves
         await self._server.start()
         for name in ("", SERVICE_NAME):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -185,6 +200,8 @@ class Gateway:
             session.flush()
         if self.experience is not None:
             await self.experience.close()
+        await self.rollout.stop()
+        self.registry.close()
         await self._client.close()
         await self.control.close()
 
@@ -202,6 +219,7 @@ class Gateway:
         if not observation or not action:
             raise InvalidHello("Hello must declare an observation_spec and an action_spec")
         policy = await self.catalog.resolve(hello.policy)
+        await self.rollout.track(policy.name)
         if why := check_compatible(policy, observation, action):
             raise InvalidHello(why)
         rewards = self.rewards.get(policy.name) or RewardFunction.passthrough()
@@ -212,6 +230,7 @@ class Gateway:
         session_id = hello.session_id or f"session-{next(self._ids)}"
         if session_id in self.sessions:
             raise DuplicateSession(f"session {session_id!r} is already connected")
+        policy = self.rollout.acting(policy.name, session_id, hello.labels) or policy  # pins, canary, live
         if hello.num_envs > 1 or hello.batched:
             if hello.num_envs > MAX_ENVS:
                 raise InvalidHello(f"num_envs {hello.num_envs} is more than the gateway takes ({MAX_ENVS})")
@@ -221,7 +240,7 @@ class Gateway:
             session = VectorSession(session_id=session_id, source=hello.source, policy=policy, num_envs=num_envs,
                                     observation_spec=observation, action_spec=action, batcher=self.batcher,
                                     deadline_s=self.config.deadline_ms / 1e3, rewards=rewards, recorder=group,
-                                    catalog=self.catalog)
+                                    router=self.rollout, labels=dict(hello.labels))
             self.admission.admit(session_id, peer=peer)
             self.sessions[session_id] = session
             log.info("vector session %s (%d envs) from %s on %s v%d", session_id, num_envs, hello.source or "?",
@@ -232,7 +251,7 @@ class Gateway:
         session = Session(session_id=session_id, source=hello.source, policy=policy,
                           observation_spec=observation, action_spec=action, batcher=self.batcher,
                           deadline_s=self.config.deadline_ms / 1e3, rewards=rewards, recorder=recorder,
-                          catalog=self.catalog, switch=self.config.switch)
+                          router=self.rollout, switch=self.config.switch, labels=dict(hello.labels))
         self.admission.admit(session_id, peer=peer)
         self.sessions[session_id] = session
         log.info("session %s from %s on %s v%d", session_id, hello.source or "?", policy.name, policy.version)
@@ -278,6 +297,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="reward config of a policy (repeatable); default: the simulator's reward")
     p.add_argument("--switch", choices=("episode", "step"), default="episode",
                    help="when sessions move to a newly published version")
+    add_rollout_arguments(p)
     p.add_argument("--console-port", type=int, help="serve the operator console and /metrics here (0 = a free port)")
     p.add_argument("--console-host", default="127.0.0.1", help="the console's bind address")
     p.add_argument("--log-format", choices=("text", "json"), default="text",
@@ -350,7 +370,7 @@ def main(argv: list[str] | None = None) -> None:
                            triton_timeout_s=a.triton_timeout, model_repository=a.model_repository,
                            experience_dir=a.experience_dir, fsync_interval_ms=a.fsync_interval_ms,
                            rewards=_reward_configs(a.rewards), switch=a.switch, **_security_kwargs(a),
-                           console_port=a.console_port, console_host=a.console_host)
+                           console_port=a.console_port, console_host=a.console_host, **rollout_settings(a))
     try:
         asyncio.run(serve(config))
     except RewardConfigError as exc:

@@ -3,8 +3,10 @@
 `Session.handle(observation)` turns one observation into exactly one reply: an `Action`, a
 `StepError` (the session goes on), or an `EpisodeEnd` for a LAST step (or when a reward term's
 condition ends the episode). The servicer calls `session.flush()` after each reply, which logs
-the completed transitions off the critical path. Which policy version acts follows the catalog
-at each episode start (`switch="episode"`) or at every step (`switch="step"`).
+the completed transitions off the critical path. Which policy version acts follows the router
+(the rollout controller: live, canary, pins) at each episode start (`switch="episode"`) or at
+every step (`switch="step"`); the router also hears every step's outcome and episode return (the
+per-version statistics that judge a canary) and runs the shadow version off the critical path.
 """
 
 from __future__ import annotations
@@ -12,13 +14,14 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
 from bridge.gateway.batcher import MicroBatcher
-from bridge.gateway.policies import LOG_PROB, PolicyCatalog, ServedPolicy
+from bridge.gateway.policies import LOG_PROB, ServedPolicy
 from bridge.gateway.recorder import Recorder, RecorderGroup, RewardOutcome
 from bridge.rewards import RewardFunction
 from protos import bridge_pb2
@@ -39,6 +42,23 @@ class SessionStats:
         self.errors[name] = self.errors.get(name, 0) + 1
 
 
+class VersionRouter(Protocol):
+    """Which version a session acts with, and what it learns from the steps (RolloutController fits)."""
+
+    def acting(self, policy: str, session_id: str, labels: Mapping[str, str]) -> ServedPolicy | None: ...
+
+    def stepped(self, policy: ServedPolicy, *, latency_s: float, error: bool, guard: int,
+                inputs: Mapping[str, np.ndarray] | None = None, actions: Mapping[str, np.ndarray] | None = None,
+                deadline_s: float = 0.0) -> None: ...
+
+    def episode_ended(self, policy: ServedPolicy, episode_return: float) -> None: ...
+
+
+def guard_total(report: bridge_pb2.GuardReport) -> int:
+    """All the edge guard's interventions in one count."""
+    return report.clamped + report.rate_limited + report.watchdog + report.estop
+
+
 class Rewards(Protocol):
     """What a session needs from a reward function (bridge.rewards.RewardFunction fits)."""
 
@@ -55,17 +75,19 @@ class SessionBase:
     recorder: Recorder | RecorderGroup
     _action_dtypes: dict[str, np.dtype]
     _last_step: int | None
+    _router: VersionRouter | None = None
+    labels: Mapping[str, str]
 
     def _use(self, policy: ServedPolicy) -> None:
         self.policy = policy
         self._outputs = tuple(self._action_dtypes) + ((LOG_PROB,) if policy.log_prob else ())
         self._input_names = tuple(s.name for s in policy.inputs)
 
-    def _follow_catalog(self, catalog: PolicyCatalog | None) -> None:
-        if catalog is not None:
-            current = catalog.current(self.policy.name)
-            if current is not self.policy:
-                self._use(current)
+    def _follow_router(self) -> None:
+        if self._router is not None:
+            chosen = self._router.acting(self.policy.name, self.id, self.labels)
+            if chosen is not None and chosen is not self.policy:
+                self._use(chosen)
 
     def _out_of_order(self, step: int) -> bridge_pb2.ServerMessage | None:
         """The error reply for a step not after the previous one; else None (and the step is taken)."""
@@ -86,16 +108,19 @@ class Session(SessionBase):
     def __init__(self, *, session_id: str, source: str, policy: ServedPolicy,
                  observation_spec: tuple[Spec, ...], action_spec: tuple[Spec, ...],
                  batcher: MicroBatcher, deadline_s: float, rewards: Rewards | None = None,
-                 recorder: Recorder | None = None, catalog: PolicyCatalog | None = None, switch: str = "episode"):
+                 recorder: Recorder | None = None, router: VersionRouter | None = None, switch: str = "episode",
+                 labels: Mapping[str, str] | None = None):
         self.id = session_id
         self.source = source
+        self.labels = dict(labels or {})
         self.policy = policy
         self.observation_spec = observation_spec
         self.action_spec = action_spec
         self.rewards = rewards or RewardFunction.passthrough()
         self.recorder = recorder or Recorder(session=session_id, source=source, log=None,
                                              reward_version=self.rewards.version)
-        self._catalog = catalog
+        self._router = router
+        self._guard_pending = 0  # edge guard interventions reported since the last step
         self._switch_every_step = switch == "step"
         self._batcher = batcher
         self._deadline_s = deadline_s
@@ -120,12 +145,13 @@ class Session(SessionBase):
         except TensorError as exc:
             return self._error(obs.step, Code.INVALID_OBSERVATION, exc.field, str(exc))
         if obs.HasField("guard"):
+            self._guard_pending += max(0, guard_total(obs.guard) - guard_total(self.stats.guard))
             self.stats.guard = obs.guard
         end_reason = self._track_episode(obs, arrays)
         if obs.step_type == bridge_pb2.LAST or end_reason:
             return self._end_episode(obs.step, end_reason)
         if self._switch_every_step or obs.step_type == bridge_pb2.FIRST:
-            self._follow_catalog(self._catalog)
+            self._follow_router()
         return await self._act(obs, arrays, received)
 
     def _track_episode(self, obs: bridge_pb2.Observation, arrays: dict[str, np.ndarray]) -> str:
@@ -156,6 +182,8 @@ class Session(SessionBase):
 
     def _end_episode(self, step: int, reason: str) -> bridge_pb2.ServerMessage:
         self.stats.episodes += 1
+        if self._router is not None and self._episode_length:
+            self._router.episode_ended(self.policy, self._episode_return)
         self._acted = None
         end = bridge_pb2.EpisodeEnd(step=step, episode=self.stats.episodes, length=self._episode_length,
                                     episode_return=self._episode_return,
@@ -171,9 +199,16 @@ class Session(SessionBase):
                                                             outputs=self._outputs),
                                         deadline_s=self._deadline_s, policy=self.policy)
         except InferenceFailed as exc:
+            if self._router is not None:
+                self._router.stepped(self.policy, latency_s=(time.time_ns() - received) / 1e9, error=True,
+                                     guard=self._take_guard())
             return self._error(obs.step, exc.code, "", str(exc))
         finished = time.time_ns()
         actions = {name: result[name].astype(dtype, copy=False) for name, dtype in self._action_dtypes.items()}
+        if self._router is not None:
+            self._router.stepped(self.policy, latency_s=(finished - received) / 1e9, error=False,
+                                 guard=self._take_guard(), inputs=inputs, actions=actions,
+                                 deadline_s=self._deadline_s)
         tensors = [encode(name, value) for name, value in actions.items()]
         self.stats.steps += 1
         timing = bridge_pb2.Timing(t_sent_ns=obs.t_sent_ns, gateway_recv_ns=received,
@@ -186,6 +221,10 @@ class Session(SessionBase):
             log_prob = float(result[LOG_PROB].reshape(-1)[0]) if LOG_PROB in result else None
             self.recorder.acted(obs, action, log_prob)
         return bridge_pb2.ServerMessage(action=action)
+
+    def _take_guard(self) -> int:
+        pending, self._guard_pending = self._guard_pending, 0
+        return pending
 
     def replay(self, replay: bridge_pb2.Replay) -> bridge_pb2.ServerMessage:
         """A step answered before a reconnect, resent for the log (no inference)."""

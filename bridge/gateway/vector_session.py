@@ -20,7 +20,8 @@ read the next observation read `final_observation` for LAST envs (a client witho
 observations, e.g. Isaac Lab, sends none: those rows then read the reset observation). With an
 experience log, env i logs its transitions as session `"<id>/<i>"`, episode = the gateway's count of
 env i's ended episodes, step = the stream's step. The policy version follows the catalog at every
-step (one request, one version); each transition records the version that acted. Replay (after a
+step (one request, one version per session: the router's choice for the session id and labels); each
+transition records the version that acted. Replay (after a
 reconnect) is not supported for vectorised sessions: it is answered with a StepError.
 
     session = VectorSession(session_id="v", source="newton:cartpole", policy=served, num_envs=64,
@@ -37,9 +38,9 @@ import time
 import numpy as np
 
 from bridge.gateway.batcher import MicroBatcher
-from bridge.gateway.policies import LOG_PROB, PolicyCatalog, ServedPolicy
+from bridge.gateway.policies import LOG_PROB, ServedPolicy
 from bridge.gateway.recorder import RecorderGroup, RewardOutcome
-from bridge.gateway.session import InferenceFailed, Rewards, SessionBase, SessionStats, infer_within
+from bridge.gateway.session import InferenceFailed, Rewards, SessionBase, SessionStats, VersionRouter, infer_within
 from bridge.rewards import RewardFunction
 from protos import bridge_pb2
 from protos.codec import Spec, TensorError, decode, encode
@@ -53,7 +54,7 @@ class VectorSession(SessionBase):
     def __init__(self, *, session_id: str, source: str, policy: ServedPolicy, num_envs: int,
                  observation_spec: tuple[Spec, ...], action_spec: tuple[Spec, ...], batcher: MicroBatcher,
                  deadline_s: float, rewards: Rewards | None = None, recorder: RecorderGroup | None = None,
-                 catalog: PolicyCatalog | None = None):
+                 router: VersionRouter | None = None, labels: dict[str, str] | None = None):
         if not 1 <= num_envs <= MAX_ENVS:
             raise ValueError(f"num_envs must be in [1, {MAX_ENVS}], got {num_envs}")
         self.id, self.source, self.num_envs = session_id, source, num_envs
@@ -61,7 +62,8 @@ class VectorSession(SessionBase):
         self.rewards = rewards or RewardFunction.passthrough()
         self.recorder = recorder or RecorderGroup(session=session_id, source=source, log=None,
                                                   reward_version=self.rewards.version, num_envs=num_envs)
-        self._catalog, self._batcher, self._deadline_s = catalog, batcher, deadline_s
+        self._router, self._batcher, self._deadline_s = router, batcher, deadline_s
+        self.labels = dict(labels or {})
         self._last_step: int | None = None
         n = num_envs
         self._return = np.zeros(n)
@@ -90,7 +92,7 @@ class VectorSession(SessionBase):
         except TensorError as exc:
             return self._error(obs.step, Code.INVALID_OBSERVATION, exc.field, str(exc))
         ends = self._track_episodes(obs, batch)
-        self._follow_catalog(self._catalog)
+        self._follow_router()
         return await self._act(obs, batch, ends, received)
 
     def _track_episodes(self, obs: bridge_pb2.Observation, batch: _Batch) -> list[bridge_pb2.EpisodeEnd]:

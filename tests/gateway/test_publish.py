@@ -102,15 +102,15 @@ def test_bad_versions_are_refused_naming_why_and_the_live_one_keeps_serving(serv
                 with pytest.raises(grpc.aio.AioRpcError) as bad:
                     await publish(stub, nan)
                 assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-                assert "'net.0.bias' has non-finite values" in bad.value.details()
+                assert "integrity: weight 'net.0.bias' has 64 non-finite values" in bad.value.details()
                 missing = {k: v for k, v in weights.items() if k != "net.2.weight"}
-                with pytest.raises(grpc.aio.AioRpcError, match="missing \\['net.2.weight'\\]"):
+                with pytest.raises(grpc.aio.AioRpcError, match="integrity: missing tensors \\['net.2.weight'\\]"):
                     await publish(stub, missing, probe_outputs=np.zeros((4, 3), np.float32))
                 wrong = np.full((4, 3), 0.5, np.float32)  # a "wrong export": Triton will not reproduce it
                 with pytest.raises(grpc.aio.AioRpcError) as stale:
                     await publish(stub, scaled(weights, 0.5), probe_outputs=wrong)
                 assert stale.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-                assert "max abs error" in stale.value.details()
+                assert "rejected by the gate: consistency" in stale.value.details()
                 assert gw.catalog.current("pub").version == live
                 assert max(await gw.control.ready_versions("pub")) == live   # the failed one was withdrawn
                 async with RawSession(gw.address, hello("steady", obs=OBS, act=ACT)) as s:

@@ -1,0 +1,100 @@
+"""Runtime figures per policy version, as sessions act with it (and as its shadow is compared).
+
+    stats = VersionStats()
+    stats.step("hopper", 3, latency_s=0.0012, error=False, guard=0)
+    stats.episode("hopper", 3, episode_return=412.0)
+    stats.shadow("hopper", 4, divergence=0.03)
+    stats.table("hopper")[3]["latency_p99_ms"]
+
+Bounded memory: latencies and returns are rolling windows; counters are plain integers.
+
+    >>> s = VersionStats(window=4)
+    >>> for ms in (1, 2, 3, 4, 100):
+    ...     s.step("p", 1, latency_s=ms / 1e3, error=False, guard=0)
+    >>> s.episode("p", 1, episode_return=10.0)
+    >>> row = s.table("p")[1]
+    >>> row["steps"], row["episodes"], row["mean_return"], row["latency_p50_ms"]
+    (5, 1, 10.0, 3.5)
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class _Figures:
+    window: int
+    steps: int = 0
+    episodes: int = 0
+    errors: int = 0
+    guard: int = 0
+    shadow_steps: int = 0
+    shadow_errors: int = 0
+    divergence_sum: float = 0.0
+    latencies: deque = field(init=False)
+    returns: deque = field(init=False)
+
+    def __post_init__(self):
+        self.latencies = deque(maxlen=self.window)
+        self.returns = deque(maxlen=self.window)
+
+    def row(self) -> dict[str, float]:
+        lat = np.asarray(self.latencies, np.float64) * 1e3
+        return {"steps": self.steps, "episodes": self.episodes,
+                "mean_return": float(np.mean(self.returns)) if self.returns else 0.0,
+                "latency_p50_ms": float(np.percentile(lat, 50)) if lat.size else 0.0,
+                "latency_p99_ms": float(np.percentile(lat, 99)) if lat.size else 0.0,
+                "errors": self.errors, "guard_interventions": self.guard,
+                "shadow_steps": self.shadow_steps, "shadow_errors": self.shadow_errors,
+                "shadow_divergence": self.divergence_sum / self.shadow_steps if self.shadow_steps else 0.0}
+
+
+class VersionStats:
+    """Per (policy, version): steps, episodes, mean return, step latency p50/p99, errors, guard
+    interventions, shadow steps and mean shadow divergence (mean absolute action difference)."""
+
+    def __init__(self, *, window: int = 4096):
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self._window = window
+        self._by: dict[tuple[str, int], _Figures] = {}
+
+    def _of(self, policy: str, version: int) -> _Figures:
+        key = (policy, version)
+        figures = self._by.get(key)
+        if figures is None:
+            figures = self._by[key] = _Figures(self._window)
+        return figures
+
+    def step(self, policy: str, version: int, *, latency_s: float, error: bool, guard: int) -> None:
+        f = self._of(policy, version)
+        if error:
+            f.errors += 1
+        else:
+            f.steps += 1
+            f.latencies.append(latency_s)
+        f.guard += guard
+
+    def episode(self, policy: str, version: int, *, episode_return: float) -> None:
+        f = self._of(policy, version)
+        f.episodes += 1
+        f.returns.append(episode_return)
+
+    def shadow(self, policy: str, version: int, *, divergence: float | None) -> None:
+        """One shadow inference compared (None: it failed or missed its deadline)."""
+        f = self._of(policy, version)
+        if divergence is None:
+            f.shadow_errors += 1
+        else:
+            f.shadow_steps += 1
+            f.divergence_sum += divergence
+
+    def get(self, policy: str, version: int) -> dict[str, float]:
+        return self._of(policy, version).row()
+
+    def table(self, policy: str) -> dict[int, dict[str, float]]:
+        return {v: f.row() for (p, v), f in sorted(self._by.items()) if p == policy}
