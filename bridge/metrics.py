@@ -120,7 +120,7 @@ class _GatewayState(Collector):
                              "fleet's oldest acting version lags", seconds)
         experience = getattr(gw, "experience", None)
         if experience is not None:
-            stats = experience.stats()
+            stats = experience.stats  # a property: LogStats
             yield _gauge("tether_log_bytes", "Experience log message bytes written since start", stats.bytes)
             yield _gauge("tether_log_transitions", "Transitions appended to the experience log", stats.appended)
         throughput = GaugeMetricFamily("tether_trainer_steps_per_second",

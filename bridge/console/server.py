@@ -321,7 +321,8 @@ def _plain(value):
 
 
 def _rollout_mode(gw) -> str:
-    return str(getattr(gw.config, "rollout", "") or "")
+    plan = getattr(gw.config, "rollout", None)
+    return str(getattr(plan, "mode", "") or "")
 
 
 def _freshness(gw) -> tuple[int, float | None]:

@@ -43,6 +43,8 @@ function el(tag, attrs, ...children) {
 
 const pill = (text) => el("span", { class: "pill state-" + text }, text);
 const fmt = (x, d = 2) => (x === null || x === undefined ? "–" : Number(x).toFixed(d));
+const num = (x) => (typeof x !== "number" ? JSON.stringify(x) : Number.isInteger(x) ? String(x) : fmt(x, 3));
+const clock = (t_ns) => new Date(t_ns / 1e6).toLocaleTimeString([], { hour12: false });
 
 // ---- actions --------------------------------------------------------------------------------
 
@@ -142,10 +144,10 @@ function renderVersions(s) {
       const lin = v.lineage || {};
       const gate = (v.gate || []).map((c) => el("div", { class: c.passed ? "check-pass" : "check-fail" },
         `${c.passed ? "✓" : "✗"} ${c.name} `,
-        el("span", { class: "figs" }, Object.entries(c.figures || {}).map(([k, x]) => `${k}=${typeof x === "number" ? fmt(x, 3) : x}`).join(" "))));
+        el("span", { class: "figs" }, Object.entries(c.figures || {}).map(([k, x]) => `${k}=${num(x)}`).join(" "))));
       const st = v.stats || {};
       const figures = Object.keys(st).length
-        ? Object.entries(st).map(([k, x]) => `${k}=${typeof x === "number" ? fmt(x, 2) : JSON.stringify(x)}`).join(" ")
+        ? Object.entries(st).map(([k, x]) => `${k}=${num(x)}`).join(" ")
         : "";
       const buttons = [];
       for (const to of ["shadow", "canary", "live"]) {
@@ -178,7 +180,7 @@ function renderAudit(s) {
     const change = e.kind === "state" ? `${e.from_state || "–"} → ${e.to_state}` :
       e.figures && e.figures.target ? `${e.kind} ${e.figures.target}` : e.kind;
     return el("tr", { "data-kind": e.kind },
-      el("td", {}, new Date(e.t_ns / 1e6).toLocaleTimeString()), el("td", {}, e.kind),
+      el("td", {}, clock(e.t_ns)), el("td", {}, e.kind),
       el("td", {}, e.policy ? `${e.policy}${e.version ? " v" + e.version : ""}` : ""),
       el("td", {}, change), el("td", { class: "who" }, e.who), el("td", {}, e.why));
   }));

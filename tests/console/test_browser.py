@@ -1,0 +1,124 @@
+"""The console in a real headless Chromium (Debian's, driven by Playwright) against a live gateway with
+`tether sim` processes running: it shows the sessions; an operator's click is refused without a token and
+done with one (what the gRPC API reports changes, the audit trail shows who); a screenshot for the README.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+
+from protos import fleet_pb2, fleet_pb2_grpc
+from tests.gateway.helpers import running_gateway
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+FLAGS = ["--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync"]  # headless, no sandbox and a fresh profile: Playwright's
+SCREENSHOT = ROOT / "docs" / "console.png"
+
+playwright_api = pytest.importorskip("playwright.async_api", reason="playwright is not installed (.[dev] extras)")
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
+                                reason="Debian's chromium is not installed (make setup: apt-get install chromium)")
+
+
+def token_auth(tmp_path: Path):
+    """An Authorizer that checks hashed tokens (bridge.security), and an operator token for alice."""
+    try:
+        from bridge.security import Authorizer
+        from bridge.security.tokens import TokenStore
+    except ImportError as exc:
+        pytest.skip(f"bridge.security has no token store yet: {exc}")
+    store = TokenStore(tmp_path / "tokens.json")
+    return Authorizer(tokens=store), store.add("alice", role="operator")
+
+
+async def start_sim(address: str, robot: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tether", "sim", "--gateway", address, "--env", "Hopper-v5", "--envs", "1",
+        "--seconds", "120", "--label", f"robot={robot}", "--session-id", robot, "--status-every", "100",
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+
+
+async def fleet_status(address: str) -> dict[str, fleet_pb2.SessionStatus]:
+    async with grpc.aio.insecure_channel(address) as channel:
+        status = await fleet_pb2_grpc.FleetStub(channel).Status(fleet_pb2.StatusRequest())
+    return {s.session_id: s for s in status.sessions}
+
+
+async def click_and_confirm(page, selector: str, why: str) -> str:
+    """Click an action, confirm it in the dialog with a reason; the toast's text."""
+    await page.locator("#toast").evaluate("t => { t.textContent = ''; t.className = ''; }")
+    await page.click(selector)
+    await page.wait_for_selector("#confirm[open]")
+    await page.fill("#confirm-why", why)
+    await page.click("#confirm-ok")
+    await page.wait_for_selector("#toast.show")
+    return await page.text_content("#toast")
+
+
+def test_console_shows_the_fleet_and_operator_clicks_need_a_token(triton, tmp_path):
+    auth, token = token_auth(tmp_path)
+
+    async def scenario():
+        async with running_gateway(triton.url, policy="tiny", console_port=0, deadline_ms=2000) as gw:
+            gw.auth = auth
+            sims = [await start_sim(gw.address, robot) for robot in ("hopper_1", "hopper_2")]
+            try:
+                async with playwright_api.async_playwright() as p:
+                    browser = await p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+                    page = await browser.new_page(viewport={"width": 1400, "height": 1000})
+                    await page.goto(gw.console.url)
+                    row = '#sessions tr[data-session="hopper_1-0"]'
+                    await page.wait_for_selector(row, timeout=30_000)
+                    await page.wait_for_selector('#sessions tr[data-session="hopper_2-0"]', timeout=30_000)
+                    assert "tiny v1" in await page.text_content(f"{row} td.version")
+                    await page.fill("#operator", "mallory")
+
+                    # no token: refused, nothing changes
+                    text = await click_and_confirm(page, f'{row} button[data-action="estop"]', "no token")
+                    assert "refused (401)" in text, text
+                    assert not gw.fleet.estops and not (await fleet_status(gw.address))["hopper_1-0"].estopped
+                    assert not gw.fleet.audit_events()
+
+                    # with alice's operator token: done, under her name
+                    await page.fill("#token", token)
+                    text = await click_and_confirm(page, f'{row} button[data-action="estop"]', "person in the cell")
+                    assert "done by operator:alice" in text, text
+                    status = await fleet_status(gw.address)
+                    assert status["hopper_1-0"].estopped and not status["hopper_2-0"].estopped
+                    await page.wait_for_selector(f"{row} .state-held")
+                    audit = '#audit tr[data-kind="estop"] td.who'
+                    await page.wait_for_selector(audit)
+                    assert await page.text_content(audit) == "operator:alice"
+                    for _ in range(200):  # the held robot gets safe actions (bounded: 20 s)
+                        held = {r["session_id"]: r["held_steps"] for r in gw.fleet.sessions()}
+                        if held.get("hopper_1-0", 0) > 10 and gw.fleet.returns:
+                            break
+                        await asyncio.sleep(0.1)
+                    assert held["hopper_1-0"] > 10 and held["hopper_2-0"] == 0, held
+                    await page.wait_for_function("document.body.dataset.updated > 0")
+                    await asyncio.sleep(2.5)  # a few chart points (the page polls once a second)
+                    await page.locator("#toast").evaluate("t => { t.className = ''; }")
+                    SCREENSHOT.parent.mkdir(exist_ok=True)
+                    await page.screenshot(path=str(SCREENSHOT), full_page=True)
+
+                    text = await click_and_confirm(page, f'{row} button[data-action="release"]', "cell clear")
+                    assert "release done by operator:alice" in text, text
+                    assert not (await fleet_status(gw.address))["hopper_1-0"].estopped
+                    await browser.close()
+            finally:
+                for sim in sims:
+                    if sim.returncode is None:
+                        sim.terminate()
+                    await sim.wait()
+            kinds = [(e["kind"], e["who"]) for e in gw.fleet.audit_events()]
+            assert kinds == [("estop", "operator:alice"), ("release", "operator:alice")]
+
+    asyncio.run(scenario())
+    assert SCREENSHOT.stat().st_size > 10_000
