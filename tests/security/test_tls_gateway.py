@@ -1,0 +1,122 @@
+"""The gateway over TLS with client certificates (mTLS), against a real Triton: a client without the
+right certificate is refused, with it the loop runs; the certificate is the source a per-source cap
+counts; plaintext off loopback refuses to start unless --insecure, which then warns loudly."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import subprocess
+import sys
+
+import grpc
+import pytest
+
+from bridge.gateway import Gateway, GatewayConfig
+from bridge.gateway.limits import Limits
+from bridge.security.channel import secure_channel
+from bridge.security.tls import InsecureBind
+from tests.conftest import ACT, OBS
+from tests.gateway.helpers import hello, running_gateway
+from tests.security.helpers import client_files, make_certs, non_loopback_ip, step_loop
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    return make_certs(tmp_path_factory.mktemp("certs"))
+
+
+def mtls(certs) -> dict:
+    return {"tls_cert": certs / "server.crt", "tls_key": certs / "server.key", "tls_client_ca": certs / "ca.crt"}
+
+
+def test_mtls_refuses_clients_without_the_right_certificate_and_runs_the_loop_with_it(triton, certs, tmp_path):
+    other = make_certs(tmp_path / "other")
+
+    async def scenario():
+        async with running_gateway(triton.url, policy="tiny", **mtls(certs)) as gw:
+            async with secure_channel(gw.address, **client_files(certs, "arm_1")) as channel:
+                replies = await step_loop(channel, hello("arm-1", obs=OBS, act=ACT), steps=5)
+            assert replies[0].welcome.session_id == "arm-1"
+            assert [r.WhichOneof("kind") for r in replies[1:]] == ["action"] * 5
+            refused = {"plaintext": grpc.aio.insecure_channel(gw.address),
+                       "TLS without a client certificate": secure_channel(gw.address, ca=certs / "ca.crt"),
+                       "a certificate from another CA": secure_channel(
+                           gw.address, ca=certs / "ca.crt", cert=other / "arm_1.crt", key=other / "arm_1.key")}
+            for what, channel in refused.items():
+                async with channel:
+                    with pytest.raises(grpc.aio.AioRpcError) as err:
+                        await step_loop(channel, hello(f"x-{len(what)}", obs=OBS, act=ACT), steps=1)
+                    assert err.value.code() == grpc.StatusCode.UNAVAILABLE, what
+            assert not gw.sessions
+
+    asyncio.run(scenario())
+
+
+def test_the_certificate_identity_is_the_source_a_cap_counts(triton, certs):
+    limits = Limits(max_sessions_per_source=2)
+
+    async def hold(channel, session_id, held: asyncio.Event, release: asyncio.Event):
+        from protos import bridge_pb2, bridge_pb2_grpc
+
+        call = bridge_pb2_grpc.BridgeStub(channel).Connect()
+        await call.write(bridge_pb2.ClientMessage(hello=hello(session_id, obs=OBS, act=ACT)))
+        reply = await call.read()
+        held.set()
+        await release.wait()
+        await call.done_writing()
+        return reply
+
+    async def scenario():
+        async with running_gateway(triton.url, policy="tiny", limits=limits, **mtls(certs)) as gw:
+            async with secure_channel(gw.address, **client_files(certs, "arm_1")) as arm1, \
+                       secure_channel(gw.address, **client_files(certs, "arm_2")) as arm2:
+                release = asyncio.Event()
+                held = [asyncio.Event(), asyncio.Event()]
+                tasks = [asyncio.create_task(hold(arm1, f"a{i}", held[i], release)) for i in range(2)]
+                await asyncio.wait_for(asyncio.gather(*(e.wait() for e in held)), 60)
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await step_loop(arm1, hello("a2", obs=OBS, act=ACT), steps=1)
+                assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert "'robot:arm_1'" in err.value.details()
+                replies = await step_loop(arm2, hello("b0", obs=OBS, act=ACT), steps=2)  # another robot: admitted
+                assert replies[-1].WhichOneof("kind") == "action"
+                assert gw.admission.by_source() == {"robot:arm_1": 2}
+                release.set()
+                await asyncio.gather(*tasks)
+
+    asyncio.run(scenario())
+
+
+def test_plaintext_off_loopback_refuses_to_start():
+    for host in ("0.0.0.0", "::", "gateway.example"):
+        gw = Gateway(GatewayConfig(triton_url="127.0.0.1:1", host=host))
+        with pytest.raises(InsecureBind, match="--insecure"):
+            asyncio.run(gw.start())   # refused before anything else: Triton is not even asked
+
+
+def test_the_cli_refuses_too(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    out = subprocess.run([sys.executable, "-m", "tether", "gateway", "--triton", "127.0.0.1:1", "--host", "0.0.0.0",
+                          "--port", "0"], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode != 0
+    assert "refusing to serve the gateway without TLS on '0.0.0.0'" in out.stderr
+
+
+def test_insecure_starts_off_loopback_and_warns(triton, caplog):
+    ip = non_loopback_ip()
+    if ip is None:
+        pytest.skip("this machine has no non-loopback IPv4 address to bind")
+
+    async def scenario():
+        with caplog.at_level(logging.WARNING, logger="tether.security"):
+            async with running_gateway(triton.url, policy="tiny", host=ip, insecure=True) as gw:
+                assert gw.address.startswith(f"{ip}:")
+                async with grpc.aio.insecure_channel(gw.address) as channel:
+                    replies = await step_loop(channel, hello("lan", obs=OBS, act=ACT), steps=3)
+                assert replies[-1].WhichOneof("kind") == "action"
+                assert not gw.auth.open_access      # exposed: operator actions still need credentials
+
+    asyncio.run(scenario())
+    assert any("INSECURE" in r.getMessage() and "PLAINTEXT" in r.getMessage() for r in caplog.records)
