@@ -4,6 +4,7 @@
     version = assign(rollout, "arm_2/0", {"robot": "arm_2"})     # pins, then canary, then live
     shadow = shadow_of(rollout)                                    # also infer this one, never actuate it
 
+>>> from bridge.registry import Rollout
 >>> r = Rollout("p", live=1, previous_live=None, shadow=None, canary=2, canary_fraction=0.0,
 ...             canary_labels={"robot": "arm_2"}, pins={"session=s9": 1})
 >>> assign(r, "s1", {"robot": "arm_2"}), assign(r, "s1", {"robot": "arm_1"}), assign(r, "s9", {"robot": "arm_2"})
@@ -14,8 +15,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from bridge.registry.model import Rollout
+if TYPE_CHECKING:  # pure: this file needs nothing at run time but the standard library
+    from bridge.registry.model import Rollout
 
 
 def assign(rollout: Rollout, session_id: str, labels: Mapping[str, str]) -> int | None:

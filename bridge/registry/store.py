@@ -180,7 +180,7 @@ class Registry:
                 self._set_state(now, policy, previous, State.RETIRED, State.LIVE, who,
                                 f"restored: v{version} {to} ({why})")
                 self._db.execute("UPDATE rollouts SET previous_live = ? WHERE policy = ?",
-                                 (self._earlier_live(policy, exclude=previous), policy))
+                                 (self._earlier_live(policy, exclude=(previous, version)), policy))
                 if to in WITHDRAWN:
                     self._drop_pins(now, policy, version, who, f"v{version} {to}")
             else:
@@ -352,12 +352,12 @@ class Registry:
     def _previous_live(self, policy: str) -> int | None:
         return self._db.execute("SELECT previous_live FROM rollouts WHERE policy = ?", (policy,)).fetchone()[0]
 
-    def _earlier_live(self, policy: str, *, exclude: int) -> int | None:
+    def _earlier_live(self, policy: str, *, exclude: tuple[int, int]) -> int | None:
         """The most recent version, other than `exclude`, that was live and is retired now (a rollback target)."""
         rows = self._db.execute(
             "SELECT e.version FROM events e JOIN versions v ON v.policy = e.policy AND v.version = e.version "
             "WHERE e.policy = ? AND e.kind = 'state' AND e.to_state = 'live' AND v.state = 'retired' "
-            "AND e.version != ? ORDER BY e.id DESC LIMIT 1", (policy, exclude)).fetchone()
+            "AND e.version NOT IN (?, ?) ORDER BY e.id DESC LIMIT 1", (policy, *exclude)).fetchone()
         return rows[0] if rows else None
 
     def _enter(self, now: int, policy: str, version: int, state: State, to: State, who: str, why: str) -> None:
