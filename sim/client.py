@@ -404,6 +404,23 @@ async def _one_session(channel, env: Environment, *, index: int, session_id: str
             session.call.cancel()  # a no-op once the stream has ended
 
 
+@dataclass(frozen=True, kw_only=True)
+class ClientTls:
+    """TLS to the gateway: the CA that signed its certificate; `cert` + `key` for mTLS (the client's identity,
+    e.g. from `tether certs init DIR --client sim_1:robot`)."""
+
+    ca: Path
+    cert: Path | None = None
+    key: Path | None = None
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        if (self.cert is None) != (self.key is None):
+            raise ValueError(f"a client certificate needs both --tls-cert and --tls-key, got {self.cert}, {self.key}")
+        return grpc.ssl_channel_credentials(Path(self.ca).read_bytes(),
+                                            Path(self.key).read_bytes() if self.key else None,
+                                            Path(self.cert).read_bytes() if self.cert else None)
+
+
 async def run_sessions(target: str, make_env: Callable[[int], Environment | VectorEnvironment], *, envs: int,
                        seconds: float | None = None, steps: int | None = None, policy: str = "",
                        on_progress: Callable[[SimStats], None] | None = None,
@@ -411,7 +428,7 @@ async def run_sessions(target: str, make_env: Callable[[int], Environment | Vect
                        progress_every: float = 1.0, labels: Mapping[str, str] | None = None,
                        reconnect_s: float = 0.0, controller: Controller | None = None,
                        until: Callable[[SimStats], bool] | None = None, episodes: int | None = None,
-                       session_prefix: str | None = None) -> SimStats:
+                       session_prefix: str | None = None, tls: ClientTls | None = None) -> SimStats:
     """Run `envs` sessions against the gateway at `target` until `seconds` or `steps` (total env
     steps over all sessions, exact) runs out; return their `SimStats`. A `VectorEnvironment` from
     `make_env` gets a vectorised session (see `run_vector_sessions`).
@@ -422,6 +439,7 @@ async def run_sessions(target: str, make_env: Callable[[int], Environment | Vect
     `episodes`: a budget of K complete episodes in total (single-env sessions; session i runs
     K // envs episodes, plus one if i < K % envs, so a seeded run replays the same episodes).
     `session_prefix`: session i is called "<prefix>-<i>" (default "sim-<random>").
+    `tls`: connect over TLS (`ClientTls`; with a client certificate for a gateway that requires one).
 
     Raises ConnectionError if the gateway is not reachable within `connect_timeout`,
     SessionError if it rejects a session or breaks the protocol, TimeoutError if a reply takes
@@ -435,7 +453,7 @@ async def run_sessions(target: str, make_env: Callable[[int], Environment | Vect
         raise ValueError(f"episodes must be an integer >= 1, got {episodes!r}")
     if (seconds is not None and seconds <= 0) or (steps is not None and steps < 0):
         raise ValueError(f"budget must be positive, got seconds={seconds} steps={steps}")
-    channel = grpc.aio.insecure_channel(target)
+    channel = grpc.aio.secure_channel(target, tls.credentials()) if tls else grpc.aio.insecure_channel(target)
     environments: list[Environment] = []
     progress: asyncio.Task | None = None
     try:
@@ -534,11 +552,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--episodes", type=int, help="stop after this many complete episodes in total")
     parser.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
                         help="a Hello label of every session (repeatable), e.g. robot=sim_1 (tether estop --robot)")
+    parser.add_argument("--tls-ca", type=Path, help="CA certificate of the gateway (turns TLS on)")
+    parser.add_argument("--tls-cert", type=Path, help="client certificate, for a gateway that requires one (mTLS)")
+    parser.add_argument("--tls-key", type=Path, help="the client certificate's private key")
     parser.add_argument("--summary", type=Path, metavar="PATH",
                         help="also write the summary JSON here, with every episode's return")
     args = parser.parse_args(argv)
     if args.seconds is None and args.steps is None and args.episodes is None:
         args.seconds = 10.0
+    if (args.tls_cert or args.tls_key) and not args.tls_ca:
+        parser.error("--tls-cert/--tls-key need --tls-ca (the CA of the gateway's certificate)")
     labels = dict(item.partition("=")[::2] for item in args.label)
     if any(not k or not v for k, v in labels.items()) or len(labels) != len(args.label):
         parser.error(f"--label takes distinct KEY=VALUE, got {args.label}")
@@ -561,7 +584,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.gateway, build, envs=sessions, seconds=args.seconds, steps=args.steps,
             policy=args.policy, on_progress=status, connect_timeout=args.connect_timeout,
             progress_every=args.status_every, labels={"env": args.env, **labels}, episodes=args.episodes,
-            session_prefix=args.session_id))
+            session_prefix=args.session_id,
+            tls=ClientTls(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key) if args.tls_ca else None))
     except ValueError as e:  # a bad --env or budget: a usage error, like argparse's
         print(f"tether sim: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

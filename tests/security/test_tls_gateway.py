@@ -120,3 +120,21 @@ def test_insecure_starts_off_loopback_and_warns(triton, caplog):
 
     asyncio.run(scenario())
     assert any("INSECURE" in r.getMessage() and "PLAINTEXT" in r.getMessage() for r in caplog.records)
+
+
+def test_the_sim_client_over_mtls(triton, certs):
+    from sim.client import ClientTls, run_sessions
+    from sim.mujoco import make_env
+
+    tls = ClientTls(ca=certs / "ca.crt", cert=certs / "arm_2.crt", key=certs / "arm_2.key")
+
+    async def scenario():
+        async with running_gateway(triton.url, policy="tiny", **mtls(certs)) as gw:
+            stats = await run_sessions(gw.address, lambda i: make_env("Hopper-v5", seed=i), envs=2, steps=60, tls=tls)
+            with pytest.raises(ConnectionError, match="not reachable"):  # plaintext to a TLS gateway
+                await run_sessions(gw.address, lambda i: make_env("Hopper-v5", seed=i), envs=1, steps=5,
+                                   connect_timeout=2)
+            return stats
+
+    stats = asyncio.run(scenario())
+    assert stats.sessions == 2 and stats.steps == 60 and not stats.errors
