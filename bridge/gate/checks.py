@@ -97,7 +97,7 @@ def integrity(weights: Mapping[str, torch.Tensor], architecture: Mapping[str, to
               sha256: str | None = None, data: bytes | None = None, max_named: int = 5) -> CheckResult:
     """Expected tensor names, dtypes and shapes (against `architecture`'s state dict, when given),
     every value finite, and (given `data` and `sha256`) the digest. Names each bad tensor."""
-    problems: list[str] = []
+    problems: list[str] = [] if weights else ["the artifact holds no tensors"]
     figures: dict[str, float] = {"tensors": float(len(weights))}
     if sha256 is not None and data is not None:
         digest = hashlib.sha256(data).hexdigest()

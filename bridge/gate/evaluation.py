@@ -7,7 +7,8 @@ Usage (plain text: it needs a gateway that honours the pins):
     returns = await evaluator.returns("pendulum", 3, episodes=5)     # [float] * 5, same seeds every call
 
 Each call starts one `python -m tether sim` process with `--session-id gate-<policy>-v<version>-<nonce>`
-(session i is that prefix + "-i"), `--episodes K`, `--seed` and `--summary`; its sessions are pinned
+(session i is that prefix + "-i"), `--episodes K`, `--seed` and `--summary` (plus `sim_args`, e.g.
+`["--tls-ca", "certs/ca.crt"]` for a gateway that serves TLS); its sessions are pinned
 to `version` before it starts and unpinned after it ends. The actions must all come from `version`
 (the summary's policy_versions): a pin the gateway did not honour is an error, never a silent
 evaluation of the wrong version.
@@ -23,7 +24,7 @@ import os
 import sys
 import tempfile
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 
@@ -36,7 +37,8 @@ class SimEvaluator:
 
     def __init__(self, *, address: str, env: str, pin: Callable[[str, int], None | Awaitable[None]],
                  unpin: Callable[[str], None | Awaitable[None]], seed: int = 0, max_steps: int | None = None,
-                 envs: int = 1, timeout_s: float = 600.0, python: str = sys.executable):
+                 envs: int = 1, timeout_s: float = 600.0, python: str = sys.executable,
+                 sim_args: Sequence[str] = ()):
         if not address or ":" not in address:
             raise ValueError(f"address {address!r} must be HOST:PORT of the gateway")
         if not env:
@@ -48,7 +50,7 @@ class SimEvaluator:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
         self.address, self.env, self.seed, self.max_steps, self.envs = address, env, seed, max_steps, envs
-        self.timeout_s, self.python = timeout_s, python
+        self.timeout_s, self.python, self.sim_args = timeout_s, python, tuple(sim_args)
         self._pin, self._unpin = pin, unpin
 
     @classmethod
@@ -66,7 +68,7 @@ class SimEvaluator:
                "--policy", policy, "--session-id", prefix, "--summary", str(summary), "--status-every", "3600"]
         if self.max_steps is not None:
             cmd += ["--max-episode-steps", str(self.max_steps)]
-        return cmd
+        return cmd + list(self.sim_args)
 
     async def returns(self, policy: str, version: int, episodes: int) -> list[float]:
         if episodes < 1:

@@ -67,7 +67,7 @@ class GateConfig:
     sanity_batch: int = 32               # rows per Triton request (<= the model's max_batch_size)
     bound_tolerance: float = 1e-6        # of the bound range
     max_jerk: float | None = None        # max |a_t - a_{t-1}| / range; None = reported, not judged
-    tolerances: Mapping[str, tuple[float, float]] = field(default_factory=lambda: DEFAULT_TOLERANCES)
+    tolerances: Mapping[str, tuple[float, float]] = field(default_factory=lambda: DEFAULT_TOLERANCES, hash=False)
     require_probe: bool = True           # no probe batch in the header: consistency fails (else: skipped)
     reuse_incumbent: bool = True         # the incumbent's returns are evaluated once per (policy, version)
 

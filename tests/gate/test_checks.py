@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -185,3 +186,19 @@ def test_recent_observations_reads_the_newest_steps_of_the_policy_backwards_over
     assert len(recent_observations(tmp_path, policy="none", inputs=inputs, count=10)) == 0
     wrong_shape = (Spec("observation", np.float32, (5,)),)
     assert len(recent_observations(tmp_path, policy="pi", inputs=wrong_shape, count=10)) == 0
+
+
+def test_an_empty_artifact_fails_and_configs_build_evaluators():
+    assert "no tensors" in integrity({}, None).detail and not integrity({}, None).passed
+    config = GateConfig(eval_env="InvertedPendulum-v5", eval_max_steps=40)
+    assert hash(config) == hash(GateConfig(eval_env="InvertedPendulum-v5", eval_max_steps=40))
+    evaluator = SimEvaluator.from_config(config, address="127.0.0.1:5", pin=print, unpin=print, seed=3,
+                                         sim_args=["--tls-ca", "ca.crt"])
+    cmd = evaluator.command("pend", 4, 2, "gate-pend-v4-x", Path("/tmp/s.json"))
+    assert cmd[1:4] == ["-m", "tether", "sim"] and cmd[-2:] == ["--tls-ca", "ca.crt"]
+    flags = dict(zip(cmd[4:-2:2], cmd[5:-2:2], strict=True))
+    assert flags == {"--gateway": "127.0.0.1:5", "--env": "InvertedPendulum-v5", "--envs": "1", "--episodes": "2",
+                     "--seed": "3", "--policy": "pend", "--session-id": "gate-pend-v4-x", "--summary": "/tmp/s.json",
+                     "--status-every": "3600", "--max-episode-steps": "40"}
+    with pytest.raises(ValueError, match="eval_env is None"):
+        SimEvaluator.from_config(GateConfig(), address="127.0.0.1:5", pin=print, unpin=print)

@@ -15,9 +15,10 @@ import pytest
 import safetensors.torch
 import torch
 
+from bridge.experience import read_transitions
 from bridge.gate import EvaluationError, Gate, GateConfig, SimEvaluator
 from inference_server import ModelRepository, PolicyClient, TritonServer
-from protos import policies_pb2, policies_pb2_grpc
+from protos import bridge_pb2, policies_pb2, policies_pb2_grpc
 from sim.client import run_sessions
 from sim.mujoco import make_env
 from tests.gate.helpers import ACT, OBS, STABLE, Linear, probe_header
@@ -174,3 +175,24 @@ def test_sim_evaluator_refuses_a_run_the_gateway_did_not_pin(pendulum):
                 await ignored.returns("pend", 7, 1)
 
     asyncio.run(scenario())
+
+
+def test_an_episode_budget_splits_over_named_sessions_and_replays_the_same_episodes(pendulum, tmp_path):
+    """What SimEvaluator relies on: `--episodes K` over N sessions "<prefix>-i", seeded episodes replayed."""
+    server, _, _ = pendulum
+
+    async def scenario():
+        async with running_gateway(server.grpc_url, policy="pend", experience_dir=tmp_path / "experience") as gw:
+            return [await run_sessions(gw.address, lambda i: make_env(ENV, seed=5 + i, max_episode_steps=10),
+                                       envs=2, episodes=3, session_prefix=run) for run in ("one", "two")]
+
+    runs = asyncio.run(scenario())
+    assert [(s.episodes, len(s.returns), s.cut_episodes, s.sessions) for s in runs] == [(3, 3, 0, 2)] * 2
+    firsts: dict[str, dict[int, bytes]] = {}
+    for t in read_transitions(tmp_path / "experience"):
+        if t.step_type == bridge_pb2.FIRST:
+            firsts.setdefault(t.session, {})[t.episode] = t.observation[0].data
+    assert sorted(firsts) == ["one-0", "one-1", "two-0", "two-1"]
+    assert {s: len(e) for s, e in firsts.items()} == {"one-0": 2, "one-1": 1, "two-0": 2, "two-1": 1}
+    assert firsts["one-0"] == firsts["two-0"] and firsts["one-1"] == firsts["two-1"]   # the same seeds
+    assert firsts["one-0"][0] != firsts["one-0"][1] != firsts["one-1"][0]
