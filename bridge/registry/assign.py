@@ -27,7 +27,7 @@ def assign(rollout: Rollout, session_id: str, labels: Mapping[str, str]) -> int 
     pinned = rollout.pins.get(f"session={session_id}")
     if pinned is not None:
         return pinned
-    for selector in sorted(f"{k}={v}" for k, v in labels.items()):
+    for selector in sorted(f"{k}={v}" for k, v in labels.items() if "=" not in k):  # pins split at the first "="
         if selector in rollout.pins:
             return rollout.pins[selector]
     if rollout.canary is not None and in_canary(rollout, session_id, labels):

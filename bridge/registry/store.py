@@ -41,7 +41,6 @@ MAX_EVENTS_PAGE = 10_000
 
 _POLICY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # a Triton model name
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-_LABEL = re.compile(r"[A-Za-z0-9_.:/-]+")
 
 _SCHEMA = """
 CREATE TABLE versions (
@@ -270,8 +269,10 @@ class Registry:
             return Rollout(c.policy, c.live, c.previous_live, c.shadow, c.canary, c.canary_fraction,
                            dict(c.canary_labels), dict(c.pins))
 
-    def events(self, policy: str | None = None, *, since_id: int = 0, limit: int = 200) -> list[Event]:
-        """Audit events with id > since_id, oldest first, at most `limit` (1..10000)."""
+    def events(self, policy: str | None = None, *, since_id: int = 0, limit: int = 200,
+               version: int | None = None) -> list[Event]:
+        """Audit events with id > since_id (of `policy`, of its `version`), oldest first, at most `limit` (1..10000).
+        Page on with since_id = the last id seen."""
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_EVENTS_PAGE:
             raise RegistryError(f"events limit {limit!r} is not an integer in [1, {MAX_EVENTS_PAGE}]")
         if isinstance(since_id, bool) or not isinstance(since_id, int) or since_id < 0:
@@ -279,6 +280,10 @@ class Registry:
         query, args = "SELECT * FROM events WHERE id > ?", [since_id]
         if policy is not None:
             query, args = query + " AND policy = ?", [*args, policy]
+        if version is not None:
+            if policy is None:
+                raise RegistryError(f"events of version {version!r} need the policy too")
+            query, args = query + " AND version = ?", [*args, version]
         with self._lock:
             rows = self._db.execute(query + " ORDER BY id LIMIT ?", (*args, limit)).fetchall()
         return [Event(id=r[0], t_ns=r[1], policy=r[2], version=r[3], kind=r[4], from_state=r[5], to_state=r[6],
@@ -424,27 +429,36 @@ def _check_who_why(who: object, why: object) -> None:
         raise RegistryError(f"why {why!r:.100} is not a string of at most 4096 characters")
 
 
+def _check_text(what: str, text: object, limit: int, *, spaces: bool, equals: bool = True) -> str:
+    """Hello's rules (bridge.gateway.limits): printable, 1..limit characters, spaces only where said."""
+    if (not isinstance(text, str) or not 0 < len(text) <= limit or not text.isprintable()
+            or (not spaces and any(c.isspace() for c in text)) or (not equals and "=" in text)):
+        rule = "printable" + ("" if spaces else ", no spaces") + ("" if equals else ", no '='")
+        raise RegistryError(f"{what} {text!r:.300} is not 1..{limit} characters ({rule})")
+    return text
+
+
 def _check_labels(labels: object, what: str) -> dict[str, str]:
     if not isinstance(labels, Mapping):
         raise RegistryError(f"{what} must be a mapping of str to str, not {labels!r:.200}")
     if len(labels) > MAX_LABELS:
         raise RegistryError(f"{what} has {len(labels)} pairs; at most {MAX_LABELS}")
     for key, value in labels.items():
-        for part in (key, value):
-            if not isinstance(part, str) or not 0 < len(part) <= MAX_LABEL_CHARS or not _LABEL.fullmatch(part):
-                raise RegistryError(f"{what}: {part!r} (in {key!r}: {value!r}) is not 1..{MAX_LABEL_CHARS} of "
-                                    "[A-Za-z0-9_.:/-]")
+        _check_text(f"{what}: key", key, MAX_LABEL_CHARS, spaces=False, equals=False)
+        _check_text(f"{what}: value of {key!r}", value, MAX_LABEL_CHARS, spaces=True)
     return dict(sorted(labels.items()))
 
 
 def _check_selector(selector: object) -> tuple[str, str]:
-    if not isinstance(selector, str) or selector.count("=") != 1:
-        raise RegistryError(f"pin selector {selector!r} is not 'session=<id>' or a label '<key>=<value>'")
-    key, value = selector.split("=")
-    limit = 256 if key == "session" else MAX_LABEL_CHARS
-    for part in (key, value):
-        if not 0 < len(part) <= limit or not _LABEL.fullmatch(part):
-            raise RegistryError(f"pin selector {selector!r}: {part!r} is not 1..{limit} of [A-Za-z0-9_.:/-]")
+    """"session=<id>" (the id as Hello allows: <= 128, no spaces) or "<label key>=<label value>" (<= 64 / <= 256)."""
+    if not isinstance(selector, str) or "=" not in selector:
+        raise RegistryError(f"pin selector {selector!r:.300} is not 'session=<id>' or a label '<key>=<value>'")
+    key, value = selector.split("=", 1)
+    _check_text(f"pin selector {selector!r:.300}: key", key, MAX_LABEL_CHARS, spaces=False)
+    if key == "session":
+        _check_text(f"pin selector {selector!r:.300}: session id", value, 128, spaces=False)
+    else:
+        _check_text(f"pin selector {selector!r:.300}: label value", value, 256, spaces=True)
     return key, value
 
 

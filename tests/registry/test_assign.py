@@ -63,6 +63,9 @@ def test_pins_come_first():
     assert assign(r, "s2", {"site": "lab", "robot": "arm_2"}) == 1, "several label pins: the first by selector"
     assert assign(r, "s2", {"robot": "arm_3"}) == 4
     assert assign(rollout(canary=None, live=None), "s2", {}) is None
+    r = rollout(canary=None, pins={"site=Lab A=west": 1})
+    assert assign(r, "s3", {"site": "Lab A=west"}) == 1, "a pin splits at the first '='"
+    assert assign(r, "s3", {"site=Lab A": "west"}) == 3, "a label key with '=' never matches a pin"
 
 
 def test_shadow_of():

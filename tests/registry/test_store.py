@@ -169,7 +169,9 @@ def test_canary_settings(registry: Registry):
     for kwargs, match in [(dict(fraction=1.5), "fraction 1.5"), (dict(fraction=-0.1), "fraction -0.1"),
                           (dict(fraction=float("nan")), "fraction nan"), (dict(fraction=True), "fraction True"),
                           (dict(labels={f"k{i}": "v" for i in range(17)}), "17 pairs"),
-                          (dict(labels={"robot": "x" * 65}), "not 1..64"), (dict(labels={"a b": "c"}), "'a b'"),
+                          (dict(labels={"robot": "x" * 65}), "value of 'robot' 'xxx.* is not 1..64"),
+                          (dict(labels={"a b": "c"}), "key 'a b' is not 1..64 characters \\(printable, no spaces"),
+                          (dict(labels={"a=b": "c"}), "no '='"), (dict(labels={"robot": "\n"}), "printable"),
                           (dict(labels=["robot"]), "must be a mapping")]:
         with pytest.raises(RegistryError, match=match):
             registry.set_canary(POLICY, **kwargs, who="operator:alice", why="bad")
@@ -188,11 +190,18 @@ def test_pins(registry: Registry):
         "pin", 1, "", "v1", "robot=arm_3")
     rollout = registry.pin(POLICY, "robot=arm_3", None, who="operator:alice", why="release")
     assert rollout.pins == {"session=arm_2/0": 2}
+    # what Hello accepts can be pinned: any printable id without spaces, label values with spaces and "="
+    rollout = registry.pin(POLICY, "site=Lab A=west", 1, who="operator:alice", why="hold")
+    rollout = registry.pin(POLICY, "session=arm#2=ü", 1, who="operator:alice", why="hold")
+    assert rollout.pins["site=Lab A=west"] == rollout.pins["session=arm#2=ü"] == 1
+    for selector in ("site=Lab A=west", "session=arm#2=ü"):
+        registry.pin(POLICY, selector, None, who="operator:alice", why="release")
     assert (registry.events()[-1].from_state, registry.events()[-1].to_state) == ("v1", "")
     before = snapshot(registry)
     for selector, version, error, match in [
-        ("robot", 1, RegistryError, "selector 'robot'"), ("a=b=c", 1, RegistryError, "selector 'a=b=c'"),
-        ("=x", 1, RegistryError, "''"), ("robot=arm_9", None, RegistryError, "no pin 'robot=arm_9'"),
+        ("robot", 1, RegistryError, "selector 'robot'"), ("a b=c", 1, RegistryError, "key 'a b'"),
+        ("=x", 1, RegistryError, "key ''"), ("session=a b", 1, RegistryError, "session id 'a b'"),
+        ("session=" + "s" * 129, 1, RegistryError, "session id"), ("robot=arm_9", None, RegistryError, "no pin"),
         ("robot=arm_9", 7, UnknownVersion, "no version 7"), ("robot=arm_9", 0, RegistryError, "version 0")]:
         with pytest.raises(error, match=match):
             registry.pin(POLICY, selector, version, who="operator:alice", why="bad")
@@ -221,6 +230,9 @@ def test_reads_and_events_paging(registry: Registry):
     assert [e.id for e in every] == sorted(e.id for e in every) and len(every) == 7
     assert {e.policy for e in registry.events("walker")} == {"walker"}
     assert registry.events(since_id=every[2].id, limit=2) == every[3:5]
+    assert registry.events(POLICY, version=2) == [e for e in every if e.policy == POLICY and e.version == 2]
+    with pytest.raises(RegistryError, match="need the policy"):
+        registry.events(version=2)
     for kwargs, match in [(dict(limit=0), "limit 0"), (dict(limit=10_001), "limit 10001"),
                           (dict(since_id=-1), "since_id -1")]:
         with pytest.raises(RegistryError, match=match):
