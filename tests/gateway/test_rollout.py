@@ -1,0 +1,145 @@
+"""Staged rollout with a real Triton, a real gateway and sessions running: shadow -> canary -> live,
+an automatic rollback of a regressed canary, and a restart that restores it all."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from bridge.gateway.rollout_config import RolloutPlan
+from bridge.registry import State, Thresholds
+from inference_server import ModelRepository, TritonServer
+from protos import policies_pb2, policies_pb2_grpc
+from tests.conftest import ACT, OBS
+from tests.gateway.helpers import running_gateway
+from tests.gateway.rollout_helpers import Fleet, new_policy, publish, variant
+from trainer.policy import MLPPolicy
+
+THRESHOLDS = Thresholds(min_episodes=3, min_steps=12, max_latency_p99_ratio=1e6)  # latency: a shared box jitters
+STAGED = RolloutPlan(mode="staged", shadow_steps=12, canary_labels={"robot": "a"}, canary_episodes=4,
+                     thresholds=THRESHOLDS, tick_s=0.05)
+LABELS = [{"robot": "a"}, {"robot": "a"}, {"robot": "b"}, {"robot": "b"}]
+MAX_ROUNDS = 60
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """Its own Triton and repository: each test adds a policy of its own to it."""
+    repo = ModelRepository(tmp_path_factory.mktemp("rollout") / "models")
+    repo.write_version("seed", 1, MLPPolicy(OBS[0], ACT[0], seed=0), OBS, ACT)
+    with TritonServer(repo.root, models=["seed"], log_path=repo.root.parent / "triton.log") as server:
+        yield server, repo
+
+
+def states(gw, policy: str) -> dict[int, str]:
+    return {r.version: str(r.state) for r in gw.registry.versions(policy)}
+
+
+def history(gw, policy: str, version: int) -> list[str]:
+    return [e.to_state for e in gw.registry.events(policy) if e.kind == "state" and e.version == version]
+
+
+async def drive_until(fleet: Fleet, done, what: str) -> int:
+    for rounds in range(1, MAX_ROUNDS + 1):
+        await fleet.round()
+        assert not fleet.errors, fleet.errors[:3]
+        if done():
+            return rounds
+    raise AssertionError(f"{what} did not happen within {MAX_ROUNDS} rounds of episodes")
+
+
+def test_staged_shadow_canary_live_with_sessions_running(served):
+    server, repo = served
+    v1 = new_policy(server, repo, "staged")
+
+    async def scenario():
+        async with running_gateway(server.grpc_url, policy="staged", model_repository=repo.root, rollout=STAGED,
+                                   switch="step") as gw, grpc.aio.insecure_channel(gw.address) as channel:
+            stub = policies_pb2_grpc.PoliciesStub(channel)
+            async with Fleet(gw, "staged", LABELS) as fleet:
+                await fleet.round()
+                reply = await publish(stub, "staged", variant(v1, scale=1.05))
+                assert reply.version == 2 and states(gw, "staged")[2] == "shadow"
+                await drive_until(fleet, lambda: gw.rollout.rollouts()["staged"].canary == 2, "shadow -> canary")
+                shadow = gw.rollout.version_stats("staged")[2]
+                assert shadow["shadow_steps"] >= 12 and shadow["shadow_divergence"] > 0
+                await drive_until(fleet, lambda: gw.rollout.rollouts()["staged"].live == 2, "canary -> live")
+                await fleet.round()
+            canary = [vs for vs, labels in zip(fleet.versions, LABELS, strict=True) if labels["robot"] == "a"]
+            others = [vs for vs, labels in zip(fleet.versions, LABELS, strict=True) if labels["robot"] == "b"]
+            assert all(2 in vs for vs in canary) and all(vs[-1] == 2 for vs in fleet.versions)
+            first_v2 = [vs.index(2) for vs in others]
+            last_v1_in_canary = [len(vs) - 1 - vs[::-1].index(1) for vs in canary]
+            assert min(first_v2) > 0 and max(last_v1_in_canary) >= 0  # robot=b met v2 only once it was live
+            assert history(gw, "staged", 2) == ["candidate", "gated", "shadow", "canary", "live"]
+            assert states(gw, "staged") == {1: "retired", 2: "live"}
+            gate = gw.registry.get("staged", 2).gate
+            assert {c["name"] for c in gate} >= {"integrity", "consistency"} and all(c["passed"] for c in gate)
+            stats = gw.rollout.version_stats("staged")
+            assert stats[2]["steps"] > 0 and stats[2]["errors"] == 0 and stats[1]["errors"] == 0
+            status = await stub.RolloutStatus(policies_pb2.RolloutStatusRequest(policy="staged", events=50))
+            assert status.rollout.live == 2 and status.rollout.previous_live == 1 and status.rollout.mode == "staged"
+            assert [v.state for v in status.versions] == ["retired", "live"]
+            assert any(e.to_state == "live" and e.who == "auto" for e in status.events)
+            assert status.freshness.newest == 2
+
+    asyncio.run(scenario())
+
+
+def test_a_regressed_canary_rolls_back_automatically_and_restart_restores(served):
+    server, repo = served
+    v1 = new_policy(server, repo, "regress")
+
+    async def scenario():
+        config = dict(policy="regress", model_repository=repo.root, rollout=STAGED, switch="episode")
+        async with running_gateway(server.grpc_url, **config) as gw, grpc.aio.insecure_channel(gw.address) as ch:
+            stub = policies_pb2_grpc.PoliciesStub(ch)
+            async with Fleet(gw, "regress", LABELS) as fleet:
+                await fleet.round()
+                reply = await publish(stub, "regress", variant(v1, flip=True))   # gate passes: probe matches
+                assert reply.version == 2
+                await drive_until(fleet, lambda: states(gw, "regress")[2] == "rolled_back", "the rollback")
+                await fleet.round()
+            assert all(vs[-1] == 1 for vs in fleet.versions)
+            event = [e for e in gw.registry.events("regress") if e.version == 2 and e.to_state == "rolled_back"][-1]
+            assert event.who == "auto" and event.why.startswith("canary regressed: episode return")
+            assert gw.rollout.rollouts()["regress"].canary is None
+            for _ in range(100):  # the loop unloads it once no session acts with it (bounded wait)
+                if 2 not in await gw.control.ready_versions("regress"):
+                    break
+                await asyncio.sleep(0.05)
+            assert await gw.control.ready_versions("regress") == [1]
+            await stub.Pin(policies_pb2.PinRequest(policy="regress", selector="robot=b", version=1, why="hold b"),
+                           metadata=(("x-tether-operator", "alice"),))
+            before = await gw.control.ready_versions("regress")
+        async with running_gateway(server.grpc_url, **config) as gw:   # a restart: same registry file
+            rollout = gw.rollout.rollouts()["regress"]
+            assert rollout.live == 1 and rollout.pins == {"robot=b": 1} and rollout.canary is None
+            assert states(gw, "regress") == {1: "live", 2: "rolled_back"}
+            assert await gw.control.ready_versions("regress") == before
+            pin = [e for e in gw.registry.events("regress") if e.kind == "pin"][-1]
+            assert pin.who == "operator:alice" and pin.why == "hold b"
+
+    asyncio.run(scenario())
+
+
+def test_operator_rollback_needs_a_previous_live_and_names_the_refusal(served):
+    server, repo = served
+    new_policy(server, repo, "manual")
+
+    async def scenario():
+        async with running_gateway(server.grpc_url, policy="manual", model_repository=repo.root) as gw, \
+                grpc.aio.insecure_channel(gw.address) as channel:
+            stub = policies_pb2_grpc.PoliciesStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.Rollback(policies_pb2.RollbackRequest(policy="manual", why="try"))
+            assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "no previous live version" in refused.value.details()
+            with pytest.raises(grpc.aio.AioRpcError) as bad:
+                await stub.Promote(policies_pb2.PromoteRequest(policy="manual", version=1, to="famous"))
+            assert "state 'famous'" in bad.value.details()
+            assert gw.registry.get("manual", 1).state is State.LIVE
+
+    asyncio.run(scenario())
