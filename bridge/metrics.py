@@ -106,18 +106,23 @@ class _GatewayState(Collector):
             served.add_metric([policy, str(version)], n)
         yield served
         lag = GaugeMetricFamily("tether_policy_lag_versions",
-                                "Newest version of a policy minus the oldest one a session acts with",
+                                "How many versions the furthest-behind session lags the trainer's newest version",
                                 labels=["policy"])
-        for policy, newest in _newest_versions(gw).items():
-            oldest = min((v for (p, v) in acting if p == policy), default=newest)
-            lag.add_metric([policy], max(0, newest - oldest))
-        yield lag
         fresh = _call(getattr(getattr(gw, "rollout", None), "freshness", None))
-        if isinstance(fresh, dict) and isinstance(fresh.get("fleet"), dict):
-            seconds = fresh["fleet"].get("time_lag_s")
-            if isinstance(seconds, int | float):
-                yield _gauge("tether_policy_lag_seconds", "Time since the trainer's newest version that the "
-                             "fleet's oldest acting version lags", seconds)
+        policies = fresh.get("policies") if isinstance(fresh, dict) else None
+        if isinstance(policies, dict):  # the rollout controller's view (rolled-back versions are not "newest")
+            seconds = GaugeMetricFamily("tether_policy_lag_seconds", "How long the trainer's newest version has "
+                                        "existed while a session acts with an older one", labels=["policy"])
+            for policy, f in sorted(policies.items()):
+                lag.add_metric([policy], f.get("max_version_lag", 0))
+                seconds.add_metric([policy], f.get("max_time_lag_s", 0.0))
+            yield lag
+            yield seconds
+        else:
+            for policy, newest in _newest_versions(gw).items():
+                oldest = min((v for (p, v) in acting if p == policy), default=newest)
+                lag.add_metric([policy], max(0, newest - oldest))
+            yield lag
         experience = getattr(gw, "experience", None)
         if experience is not None:
             stats = experience.stats  # a property: LogStats

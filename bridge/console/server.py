@@ -120,7 +120,7 @@ class Console:
             "t": time.time(),
             "gateway": {"address": gw.address, "triton": gw.server_version, "default_policy": gw.config.policy,
                         "console": self.url, "switch": gw.config.switch, "rollout": _rollout_mode(gw)},
-            "sessions": fleet.sessions(),
+            "sessions": self._sessions(),
             "versions": self._versions(),
             "estops": [{"target": key, "who": e.who, "why": e.why, "t_ns": e.t_ns} for key, e in fleet.estops.items()],
             "audit": self._audit(),
@@ -128,6 +128,14 @@ class Console:
                        "lag_versions": list(self.history["lag_versions"]), "lag_s": list(self.history["lag_s"]),
                        "returns": returns, "latency": {"edges_ms": edges[:-1], "counts": counts}},
         }
+
+    def _sessions(self) -> list[dict]:
+        rows = self._gw.fleet.sessions()
+        fresh = freshness(self._gw)
+        for row in rows:
+            lag = ((fresh or {}).get("sessions") or {}).get(row["session_id"]) or {}
+            row["version_lag"], row["time_lag_s"] = lag.get("version_lag"), lag.get("time_lag_s")
+        return rows
 
     def _versions(self) -> list[dict]:
         """Per policy: its versions (lineage, gate checks, state, runtime figures) and its rollout."""
@@ -327,13 +335,11 @@ def _rollout_mode(gw) -> str:
 
 def _freshness(gw) -> tuple[int, float | None]:
     """(version lag, time lag in s or None) of the fleet: the rollout controller's when it has one."""
-    rollout = getattr(gw, "rollout", None)
-    fresh = _safe(rollout.freshness) if rollout is not None else None
-    if isinstance(fresh, dict) and isinstance(fresh.get("fleet"), dict):
-        f = fresh["fleet"]
-        lag_v, lag_s = f.get("version_lag"), f.get("time_lag_s")
-        if isinstance(lag_v, int | float):
-            return int(lag_v), float(lag_s) if isinstance(lag_s, int | float) else None
+    fresh = freshness(gw)
+    if fresh is not None:
+        policies = fresh.get("policies") or {}
+        return (max((int(p.get("max_version_lag", 0)) for p in policies.values()), default=0),
+                max((float(p.get("max_time_lag_s", 0.0)) for p in policies.values()), default=0.0))
     newest: dict[str, int] = {}
     oldest: dict[str, int] = {}
     for s in list(gw.sessions.values()):
@@ -345,6 +351,13 @@ def _freshness(gw) -> tuple[int, float | None]:
             versions = _safe(lambda p=p: [r.version for r in registry.versions(p)]) or []
             newest[p] = max([newest[p], *versions])
     return max((newest[p] - oldest[p] for p in oldest), default=0), None
+
+
+def freshness(gw) -> dict | None:
+    """The rollout controller's freshness ({"sessions": {id: {...}}, "policies": {name: {...}}}), or None."""
+    rollout = getattr(gw, "rollout", None)
+    fresh = _safe(rollout.freshness) if rollout is not None else None
+    return fresh if isinstance(fresh, dict) and isinstance(fresh.get("policies"), dict) else None
 
 
 def _safe(fn):

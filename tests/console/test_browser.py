@@ -1,30 +1,76 @@
 """The console in a real headless Chromium (Debian's, driven by Playwright) against a live gateway with
 `tether sim` processes running: it shows the sessions; an operator's click is refused without a token and
-done with one (what the gRPC API reports changes, the audit trail shows who); a screenshot for the README.
+done with one (what the gRPC API reports changes, the audit trail shows who): an e-stop of one robot, and
+(with the rollout controller) a rollback of the live version; a screenshot for the README.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
 import shutil
 import sys
 from pathlib import Path
 
 import grpc
+import numpy as np
 import pytest
+import safetensors.torch
+import torch
 
-from protos import fleet_pb2, fleet_pb2_grpc
+from bridge.gateway import GatewayConfig
+from inference_server import ModelRepository, TritonServer
+from protos import fleet_pb2, fleet_pb2_grpc, policies_pb2, policies_pb2_grpc
+from protos.codec import encode
+from tests.conftest import ACT, OBS
 from tests.gateway.helpers import running_gateway
+from trainer.policy import MLPPolicy
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 FLAGS = ["--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync"]  # headless, no sandbox and a fresh profile: Playwright's
 SCREENSHOT = ROOT / "docs" / "console.png"
+GATEWAY_FIELDS = {f.name for f in dataclasses.fields(GatewayConfig)}
 
 playwright_api = pytest.importorskip("playwright.async_api", reason="playwright is not installed (.[dev] extras)")
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
                                 reason="Debian's chromium is not installed (make setup: apt-get install chromium)")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """Its own Triton and repository: the test publishes a version other tests must not see."""
+    repo = ModelRepository(tmp_path_factory.mktemp("console") / "models")
+    repo.write_version("walker", 1, MLPPolicy(OBS[0], ACT[0], seed=0), OBS, ACT)
+    with TritonServer(repo.root, models=["walker"], log_path=repo.root.parent / "triton.log") as server:
+        yield server, repo
+
+
+async def publish_v2(address: str, token: str) -> int:
+    """A second version of walker through tether.v1.Policies (as a trainer publishes); its version number."""
+    module = MLPPolicy(OBS[0], ACT[0], seed=1).eval()
+    probe = np.random.default_rng(0).standard_normal((4, 11)).astype(np.float32)
+    with torch.no_grad():
+        reference = module(torch.from_numpy(probe)).numpy()
+    data = safetensors.torch.save({k: v.contiguous() for k, v in module.state_dict().items()})
+    header = policies_pb2.PublishHeader(
+        policy="walker", format="safetensors", size=len(data), sha256=hashlib.sha256(data).hexdigest(),
+        lineage=policies_pb2.Lineage(parent_version=1, trainer_step=100, trainer="test"),
+        probe_inputs=[encode("observation", probe)], probe_outputs=[encode("action", reference)])
+    chunks = [policies_pb2.PublishChunk(header=header), policies_pb2.PublishChunk(data=data)]
+    async with grpc.aio.insecure_channel(address) as channel:
+        reply = await policies_pb2_grpc.PoliciesStub(channel).Publish(
+            iter(chunks), metadata=[("authorization", f"Bearer {token}")])
+    return reply.version
+
+
+async def live_version(address: str) -> int:
+    async with grpc.aio.insecure_channel(address) as channel:
+        reply = await policies_pb2_grpc.PoliciesStub(channel).RolloutStatus(
+            policies_pb2.RolloutStatusRequest(policy="walker"))
+    return reply.rollout.live
 
 
 def token_auth(tmp_path: Path):
@@ -62,12 +108,18 @@ async def click_and_confirm(page, selector: str, why: str) -> str:
     return await page.text_content("#toast")
 
 
-def test_console_shows_the_fleet_and_operator_clicks_need_a_token(triton, tmp_path):
+def test_console_shows_the_fleet_and_operator_clicks_need_a_token(served, tmp_path):
+    server, repo = served
     auth, token = token_auth(tmp_path)
 
     async def scenario():
-        async with running_gateway(triton.url, policy="tiny", console_port=0, deadline_ms=2000) as gw:
+        extra = {"registry": tmp_path / "registry.sqlite"} if "registry" in GATEWAY_FIELDS else {}
+        async with running_gateway(server.grpc_url, policy="walker", console_port=0, model_repository=repo.root,
+                                   **extra) as gw:
             gw.auth = auth
+            rollout = getattr(gw, "rollout", None)
+            if rollout is not None:
+                assert await publish_v2(gw.address, token) == 2 and await live_version(gw.address) == 2
             sims = [await start_sim(gw.address, robot) for robot in ("hopper_1", "hopper_2")]
             try:
                 async with playwright_api.async_playwright() as p:
@@ -77,7 +129,7 @@ def test_console_shows_the_fleet_and_operator_clicks_need_a_token(triton, tmp_pa
                     row = '#sessions tr[data-session="hopper_1-0"]'
                     await page.wait_for_selector(row, timeout=30_000)
                     await page.wait_for_selector('#sessions tr[data-session="hopper_2-0"]', timeout=30_000)
-                    assert "tiny v1" in await page.text_content(f"{row} td.version")
+                    assert f"walker v{2 if rollout else 1}" in await page.text_content(f"{row} td.version")
                     await page.fill("#operator", "mallory")
 
                     # no token: refused, nothing changes
@@ -104,6 +156,22 @@ def test_console_shows_the_fleet_and_operator_clicks_need_a_token(triton, tmp_pa
                     assert held["hopper_1-0"] > 10 and held["hopper_2-0"] == 0, held
                     await page.wait_for_function("document.body.dataset.updated > 0")
                     await asyncio.sleep(2.5)  # a few chart points (the page polls once a second)
+                    if rollout is not None:  # rollback of the live version: v1 is live again
+                        text = await click_and_confirm(page, 'button[data-action="rollback"][data-policy="walker"]',
+                                                       "v2 walks worse")
+                        assert "rollback done by operator:alice" in text, text
+                        assert await live_version(gw.address) == 1
+                        versions = {v.version: v.state for v in gw.fleet.status().versions}
+                        assert versions == {1: "live", 2: "rolled_back"}, versions
+                        change = '#audit tr[data-kind="state"]'
+                        await page.wait_for_function(
+                            "[...document.querySelectorAll('#audit tr')].some(r => r.textContent.includes("
+                            "'live → rolled_back') && r.textContent.includes('operator:alice'))")
+                        assert await page.locator(change).count() >= 3
+                        await page.wait_for_selector('#versions tr[data-version="1"] .state-live')
+                        await page.wait_for_function(  # the running robot moves to v1 at its next episode
+                            "document.querySelector('#sessions tr[data-session=\"hopper_2-0\"] td.version')"
+                            ".textContent === 'walker v1'", timeout=30_000)
                     await page.locator("#toast").evaluate("t => { t.className = ''; }")
                     SCREENSHOT.parent.mkdir(exist_ok=True)
                     await page.screenshot(path=str(SCREENSHOT), full_page=True)
@@ -117,7 +185,7 @@ def test_console_shows_the_fleet_and_operator_clicks_need_a_token(triton, tmp_pa
                     if sim.returncode is None:
                         sim.terminate()
                     await sim.wait()
-            kinds = [(e["kind"], e["who"]) for e in gw.fleet.audit_events()]
+            kinds = [(e["kind"], e["who"]) for e in gw.fleet.audit_events()]  # the fleet's own (e-stops)
             assert kinds == [("estop", "operator:alice"), ("release", "operator:alice")]
 
     asyncio.run(scenario())

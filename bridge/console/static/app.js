@@ -106,7 +106,8 @@ function renderFleet(s) {
       el("td", {}, r.source),
       el("td", {}, ...Object.entries(r.labels).map(([k, v]) => el("span", { class: "label" }, `${k}=${v}`))),
       el("td", { class: "state" }, pill(held ? "held" : "running"), r.edge_estopped ? " edge" : ""),
-      el("td", { class: "version" }, `${r.policy} v${r.policy_version}`),
+      el("td", { class: "version", title: r.version_lag ? `${r.version_lag} versions behind for ${fmt(r.time_lag_s, 0)} s` : "" },
+        `${r.policy} v${r.policy_version}`),
       el("td", { class: "num" }, fmt(r.steps_per_s, 1)),
       el("td", { class: "num" }, `${fmt(r.latency_p50_ms)} / ${fmt(r.latency_p99_ms)}`),
       el("td", { class: "num" }, r.episodes),
@@ -268,7 +269,8 @@ async function poll() {
   }
   state = await reply.json();
   renderFleet(state);
-  if (!$("#versions").contains(document.activeElement)) renderVersions(state);  // not while an operator types
+  const typing = document.activeElement && document.activeElement.tagName === "INPUT";
+  if (!(typing && $("#versions").contains(document.activeElement))) renderVersions(state);  // not while one types
   renderAudit(state);
   renderCharts(state);
   document.body.dataset.updated = String(state.t);
