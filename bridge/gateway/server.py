@@ -28,8 +28,6 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from bridge.console.fleet import Fleet
-from bridge.console.fleet_service import FleetService
 from bridge.gate import Gate, GateConfig
 from bridge.gateway.batcher import MicroBatcher
 from bridge.gateway.errors import DuplicateSession, InvalidHello
@@ -129,6 +127,8 @@ class Gateway:
         self.experience = None  # the ExperienceLog, once started
         self.auth = _authorizer(config)  # who may view and act (bridge.security)
         self.admission = Admission(config.limits)  # session caps (bridge.gateway.limits)
+        from bridge.console.fleet import Fleet  # here: bridge.console imports bridge.gateway's modules
+
         self.fleet = Fleet(self)  # sessions' figures, metrics, e-stops, operator audit (bridge.console)
         self.console = None       # the HTTP console, when config.console_port is set
         self.sessions: dict[str, Session | VectorSession] = {}
@@ -158,6 +158,8 @@ class Gateway:
                                                 *KEEPALIVE])
         bridge_pb2_grpc.add_BridgeServicer_to_server(BridgeService(self), self._server)
         policies_pb2_grpc.add_PoliciesServicer_to_server(PoliciesService(self), self._server)
+        from bridge.console.fleet_service import FleetService
+
         fleet_pb2_grpc.add_FleetServicer_to_server(FleetService(self), self._server)
         if self.config.experience_dir is not None:
             from bridge.experience.log import ExperienceLog

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from bridge.console import cli
+from bridge.console.fleet import Target
 from protos import bridge_pb2, fleet_pb2, fleet_pb2_grpc
 from protos.codec import decode
 from tests.conftest import ACT, OBS
@@ -108,3 +109,53 @@ def test_bad_estop_requests_are_refused_with_the_reason(triton):
     with pytest.raises(SystemExit) as exit_:
         cli.main("estop", ["--gateway", "127.0.0.1:1"])
     assert exit_.value.code == 2  # argparse: one of --session/--robot/--all is required
+
+
+def test_vector_session_held_rows_and_guard_reports_counted(triton):
+    """A vectorised session under e-stop gets N safe rows; the edge's guard reports become counter deltas."""
+    n = 4
+    vector_hello = bridge_pb2.Hello(session_id="vec", source="test", num_envs=n, labels={"robot": "rack"},
+                                    observation_spec=[s.to_proto() for s in OBS],
+                                    action_spec=[s.to_proto() for s in ACT])
+
+    def observation(step: int, rng, clamped: int) -> bridge_pb2.ClientMessage:
+        from protos.codec import encode
+
+        obs = bridge_pb2.Observation(step=step, tensors=[encode("observation", rng.standard_normal((n, 11))
+                                                                .astype(np.float32))],
+                                     env_step_types=[bridge_pb2.FIRST if step == 0 else bridge_pb2.MID] * n,
+                                     guard=bridge_pb2.GuardReport(clamped=clamped, watchdog=1))
+        return bridge_pb2.ClientMessage(observation=obs)
+
+    async def scenario():
+        rng = np.random.default_rng(1)
+        async with running_gateway(triton.url, policy="tiny") as gw:
+            async with grpc.aio.insecure_channel(gw.address) as channel:
+                from protos import bridge_pb2_grpc
+
+                call = bridge_pb2_grpc.BridgeStub(channel).Connect()
+                await call.write(bridge_pb2.ClientMessage(hello=vector_hello))
+                assert (await call.read()).WhichOneof("kind") == "welcome"
+                held = []
+                for step in range(6):
+                    if step == 2:
+                        gw.fleet.estop(Target(robot="rack"), who="operator:test", why="test")
+                    if step == 4:
+                        gw.fleet.release(Target(robot="rack"), who="operator:test", why="test")
+                    await call.write(observation(step, rng, clamped=3 * step))
+                    reply = (await call.read()).action
+                    rows = decode(reply.tensors[0])
+                    assert rows.shape == (n, 3)
+                    held.append(reply.estop)
+                    if reply.estop:
+                        assert not rows.any()
+                    else:
+                        assert rows.any()
+                await call.done_writing()
+            assert held == [False, False, True, True, False, False]
+            text = gw.fleet.metrics.exposition().decode()
+            assert 'tether_guard_interventions_total{kind="clamped"} 15.0' in text  # 0, 3, ..., 15: deltas
+            assert 'tether_guard_interventions_total{kind="watchdog"} 1.0' in text
+            assert "tether_estop_steps_total 8.0" in text  # 2 held steps x 4 envs
+
+    asyncio.run(scenario())
