@@ -1,6 +1,6 @@
 """The registry: every version of every policy, its state, gate results, rollout and audit log, in one SQLite file.
 
-    registry = Registry(run_dir / "registry.sqlite")          # creates, or reopens as it was
+    registry = Registry(run_dir / "registry.sqlite")          # creates, or reopens as it was (":memory:": none)
     registry.add("hopper", 2, sha256=digest, format="safetensors", lineage={"parent": 1}, inputs=[...],
                  outputs=[...], who="trainer:0")              # state candidate
     registry.record_gate("hopper", 2, [report.to_dict() for report in checks])

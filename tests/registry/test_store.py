@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import sqlite3
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -283,3 +284,26 @@ def test_files_that_are_not_a_registry(tmp_path: Path):
     with pytest.raises(RegistryError, match="cannot open"):
         Registry(tmp_path / "no" / "such" / "dir" / "registry.sqlite")
 
+
+
+def test_threads_share_one_registry(registry: Registry):
+    """The gateway writes from worker threads (asyncio.to_thread): every change lands, one transaction each."""
+
+    def publish(first: int) -> None:
+        for version in range(first, first + 40, 4):
+            add(registry, version)
+            registry.move(POLICY, version, State.GATED, who="gate", why="passed")
+            registry.move(POLICY, version, State.LIVE, who="auto", why="direct")
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(publish, (2, 3, 4, 5)))
+    records = registry.versions(POLICY)
+    assert [r.version for r in records] == list(range(1, 42))
+    assert [r.version for r in records if r.state is State.LIVE] == [registry.rollout(POLICY).live]
+    assert len(registry.events(POLICY, limit=10_000)) == 2 + 40 * 4  # candidate, gated, retired-by, live
+
+
+def test_in_memory_registry():
+    with Registry(":memory:") as registry:
+        serving(registry)
+        assert registry.rollout(POLICY).live == 1 and not Path(":memory:").exists()
