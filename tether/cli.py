@@ -127,6 +127,7 @@ COMMANDS["policy"] = _policy  # tether policy import FILE --name NAME (TorchScri
 
 COMMANDS["certs"] = lambda argv: __import__("bridge.security.cli").security.cli.certs_main(argv)  # lab CA, certs
 COMMANDS["token"] = lambda argv: __import__("bridge.security.cli").security.cli.token_main(argv)  # hashed tokens
+COMMANDS["rollout"] = lambda argv: __import__("tether.rollout_cli").rollout_cli.main(argv)  # list|promote|rollback|pin
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -4,6 +4,8 @@ an automatic rollback of a regressed canary, and a restart that restores it all.
 from __future__ import annotations
 
 import asyncio
+import re
+import sys
 
 import grpc
 import pytest
@@ -141,5 +143,42 @@ def test_operator_rollback_needs_a_previous_live_and_names_the_refusal(served):
                 await stub.Promote(policies_pb2.PromoteRequest(policy="manual", version=1, to="famous"))
             assert "state 'famous'" in bad.value.details()
             assert gw.registry.get("manual", 1).state is State.LIVE
+
+    asyncio.run(scenario())
+
+
+async def tether(*args: str) -> tuple[int, str]:
+    """The real `tether` command in a subprocess (the gateway keeps serving in this event loop)."""
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "tether", *args, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.STDOUT)
+    out, _ = await asyncio.wait_for(proc.communicate(), timeout=120)
+    return proc.returncode, out.decode()
+
+
+def test_cli_round_trip_list_rollback_pin_canary(served):
+    server, repo = served
+    v1 = new_policy(server, repo, "cli")
+
+    async def scenario():
+        async with running_gateway(server.grpc_url, policy="cli", model_repository=repo.root) as gw, \
+                grpc.aio.insecure_channel(gw.address) as channel:
+            assert (await publish(policies_pb2_grpc.PoliciesStub(channel), "cli", variant(v1, scale=0.9))).version == 2
+            common = ("--gateway", gw.address, "--policy", "cli", "--operator", "bob")
+            code, out = await tether("rollout", "list", *common)
+            assert code == 0, out
+            assert re.search(r"^v1\s+retired\s", out, re.M) and re.search(r"^v2\s+live\s+0\s+pass", out, re.M), out
+            assert "live v2 (previous v1)" in out and "-> live  by auto: rollout direct" in out
+            code, out = await tether("rollout", "rollback", *common, "--why", "jerky on arm_2")
+            assert code == 0 and "live v1 (previous v-)" in out, out
+            assert states(gw, "cli") == {1: "live", 2: "rolled_back"}
+            code, out = await tether("rollout", "pin", *common, "session=arm_2", "1", "--why", "hold")
+            assert code == 0 and "pins: session=arm_2 -> v1" in out, out
+            code, out = await tether("rollout", "canary", *common, "--fraction", "0.5", "--why", "half")
+            assert code == 0 and gw.rollout.rollouts()["cli"].canary_fraction == 0.5, out
+            code, out = await tether("rollout", "promote", *common, "2", "--to", "live", "--why", "again")
+            assert code != 0 and "v2 is rolled_back; it may not move to live" in out, out
+            events = [e for e in gw.registry.events("cli") if e.who == "operator:bob"]
+            assert [e.kind for e in events] == ["state", "state", "pin", "canary"]
+            assert events[0].why == "jerky on arm_2"
 
     asyncio.run(scenario())

@@ -1,0 +1,164 @@
+"""`tether rollout`: see and steer the versions of a policy through the gateway's tether.v1.Policies.
+
+    tether rollout list     --policy hopper_v5                    # versions, states, gate, stats, audit log
+    tether rollout promote  --policy hopper_v5 4 --to canary --fraction 0.1 --why "looks good in shadow"
+    tether rollout promote  --policy hopper_v5 4 --to live --why "canary clean for a day"
+    tether rollout rollback --policy hopper_v5 --why "arm_2 jerks"     # the live one; the previous is back
+    tether rollout pin      --policy hopper_v5 robot=arm_2 3 --why "hold arm_2"   # `none` unpins
+    tether rollout canary   --policy hopper_v5 --labels robot=arm_2 --why "arm_2 first"
+
+Common flags: --gateway HOST:PORT (default 127.0.0.1:50051), --operator NAME (the name the audit log
+records on a gateway with open access), --tls-ca/--tls-cert/--tls-key/--token (bridge.security).
+`--json` prints the reply as JSON instead of the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import sys
+import time
+
+import grpc
+from google.protobuf import json_format
+
+from protos import policies_pb2, policies_pb2_grpc
+
+TARGETS = ("shadow", "canary", "live")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    from bridge.security.channel import add_client_args
+
+    p = argparse.ArgumentParser(prog="tether rollout", description="See and steer policy versions.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        c = sub.add_parser(name, help=help)
+        c.add_argument("--gateway", default="127.0.0.1:50051", help="gateway address HOST:PORT")
+        c.add_argument("--policy", default="", help="policy name (default: the gateway's default policy)")
+        c.add_argument("--operator", default=_user(), help="your name in the audit log (open-access gateways)")
+        c.add_argument("--json", action="store_true", help="print the reply as JSON")
+        c.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the gateway")
+        add_client_args(c)
+        return c
+
+    c = command("list", "versions, states, gate checks, runtime figures, who acts with which, audit log")
+    c.add_argument("--events", type=int, default=10, help="recent audit events to show")
+    c = command("promote", "move a version to shadow, canary or live")
+    c.add_argument("version", type=int)
+    c.add_argument("--to", choices=TARGETS, required=True)
+    c.add_argument("--fraction", type=float, help="with --to canary: the canary fraction")
+    c.add_argument("--labels", default="", metavar="K=V[,K=V]", help="with --to canary: canary these sessions")
+    c.add_argument("--why", required=True)
+    c = command("rollback", "roll back a version (default: the live one; the previous live comes back)")
+    c.add_argument("version", type=int, nargs="?", default=0)
+    c.add_argument("--why", required=True)
+    c = command("pin", "hold a session (session=ID) or a label (KEY=VALUE) on a version; 'none' unpins")
+    c.add_argument("selector")
+    c.add_argument("version", help="a version number, or none")
+    c.add_argument("--why", required=True)
+    c = command("canary", "which sessions get the canary: a fraction, or labels")
+    c.add_argument("--fraction", type=float)
+    c.add_argument("--labels", default="", metavar="K=V[,K=V]")
+    c.add_argument("--clear-labels", action="store_true", help="back to the fraction")
+    c.add_argument("--why", required=True)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from bridge.gateway.rollout_config import parse_labels
+    from bridge.security.channel import channel_kwargs, secure_channel_sync
+
+    a = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        labels = parse_labels(getattr(a, "labels", ""))
+        channel = secure_channel_sync(a.gateway, **channel_kwargs(a))
+    except ValueError as exc:
+        raise SystemExit(f"tether rollout: {exc}") from None
+    stub = policies_pb2_grpc.PoliciesStub(channel)
+    metadata = (("x-tether-operator", a.operator),)
+    call = {"metadata": metadata, "timeout": a.timeout}
+    try:
+        if a.command == "list":
+            reply = stub.RolloutStatus(policies_pb2.RolloutStatusRequest(policy=a.policy, events=a.events), **call)
+        elif a.command == "promote":
+            request = policies_pb2.PromoteRequest(policy=a.policy, version=a.version, to=a.to, why=a.why,
+                                                  canary_labels=labels)
+            if a.fraction is not None:
+                request.canary_fraction = a.fraction
+            reply = stub.Promote(request, **call)
+        elif a.command == "rollback":
+            reply = stub.Rollback(policies_pb2.RollbackRequest(policy=a.policy, version=a.version, why=a.why), **call)
+        elif a.command == "pin":
+            version = 0 if a.version.lower() == "none" else _version(a.version)
+            reply = stub.Pin(policies_pb2.PinRequest(policy=a.policy, selector=a.selector, version=version,
+                                                     why=a.why), **call)
+        else:
+            request = policies_pb2.CanaryRequest(policy=a.policy, labels=labels, clear_labels=a.clear_labels,
+                                                 why=a.why)
+            if a.fraction is not None:
+                request.fraction = a.fraction
+            reply = stub.SetCanary(request, **call)
+    except grpc.RpcError as exc:
+        raise SystemExit(f"tether rollout {a.command}: {exc.code().name}: {exc.details()}") from None
+    finally:
+        channel.close()
+    if a.json:
+        print(json_format.MessageToJson(reply, preserving_proto_field_name=True))
+    else:
+        print(render(reply, events=a.events if a.command == "list" else 5))
+
+
+def render(reply: policies_pb2.RolloutStatusReply, *, events: int = 10) -> str:
+    """The rollout as a table, then who gets what, freshness and the recent audit log."""
+    r = reply.rollout
+    rows = [("version", "state", "sessions", "gate", "steps", "episodes", "return", "p99 ms", "errors", "guard",
+             "shadow div", "lineage")]
+    for v in reply.versions:
+        gate = "-" if not v.gate else ("pass" if all(c.passed for c in v.gate) else
+                                       "FAIL " + ",".join(c.name for c in v.gate if not c.passed))
+        s = v.stats
+        shadow = f"{s.shadow_divergence:.3g} ({s.shadow_steps})" if s.shadow_steps else "-"
+        lineage = f"parent v{v.lineage.parent_version} step {v.lineage.trainer_step}" if v.lineage.trainer else ""
+        rows.append((f"v{v.version}", v.state, str(v.sessions), gate, str(s.steps), str(s.episodes),
+                     f"{s.mean_return:.4g}" if s.episodes else "-", f"{s.latency_p99_ms:.2f}" if s.steps else "-",
+                     str(s.errors), str(s.guard_interventions), shadow, lineage))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [f"policy {reply.policy} (rollout {r.mode or '?'})"]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    canary = "-"
+    if r.canary:
+        canary = f"v{r.canary} to " + (", ".join(f"{k}={v}" for k, v in sorted(r.canary_labels.items()))
+                                      if r.canary_labels else f"{r.canary_fraction:.0%} of sessions")
+    lines.append(f"live v{r.live or '-'} (previous v{r.previous_live or '-'}), canary {canary}, "
+                 f"shadow v{r.shadow or '-'}, pins: " + (", ".join(f"{k} -> v{v}" for k, v in sorted(r.pins.items()))
+                                                         or "none"))
+    f = reply.freshness
+    if f.newest:
+        lines.append(f"freshness: newest v{f.newest}, {f.sessions} sessions, version lag max {f.max_version_lag} "
+                     f"mean {f.mean_version_lag:.2f}, time lag max {f.max_time_lag_s:.1f} s")
+    if events and reply.events:
+        lines.append("audit log:")
+        for e in list(reply.events)[-events:]:
+            when = time.strftime("%H:%M:%S", time.localtime(e.t_unix_ns / 1e9))
+            what = f"{e.from_state or '-'} -> {e.to_state}" if e.kind == "state" else f"{e.kind} {e.detail}"[:60]
+            lines.append(f"  {when}  v{e.version or '-'}  {what}  by {e.who}: {e.why}"[:200])
+    return "\n".join(lines)
+
+
+def _version(text: str) -> int:
+    try:
+        version = int(text)
+    except ValueError:
+        raise SystemExit(f"tether rollout pin: version {text!r} must be a number or 'none'") from None
+    if version < 1:
+        raise SystemExit(f"tether rollout pin: version {version} must be >= 1")
+    return version
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:
+        return "anonymous"
