@@ -70,8 +70,9 @@ class Registry:
         self._lock = threading.RLock()
         self._rollouts: dict[str, Rollout] = {}  # cache: cleared by every write here and by other processes' writes
         self._data_version = -1
+        self._connection: sqlite3.Connection | None = None
         try:
-            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10.0)
+            self._connection = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10.0)
         except sqlite3.Error as exc:
             raise RegistryError(f"cannot open the registry {str(self.path)!r}: {exc}") from exc
         try:
@@ -91,11 +92,17 @@ class Registry:
             if check != "ok":
                 raise RegistryError(f"the registry {str(self.path)!r} is damaged: {check}")
         except sqlite3.Error as exc:
-            self._db.close()
+            self.close()
             raise RegistryError(f"cannot open the registry {str(self.path)!r}: {exc}") from exc
         except BaseException:
-            self._db.close()
+            self.close()
             raise
+
+    @property
+    def _db(self) -> sqlite3.Connection:
+        if self._connection is None:
+            raise RegistryError(f"the registry {str(self.path)!r} is closed")
+        return self._connection
 
     # -- changes ------------------------------------------------------------------------------------------------
 
@@ -255,10 +262,7 @@ class Registry:
         """The rollout of `policy`; UnknownVersion when the registry has no version of it. Cached (a few us),
         so it may be asked every step; a change made here or by another process shows at once."""
         with self._lock:
-            try:
-                data_version = self._db.execute("PRAGMA data_version").fetchone()[0]
-            except sqlite3.ProgrammingError as exc:
-                raise RegistryError(f"the registry {str(self.path)!r} is closed") from exc
+            data_version = self._db.execute("PRAGMA data_version").fetchone()[0]
             if data_version != self._data_version:
                 self._rollouts.clear()
                 self._data_version = data_version
@@ -290,8 +294,11 @@ class Registry:
                       who=r[7], why=r[8], figures=json.loads(r[9]), detail=r[10]) for r in rows]
 
     def close(self) -> None:
+        """Close the file (again: nothing); every later call raises RegistryError."""
         with self._lock:
-            self._db.close()
+            if self._connection is not None:
+                self._connection.close()
+                self._connection = None
 
     def __enter__(self) -> Registry:
         return self
@@ -305,29 +312,28 @@ class Registry:
     def _write(self) -> Iterator[None]:
         with self._lock:
             self._rollouts.clear()
+            db = self._db
             try:
-                self._db.execute("BEGIN IMMEDIATE")
-            except sqlite3.ProgrammingError as exc:
-                raise RegistryError(f"the registry {str(self.path)!r} is closed") from exc
+                db.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
                 raise RegistryError(f"cannot write the registry {str(self.path)!r}: {exc}") from exc
             try:
                 yield
+            except sqlite3.Error as exc:  # disk full, I/O error: nothing of the change is kept
+                _rollback(db)
+                raise RegistryError(f"cannot write the registry {str(self.path)!r}: {exc}") from exc
             except BaseException:
-                self._db.execute("ROLLBACK")
+                _rollback(db)
                 raise
             try:
                 self._db.execute("COMMIT")
             except sqlite3.Error as exc:
-                self._db.execute("ROLLBACK")
+                _rollback(db)
                 raise RegistryError(f"cannot write the registry {str(self.path)!r}: {exc}") from exc
 
     def _row(self, policy: str, version: int) -> tuple | None:
-        try:
-            return self._db.execute("SELECT * FROM versions WHERE policy = ? AND version = ?",
-                                    (policy, version)).fetchone()
-        except sqlite3.ProgrammingError as exc:
-            raise RegistryError(f"the registry {str(self.path)!r} is closed") from exc
+        return self._db.execute("SELECT * FROM versions WHERE policy = ? AND version = ?",
+                                (policy, version)).fetchone()
 
     def _get(self, policy: str, version: int) -> VersionRecord:
         row = self._row(policy, version)
@@ -339,11 +345,8 @@ class Registry:
         return _record(row)
 
     def _rollout(self, policy: str) -> Rollout:
-        try:
-            row = self._db.execute("SELECT previous_live, canary_fraction, canary_labels FROM rollouts "
-                                   "WHERE policy = ?", (policy,)).fetchone()
-        except sqlite3.ProgrammingError as exc:
-            raise RegistryError(f"the registry {str(self.path)!r} is closed") from exc
+        row = self._db.execute("SELECT previous_live, canary_fraction, canary_labels FROM rollouts WHERE policy = ?",
+                               (policy,)).fetchone()
         if row is None:
             raise UnknownVersion(f"policy {policy!r} has no versions in the registry")
         slots = dict(self._db.execute("SELECT state, version FROM versions WHERE policy = ? AND state IN "
@@ -397,6 +400,11 @@ class Registry:
 
 
 # -- validation and encoding ------------------------------------------------------------------------------------
+
+
+def _rollback(db: sqlite3.Connection) -> None:
+    if db.in_transaction:  # SQLite may have rolled back already (e.g. on a full disk)
+        db.execute("ROLLBACK")
 
 
 def _record(row: tuple) -> VersionRecord:

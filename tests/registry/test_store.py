@@ -249,8 +249,11 @@ def test_reopen_restores_everything(tmp_path: Path):
         registry.pin(POLICY, "session=s1", 1, who="operator:alice", why="hold")
         registry.record_gate(POLICY, 2, [{"name": "integrity", "passed": True, "figures": {"x": 1.0}, "detail": ""}])
         before = snapshot(registry)
-    with pytest.raises(RegistryError, match="closed"):
-        registry.rollout(POLICY)
+    registry.close()  # again: nothing
+    for call in (lambda: registry.rollout(POLICY), lambda: registry.versions(POLICY), registry.policies,
+                 registry.events, lambda: add(registry, 9)):
+        with pytest.raises(RegistryError, match="registry.sqlite' is closed"):
+            call()
     with Registry(path) as reopened:
         assert snapshot(reopened) == before
         rollout = reopened.rollout(POLICY)
@@ -307,3 +310,18 @@ def test_in_memory_registry():
     with Registry(":memory:") as registry:
         serving(registry)
         assert registry.rollout(POLICY).live == 1 and not Path(":memory:").exists()
+
+
+def test_a_full_disk_keeps_nothing_of_the_change(registry: Registry):
+    reach(registry, State.CANARY)
+    before = snapshot(registry)
+    pages = registry._db.execute("PRAGMA page_count").fetchone()[0]
+    registry._db.execute(f"PRAGMA max_page_count = {pages + 2}")  # SQLite's own "database or disk is full"
+    big = {"notes": "x" * 500_000}
+    with pytest.raises(RegistryError, match="cannot write the registry .*full"):
+        registry.add(POLICY, 3, sha256=digest(3), format="safetensors", lineage=big, inputs=[], outputs=[],
+                     who="trainer:0")
+    assert snapshot(registry) == before
+    registry._db.execute("PRAGMA max_page_count = 1073741823")
+    registry.move(POLICY, 2, State.LIVE, who="auto", why="still works")
+    assert registry.rollout(POLICY).live == 2
