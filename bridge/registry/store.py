@@ -163,12 +163,15 @@ class Registry:
                         figures, detail[:4096])
             return self._get(policy, version)
 
-    def move(self, policy: str, version: int, to: State, *, who: str, why: str) -> VersionRecord:
+    def move(self, policy: str, version: int, to: State, *, who: str, why: str,
+             figures: Mapping[str, float] | None = None) -> VersionRecord:
         """Change a version's state (see model.MOVES). Entering live/canary/shadow retires the version that held
         that slot ("replaced by vN"; the old live becomes previous_live). Moving the live version to rolled_back or
-        retired restores previous_live in the same transaction, and is refused when there is none."""
+        retired restores previous_live in the same transaction, and is refused when there is none. `figures` (e.g.
+        a Verdict's) go with the move's audit event."""
         _check_who_why(who, why)
         to = _check_state(to)
+        figures = _check_figures(figures or {}, f"figures of the move of {policy!r} v{version}")
         with self._write():
             record = self._get(policy, version)
             if to not in MOVES[record.state]:
@@ -182,7 +185,7 @@ class Registry:
                     raise RegistryError(f"policy {policy!r} v{version} is live and there is no previous live "
                                         f"version to restore, so it may not move to {to}; promote another version "
                                         "to live instead")
-                self._set_state(now, policy, version, State.LIVE, to, who, why)
+                self._set_state(now, policy, version, State.LIVE, to, who, why, figures)
                 self._set_state(now, policy, previous, State.RETIRED, State.LIVE, who,
                                 f"restored: v{version} {to} ({why})")
                 self._db.execute("UPDATE rollouts SET previous_live = ? WHERE policy = ?",
@@ -190,7 +193,7 @@ class Registry:
                 if to in WITHDRAWN:
                     self._drop_pins(now, policy, version, who, f"v{version} {to}")
             else:
-                self._enter(now, policy, version, record.state, to, who, why)
+                self._enter(now, policy, version, record.state, to, who, why, figures)
             return self._get(policy, version)
 
     def set_canary(self, policy: str, *, fraction: float | None = None, labels: dict[str, str] | None = None,
@@ -368,7 +371,8 @@ class Registry:
             "AND e.version NOT IN (?, ?) ORDER BY e.id DESC LIMIT 1", (policy, *exclude)).fetchone()
         return rows[0] if rows else None
 
-    def _enter(self, now: int, policy: str, version: int, state: State, to: State, who: str, why: str) -> None:
+    def _enter(self, now: int, policy: str, version: int, state: State, to: State, who: str, why: str,
+               figures: Mapping[str, float] | None = None) -> None:
         if to in SLOTS:
             holder = self._db.execute("SELECT version FROM versions WHERE policy = ? AND state = ?",
                                       (policy, str(to))).fetchone()
@@ -376,14 +380,15 @@ class Registry:
                 self._set_state(now, policy, holder[0], to, State.RETIRED, who, f"replaced by v{version}")
                 if to is State.LIVE:
                     self._db.execute("UPDATE rollouts SET previous_live = ? WHERE policy = ?", (holder[0], policy))
-        self._set_state(now, policy, version, state, to, who, why)
+        self._set_state(now, policy, version, state, to, who, why, figures)
         if to in WITHDRAWN:
             self._drop_pins(now, policy, version, who, f"v{version} {to}")
 
-    def _set_state(self, now: int, policy: str, version: int, state: State, to: State, who: str, why: str) -> None:
+    def _set_state(self, now: int, policy: str, version: int, state: State, to: State, who: str, why: str,
+                   figures: Mapping[str, float] | None = None) -> None:
         self._db.execute("UPDATE versions SET state = ?, updated_ns = ? WHERE policy = ? AND version = ?",
                          (str(to), now, policy, version))
-        self._event(now, policy, version, "state", str(state), str(to), who, why)
+        self._event(now, policy, version, "state", str(state), str(to), who, why, figures)
 
     def _drop_pins(self, now: int, policy: str, version: int, who: str, why: str) -> None:
         for (selector,) in self._db.execute("SELECT selector FROM pins WHERE policy = ? AND version = ? "
@@ -479,16 +484,21 @@ def _check_gate_entry(check: object, policy: str, version: int) -> dict:
         raise RegistryError(f"{where}: name {name!r} is not 1..64 characters without '.'")
     if not isinstance(passed, bool):
         raise RegistryError(f"{where} {name!r}: passed {passed!r} is not a bool")
-    if not isinstance(figures, Mapping) or not all(isinstance(k, str) and k for k in figures):
-        raise RegistryError(f"{where} {name!r}: figures {figures!r:.200} is not a dict of str to float")
-    clean_figures = {}
-    for key, value in figures.items():
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise RegistryError(f"{where} {name!r}: figure {key!r} = {value!r} is not a number")
-        clean_figures[key] = float(value)
+    clean_figures = _check_figures(figures, f"{where} {name!r}:")
     if not isinstance(detail, str):
         raise RegistryError(f"{where} {name!r}: detail {detail!r:.200} is not a string")
     return {**check, "name": name, "passed": passed, "figures": clean_figures, "detail": detail}
+
+
+def _check_figures(figures: object, what: str) -> dict[str, float]:
+    if not isinstance(figures, Mapping) or not all(isinstance(k, str) and k for k in figures):
+        raise RegistryError(f"{what} figures {figures!r:.200} is not a dict of str to float")
+    clean = {}
+    for key, value in figures.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise RegistryError(f"{what} figure {key!r} = {value!r:.100} is not a number")
+        clean[key] = float(value)
+    return clean
 
 
 def _dumps(value: object, what: str) -> str:

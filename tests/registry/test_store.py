@@ -73,12 +73,16 @@ def test_promotions_replace_the_slot_holder_and_rollback_restores_previous_live(
     assert (registry.rollout(POLICY).live, registry.rollout(POLICY).previous_live) == (4, 3)
 
     mark = registry.events()[-1].id
-    registry.move(POLICY, 4, State.ROLLED_BACK, who="auto", why="episode return 12 vs 480")
+    with pytest.raises(RegistryError, match="figure 'ratio' = 'low' is not a number"):
+        registry.move(POLICY, 4, State.ROLLED_BACK, who="auto", why="x", figures={"ratio": "low"})
+    registry.move(POLICY, 4, State.ROLLED_BACK, who="auto", why="episode return 12 vs 480",
+                  figures={"return_ratio": 0.025, "episodes": 10})
     rollout = registry.rollout(POLICY)
     assert (rollout.live, rollout.previous_live) == (3, 1), "v3 restored; v1 is the next rollback target"
     assert [(e.version, e.from_state, e.to_state, e.who) for e in registry.events(since_id=mark)] == [
         (4, "live", "rolled_back", "auto"), (3, "retired", "live", "auto")]
     assert "episode return 12 vs 480" in registry.events()[-1].why
+    assert registry.events()[-2].figures == {"return_ratio": 0.025, "episodes": 10.0}
 
     registry.move(POLICY, 3, State.RETIRED, who="operator:alice", why="withdraw")  # retiring the live restores too
     assert (registry.rollout(POLICY).live, registry.rollout(POLICY).previous_live) == (1, None)
