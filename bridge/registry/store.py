@@ -108,7 +108,9 @@ class Registry:
 
     def add(self, policy: str, version: int, *, sha256: str, format: str, lineage: dict, inputs: list[dict],
             outputs: list[dict], who: str, why: str = "published", state: State = State.CANDIDATE) -> VersionRecord:
-        """Register a new version (state candidate, or e.g. live for a version already serving at start)."""
+        """Register a new version as a candidate. `state` may name another starting state (not retired or
+        rolled_back), e.g. live for a version Triton already serves at start: the moves to it are not checked, but
+        the slot rules hold (a live one already there is retired). DuplicateVersion if it exists."""
         _check_policy(policy)
         _check_version(version)
         _check_who_why(who, why)
