@@ -37,7 +37,7 @@ class SimEvaluator:
 
     def __init__(self, *, address: str, env: str, pin: Callable[[str, int], None | Awaitable[None]],
                  unpin: Callable[[str], None | Awaitable[None]], seed: int = 0, max_steps: int | None = None,
-                 envs: int = 1, timeout_s: float = 600.0, python: str = sys.executable,
+                 envs: int = 4, timeout_s: float = 600.0, python: str = sys.executable,
                  sim_args: Sequence[str] = ()):
         if not address or ":" not in address:
             raise ValueError(f"address {address!r} must be HOST:PORT of the gateway")

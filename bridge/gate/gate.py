@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -104,7 +105,9 @@ class Gate:
                        *, sha256: str | None = None, data: bytes | None = None) -> CheckResult:
         """Integrity: expected tensor names, dtypes and shapes (vs `architecture`), all finite, and
         the sha256 of `data` when both are given (the publisher checks it on receipt)."""
-        return checks.integrity(weights, architecture, sha256=sha256, data=data)
+        started = time.monotonic()
+        result = checks.integrity(weights, architecture, sha256=sha256, data=data)
+        return replace(result, figures={**result.figures, "seconds": round(time.monotonic() - started, 4)})
 
     async def check_served(self, *, policy: str, version: int, incumbent: int | None,
                            header: policies_pb2.PublishHeader, action_spec: Sequence[Spec]) -> list[CheckResult]:
@@ -118,14 +121,20 @@ class Gate:
         return results
 
     async def _guarded(self, name: str, coro) -> CheckResult:
-        """A check that raised (Triton unreachable, a broken log, ...) fails, saying why: the gate fails closed."""
+        """A check that raised (Triton unreachable, a broken log, ...) fails, saying why: the gate fails closed.
+        A check that ran gets the figure "seconds" (its wall time)."""
+        started = time.monotonic()
         try:
-            return await coro
+            result = await coro
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             log.warning("gate check %s could not complete: %s: %s", name, type(exc).__name__, exc)
-            return CheckResult(name, False, {}, f"could not complete: {type(exc).__name__}: {exc}")
+            return CheckResult(name, False, {"seconds": time.monotonic() - started},
+                               f"could not complete: {type(exc).__name__}: {exc}")
+        if result.is_skipped:
+            return result
+        return replace(result, figures={**result.figures, "seconds": round(time.monotonic() - started, 4)})
 
     async def consistency(self, policy: str, version: int, header: policies_pb2.PublishHeader) -> CheckResult:
         """The probe batch through Triton at exactly `version` against the trainer's outputs."""

@@ -118,6 +118,7 @@ def test_bad_candidates_are_rejected_naming_the_failing_check_while_the_live_ver
     evaluation = gates[2]["evaluation"]["figures"]
     assert evaluation["incumbent_mean"] == STEPS and evaluation["candidate_mean"] < STEPS / 2
     assert evaluation["episodes"] == 2 and gates[2]["consistency"]["figures"]["max_abs_error"] < 1e-5
+    assert evaluation["seconds"] > 0 and gates[0]["integrity"]["figures"]["seconds"] >= 0
     sanity = gates[2]["action_sanity"]            # real recorded observations; actions clamped to the bounds
     assert sanity["passed"] and sanity["figures"]["samples"] > 50 and sanity["figures"]["out_of_bounds"] == 0
 
