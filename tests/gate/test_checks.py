@@ -197,7 +197,7 @@ def test_an_empty_artifact_fails_and_configs_build_evaluators():
     cmd = evaluator.command("pend", 4, 2, "gate-pend-v4-x", Path("/tmp/s.json"))
     assert cmd[1:4] == ["-m", "tether", "sim"] and cmd[-2:] == ["--tls-ca", "ca.crt"]
     flags = dict(zip(cmd[4:-2:2], cmd[5:-2:2], strict=True))
-    assert flags == {"--gateway": "127.0.0.1:5", "--env": "InvertedPendulum-v5", "--envs": "1", "--episodes": "2",
+    assert flags == {"--gateway": "127.0.0.1:5", "--env": "InvertedPendulum-v5", "--envs": "2", "--episodes": "2",
                      "--seed": "3", "--policy": "pend", "--session-id": "gate-pend-v4-x", "--summary": "/tmp/s.json",
                      "--status-every": "3600", "--max-episode-steps": "40"}
     with pytest.raises(ValueError, match="eval_env is None"):
