@@ -19,11 +19,14 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from protos.codec import Spec
+
+if TYPE_CHECKING:
+    import torch
 
 CHECKS = ("integrity", "consistency", "evaluation", "action_sanity")
 
@@ -97,6 +100,7 @@ def integrity(weights: Mapping[str, torch.Tensor], architecture: Mapping[str, to
               sha256: str | None = None, data: bytes | None = None, max_named: int = 5) -> CheckResult:
     """Expected tensor names, dtypes and shapes (against `architecture`'s state dict, when given),
     every value finite, and (given `data` and `sha256`) the digest. Names each bad tensor."""
+    import torch  # here, not at import: the gateway's config and CLI import this package
     problems: list[str] = [] if weights else ["the artifact holds no tensors"]
     figures: dict[str, float] = {"tensors": float(len(weights))}
     if sha256 is not None and data is not None:
@@ -140,7 +144,7 @@ def integrity(weights: Mapping[str, torch.Tensor], architecture: Mapping[str, to
 
 
 def _dtype_name(dtype: np.dtype | torch.dtype | str) -> str:
-    if isinstance(dtype, torch.dtype):
+    if type(dtype).__module__ == "torch":  # a torch.dtype, without importing torch
         return str(dtype).removeprefix("torch.")
     return dtype if isinstance(dtype, str) else np.dtype(dtype).name
 

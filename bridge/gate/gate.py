@@ -26,16 +26,18 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-import torch
 
 from bridge.gate import checks
 from bridge.gate.checks import DEFAULT_TOLERANCES, CheckResult
 from bridge.gate.samples import recent_observations
 from protos import policies_pb2
 from protos.codec import Spec, TensorError, decode_all
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("tether.gate")
 
