@@ -24,7 +24,7 @@ import os
 import sys
 import tempfile
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
 
@@ -35,13 +35,13 @@ class EvaluationError(RuntimeError):
 class SimEvaluator:
     """Episode returns from real simulator processes (see the module docstring)."""
 
-    def __init__(self, *, address: str, env: str, pin: Callable[[str, int], None | Awaitable[None]],
+    def __init__(self, *, address: str, env: str | None, pin: Callable[[str, int], None | Awaitable[None]],
                  unpin: Callable[[str], None | Awaitable[None]], seed: int = 0, max_steps: int | None = None,
                  envs: int = 4, timeout_s: float = 600.0, python: str = sys.executable,
-                 sim_args: Sequence[str] = ()):
+                 sim_args: Sequence[str] = (), policy_envs: Mapping[str, str] | None = None):
         if not address or ":" not in address:
             raise ValueError(f"address {address!r} must be HOST:PORT of the gateway")
-        if not env:
+        if not env and not policy_envs:
             raise ValueError("env must name the simulator environment, e.g. 'InvertedPendulum-v5'")
         if isinstance(envs, bool) or not isinstance(envs, int) or envs < 1:
             raise ValueError(f"envs must be an integer >= 1, got {envs!r}")
@@ -49,6 +49,7 @@ class SimEvaluator:
             raise ValueError(f"max_steps must be None or an integer >= 1, got {max_steps!r}")
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        self.policy_envs = dict(policy_envs or {})
         self.address, self.env, self.seed, self.max_steps, self.envs = address, env, seed, max_steps, envs
         self.timeout_s, self.python, self.sim_args = timeout_s, python, tuple(sim_args)
         self._pin, self._unpin = pin, unpin
@@ -56,14 +57,18 @@ class SimEvaluator:
     @classmethod
     def from_config(cls, config, *, address: str, pin: Callable[[str, int], None | Awaitable[None]],
                     unpin: Callable[[str], None | Awaitable[None]], **kw) -> SimEvaluator:
-        """The evaluator a `GateConfig` describes (its eval_env and eval_max_steps)."""
-        if config.eval_env is None:
-            raise ValueError("GateConfig.eval_env is None: there is no env to evaluate in")
-        return cls(address=address, env=config.eval_env, pin=pin, unpin=unpin, max_steps=config.eval_max_steps, **kw)
+        """The evaluator a `GateConfig` describes (eval_env, eval_envs per policy, eval_max_steps)."""
+        if config.eval_env is None and not config.eval_envs:
+            raise ValueError("GateConfig.eval_env is None and eval_envs is empty: there is no env to evaluate in")
+        return cls(address=address, env=config.eval_env, policy_envs=config.eval_envs, pin=pin, unpin=unpin,
+                   max_steps=config.eval_max_steps, **kw)
 
     def command(self, policy: str, version: int, episodes: int, prefix: str, summary: Path) -> list[str]:
         """The `tether sim` command line of one evaluation run."""
-        cmd = [self.python, "-m", "tether", "sim", "--gateway", self.address, "--env", self.env,
+        env = self.policy_envs.get(policy, self.env)
+        if not env:
+            raise EvaluationError(f"no env to evaluate policy {policy!r} in")
+        cmd = [self.python, "-m", "tether", "sim", "--gateway", self.address, "--env", env,
                "--envs", str(min(self.envs, episodes)), "--episodes", str(episodes), "--seed", str(self.seed),
                "--policy", policy, "--session-id", prefix, "--summary", str(summary), "--status-every", "3600"]
         if self.max_steps is not None:
@@ -77,12 +82,13 @@ class SimEvaluator:
         sessions = [f"{prefix}-{i}" for i in range(min(self.envs, episodes))]
         with tempfile.TemporaryDirectory(prefix="tether-gate-") as tmp:
             summary_path = Path(tmp) / "summary.json"
+            cmd = self.command(policy, version, episodes, prefix, summary_path)
             pinned: list[str] = []
             try:
                 for session in sessions:
                     await _maybe_await(self._pin(session, version))
                     pinned.append(session)
-                await self._run(self.command(policy, version, episodes, prefix, summary_path))
+                await self._run(cmd)
             finally:
                 for session in pinned:
                     await _maybe_await(self._unpin(session))

@@ -63,6 +63,7 @@ class GateConfig:
     fraction (of |incumbent mean|) below the incumbent's. `tolerances`: (rtol, atol) per dtype name."""
 
     eval_env: str | None = None          # the env of evaluation episodes; None = evaluation skipped
+    eval_envs: Mapping[str, str] = field(default_factory=dict, hash=False)  # per policy, over eval_env
     eval_episodes: int = 5
     eval_margin: float = 0.1
     eval_max_steps: int | None = None    # an episode's step limit (None = the env's own)
@@ -87,9 +88,16 @@ class GateConfig:
             raise ValueError(f"GateConfig.bound_tolerance must be >= 0, got {self.bound_tolerance!r}")
         if self.max_jerk is not None and not 0 <= self.max_jerk < float("inf"):
             raise ValueError(f"GateConfig.max_jerk must be None or a number >= 0, got {self.max_jerk!r}")
+        for policy, env in self.eval_envs.items():
+            if not (isinstance(policy, str) and policy and isinstance(env, str) and env):
+                raise ValueError(f"GateConfig.eval_envs maps policy names to env names, got {policy!r}: {env!r}")
         for dtype, pair in self.tolerances.items():
             if len(pair) != 2 or not all(0 <= x < float("inf") for x in pair):
                 raise ValueError(f"GateConfig.tolerances[{dtype!r}] must be (rtol, atol) >= 0, got {pair!r}")
+
+    def env_for(self, policy: str) -> str | None:
+        """The env `policy`'s candidates are evaluated in (None: not evaluated)."""
+        return self.eval_envs.get(policy, self.eval_env)
 
 
 class Gate:
@@ -101,7 +109,7 @@ class Gate:
         self.experience_dir = None if experience_dir is None else Path(experience_dir)
         self.evaluator = evaluator
         self.config = config
-        self._incumbent_returns: dict[tuple[str, int, int], list[float]] = {}
+        self._incumbent_returns: dict[tuple[str, int, int, str], list[float]] = {}
 
     def check_artifact(self, weights: Mapping[str, torch.Tensor], architecture: Mapping[str, torch.Tensor] | None,
                        *, sha256: str | None = None, data: bytes | None = None) -> CheckResult:
@@ -157,19 +165,21 @@ class Gate:
     async def evaluation(self, policy: str, version: int, incumbent: int | None) -> CheckResult:
         """K episodes of the candidate and of the incumbent, same seeds, one after the other."""
         config = self.config
-        if config.eval_env is None or self.evaluator is None:
-            what = "no eval env configured" if config.eval_env is None else "no evaluator (simulator) configured"
+        env = config.env_for(policy)
+        if env is None or self.evaluator is None:
+            what = f"no eval env configured for policy {policy!r}" if env is None \
+                else "no evaluator (simulator) configured"
             return CheckResult.skipped("evaluation", what)
         if incumbent is None:
             return CheckResult.skipped("evaluation", "no incumbent version to compare with")
         candidate_returns = await self.evaluator.returns(policy, version, config.eval_episodes)
-        key = (policy, incumbent, config.eval_episodes)
+        key = (policy, incumbent, config.eval_episodes, env)
         incumbent_returns = self._incumbent_returns.get(key) if config.reuse_incumbent else None
         if incumbent_returns is None:
             incumbent_returns = await self.evaluator.returns(policy, incumbent, config.eval_episodes)
             self._incumbent_returns = {key: incumbent_returns}  # only the newest incumbent is kept
         result = checks.evaluation(candidate_returns, incumbent_returns, margin=config.eval_margin)
-        detail = f"v{version} vs incumbent v{incumbent} in {config.eval_env}: {result.detail}"
+        detail = f"v{version} vs incumbent v{incumbent} in {env}: {result.detail}"
         return CheckResult("evaluation", result.passed, result.figures, detail)
 
     async def action_sanity(self, policy: str, version: int, action_spec: tuple[Spec, ...]) -> CheckResult:

@@ -202,3 +202,23 @@ def test_an_empty_artifact_fails_and_configs_build_evaluators():
                      "--status-every": "3600", "--max-episode-steps": "40"}
     with pytest.raises(ValueError, match="eval_env is None"):
         SimEvaluator.from_config(GateConfig(), address="127.0.0.1:5", pin=print, unpin=print)
+
+
+def test_evaluation_envs_per_policy():
+    config = GateConfig(eval_env="Hopper-v5", eval_envs={"pend": "InvertedPendulum-v5"})
+    assert config.env_for("pend") == "InvertedPendulum-v5" and config.env_for("hopper") == "Hopper-v5"
+    assert GateConfig(eval_envs={"pend": "InvertedPendulum-v5"}).env_for("other") is None
+    with pytest.raises(ValueError, match="eval_envs maps policy names"):
+        GateConfig(eval_envs={"pend": ""})
+    evaluator = SimEvaluator.from_config(GateConfig(eval_envs={"pend": "InvertedPendulum-v5"}),
+                                         address="127.0.0.1:5", pin=print, unpin=print)
+    cmd = evaluator.command("pend", 2, 1, "p", Path("s.json"))
+    assert cmd[cmd.index("--env") + 1] == "InvertedPendulum-v5"
+    with pytest.raises(EvaluationError, match="no env to evaluate policy 'other'"):
+        evaluator.command("other", 2, 1, "p", Path("s.json"))
+
+    async def skipped():
+        gate = Gate(client=None, experience_dir=None, evaluator=evaluator, config=GateConfig(eval_envs={"a": "b"}))
+        return await gate.evaluation("other", 2, 1)
+
+    assert "no eval env configured for policy 'other'" in asyncio.run(skipped()).detail
