@@ -32,9 +32,11 @@ Errors come early and name the bad value:
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import io
 import json
 import os
+import py_compile
 import re
 import shutil
 import tempfile
@@ -96,7 +98,7 @@ class ModelRepository:
         staging = Path(tempfile.mkdtemp(prefix=f".v{version}-", dir=model_dir))
         try:
             (staging / "policy.pt").write_bytes(buffer.getvalue())
-            shutil.copyfile(_MODEL_PY, staging / "model.py")
+            _install_wrapper(_MODEL_PY, staging)
             os.chmod(staging, 0o755)
             if not config_path.exists() or config_path.read_text() != config:
                 _write_atomically(config_path, config)  # an unchanged config is left as it is
@@ -129,7 +131,7 @@ class ModelRepository:
         try:
             (staging / ARTIFACT_FILES[format]).write_bytes(data)
             (staging / _ARTIFACT_JSON).write_text(manifest)
-            shutil.copyfile(_WRAPPERS[format], staging / "model.py")
+            _install_wrapper(_WRAPPERS[format], staging)
             os.chmod(staging, 0o755)
             if not config_path.exists() or config_path.read_text() != config:
                 _write_atomically(config_path, config)
@@ -194,7 +196,7 @@ class ModelRepository:
         staging = Path(tempfile.mkdtemp(prefix=f".v{version}-", dir=self.root / model))
         try:
             (staging / "policy.pt").write_bytes(buffer.getvalue())
-            shutil.copyfile(_MODEL_PY, staging / "model.py")
+            _install_wrapper(_MODEL_PY, staging)
             os.chmod(staging, 0o755)
             os.rename(staging, final)
         except BaseException:
@@ -343,6 +345,15 @@ def _config_text(model: str, observation_spec: tuple[Spec, ...], action_spec: tu
             f"dynamic_batching {{ max_queue_delay_microseconds: {max_queue_delay_us} }}\n"
             "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
             "version_policy: { all { } }\n" + _io_block(observation_spec, action_spec))
+
+
+def _install_wrapper(source: Path, folder: Path) -> None:
+    """model.py and its bytecode. Triton's python stub would otherwise write <version>/__pycache__
+    after loading it (it ignores PYTHONDONTWRITEBYTECODE), Triton would see that version as
+    modified and reload it, a second stub and torch imported again, at the next load_model."""
+    shutil.copyfile(source, folder / "model.py")
+    py_compile.compile(str(folder / "model.py"), cfile=importlib.util.cache_from_source(str(folder / "model.py")),
+                       doraise=True)
 
 
 def _write_atomically(path: Path, text: str) -> None:

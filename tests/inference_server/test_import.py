@@ -229,3 +229,32 @@ def test_a_torchscript_file_with_nan_weights_is_not_served(served, module):
         return await client.ready_versions("nan")
 
     assert run(server, scenario) == []
+
+
+@pytest.mark.slow
+def test_loading_a_new_version_leaves_the_loaded_ones_as_they_are(served, module):
+    """Triton reloads a version whose folder changed since it loaded it: the stub must not write
+    bytecode there (model.py's is written beside it), or every swap restarts the previous version."""
+    from inference_server.server import group_members
+
+    repo, server = served
+
+    def stubs() -> dict[int, str]:
+        found = {}
+        for pid in group_members(server.pid):
+            try:
+                argv = open(f"/proc/{pid}/cmdline").read().split("\0")  # noqa: SIM115
+            except OSError:
+                continue
+            if "triton_python_backend_stub" in argv[0] and "/ox/" in argv[1]:
+                found[pid] = argv[1].split("/")[-2]
+        return found
+
+    before = stubs()
+    assert sorted(before.values()) == ["1"]
+    repo.write_artifact("ox", 2, "onnx", onnx_bytes(module), OBS, ACT)
+    run(server, lambda c: c.load_model("ox"))
+    after = stubs()
+    assert sorted(after.values()) == ["1", "2"] and set(before) < set(after)  # v1's stub is the same process
+    assert sorted(p.name for p in (repo.root / "ox" / "1").iterdir()) == ["__pycache__", "artifact.json", "model.py",
+                                                                          "policy.onnx"]

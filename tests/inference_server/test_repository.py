@@ -32,7 +32,7 @@ def test_layout_and_config(tmp_path, mlp, specs):
     repo = ModelRepository(tmp_path)
     folder = repo.write_version("policy", 1, mlp(0), *specs, max_batch_size=8, max_queue_delay_us=50)
     assert folder == tmp_path / "policy" / "1"
-    assert sorted(p.name for p in folder.iterdir()) == ["model.py", "policy.pt"]
+    assert sorted(p.name for p in folder.iterdir()) == ["__pycache__", "model.py", "policy.pt"]  # model.py compiled
     config = (tmp_path / "policy" / "config.pbtxt").read_text()
     for line in ['name: "policy"', 'backend: "python"', "max_batch_size: 8",
                  "max_queue_delay_microseconds: 50", "KIND_CPU count: 1", "version_policy: { all { } }",
