@@ -213,6 +213,7 @@ class RolloutController:
         self._retire(repo, name, keep)  # one load_model below unloads these and loads the new one
         await self._publisher.write(name, version, header, weights, base)
         ready = await self._publisher.load(name, version)
+        await self._verify_ready(name)  # the unloads took effect too
         await self._catalog.ensure(name, version)
         rollout = self._rollout(name)
         checks = await self.gate.check_served(policy=name, version=version, incumbent=rollout.live, header=header,

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import re
+import shutil
 import sys
 
 import grpc
 import pytest
 
 from bridge.gateway.rollout_config import RolloutPlan
+from bridge.gateway.rollout_io import Fingerprint, SwapFailed
 from bridge.registry import State, Thresholds
 from inference_server import ModelRepository, TritonServer
 from protos import policies_pb2, policies_pb2_grpc
@@ -35,6 +37,11 @@ def served(tmp_path_factory):
         yield server, repo
 
 
+def gateway(server, repo, policy: str, **config):
+    """A gateway on the module's Triton and repository (a patient start: this shared machine stalls)."""
+    return running_gateway(server.grpc_url, triton_timeout_s=60, policy=policy, model_repository=repo.root, **config)
+
+
 def states(gw, policy: str) -> dict[int, str]:
     return {r.version: str(r.state) for r in gw.registry.versions(policy)}
 
@@ -57,13 +64,16 @@ def test_staged_shadow_canary_live_with_sessions_running(served):
     v1 = new_policy(server, repo, "staged")
 
     async def scenario():
-        async with running_gateway(server.grpc_url, policy="staged", model_repository=repo.root, rollout=STAGED,
-                                   switch="step") as gw, grpc.aio.insecure_channel(gw.address) as channel:
+        async with gateway(server, repo, "staged", rollout=STAGED, switch="step") as gw, \
+                grpc.aio.insecure_channel(gw.address) as channel:
             stub = policies_pb2_grpc.PoliciesStub(channel)
             async with Fleet(gw, "staged", LABELS) as fleet:
                 await fleet.round()
                 reply = await publish(stub, "staged", variant(v1, scale=1.05))
                 assert reply.version == 2 and states(gw, "staged")[2] == "shadow"
+                fresh = gw.rollout.freshness()
+                assert fresh["policies"]["staged"]["newest"] == 2 and fresh["policies"]["staged"]["sessions"] == 4
+                assert all(row["version_lag"] == 1 and row["time_lag_s"] >= 0 for row in fresh["sessions"].values())
                 await drive_until(fleet, lambda: gw.rollout.rollouts()["staged"].canary == 2, "shadow -> canary")
                 shadow = gw.rollout.version_stats("staged")[2]
                 assert shadow["shadow_steps"] >= 12 and shadow["shadow_divergence"] > 0
@@ -95,8 +105,8 @@ def test_a_regressed_canary_rolls_back_automatically_and_restart_restores(served
     v1 = new_policy(server, repo, "regress")
 
     async def scenario():
-        config = dict(policy="regress", model_repository=repo.root, rollout=STAGED, switch="episode")
-        async with running_gateway(server.grpc_url, **config) as gw, grpc.aio.insecure_channel(gw.address) as ch:
+        config = dict(rollout=STAGED, switch="episode")
+        async with gateway(server, repo, "regress", **config) as gw, grpc.aio.insecure_channel(gw.address) as ch:
             stub = policies_pb2_grpc.PoliciesStub(ch)
             async with Fleet(gw, "regress", LABELS) as fleet:
                 await fleet.round()
@@ -116,7 +126,7 @@ def test_a_regressed_canary_rolls_back_automatically_and_restart_restores(served
             await stub.Pin(policies_pb2.PinRequest(policy="regress", selector="robot=b", version=1, why="hold b"),
                            metadata=(("x-tether-operator", "alice"),))
             before = await gw.control.ready_versions("regress")
-        async with running_gateway(server.grpc_url, **config) as gw:   # a restart: same registry file
+        async with gateway(server, repo, "regress", **config) as gw:   # a restart: same registry file
             rollout = gw.rollout.rollouts()["regress"]
             assert rollout.live == 1 and rollout.pins == {"robot=b": 1} and rollout.canary is None
             assert states(gw, "regress") == {1: "live", 2: "rolled_back"}
@@ -132,7 +142,7 @@ def test_operator_rollback_needs_a_previous_live_and_names_the_refusal(served):
     new_policy(server, repo, "manual")
 
     async def scenario():
-        async with running_gateway(server.grpc_url, policy="manual", model_repository=repo.root) as gw, \
+        async with gateway(server, repo, "manual") as gw, \
                 grpc.aio.insecure_channel(gw.address) as channel:
             stub = policies_pb2_grpc.PoliciesStub(channel)
             with pytest.raises(grpc.aio.AioRpcError) as refused:
@@ -143,6 +153,8 @@ def test_operator_rollback_needs_a_previous_live_and_names_the_refusal(served):
                 await stub.Promote(policies_pb2.PromoteRequest(policy="manual", version=1, to="famous"))
             assert "state 'famous'" in bad.value.details()
             assert gw.registry.get("manual", 1).state is State.LIVE
+            start = [e for e in gw.registry.events("manual") if e.to_state == "live"]
+            assert [(e.version, e.who, e.why) for e in start] == [(1, "gateway", "serving at start")]
 
     asyncio.run(scenario())
 
@@ -160,7 +172,7 @@ def test_cli_round_trip_list_rollback_pin_canary(served):
     v1 = new_policy(server, repo, "cli")
 
     async def scenario():
-        async with running_gateway(server.grpc_url, policy="cli", model_repository=repo.root) as gw, \
+        async with gateway(server, repo, "cli") as gw, \
                 grpc.aio.insecure_channel(gw.address) as channel:
             assert (await publish(policies_pb2_grpc.PoliciesStub(channel), "cli", variant(v1, scale=0.9))).version == 2
             common = ("--gateway", gw.address, "--policy", "cli", "--operator", "bob")
@@ -180,5 +192,23 @@ def test_cli_round_trip_list_rollback_pin_canary(served):
             events = [e for e in gw.registry.events("cli") if e.who == "operator:bob"]
             assert [e.kind for e in events] == ["state", "state", "pin", "canary"]
             assert events[0].why == "jerky on arm_2"
+
+    asyncio.run(scenario())
+
+
+def test_stale_weights_behind_a_version_number_are_caught(served):
+    """The output fingerprint: Triton still serves the old weights of v1 while the file says otherwise."""
+    server, repo = served
+    new_policy(server, repo, "stale")
+
+    async def scenario():
+        async with gateway(server, repo, "stale") as gw:
+            served_v1 = await gw.catalog.ensure("stale", 1)
+            assert await Fingerprint(gw.control).verify(repo, served_v1)   # agrees: figures per output
+            other = ModelRepository(repo.root.parent / "other")
+            other.write_version("stale", 1, MLPPolicy(OBS[0], ACT[0], seed=5), OBS, ACT)
+            shutil.copyfile(other.root / "stale" / "1" / "policy.pt", repo.root / "stale" / "1" / "policy.pt")
+            with pytest.raises(SwapFailed, match="stale or wrong weights are served"):
+                await Fingerprint(gw.control).verify(repo, served_v1)
 
     asyncio.run(scenario())
