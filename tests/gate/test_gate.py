@@ -129,8 +129,10 @@ def test_bad_candidates_are_rejected_naming_the_failing_check_while_the_live_ver
     assert ready == [1]
 
 
-def test_action_sanity_fails_a_version_whose_actions_leave_the_bounds(pendulum, tmp_path):
+def test_the_gate_on_served_versions_consistency_and_actions_leaving_the_bounds(pendulum, tmp_path):
+    """Gate.check_served without the rollout: each version is addressed exactly in Triton."""
     server, repo, _ = pendulum
+    wild_gains = tuple(50 * g for g in STABLE)
 
     async def scenario():
         async with running_gateway(server.grpc_url, policy="pend", experience_dir=tmp_path / "experience") as gw:
@@ -141,12 +143,15 @@ def test_action_sanity_fails_a_version_whose_actions_leave_the_bounds(pendulum, 
                 await run_sessions(gw.address, lambda i: make_env(ENV, seed=i, max_episode_steps=STEPS), envs=2,
                                    steps=150)
                 version = max(repo.versions("pend") + repo.retired_versions("pend")) + 1
-                repo.write_version("pend", version, Linear(tuple(50 * g for g in STABLE), limit=1e6), OBS, ACT)
+                repo.write_version("pend", version, Linear(wild_gains, limit=1e6), OBS, ACT)
                 await client.load_model("pend")
                 config = GateConfig(sanity_samples=100, max_jerk=0.5)
                 gate = Gate(client=client, experience_dir=tmp_path / "experience", evaluator=None, config=config)
-                wild = await gate.action_sanity("pend", version, ACT)
-                good = await gate.action_sanity("pend", 1, ACT)
+                wild = await gate.check_served(policy="pend", version=version, incumbent=1, action_spec=ACT,
+                                               header=probe_header("pend", Linear(wild_gains, limit=1e6)))
+                stale = await gate.consistency("pend", version, probe_header("pend", Linear(STABLE)))
+                good = await gate.check_served(policy="pend", version=1, incumbent=None, action_spec=ACT,
+                                               header=probe_header("pend", Linear(STABLE)))
                 strict = Gate(client=client, experience_dir=tmp_path / "experience", evaluator=None,
                               config=GateConfig(sanity_samples=100, max_jerk=1e-6))
                 jerky = await strict.action_sanity("pend", 1, ACT)
@@ -155,14 +160,21 @@ def test_action_sanity_fails_a_version_whose_actions_leave_the_bounds(pendulum, 
                     repo.retire("pend", version)
                     await client.load_model("pend")
                 await client.close()
-        return empty, wild, good, jerky
+        return empty, wild, stale, good, jerky
 
-    empty, wild, good, jerky = asyncio.run(scenario())
+    empty, wild, stale, good, jerky = asyncio.run(scenario())
     assert empty.is_skipped and "no observations of policy 'pend'" in empty.detail
-    assert not wild.passed and wild.figures["out_of_bounds"] > 0 and "leaves its bounds" in wild.detail
-    assert good.passed and good.figures["samples"] == 100 and good.figures["out_of_bounds"] == 0
-    assert 0 < good.figures["max_jerk"] <= 0.5 and good.figures["pairs"] >= 90   # consecutive steps of episodes
-    assert not jerky.passed and "max jerk" in jerky.detail and jerky.figures["max_jerk"] == good.figures["max_jerk"]
+    assert [c.name for c in wild] == ["consistency", "action_sanity", "evaluation"]
+    consistency, sanity, evaluation = wild
+    assert consistency.passed and consistency.figures["max_abs_error"] < 1e-4      # faithfully exported, but
+    assert not sanity.passed and sanity.figures["out_of_bounds"] > 0 and "leaves its bounds" in sanity.detail
+    assert evaluation.is_skipped and "no eval env" in evaluation.detail
+    assert not stale.passed and "stale weights" in stale.detail   # v1's outputs are not what this version serves
+    assert all(c.passed for c in good) and good[0].figures["max_abs_error"] < 1e-5
+    sanity = good[1]
+    assert sanity.figures["samples"] == 100 and sanity.figures["out_of_bounds"] == 0
+    assert 0 < sanity.figures["max_jerk"] <= 0.5 and sanity.figures["pairs"] >= 90   # consecutive steps of episodes
+    assert not jerky.passed and "max jerk" in jerky.detail and jerky.figures["max_jerk"] == sanity.figures["max_jerk"]
 
 
 def test_sim_evaluator_refuses_a_run_the_gateway_did_not_pin(pendulum):
