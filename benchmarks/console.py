@@ -1,0 +1,208 @@
+"""Control-step round trip with the operator console open and /metrics scraped, versus not, in one run.
+
+    python benchmarks/console.py [--rounds 6 --per-round 300 --sessions 4 --json PATH]
+
+One Triton and one gateway (`--console-port`), both subprocesses on loopback. The clients here step
+`--sessions` concurrent Bridge.Connect streams; round trips are measured in alternating blocks:
+  quiet    nobody looks at the console;
+  watched  a headless Chromium (Debian's, via Playwright, in a watcher subprocess) has the console
+           page open (it polls /api/state once a second and redraws tables and charts) and a
+           scraper GETs /metrics every `--scrape-s` seconds (Prometheus' default is 15 s: 1 s is harsh).
+Also measured in-process: what recording one step's figures and metrics costs (Fleet.observed), in us.
+Prints a table and writes JSON (default benchmarks/results/console.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+from loop_latency import ACT, MODEL, OBS, Session, percentiles
+
+from inference_server import ModelRepository, TritonServer
+from tether.topology import gateway_process, write_json
+from trainer.policy import MLPPolicy
+
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = ["--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def watcher(url: str, scrape_s: float) -> None:
+    """The watcher subprocess: reads "on"/"off"/"quit" lines; while on, the console page is open and
+    /metrics is scraped every `scrape_s`."""
+    import threading
+
+    from playwright.sync_api import sync_playwright
+
+    on = threading.Event()
+    scrapes = [0]
+
+    def scrape() -> None:
+        while True:
+            on.wait()
+            with urllib.request.urlopen(url + "metrics", timeout=10) as r:
+                r.read()
+            scrapes[0] += 1
+            time.sleep(scrape_s)
+
+    threading.Thread(target=scrape, daemon=True).start()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        print("ready", flush=True)
+        for line in sys.stdin:
+            command = line.strip()
+            if command == "on":
+                page.goto(url)
+                page.wait_for_function("document.body.dataset.updated > 0")  # the page drew the fleet once
+                on.set()
+            elif command == "off":
+                on.clear()
+                page.goto("about:blank")
+            print(f"{command} scrapes={scrapes[0]}", flush=True)
+            if command == "quit":
+                break
+        browser.close()
+
+
+class Watcher:
+    def __init__(self, url: str, scrape_s: float):
+        self.proc = subprocess.Popen([sys.executable, __file__, "--watcher", url, "--scrape-s", str(scrape_s)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._expect("ready")
+
+    def _expect(self, word: str) -> str:
+        line = self.proc.stdout.readline()
+        if not line.startswith(word):
+            raise RuntimeError(f"watcher said {line!r}, expected {word!r}")
+        return line.strip()
+
+    def send(self, command: str) -> str:
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self._expect(command)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.send("quit")
+        self.proc.wait(30)
+
+
+async def block(address: str, sessions: int, per_session: int, tag: str) -> list[int]:
+    async def one(i: int) -> list[int]:
+        async with Session(address, f"{tag}-{i}") as s:
+            return [await s.round_trip() for _ in range(per_session)]
+
+    results = await asyncio.gather(*(one(i) for i in range(sessions)))
+    return [x for r in results for x in r]
+
+
+def recording_cost_us(n: int = 20000) -> float:
+    """Fleet.observed on a realistic reply, us per call (the hot path's share of the console and metrics)."""
+    from bridge.console.fleet import Fleet
+    from protos import bridge_pb2
+    from protos.codec import encode
+
+    class _Policy:
+        name, version = MODEL, 1
+
+    class _Session:
+        id, source, policy = "s", "bench", _Policy()
+
+    class _Gateway:
+        sessions, server_version, experience = {}, "", None
+
+    fleet = Fleet(_Gateway())
+    session = _Session()
+    fleet.opened(session, bridge_pb2.Hello(session_id="s"))
+    now = time.time_ns()
+    timing = bridge_pb2.Timing(t_sent_ns=now, gateway_recv_ns=now + 50_000, infer_start_ns=now + 60_000,
+                               infer_end_ns=now + 700_000, gateway_send_ns=now + 720_000)
+    reply = bridge_pb2.ServerMessage(action=bridge_pb2.Action(
+        step=1, tensors=[encode("action", np.zeros(3, np.float32))], policy=MODEL, policy_version=1, timing=timing))
+    obs = bridge_pb2.Observation(step=1, guard=bridge_pb2.GuardReport(clamped=1))
+    best = float("inf")
+    for _ in range(5):  # the least disturbed of 5 runs (a shared machine)
+        t0 = time.perf_counter_ns()
+        for _ in range(n // 5):
+            fleet.observed(session, obs, reply)
+        best = min(best, (time.perf_counter_ns() - t0) / (n // 5) / 1e3)
+    return best
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=6, help="alternating quiet/watched blocks")
+    p.add_argument("--per-round", type=int, default=300, help="round trips per session per block")
+    p.add_argument("--sessions", type=int, default=4, help="concurrent sessions stepping in each block")
+    p.add_argument("--scrape-s", type=float, default=1.0, help="seconds between /metrics scrapes while watched")
+    p.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "console.json")
+    p.add_argument("--watcher", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.watcher:
+        watcher(a.watcher, a.scrape_s)
+        return {}
+    if not Path(CHROMIUM).exists():
+        raise SystemExit(f"benchmarks/console.py needs Debian's chromium at {CHROMIUM} (apt-get install chromium)")
+    run_dir = Path(tempfile.mkdtemp(prefix="tether-bench-console-"))
+    repo = ModelRepository(run_dir / "models")
+    repo.write_version(MODEL, 1, MLPPolicy(OBS[0], ACT[0], seed=0), OBS, ACT)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/"
+    samples: dict[str, list[int]] = {"quiet": [], "watched": []}
+    with TritonServer(repo.root, models=[MODEL], log_path=run_dir / "triton.log") as triton, \
+            gateway_process(triton_url=triton.grpc_url, policy=MODEL, log_path=run_dir / "gateway.log",
+                            extra_args=("--console-port", str(port), "--deadline-ms", "2000")) as gw:
+        asyncio.run(block(gw, a.sessions, 100, "warmup"))
+        watch = Watcher(url, a.scrape_s)
+        scrapes = 0
+        try:
+            for r in range(a.rounds):
+                order = ("quiet", "watched") if r % 2 == 0 else ("watched", "quiet")
+                for condition in order:
+                    if condition == "watched":
+                        watch.send("on")
+                    samples[condition] += asyncio.run(block(gw, a.sessions, a.per_round, f"{condition}{r}"))
+                    if condition == "watched":
+                        scrapes = int(watch.send("off").split("=")[1])
+                print(f"  round {r + 1}/{a.rounds}: quiet p50 {np.median(samples['quiet']) / 1e6:.3f} ms, "
+                      f"watched p50 {np.median(samples['watched']) / 1e6:.3f} ms", flush=True)
+        finally:
+            watch.close()
+        version = triton.version
+    quiet, watched = percentiles(samples["quiet"]), percentiles(samples["watched"])
+    result = {
+        "machine": {"python": sys.version.split()[0], "platform": platform.platform()},
+        "triton_version": version, "sessions": a.sessions, "scrape_interval_s": a.scrape_s, "scrapes": scrapes,
+        "latency_ms": {"quiet": quiet, "watched": watched},
+        "ratio_p50": watched["p50"] / quiet["p50"], "ratio_p99": watched["p99"] / quiet["p99"],
+        "recording_us_per_step": recording_cost_us(),
+    }
+    print(f"\n{'condition':<34}{'p50 ms':>10}{'p99 ms':>10}{'n':>8}")
+    print(f"{'quiet (nobody watching)':<34}{quiet['p50']:>10.3f}{quiet['p99']:>10.3f}{quiet['n']:>8}")
+    print(f"{'console open + /metrics scraped':<34}{watched['p50']:>10.3f}{watched['p99']:>10.3f}{watched['n']:>8}")
+    print(f"{'ratio watched/quiet':<34}{result['ratio_p50']:>10.2f}{result['ratio_p99']:>10.2f}")
+    print(f"recording a step's figures + metrics (Fleet.observed): {result['recording_us_per_step']:.1f} us")
+    write_json(a.json, result)
+    print(f"wrote {a.json}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
