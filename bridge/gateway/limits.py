@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from bridge.gateway.errors import GatewayError, InvalidHello, TooManySessions
 from bridge.security import peer_identity
@@ -117,17 +118,59 @@ class IdleTimeout(GatewayError):
     status = grpc.StatusCode.DEADLINE_EXCEEDED
 
 
+class Undecodable(GatewayError):
+    """Bytes on a stream that do not parse as its message type (garbage, truncated, another schema)."""
+
+    status = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class _Watchdog:
+    """One timer per stream (not one per message): it cancels the reading task once it has waited for
+    a message `idle_s`; re-armed only when it fires, so a message costs two assignments."""
+
+    def __init__(self, idle_s: float):
+        self.loop, self.task, self.idle_s = asyncio.get_running_loop(), asyncio.current_task(), idle_s
+        self.waiting, self.since, self.fired = False, self.loop.time(), False
+        self._handle = self.loop.call_at(self.since + idle_s, self._check)
+
+    def _check(self) -> None:
+        now = self.loop.time()
+        if self.waiting and now - self.since >= self.idle_s:
+            self.fired = True
+            self.task.cancel()
+        else:
+            self._handle = self.loop.call_at((self.since if self.waiting else now) + self.idle_s, self._check)
+
+    def close(self) -> None:
+        self._handle.cancel()
+
+
 async def within_idle(messages: AsyncIterator[T], idle_s: float) -> AsyncIterator[T]:
-    """`messages`, raising IdleTimeout when the next one takes longer than `idle_s` (0 = wait forever)."""
-    while True:
-        try:
-            async with asyncio.timeout(idle_s or None):
+    """`messages`, raising IdleTimeout when the next one takes longer than `idle_s` (0 = wait forever),
+    and Undecodable for bytes that are not a message (instead of an unhandled exception and its log)."""
+    watch = _Watchdog(idle_s) if idle_s else None
+    try:
+        while True:
+            if watch is not None:
+                watch.waiting, watch.since = True, watch.loop.time()
+            try:
                 message = await anext(messages)
-        except StopAsyncIteration:
-            return
-        except TimeoutError:
-            raise IdleTimeout(f"no message for {idle_s:g} s (--idle-timeout-s): the session is closed") from None
-        yield message
+            except StopAsyncIteration:
+                return
+            except asyncio.CancelledError:
+                if watch is None or not watch.fired:
+                    raise
+                watch.task.uncancel()
+                raise IdleTimeout(f"no message for {idle_s:g} s (--idle-timeout-s): the session is closed") from None
+            except DecodeError:
+                raise Undecodable("a message on this stream does not parse as tether.v1.ClientMessage") from None
+            finally:
+                if watch is not None:
+                    watch.waiting = False
+            yield message
+    finally:
+        if watch is not None:
+            watch.close()
 
 
 def peer_key(context) -> str:

@@ -10,7 +10,7 @@ import grpc
 
 from bridge.console.logs import log_context
 from bridge.gateway.errors import GatewayError, InvalidHello
-from bridge.gateway.limits import IdleTimeout, peer_key, within_idle
+from bridge.gateway.limits import IdleTimeout, Undecodable, peer_key, within_idle
 from protos import bridge_pb2, bridge_pb2_grpc
 
 
@@ -48,7 +48,7 @@ class BridgeService(bridge_pb2_grpc.BridgeServicer):
                 reply.durable_through = session.recorder.durable_through
                 yield reply
                 session.flush()  # log what this step completed, now that the reply is on its way
-        except IdleTimeout as exc:
+        except (IdleTimeout, Undecodable) as exc:
             await context.abort(exc.status, str(exc))
         finally:
             fleet.closed(session)
