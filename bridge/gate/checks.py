@@ -226,8 +226,12 @@ def _bounds(spec: Spec) -> tuple[np.ndarray, np.ndarray]:
 
 def action_sanity(actions: Mapping[str, np.ndarray], action_spec: Sequence[Spec], *,
                   pairs: Sequence[tuple[int, int]] = (), bound_tolerance: float = 1e-6,
-                  max_jerk: float | None = None) -> CheckResult:
+                  max_jerk: float | None = None, sampled: Mapping[str, np.ndarray] | None = None) -> CheckResult:
     """Bounds, finiteness and jerk of a batch of actions (leading dimension: samples).
+
+    A stochastic policy's actions here are its means (`<name>_mean`: what it intends; its samples
+    spread around them and the actuator clips them); `sampled` are its samples: only their
+    finiteness is judged.
 
     An element is out of bounds when below low - tol * width or above high + tol * width (width =
     high - low; an absolute tol where a side is unbounded). `pairs` are (previous, next) row indices
@@ -266,6 +270,11 @@ def action_sanity(actions: Mapping[str, np.ndarray], action_spec: Sequence[Spec]
                 jerk = max(jerk, float(steps.max()))
     if nonfinite_rows.any():
         problems.append(f"{int(nonfinite_rows.sum())} of {samples} samples have non-finite actions")
+    for name, values in (sampled or {}).items():  # rows as in `actions`
+        bad = ~np.isfinite(np.asarray(values, np.float64)).reshape(samples, -1).all(axis=1)
+        if bad.any():
+            problems.append(f"{int(bad.sum())} of {samples} sampled {name!r} actions are not finite")
+        nonfinite_rows |= bad
     if max_jerk is not None and jerk > max_jerk:
         problems.append(f"max jerk {jerk:.3g} (of the bound range, between consecutive steps) exceeds {max_jerk:g}")
     figures = {"samples": float(samples), "pairs": float(len(pairs)),
@@ -274,8 +283,9 @@ def action_sanity(actions: Mapping[str, np.ndarray], action_spec: Sequence[Spec]
     if problems:
         return CheckResult("action_sanity", False, figures, "; ".join(problems))
     judged = f", max jerk {jerk:.3g} <= {max_jerk:g}" if max_jerk is not None else f", max jerk {jerk:.3g} (not judged)"
+    means = f" (judged on the means {sorted(f'{n}_mean' for n in sampled)}; samples finite)" if sampled else ""
     return CheckResult("action_sanity", True, figures,
-                       f"{samples} recorded observations: all actions finite and within bounds{judged}")
+                       f"{samples} recorded observations: all actions finite and within bounds{judged}{means}")
 
 
 def evaluation(candidate: Sequence[float], incumbent: Sequence[float], *, margin: float) -> CheckResult:

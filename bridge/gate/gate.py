@@ -188,18 +188,21 @@ class Gate:
             return CheckResult.skipped("action_sanity", "no experience log to take observations from")
         if not action_spec:
             return CheckResult("action_sanity", False, {}, "no action spec given to check the actions against")
-        inputs, _ = await self.client.model_io(policy, version)
+        inputs, outputs = await self.client.model_io(policy, version)
         batch = await asyncio.to_thread(recent_observations, self.experience_dir, policy=policy, inputs=inputs,
                                         count=self.config.sanity_samples)
         if not len(batch):
             return CheckResult.skipped("action_sanity", f"the experience log has no observations of policy "
                                                         f"{policy!r} that fit its inputs")
+        served = {s.name for s in outputs}
         names = [s.name for s in action_spec]
+        means = {name: f"{name}_mean" for name in names if f"{name}_mean" in served}  # a stochastic policy
         parts: list[dict[str, np.ndarray]] = []
         step = self.config.sanity_batch
         for start in range(0, len(batch), step):
             rows = {k: v[start:start + step] for k, v in batch.inputs.items()}
-            parts.append(await self.client.infer(policy, version, rows, names))
-        actions = {name: np.concatenate([p[name] for p in parts]) for name in names}
-        return checks.action_sanity(actions, action_spec, pairs=batch.pairs,
+            parts.append(await self.client.infer(policy, version, rows, names + list(means.values())))
+        got = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+        actions = {name: got[means.get(name, name)] for name in names}
+        return checks.action_sanity(actions, action_spec, pairs=batch.pairs, sampled={n: got[n] for n in means},
                                     bound_tolerance=self.config.bound_tolerance, max_jerk=self.config.max_jerk)

@@ -222,3 +222,13 @@ def test_evaluation_envs_per_policy():
         return await gate.evaluation("other", 2, 1)
 
     assert "no eval env configured for policy 'other'" in asyncio.run(skipped()).detail
+
+
+def test_a_stochastic_policy_is_judged_on_its_means_and_its_samples_must_be_finite():
+    means = np.array([[0.5, 0.0], [0.9, 1.0]], np.float32)
+    samples = np.array([[1.7, -2.5], [0.2, 3.9]], np.float32)   # beyond the bounds: the actuator clips them
+    ok = action_sanity({"action": means}, ACT, sampled={"action": samples})
+    assert ok.passed and "judged on the means ['action_mean']" in ok.detail
+    nan = action_sanity({"action": means}, ACT, sampled={"action": np.array([[np.nan, 0], [0, 0]], np.float32)})
+    assert not nan.passed and "1 of 2 sampled 'action' actions are not finite" in nan.detail
+    assert nan.figures["non_finite"] == 0.5

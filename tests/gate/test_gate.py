@@ -11,6 +11,7 @@ import asyncio
 import hashlib
 
 import grpc
+import numpy as np
 import pytest
 import safetensors.torch
 import torch
@@ -23,6 +24,7 @@ from sim.client import run_sessions
 from sim.mujoco import make_env
 from tests.gate.helpers import ACT, OBS, STABLE, Linear, probe_header
 from tests.gateway.helpers import running_gateway
+from trainer.policy import GaussianPolicy
 
 ENV = "InvertedPendulum-v5"
 STEPS = 40  # episode length of every sim here: the stabiliser's return is exactly 40
@@ -210,3 +212,30 @@ def test_an_episode_budget_splits_over_named_sessions_and_replays_the_same_episo
     assert {s: len(e) for s, e in firsts.items()} == {"one-0": 2, "one-1": 1, "two-0": 2, "two-1": 1}
     assert firsts["one-0"] == firsts["two-0"] and firsts["one-1"] == firsts["two-1"]   # the same seeds
     assert firsts["one-0"][0] != firsts["one-0"][1] != firsts["one-1"][0]
+
+
+def test_a_stochastic_policy_is_judged_on_its_mean_action(pendulum, tmp_path):
+    """PPO's GaussianPolicy samples around a mean squashed into the bounds; its samples leave them."""
+    server, repo, _ = pendulum
+    policy = GaussianPolicy(OBS[0], ACT[0], log_std_init=1.0, seed=0)   # std e: many samples beyond +-3
+    repo.write_version("gauss", 1, policy, OBS, GaussianPolicy.output_specs(ACT[0]))
+
+    async def scenario():
+        client = PolicyClient(server.grpc_url, timeout_s=30.0)
+        try:
+            await client.load_model("gauss")
+            async with running_gateway(server.grpc_url, policy="gauss", experience_dir=tmp_path / "experience") as gw:
+                await run_sessions(gw.address, lambda i: make_env(ENV, seed=i, max_episode_steps=STEPS), envs=1,
+                                   steps=100)
+            gate = Gate(client=client, experience_dir=tmp_path / "experience", evaluator=None,
+                        config=GateConfig(sanity_samples=64))
+            sanity = await gate.action_sanity("gauss", 1, ACT)
+            sampled = await client.infer("gauss", 1, {"observation": np.zeros((64, 4), np.float32)}, ["action"])
+            return sanity, sampled["action"]
+        finally:
+            await client.close()
+
+    sanity, sampled = asyncio.run(scenario())
+    assert np.abs(sampled).max() > 3      # the served samples do leave the bounds...
+    assert sanity.passed and sanity.figures["samples"] == 64 and sanity.figures["out_of_bounds"] == 0
+    assert "judged on the means ['action_mean']" in sanity.detail   # ...the policy's means do not
