@@ -1,0 +1,148 @@
+"""Control-step round trip through the gateway in plaintext, over TLS and over mTLS (client
+certificates), side by side in one run; plus the time to open a session (channel + handshake + Hello
+-> Welcome) on a fresh connection.
+
+    python benchmarks/tls.py [--rounds 5 --per-round 300 --connects 30 --json PATH]
+
+Three `tether gateway` processes (the same Triton model behind each), certificates from `tether
+certs init` in a temp dir; rounds alternate between the three so load drifting on a shared machine
+hits them alike. Prints a table and writes JSON (default benchmarks/results/tls.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bridge.security.certs import init_certs
+from bridge.security.channel import secure_channel
+from inference_server import ModelRepository, TritonServer
+from protos import bridge_pb2, bridge_pb2_grpc
+from protos.codec import Spec, encode
+from tether.topology import gateway_process, write_json
+from trainer.policy import MLPPolicy
+
+OBS = (Spec("observation", np.float32, (11,)),)  # Hopper-v5 sized
+ACT = (Spec("action", np.float32, (3,), low=(-1.0,), high=(1.0,)),)
+MODEL = "bench_mlp"
+MODES = ("plaintext", "tls", "mtls")
+
+
+def percentiles(samples_ns: list[int]) -> dict:
+    ms = np.asarray(samples_ns) / 1e6
+    return {"p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99)), "n": len(ms)}
+
+
+class Session:
+    """One Bridge.Connect stream stepping a fixed observation over a channel with `files` (TLS or not)."""
+
+    def __init__(self, address: str, name: str, files: dict):
+        self.address, self.name, self.files, self.step = address, name, files, 0
+
+    async def __aenter__(self):
+        self.channel = secure_channel(self.address, **self.files)
+        self.call = bridge_pb2_grpc.BridgeStub(self.channel).Connect()
+        spec = dict(observation_spec=[s.to_proto() for s in OBS], action_spec=[s.to_proto() for s in ACT])
+        await self.call.write(bridge_pb2.ClientMessage(hello=bridge_pb2.Hello(session_id=self.name, **spec)))
+        welcome = await self.call.read()
+        if welcome.WhichOneof("kind") != "welcome":
+            raise RuntimeError(f"{self.name}: {welcome}")
+        self.tensors = [encode("observation", np.random.default_rng(1).standard_normal(11).astype(np.float32))]
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.call.done_writing()
+        await self.channel.close()
+
+    async def round_trip(self) -> int:
+        t0 = time.perf_counter_ns()
+        obs = bridge_pb2.Observation(step=self.step, t_sent_ns=time.time_ns(), step_type=bridge_pb2.MID,
+                                     tensors=self.tensors)
+        self.step += 1
+        await self.call.write(bridge_pb2.ClientMessage(observation=obs))
+        reply = await self.call.read()
+        if reply.WhichOneof("kind") != "action":
+            raise RuntimeError(f"step {obs.step}: {reply}")
+        return time.perf_counter_ns() - t0
+
+
+async def round_trips(address: str, files: dict, n: int, name: str) -> list[int]:
+    async with Session(address, name, files) as s:
+        return [await s.round_trip() for _ in range(n)]
+
+
+async def connect_times(address: str, files: dict, n: int, name: str) -> list[int]:
+    """Fresh channel each time: TCP + (TLS handshake) + HTTP/2 + Hello -> Welcome."""
+    samples = []
+    for i in range(n):
+        t0 = time.perf_counter_ns()
+        async with Session(address, f"{name}-{i}", files):
+            samples.append(time.perf_counter_ns() - t0)
+    return samples
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=5, help="alternating blocks per mode")
+    p.add_argument("--per-round", type=int, default=300, help="round trips per block")
+    p.add_argument("--connects", type=int, default=30, help="fresh sessions per mode (connect time)")
+    p.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "tls.json")
+    a = p.parse_args(argv)
+    run_dir = Path(tempfile.mkdtemp(prefix="tether-bench-tls-"))
+    certs = run_dir / "certs"
+    init_certs(certs, clients=[("bench", "robot")])
+    server = ("--tls-cert", str(certs / "server.crt"), "--tls-key", str(certs / "server.key"))
+    args = {"plaintext": (), "tls": server, "mtls": (*server, "--tls-client-ca", str(certs / "ca.crt"))}
+    files = {"plaintext": {}, "tls": {"ca": certs / "ca.crt"},
+             "mtls": {"ca": certs / "ca.crt", "cert": certs / "bench.crt", "key": certs / "bench.key"}}
+    repo = ModelRepository(run_dir / "models")
+    repo.write_version(MODEL, 1, MLPPolicy(OBS[0], ACT[0], seed=0), OBS, ACT)
+    with TritonServer(repo.root, models=[MODEL], log_path=run_dir / "triton.log") as triton, \
+            contextlib.ExitStack() as stack:
+        gateways = {mode: stack.enter_context(gateway_process(
+            triton_url=triton.grpc_url, policy=MODEL, log_path=run_dir / f"gateway-{mode}.log",
+            extra_args=args[mode])) for mode in MODES}
+        for mode in MODES:  # warm-up every path
+            asyncio.run(round_trips(gateways[mode], files[mode], 100, f"warmup-{mode}"))
+        steps: dict[str, list[int]] = {m: [] for m in MODES}
+        connects: dict[str, list[int]] = {m: [] for m in MODES}
+        for r in range(a.rounds):
+            for mode in MODES:
+                steps[mode] += asyncio.run(round_trips(gateways[mode], files[mode], a.per_round, f"lat{r}"))
+                connects[mode] += asyncio.run(connect_times(gateways[mode], files[mode],
+                                                            max(1, a.connects // a.rounds), f"c{r}"))
+            print(f"  round {r + 1}/{a.rounds}: " + ", ".join(
+                f"{m} p50 {np.median(steps[m]) / 1e6:.3f} ms" for m in MODES), flush=True)
+        version = triton.version
+    result = {
+        "machine": {"python": sys.version.split()[0], "platform": platform.platform()},
+        "triton_version": version,
+        "step_ms": {m: percentiles(steps[m]) for m in MODES},
+        "connect_ms": {m: percentiles(connects[m]) for m in MODES},
+        "tls_vs_plaintext_p50": float(np.median(steps["tls"]) / np.median(steps["plaintext"])),
+        "mtls_vs_plaintext_p50": float(np.median(steps["mtls"]) / np.median(steps["plaintext"])),
+    }
+    print_table(result)
+    write_json(a.json, result)
+    print(f"wrote {a.json}")
+    return result
+
+
+def print_table(r: dict) -> None:
+    print(f"\n{'mode':<12}{'step p50 ms':>13}{'step p99 ms':>13}{'connect p50 ms':>16}{'connect p99 ms':>16}")
+    for m in MODES:
+        s, c = r["step_ms"][m], r["connect_ms"][m]
+        print(f"{m:<12}{s['p50']:>13.3f}{s['p99']:>13.3f}{c['p50']:>16.2f}{c['p99']:>16.2f}")
+    print(f"TLS / plaintext step p50: {r['tls_vs_plaintext_p50']:.2f}x, mTLS: {r['mtls_vs_plaintext_p50']:.2f}x\n")
+
+
+if __name__ == "__main__":
+    main()
