@@ -59,6 +59,7 @@ from protos import policies_pb2
 
 log = logging.getLogger("tether.gateway")
 WITHDRAWN = (State.REJECTED, State.ROLLED_BACK)
+MAX_ASSIGNED = 65536  # cached session assignments per policy (cleared at every rollout change)
 MAX_SHADOW_INFLIGHT = 64  # shadow inferences in flight at once; beyond it a step is not shadowed
 
 
@@ -74,6 +75,7 @@ class RolloutController:
         self._publisher, self._repo, self._in_use, self._sessions = publisher, repository, in_use, sessions
         self._lock = asyncio.Lock()
         self._rollouts: dict[str, Rollout] = {}
+        self._assigned: dict[str, dict[str, tuple]] = {}  # policy -> session id -> (labels, version): a cache
         self._monitors: dict[str, RegressionMonitor] = {}
         self._newest: dict[str, tuple[int, int]] = {}   # policy -> (newest non-rejected version, its created_ns)
         self._gating: dict[str, int] = {}               # policy -> the version in the gate now
@@ -352,10 +354,17 @@ class RolloutController:
 
     def acting(self, policy: str, session_id: str, labels: Mapping[str, str]) -> ServedPolicy | None:
         """The version `session_id` acts with now (pins, then canary, then live); None = no opinion."""
-        rollout = self._rollouts.get(policy)
-        if rollout is None:
+        assigned = self._assigned.get(policy)
+        if assigned is None:
             return None
-        version = assign(rollout, session_id, labels)
+        cached = assigned.get(session_id)
+        if cached is not None and cached[0] is labels:
+            version = cached[1]
+        else:  # once per session (and labels) and rollout change: assign() hashes the session id
+            if len(assigned) >= MAX_ASSIGNED:
+                assigned.clear()
+            version = assign(self._rollouts[policy], session_id, labels)
+            assigned[session_id] = (labels, version)
         return None if version is None else self._catalog.get(policy, version)
 
     def stepped(self, policy: ServedPolicy, *, latency_s: float, error: bool, guard: int,
@@ -502,6 +511,7 @@ class RolloutController:
         except RegistryError:
             rollout = Rollout(name, None, None, None, None, 0.0, {}, {})
         self._rollouts[name] = rollout
+        self._assigned[name] = {}
         return rollout
 
     def _monitor(self, name: str) -> RegressionMonitor:
