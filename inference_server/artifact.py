@@ -8,6 +8,7 @@ is Triton's job (`ModelRepository.write_artifact`, then load and probe the versi
     inputs, outputs = read_specs(fmt, data)           # ONNX graph / TorchScript's tether.json, or None
     check_artifact(fmt, data, inputs, outputs)        # ArtifactError naming what does not fit
     onnx_weights(data)                                # an ONNX file's initializers (for the integrity check)
+    imported_file(fmt, data, inputs, outputs)         # checked, with its readable weights: for write_artifact
 
 Specs on a command line are NAME:DTYPE:SHAPE[:LOW:HIGH], shape and bounds comma-separated:
 
@@ -159,6 +160,32 @@ def check_artifact(fmt: str, data: bytes, inputs: Sequence[Spec], outputs: Seque
         if isinstance(batch, int) and batch != 1:
             raise ArtifactError(f"ONNX tensor {value.name!r} has a fixed batch dimension {batch}: export it with "
                                 "a dynamic first axis (or 1)")
+
+
+class ImportedFile(dict):
+    """An imported file checked statically, ready for `ModelRepository.write_artifact`: a dict of
+    the weights readable without running it (torch tensors: an ONNX file's initializers; none
+    from a TorchScript archive, whose weights Triton checks when it loads them), with the file."""
+
+    def __init__(self, fmt: str, data: bytes, inputs: tuple[Spec, ...], outputs: tuple[Spec, ...], weights: dict):
+        super().__init__(weights)
+        self.format, self.data, self.inputs, self.outputs = fmt, data, inputs, outputs
+
+
+def imported_file(fmt: str, data: bytes, inputs: Sequence[Spec], outputs: Sequence[Spec]) -> ImportedFile:
+    """`check_artifact`, then the file with its readable weights (see ImportedFile)."""
+    inputs, outputs = tuple(inputs), tuple(outputs)
+    if not inputs or not outputs:
+        raise ArtifactError(f"an imported {fmt} file travels with its input and output specs; got inputs "
+                            f"{[s.name for s in inputs]}, outputs {[s.name for s in outputs]}")
+    check_artifact(fmt, data, inputs, outputs)
+    weights = {}
+    if fmt == "onnx":
+        import torch
+
+        weights = {name: torch.from_numpy(np.array(array)) for name, array in onnx_weights(data).items()
+                   if array.dtype.kind in "fiub" and array.dtype != np.uint64}
+    return ImportedFile(fmt, data, inputs, outputs, weights)
 
 
 def onnx_weights(data: bytes) -> dict[str, np.ndarray]:

@@ -258,3 +258,20 @@ def test_loading_a_new_version_leaves_the_loaded_ones_as_they_are(served, module
     assert sorted(after.values()) == ["1", "2"] and set(before) < set(after)  # v1's stub is the same process
     assert sorted(p.name for p in (repo.root / "ox" / "1").iterdir()) == ["__pycache__", "artifact.json", "model.py",
                                                                           "policy.onnx"]
+
+
+def test_an_imported_file_carries_its_readable_weights(module):
+    ox = onnx.load_model_from_string(onnx_bytes(module))
+    bias = next(t for t in ox.graph.initializer if t.name.endswith("0.bias"))
+    values = onnx.numpy_helper.to_array(bias).copy()
+    values[0] = np.nan
+    bias.CopyFrom(onnx.numpy_helper.from_array(values, bias.name))
+    imported = artifact.imported_file("onnx", ox.SerializeToString(), OBS, ACT)
+    assert imported.format == "onnx" and imported.inputs == OBS and isinstance(imported.data, bytes)
+    shapes = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    assert {k: tuple(v.shape) for k, v in imported.items()} == shapes
+    assert torch.isnan(imported[bias.name]).sum() == 1  # the gate's integrity check sees it
+    ts = artifact.imported_file("torchscript", torchscript_bytes(module), OBS, ACT)
+    assert dict(ts) == {} and ts.outputs == ACT
+    with pytest.raises(ArtifactError, match="travels with its input and output specs"):
+        artifact.imported_file("onnx", onnx_bytes(module), (), ACT)
