@@ -46,11 +46,12 @@ class RawSession:
         await self.call.done_writing()
         await self.channel.close()
 
-    async def send(self, tensors, *, step_type=bridge_pb2.MID, reward=0.0, step=None) -> bridge_pb2.ServerMessage:
+    async def send(self, tensors, *, step_type=bridge_pb2.MID, reward=0.0, step=None,
+                   guard: bridge_pb2.GuardReport | None = None) -> bridge_pb2.ServerMessage:
         step = self.step_index if step is None else step
         self.step_index = step + 1
         obs = bridge_pb2.Observation(step=step, t_sent_ns=time.time_ns(), step_type=step_type,
-                                     tensors=tensors, reward=reward)
+                                     tensors=tensors, reward=reward, guard=guard)
         await self.call.write(bridge_pb2.ClientMessage(observation=obs))
         return await self.call.read()
 

@@ -59,7 +59,8 @@ class Fleet:
     negative returns. Every reply is checked: an action (or an episode end), never an error, and
     labelled with the version the rollout assigns to that session, never by the shadow."""
 
-    def __init__(self, gateway, policy: str, labels: list[dict[str, str]], *, episode_steps: int = 6):
+    def __init__(self, gateway, policy: str, labels: list[dict[str, str]], *, episode_steps: int = 6,
+                 clamped_by: int | None = None):
         self.gw, self.policy, self.labels, self.episode_steps = gateway, policy, labels, episode_steps
         self.per_episode = gateway.config.switch == "episode"  # a version holds for the whole episode
         rng = np.random.default_rng(1)
@@ -68,6 +69,7 @@ class Fleet:
         self.versions: list[list[int]] = [[] for _ in labels]   # per session, per acted step
         self.errors: list[str] = []
         self.sessions: list[RawSession] = []
+        self.clamped_by, self.clamped = clamped_by, [0] * len(labels)  # the edge guard clamps this version's actions
 
     async def __aenter__(self):
         for i, labels in enumerate(self.labels):
@@ -90,7 +92,8 @@ class Fleet:
         for t in range(self.episode_steps + 1):
             step_type = bridge_pb2.FIRST if t == 0 else bridge_pb2.LAST if t == self.episode_steps else bridge_pb2.MID
             before, shadow = self.expected(i), self.gw.rollout.rollouts()[self.policy].shadow
-            reply = await s.step(obs, step_type=step_type, reward=reward)
+            guard = bridge_pb2.GuardReport(clamped=self.clamped[i])
+            reply = await s.send([encode("observation", obs)], step_type=step_type, reward=reward, guard=guard)
             kind = reply.WhichOneof("kind")
             if step_type == bridge_pb2.LAST:
                 if kind != "episode_end":
@@ -107,6 +110,7 @@ class Fleet:
             if version == shadow == self.gw.rollout.rollouts()[self.policy].shadow:
                 self.errors.append(f"session {i} was answered by the shadow v{version}")
             self.versions[i].append(version)
+            self.clamped[i] += version == self.clamped_by
             action = decode(reply.action.tensors[0])
             if len(self.direction) <= i:
                 self.direction.append(np.sign(action))

@@ -137,6 +137,25 @@ def test_a_regressed_canary_rolls_back_automatically_and_restart_restores(served
     asyncio.run(scenario())
 
 
+def test_a_canary_the_edge_guard_keeps_clamping_rolls_back(served):
+    """Returns as good as the live version's, but the edge guard intervenes on every canary step."""
+    server, repo = served
+    v1 = new_policy(server, repo, "guard")
+
+    async def scenario():
+        async with gateway(server, repo, "guard", rollout=STAGED, switch="step") as gw, \
+                grpc.aio.insecure_channel(gw.address) as channel:
+            async with Fleet(gw, "guard", LABELS, clamped_by=2) as fleet:
+                await fleet.round()
+                await publish(policies_pb2_grpc.PoliciesStub(channel), "guard", variant(v1, scale=1.02))
+                await drive_until(fleet, lambda: states(gw, "guard")[2] == "rolled_back", "the rollback")
+            event = [e for e in gw.registry.events("guard") if e.version == 2 and e.to_state == "rolled_back"][-1]
+            assert event.who == "auto" and "guard interventions" in event.why and "episode return" not in event.why
+            assert gw.rollout.version_stats("guard")[2]["guard_interventions"] >= 12
+
+    asyncio.run(scenario())
+
+
 def test_operator_rollback_needs_a_previous_live_and_names_the_refusal(served):
     server, repo = served
     new_policy(server, repo, "manual")
