@@ -49,7 +49,7 @@ def secure_channel(address: str, *, ca: Path | None = None, cert: Path | None = 
                    token: str | None = None, options: Sequence[tuple[str, object]] = ()) -> grpc.aio.Channel:
     """A `grpc.aio` channel: TLS when `ca` is given (mTLS with `cert` + `key`), the token on every call."""
     creds, plain_token = _credentials(address, ca, cert, key, token)
-    interceptors = [_AioToken(plain_token)] if plain_token else None
+    interceptors = _aio_token_interceptors(plain_token) if plain_token else None
     if creds is None:
         return grpc.aio.insecure_channel(address, options=list(options), interceptors=interceptors)
     return grpc.aio.secure_channel(address, creds, options=list(options))
@@ -80,8 +80,10 @@ def channel_kwargs(args: argparse.Namespace) -> dict:
     return {"ca": args.tls_ca, "cert": args.tls_cert, "key": args.tls_key, "token": getattr(args, "token", None)}
 
 
-class _AioToken(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor,
-                grpc.aio.StreamUnaryClientInterceptor, grpc.aio.StreamStreamClientInterceptor):
+class _AioToken:
+    """Adds the token to a call's metadata (grpc.aio files an interceptor under one call type only:
+    `_aio_token_interceptors` makes one per type)."""
+
     def __init__(self, token: str):
         self._pair = ("authorization", f"Bearer {token}")
 
@@ -89,17 +91,29 @@ class _AioToken(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClient
         metadata = grpc.aio.Metadata(*(tuple(d.metadata) if d.metadata else ()), self._pair)
         return grpc.aio.ClientCallDetails(d.method, d.timeout, metadata, d.credentials, d.wait_for_ready)
 
+
+class _AioUnaryUnary(_AioToken, grpc.aio.UnaryUnaryClientInterceptor):
     async def intercept_unary_unary(self, continuation, client_call_details, request):
         return await continuation(self._details(client_call_details), request)
 
+
+class _AioUnaryStream(_AioToken, grpc.aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(self, continuation, client_call_details, request):
         return await continuation(self._details(client_call_details), request)
 
+
+class _AioStreamUnary(_AioToken, grpc.aio.StreamUnaryClientInterceptor):
     async def intercept_stream_unary(self, continuation, client_call_details, request_iterator):
         return await continuation(self._details(client_call_details), request_iterator)
 
+
+class _AioStreamStream(_AioToken, grpc.aio.StreamStreamClientInterceptor):
     async def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
         return await continuation(self._details(client_call_details), request_iterator)
+
+
+def _aio_token_interceptors(token: str) -> list:
+    return [kind(token) for kind in (_AioUnaryUnary, _AioUnaryStream, _AioStreamUnary, _AioStreamStream)]
 
 
 class _Details(collections.namedtuple("_Details", ("method", "timeout", "metadata", "credentials",

@@ -135,3 +135,59 @@ def test_a_token_is_not_sent_in_plaintext_off_loopback():
         secure_channel("192.0.2.7:50051", token="alice.secret")
     with pytest.raises(ValueError, match="--tls-key"):
         secure_channel("127.0.0.1:50051", ca=None, cert="x.crt")
+
+
+def test_the_token_rides_on_every_kind_of_call_aio_and_blocking():
+    from bridge.security.channel import secure_channel_sync
+
+    async def scenario():
+        seen: list[str | None] = []
+
+        def token(context) -> None:
+            seen.append(dict(context.invocation_metadata()).get("authorization"))
+
+        async def uu(request, context):
+            token(context)
+            return b"ok"
+
+        async def us(request, context):
+            token(context)
+            yield b"ok"
+
+        async def su(requests, context):
+            token(context)
+            async for _ in requests:
+                pass
+            return b"ok"
+
+        async def ss(requests, context):
+            token(context)
+            async for r in requests:
+                yield r
+
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("p.P", {
+            "UU": grpc.unary_unary_rpc_method_handler(uu), "US": grpc.unary_stream_rpc_method_handler(us),
+            "SU": grpc.stream_unary_rpc_method_handler(su), "SS": grpc.stream_stream_rpc_method_handler(ss)})])
+        address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+        await server.start()
+        try:
+            async with secure_channel(address, token="ci.aio") as ch:
+                await ch.unary_unary("/p.P/UU")(b"x")
+                assert [r async for r in ch.unary_stream("/p.P/US")(b"x")] == [b"ok"]
+                await ch.stream_unary("/p.P/SU")(iter([b"a", b"b"]))
+                assert [r async for r in ch.stream_stream("/p.P/SS")(iter([b"a"]))] == [b"a"]
+
+            def blocking():
+                with secure_channel_sync(address, token="ci.sync") as ch:
+                    ch.unary_unary("/p.P/UU")(b"x")
+                    assert list(ch.unary_stream("/p.P/US")(b"x")) == [b"ok"]
+                    ch.stream_unary("/p.P/SU")(iter([b"a"]))
+                    assert list(ch.stream_stream("/p.P/SS")(iter([b"a"]))) == [b"a"]
+
+            await asyncio.to_thread(blocking)
+        finally:
+            await server.stop(0)
+        assert seen == ["Bearer ci.aio"] * 4 + ["Bearer ci.sync"] * 4
+
+    asyncio.run(scenario())
