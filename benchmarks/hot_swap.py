@@ -1,0 +1,370 @@
+"""Hot swap: publish -> live time (a small MLP and a ~100 MB wide MLP), weight transfer MB/s over
+`tether.v1.Policies.Publish`, and the control steps of running MuJoCo sims during swaps versus
+without swaps, in one run.
+
+    python benchmarks/hot_swap.py [--sessions 4 --period-ms 20 --deadline-ms 50 --small-swaps 5
+                                   --big-swaps 3 --quiet-s 6 --json benchmarks/results/hot_swap.json]
+
+Triton and the gateway (`--switch step`: a session acts with a new version from its next step)
+are subprocesses; the sims are a subprocess of this script (`--worker`), N Hopper-v5 sessions
+each stepping every `--period-ms` and recording every control step (send time, round trip,
+version). This process publishes new weights like a trainer does (safetensors, 1 MiB chunks,
+probe batch) and records each swap's window, from the first byte sent to the reply (the version
+served by Triton, verified on the probe batch and live). Steps sent inside a window (plus 0.5 s)
+count as "during swaps", the others as "without". Prints a table and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+import safetensors.torch
+import torch
+
+from inference_server import ModelRepository, TritonServer
+from protos import bridge_pb2, bridge_pb2_grpc, policies_pb2, policies_pb2_grpc
+from protos.codec import decode_all, encode, encode_all
+from tether.topology import gateway_process, write_json
+from trainer.policy import MLPPolicy
+
+SMALL, BIG, ONNX = "swap_mlp", "swap_big", "swap_onnx"
+BIG_HIDDEN = (5000, 5000)  # 11*5000 + 5000*5000 + 5000*3 ≈ 25.1 M float32 parameters ≈ 100 MB
+CHUNK = 1 << 20
+LINGER_S = 0.5  # steps this long after a swap's reply still count as "during" it
+KIND = {"action": 0, "episode_end": 1, "error": 2}
+
+
+def hopper_specs():
+    from sim.mujoco import GymnasiumEnv
+
+    env = GymnasiumEnv("Hopper-v5")
+    try:
+        return env.observation_spec(), env.action_spec()
+    finally:
+        env.close()
+
+
+# -- the sims (a subprocess) --------------------------------------------------------------------------------------
+
+
+async def _session(address: str, index: int, period_s: float, ready: asyncio.Event, start: asyncio.Event,
+                   stop_at: list[float], rows: list[tuple]) -> None:
+    from sim.mujoco import GymnasiumEnv
+
+    env = GymnasiumEnv("Hopper-v5", seed=index)
+    zero = {s.name: np.zeros(s.shape, s.dtype) for s in env.action_spec()}
+    async with grpc.aio.insecure_channel(address) as channel:
+        call = bridge_pb2_grpc.BridgeStub(channel).Connect()
+        hello = bridge_pb2.Hello(session_id=f"swap-{index}", policy=SMALL, source="bench:hot_swap",
+                                 observation_spec=[s.to_proto() for s in env.observation_spec()],
+                                 action_spec=[s.to_proto() for s in env.action_spec()])
+        await call.write(bridge_pb2.ClientMessage(hello=hello))
+        welcome = await call.read()
+        if welcome.WhichOneof("kind") != "welcome":
+            raise RuntimeError(f"session {index}: {welcome}")
+        ready.set()
+        await start.wait()
+        ts, step, episode = env.reset(), 0, 0
+        due = time.monotonic()
+        while time.monotonic() < stop_at[0]:
+            t0 = time.monotonic_ns()
+            await call.write(bridge_pb2.ClientMessage(observation=bridge_pb2.Observation(
+                step=step, t_sent_ns=time.time_ns(), step_type=int(ts.step_type), episode=episode,
+                tensors=encode_all(ts.observation), reward=ts.reward, terminated=ts.terminated,
+                applied_action=encode_all(ts.applied_action or {}))))
+            msg = await call.read()
+            rtt = time.monotonic_ns() - t0
+            kind = msg.WhichOneof("kind")
+            version = msg.action.policy_version if kind == "action" else -1
+            rows.append((t0, rtt, version, KIND.get(kind, 3), index))
+            step += 1
+            if kind == "episode_end" or ts.last():
+                ts, episode = env.reset(), episode + 1
+            else:
+                ts = env.step(decode_all(msg.action.tensors) if kind == "action" else zero)
+            due += period_s
+            delay = due - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            else:
+                due = time.monotonic()  # behind: no burst to catch up
+        await call.done_writing()
+    env.close()
+
+
+async def _worker(address: str, sessions: int, period_ms: float, out: Path) -> None:
+    rows: list[tuple] = []
+    readies = [asyncio.Event() for _ in range(sessions)]
+    start, stop_at = asyncio.Event(), [float("inf")]
+    tasks = [asyncio.create_task(_session(address, i, period_ms / 1e3, readies[i], start, stop_at, rows))
+             for i in range(sessions)]
+    await asyncio.gather(*(r.wait() for r in readies))
+    print("ready", flush=True)
+    loop = asyncio.get_running_loop()
+    start.set()
+    await loop.run_in_executor(None, sys.stdin.readline)  # the parent says when to stop
+    stop_at[0] = time.monotonic()
+    await asyncio.gather(*tasks)
+    np.save(out, np.asarray(rows, dtype=np.int64).reshape(-1, 5))
+
+
+# -- publishing (this process) ------------------------------------------------------------------------------------
+
+
+def publish(stub, name: str, module: torch.nn.Module, observation_spec, *, parent: int) -> dict:
+    """Publish `module`'s weights as a new version of `name`; the timings of each part."""
+    t0 = time.monotonic()
+    data = safetensors.torch.save({k: v.contiguous() for k, v in module.state_dict().items()})
+    t_serialised = time.monotonic()
+    digest = hashlib.sha256(data).hexdigest()
+    t_hashed = time.monotonic()
+    probe = np.random.default_rng(parent).standard_normal((4, *observation_spec.shape)).astype(np.float32)
+    with torch.no_grad():
+        reference = module(torch.from_numpy(probe)).numpy()
+    header = policies_pb2.PublishHeader(policy=name, format="safetensors", size=len(data), sha256=digest,
+                                        lineage=policies_pb2.Lineage(parent_version=parent, trainer="bench"),
+                                        probe_inputs=[encode(observation_spec.name, probe)],
+                                        probe_outputs=[encode("action", reference)])
+    marks: dict[str, float] = {}
+
+    def chunks():
+        marks["first"] = time.monotonic()
+        yield policies_pb2.PublishChunk(header=header)
+        view = memoryview(data)
+        for i in range(0, len(data), CHUNK):
+            yield policies_pb2.PublishChunk(data=bytes(view[i:i + CHUNK]))
+        marks["last"] = time.monotonic()
+
+    reply = stub.Publish(chunks(), timeout=600)
+    t_end = time.monotonic()
+    stream_s = t_end - marks["first"]
+    return {"policy": name, "version": reply.version, "bytes": len(data), "serialise_s": t_serialised - t0,
+            "sha256_s": t_hashed - t_serialised, "start_ns": int(marks["first"] * 1e9), "end_ns": int(t_end * 1e9),
+            "publish_to_live_s": stream_s, "server_s": reply.load_seconds,
+            "client_send_s": marks["last"] - marks["first"],
+            "transfer_s": stream_s - reply.load_seconds,
+            "transfer_mb_s": len(data) / 1e6 / max(stream_s - reply.load_seconds, 1e-9),
+            "max_abs_error": reply.max_abs_error, "ready_versions": list(reply.ready_versions)}
+
+
+def onnx_file(module: torch.nn.Module, observation_spec) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    name = observation_spec.name
+    torch.onnx.export(module, (torch.zeros(1, *observation_spec.shape),), buffer, input_names=[name],
+                      output_names=["action"], dynamic_axes={name: {0: "batch"}, "action": {0: "batch"}}, dynamo=False)
+    return buffer.getvalue()
+
+
+def publish_import(stub, name: str, data: bytes, obs_spec, act_spec) -> dict:
+    """An ONNX file through `tether policy import`'s path (format "onnx": served by onnxruntime in Triton)."""
+    from tether.policy_cli import PolicyFile, probe_inputs, publish_chunks, reference_outputs
+
+    policy = PolicyFile("onnx", data, tuple(obs_spec), tuple(act_spec), source="bench")
+    probe = probe_inputs(policy.inputs, batch=4)
+    expected = reference_outputs(policy, probe)
+    t0 = time.monotonic()
+    reply = stub.Publish(publish_chunks(policy, name, probe, expected), timeout=600)
+    t_end = time.monotonic()
+    return {"policy": name, "version": reply.version, "bytes": len(data), "serialise_s": 0.0, "sha256_s": 0.0,
+            "start_ns": int(t0 * 1e9), "end_ns": int(t_end * 1e9), "publish_to_live_s": t_end - t0,
+            "server_s": reply.load_seconds, "client_send_s": 0.0, "transfer_s": t_end - t0 - reply.load_seconds,
+            "transfer_mb_s": len(data) / 1e6 / max(t_end - t0 - reply.load_seconds, 1e-9),
+            "max_abs_error": reply.max_abs_error, "ready_versions": list(reply.ready_versions)}
+
+
+def receive_costs(module: torch.nn.Module) -> dict:
+    """CPU and wall seconds of what the gateway does with a big publish's bytes on receipt, one by one
+    (CPU time is what a quiet machine would take; wall time here includes the other processes)."""
+    from bridge.gate.checks import integrity
+
+    weights = {k: v.contiguous() for k, v in module.state_dict().items()}
+    data = safetensors.torch.save(weights)
+    chunks = [data[i:i + CHUNK] for i in range(0, len(data), CHUNK)]
+
+    def concatenated() -> bytes:  # the servicer's loop (policies_service.Publish)
+        joined = bytearray()
+        for c in chunks:
+            joined += c
+        return bytes(joined)
+
+    def preallocated() -> memoryview:  # into one buffer of the announced size, no final copy
+        buffer = bytearray(len(data))
+        view, at = memoryview(buffer), 0
+        for c in chunks:
+            view[at:at + len(c)] = c
+            at += len(c)
+        return view
+
+    steps = {"concatenate_bytearray_then_bytes": concatenated, "preallocated_buffer": preallocated,
+             "sha256": lambda: hashlib.sha256(data).hexdigest(),
+             "safetensors_load": lambda: safetensors.torch.load(data),
+             "gate_integrity_incl_sha256": lambda: integrity(weights, weights, sha256=hashlib.sha256(data).hexdigest(),
+                                                             data=data)}
+    costs = {}
+    for name, fn in steps.items():
+        c0, t0 = time.process_time(), time.perf_counter()
+        fn()
+        costs[name] = {"cpu_s": time.process_time() - c0, "wall_s": time.perf_counter() - t0}
+    return {"mb": len(data) / 1e6, "steps": costs}
+
+
+def perturbed(module: torch.nn.Module, seed: int) -> torch.nn.Module:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * 1e-3)
+    return module
+
+
+def stats(rows: np.ndarray, deadline_ms: float) -> dict:
+    if len(rows) == 0:
+        return {"steps": 0}
+    ms = rows[:, 1] / 1e6
+    return {"steps": int(len(rows)), "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)),
+            "max_ms": float(ms.max()), "past_deadline": int((ms > deadline_ms).sum()),
+            "errors": int((rows[:, 3] >= KIND["error"]).sum())}
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sessions", type=int, default=4, help="Hopper-v5 sim sessions stepping throughout")
+    p.add_argument("--period-ms", type=float, default=20.0, help="each session's control period")
+    p.add_argument("--deadline-ms", type=float, default=50.0, help="a step answered later than this is missed")
+    p.add_argument("--small-swaps", type=int, default=5)
+    p.add_argument("--big-swaps", type=int, default=3)
+    p.add_argument("--onnx-swaps", type=int, default=5, help="the small MLP imported as ONNX (onnxruntime in Triton)")
+    p.add_argument("--gap-s", type=float, default=1.0, help="pause between swaps")
+    p.add_argument("--quiet-s", type=float, default=6.0, help="stepping without swaps, before and after")
+    p.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "hot_swap.json")
+    p.add_argument("--worker", nargs=3, metavar=("GATEWAY", "SESSIONS", "OUT"), help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.worker:
+        asyncio.run(_worker(a.worker[0], int(a.worker[1]), a.period_ms, Path(a.worker[2])))
+        return None
+    torch.set_num_threads(1)
+    run_dir = Path(tempfile.mkdtemp(prefix="tether-hot-swap-"))
+    obs_spec, act_spec = hopper_specs()
+    small = MLPPolicy(obs_spec[0], act_spec[0], seed=0).eval()
+    big = MLPPolicy(obs_spec[0], act_spec[0], hidden=BIG_HIDDEN, seed=0).eval()
+    repo = ModelRepository(run_dir / "models")
+    repo.write_version(SMALL, 1, small, obs_spec, act_spec)
+    repo.write_version(BIG, 1, big, obs_spec, act_spec)
+    repo.write_artifact(ONNX, 1, "onnx", onnx_file(small, obs_spec[0]), obs_spec, act_spec)
+    big_mb = sum(t.numel() * t.element_size() for t in big.state_dict().values()) / 1e6
+    print(f"run dir {run_dir}; big model {sum(p.numel() for p in big.parameters()) / 1e6:.1f} M parameters, "
+          f"{big_mb:.0f} MB", flush=True)
+    swaps: list[dict] = []
+    with TritonServer(repo.root, models=[SMALL, BIG, ONNX], log_path=run_dir / "triton.log") as triton, \
+            gateway_process(triton_url=triton.grpc_url, policy=SMALL, log_path=run_dir / "gateway.log",
+                            extra_args=("--model-repository", str(repo.root), "--switch", "step",
+                                        "--deadline-ms", str(int(a.deadline_ms)))) as gw:
+        out = run_dir / "steps.npy"
+        worker = subprocess.Popen([sys.executable, __file__, "--worker", gw, str(a.sessions), str(out),
+                                   "--period-ms", str(a.period_ms)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True, env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
+        try:
+            if worker.stdout.readline().strip() != "ready":
+                raise RuntimeError("the sim worker did not start; see its stderr")
+            channel = grpc.insecure_channel(gw, options=[("grpc.max_send_message_length", 64 << 20)])
+            stub = policies_pb2_grpc.PoliciesStub(channel)
+            time.sleep(a.quiet_s)
+            for kind, module, count in (("small", small, a.small_swaps), ("big", big, a.big_swaps)):
+                name = SMALL if kind == "small" else BIG
+                for i in range(count):
+                    swap = publish(stub, name, perturbed(module, i), obs_spec[0], parent=1 + i)
+                    swaps.append({"model": kind, **swap})
+                    print(f"  {kind} v{swap['version']}: publish -> live {swap['publish_to_live_s']:.2f} s "
+                          f"(server {swap['server_s']:.2f} s), {swap['transfer_mb_s']:.0f} MB/s", flush=True)
+                    time.sleep(a.gap_s)
+            for i in range(a.onnx_swaps):
+                try:
+                    swap = publish_import(stub, ONNX, onnx_file(perturbed(small, 100 + i), obs_spec[0]), obs_spec,
+                                          act_spec)
+                except grpc.RpcError as exc:
+                    print(f"  onnx import refused: {exc.details()}", flush=True)
+                    break
+                swaps.append({"model": "onnx", **swap})
+                print(f"  onnx v{swap['version']}: publish -> live {swap['publish_to_live_s']:.2f} s", flush=True)
+                time.sleep(a.gap_s)
+            time.sleep(a.quiet_s)
+            channel.close()
+        finally:
+            worker.stdin.write("stop\n")
+            worker.stdin.close()
+            worker.wait(60)
+        rows = np.load(out)
+        version = triton.version
+    windows = [(s["start_ns"], s["end_ns"] + int(LINGER_S * 1e9)) for s in swaps]
+    during = np.zeros(len(rows), bool)
+    for start, end in windows:
+        during |= (rows[:, 0] >= start) & (rows[:, 0] <= end)
+    first_acted = {}
+    for s in swaps:
+        if s["model"] == "small":
+            acted = rows[(rows[:, 2] == s["version"]) & (rows[:, 3] == 0)]
+            first_acted[s["version"]] = (float((acted[:, 0].min() - s["start_ns"]) / 1e9) if len(acted) else None)
+    result = {
+        "machine": {"python": sys.version.split()[0], "platform": platform.platform(), "cpus": os.cpu_count(),
+                    "load_avg_1m": os.getloadavg()[0]},
+        "triton_version": version,
+        "config": {k: getattr(a, k) for k in ("sessions", "period_ms", "deadline_ms", "small_swaps", "big_swaps",
+                                              "onnx_swaps", "gap_s", "quiet_s")},
+        "big_model_mb": big_mb,
+        "swaps": swaps,
+        "small": _summary([s for s in swaps if s["model"] == "small"]),
+        "big": _summary([s for s in swaps if s["model"] == "big"]),
+        "onnx": _summary([s for s in swaps if s["model"] == "onnx"]),
+        "first_action_with_new_version_s": first_acted,
+        "steps_without_swaps": stats(rows[~during], a.deadline_ms),
+        "steps_during_swaps": stats(rows[during], a.deadline_ms),
+    }
+    result["receive_costs_big"] = receive_costs(big)
+    print_table(result)
+    write_json(a.json, result)
+    print(f"wrote {a.json}")
+    return result
+
+
+def _summary(swaps: list[dict]) -> dict:
+    if not swaps:
+        return {}
+    keys = ("publish_to_live_s", "server_s", "transfer_s", "transfer_mb_s", "serialise_s", "sha256_s")
+    return {k: {"median": float(np.median([s[k] for s in swaps])), "max": float(np.max([s[k] for s in swaps]))}
+            for k in keys}
+
+
+def print_table(r: dict) -> None:
+    print(f"\n{'model':<8}{'MB':>8}{'publish->live s':>17}{'server s':>10}{'transfer MB/s':>15}")
+    for kind in ("small", "onnx", "big"):
+        rows = [s for s in r["swaps"] if s["model"] == kind]
+        if rows:
+            print(f"{kind:<8}{rows[0]['bytes'] / 1e6:>8.2f}{r[kind]['publish_to_live_s']['median']:>17.2f}"
+                  f"{r[kind]['server_s']['median']:>10.2f}{r[kind]['transfer_mb_s']['median']:>15.0f}")
+    print(f"\n{'control steps':<16}{'steps':>8}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'missed':>8}{'errors':>8}")
+    for key in ("steps_without_swaps", "steps_during_swaps"):
+        s = r[key]
+        if s["steps"]:
+            print(f"{key.removeprefix('steps_'):<16}{s['steps']:>8}{s['p50_ms']:>9.2f}{s['p99_ms']:>9.2f}"
+                  f"{s['max_ms']:>9.2f}{s['past_deadline']:>8}{s['errors']:>8}")
+    costs = r["receive_costs_big"]
+    print(f"\non receipt of {costs['mb']:.0f} MB: " + ", ".join(f"{k} {v['cpu_s']:.2f} CPU-s" for k, v in
+                                                          costs["steps"].items()))
+    print(f"(missed: answered after {r['config']['deadline_ms']:g} ms; load average {r['machine']['load_avg_1m']:.1f} "
+          f"on {r['machine']['cpus']} CPUs)")
+
+
+if __name__ == "__main__":
+    main()
