@@ -1,0 +1,79 @@
+"""An operator's e-stop through the gateway (tether.v1.Fleet, as `tether estop` and the console send it)
+reaches the robot: the edge node sees Action.estop, latches its guard (safe commands on the wire) and
+releases that latch when the gateway releases. A robot process on DDS (loopback, its own domain), the
+edge node, a real gateway and a real tritonserver serving an echo policy."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from bridge.ros2.node import GATEWAY_ESTOP
+from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, load_topic_map
+from inference_server import ModelRepository, TritonServer
+from protos import fleet_pb2, fleet_pb2_grpc
+from tests.ros2.edge_support import EchoVelocity, GatewayThread, Robot, joint_specs, running_edge
+
+TMAP = load_topic_map(DEFAULT_TOPIC_MAP)
+JOINTS = TMAP.observation[0].joints
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory):
+    repo = ModelRepository(tmp_path_factory.mktemp("estop_models"))
+    repo.write_version("echo6", 1, EchoVelocity(), *joint_specs(6))
+    with TritonServer(repo.root, models=["echo6"], log_path=repo.root.parent / "triton.log") as server:
+        gw = GatewayThread(server.grpc_url)
+        address = gw.start()
+        yield address
+        gw.close()
+
+
+@pytest.fixture
+def robot(ros_domain):
+    robot = Robot(ros_domain, JOINTS)
+    robot.wait_ready()
+    yield robot
+    robot.close()
+
+
+def const(robot: Robot, value: float, *, timeout: float = 10.0) -> dict:
+    t = time.monotonic()
+    robot.send(f"const {value}")
+    return robot.wait_for(lambda d: np.allclose(d, value, atol=1e-6), after=t, timeout=timeout,
+                          what=f"a command of {value}")
+
+
+def test_gateway_estop_latches_the_edge_guard_until_the_gateway_releases(ros_domain, robot, gateway):
+    operator = [("x-tether-operator", "ada")]
+    with running_edge(ros_domain, gateway, TMAP, policy="echo6", safe_action="zero") as node, \
+            grpc.insecure_channel(gateway) as channel:
+        fleet = fleet_pb2_grpc.FleetStub(channel)
+        const(robot, 0.5)
+        t_estop = time.monotonic()
+        reply = fleet.EStop(fleet_pb2.EStopRequest(all=True, reason="person in the cell"), metadata=operator)
+        assert reply.changed and len(reply.sessions) == 1 and reply.who == "operator:ada"
+        for _ in range(1000):  # bounded: 10 s (a zero command alone may be the watchdog's on a loaded machine)
+            if node.guard.estopped:
+                break
+            time.sleep(0.01)
+        t_latched = time.monotonic()
+        stopped = robot.wait_for(lambda d: np.allclose(d, 0.0), after=t_latched, timeout=5, what="the e-stop")
+        time.sleep(0.3)
+        held = robot.since(t_latched)
+        assert len(held) >= 15 and all(c["data"] == [0.0] * 6 for c in held), [c for c in held if any(c["data"])][:3]
+        assert node.guard.estopped and node.guard.estop_reason == GATEWAY_ESTOP
+        for _ in range(500):  # the edge reports its latch in its next observation's GuardReport (bounded: 5 s)
+            session = fleet.Status(fleet_pb2.StatusRequest()).sessions[0]
+            if session.edge_estopped:
+                break
+            time.sleep(0.01)
+        assert session.estopped and session.edge_estopped
+        t_release = time.monotonic()
+        assert fleet.Release(fleet_pb2.EStopRequest(all=True, reason="clear"), metadata=operator).changed
+        robot.wait_for(lambda d: np.allclose(d, 0.5), after=t_release, timeout=5, what="actions after release")
+        assert not node.guard.estopped and node.guard.counts.estop == 1
+    print(f"\ngateway e-stop -> safe command on the robot: {(stopped['t'] - t_estop) * 1e3:.1f} ms")
