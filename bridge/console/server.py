@@ -15,7 +15,8 @@ HTTP 401/403 with the reason):
     POST /api/rollback      {"policy", "version"?: int (default: the live one), "why"}
     POST /api/canary        {"policy", "fraction"?, "labels"?, "why"}
     POST /api/pin           {"policy", "selector": "session=ID"|"KEY=VALUE", "version": int | null, "why"}
-Every action is audited with the operator's name (`who` from the credentials).
+Every action is audited with the operator's name (`who` from the credentials). With `ssl_context` it
+serves HTTPS, and a verified client certificate (mTLS) is an identity as on gRPC.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import dataclasses
 import json
 import logging
 import math
+import ssl
 import time
 from collections import deque
 from pathlib import Path
@@ -50,9 +52,11 @@ HISTORY = 600  # chart points (one a second)
 
 
 class Console:
-    def __init__(self, gateway, *, host: str = "127.0.0.1", port: int = 0, sample_s: float = 1.0):
+    def __init__(self, gateway, *, host: str = "127.0.0.1", port: int = 0, sample_s: float = 1.0,
+                 ssl_context: ssl.SSLContext | None = None):
         self._gw = gateway
         self.host, self.port, self.sample_s = host, port, sample_s
+        self.ssl_context = ssl_context  # HTTPS (bridge.security.tls.http_ssl_context); client certs are identities
         self.url = ""
         self._runner: web.AppRunner | None = None
         self._sampler: asyncio.Task | None = None
@@ -70,7 +74,7 @@ class Console:
     async def start(self) -> None:
         self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, reuse_port=False)
+        site = web.TCPSite(self._runner, self.host, self.port, reuse_port=False, ssl_context=self.ssl_context)
         try:
             await site.start()
         except OSError as exc:
@@ -78,7 +82,7 @@ class Console:
             raise OSError(f"cannot bind the console to {self.host}:{self.port}: {exc}") from exc
         port = site._server.sockets[0].getsockname()[1]
         self.port = port
-        self.url = f"http://{self.host}:{port}/"
+        self.url = f"{'https' if self.ssl_context else 'http'}://{self.host}:{port}/"
         self._sampler = asyncio.create_task(self._sample())
 
     async def stop(self) -> None:
@@ -201,15 +205,23 @@ class Console:
 
     def _refused(self, request: web.Request, role: str) -> web.Response | None:
         try:
-            self._gw.auth.require_http(request.headers, role)
+            self._who(request, role)
         except GatewayError as exc:
             return _error(exc)
         return None
 
+    def _who(self, request: web.Request, role: str) -> str:
+        """The caller's identity for `role` (tokens, or a verified client certificate over HTTPS)."""
+        peer_cert = None
+        if self.ssl_context is not None and request.transport is not None:
+            ssl_object = request.transport.get_extra_info("ssl_object")
+            peer_cert = ssl_object.getpeercert() if ssl_object is not None else None
+        return self._gw.auth.require_http(request.headers, role, peer_cert=peer_cert or None)
+
     def _action(self, name: str):
         async def handler(request: web.Request) -> web.Response:
             try:
-                who = self._gw.auth.require_http(request.headers, "operator")
+                who = self._who(request, "operator")
                 try:
                     body = await request.json()
                 except (ValueError, UnicodeDecodeError) as exc:

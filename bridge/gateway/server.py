@@ -144,6 +144,8 @@ class Gateway:
         c = self.config
         tls = TlsFiles(cert=c.tls_cert, key=c.tls_key, client_ca=c.tls_client_ca) if c.tls_cert else None
         check_exposure(c.host, tls=tls is not None, insecure=c.insecure)  # InsecureBind: plaintext off loopback
+        if c.console_port is not None:  # the console: HTTPS with the same certificate, the same rule
+            check_exposure(c.console_host, tls=tls is not None, insecure=c.insecure, what="console")
         log.info("gateway security: %s; %s", ("mTLS (client certificates required)" if c.tls_client_ca else "TLS")
                  if tls else "plaintext", self.auth.describe())
         try:
@@ -184,8 +186,10 @@ class Gateway:
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if self.config.console_port is not None:
             from bridge.console.server import Console
+            from bridge.security.tls import http_ssl_context
 
-            self.console = Console(self, host=self.config.console_host, port=self.config.console_port)
+            self.console = Console(self, host=c.console_host, port=c.console_port,
+                                   ssl_context=http_ssl_context(tls) if tls else None)
             await self.console.start()
             self.fleet.console_url = self.console.url
             log.info("console on %s", self.console.url)
