@@ -38,7 +38,8 @@ import numpy as np
 from google.protobuf import json_format
 
 from bridge.gateway.batcher import MicroBatcher
-from bridge.gateway.policies import PolicyCatalog, ServedPolicy
+from bridge.gateway.errors import UnknownPolicy
+from bridge.gateway.policies import LOG_PROB, PolicyCatalog, ServedPolicy
 from bridge.gateway.publisher import Publisher, PublishError, VerificationFailed, read_metadata
 from bridge.gateway.rollout_config import RolloutPlan
 from bridge.gateway.rollout_io import Fingerprint, SwapFailed, restore_version, spec_dicts
@@ -56,6 +57,7 @@ from bridge.registry import (
 )
 from inference_server import ModelRepository, PolicyClient
 from protos import policies_pb2
+from protos.codec import Spec, TensorError, specs_from_proto
 
 log = logging.getLogger("tether.gateway")
 WITHDRAWN = (State.REJECTED, State.ROLLED_BACK)
@@ -174,22 +176,23 @@ class RolloutController:
         naming the failed check, after it was withdrawn."""
         repo = self._publisher.repository()
         started = time.monotonic()
-        current = await self._catalog.resolve(header.policy)
-        name = current.name
+        current = await self._current(header)
+        name = current.name if current is not None else header.policy
         who = who or f"trainer:{header.lineage.trainer or 'unknown'}"
         async with self._lock:
             rollout = self._rollout(name)
-            base = rollout.live if rollout.live is not None else current.version
+            base = rollout.live if rollout.live is not None else current.version if current is not None else None
             known = [r.version for r in self.registry.versions(name)]
-            version = max([*repo.versions(name), *repo.retired_versions(name), *known, base]) + 1
+            version = max([0, *repo.versions(name), *repo.retired_versions(name), *known, base or 0]) + 1
+            inputs, outputs = (current.inputs, current.outputs) if current is not None else _header_specs(header)
             await self._write(self.registry.add, name, version, sha256=_hex(header.sha256),
                               format=header.format or "safetensors",
                               lineage=json_format.MessageToDict(header.lineage, preserving_proto_field_name=True),
-                              inputs=spec_dicts(current.inputs), outputs=spec_dicts(current.outputs), who=who)
+                              inputs=spec_dicts(inputs), outputs=spec_dicts(outputs), who=who)
             self._newest[name] = (version, time.time_ns())
             self._gating[name] = version
             try:
-                reply = await self._gate_and_load(name, version, base, header, data, current)
+                reply = await self._gate_and_load(name, version, base, header, data)
             except BaseException as exc:
                 await self._reject(name, version, exc)
                 raise
@@ -203,8 +206,17 @@ class RolloutController:
                  self.registry.get(name, version).state, reply.load_seconds)
         return reply
 
-    async def _gate_and_load(self, name: str, version: int, base: int, header: policies_pb2.PublishHeader,
-                             data: bytes, current: ServedPolicy) -> policies_pb2.PublishReply:
+    async def _current(self, header: policies_pb2.PublishHeader) -> ServedPolicy | None:
+        """The policy a publish adds a version to; None for an imported file that creates a new policy."""
+        try:
+            return await self._catalog.resolve(header.policy)
+        except UnknownPolicy:
+            if header.policy and header.format != "safetensors" and header.inputs and header.outputs:
+                return None
+            raise
+
+    async def _gate_and_load(self, name: str, version: int, base: int | None, header: policies_pb2.PublishHeader,
+                             data: bytes) -> policies_pb2.PublishReply:
         repo = self._publisher.repository()
         weights, architecture = await asyncio.to_thread(self._publisher.decode, header, data, name, base)
         artifact = self.gate.check_artifact(weights, architecture, sha256=header.sha256, data=data)
@@ -212,14 +224,15 @@ class RolloutController:
         if not artifact.passed:
             raise PublishError(f"policy {name!r} v{version} rejected by the gate: integrity: {artifact.detail}")
         keep = self._needed(name, self._rollout(name)) | self._in_use(name) | {base}
+        # the write step is one call (Publisher.write): safetensors over the base's architecture, or an imported file
         self._retire(repo, name, keep)  # one load_model below unloads these and loads the new one
         await self._publisher.write(name, version, header, weights, base)
         ready = await self._publisher.load(name, version)
         await self._verify_ready(name)  # the unloads took effect too
-        await self._catalog.ensure(name, version)
+        served = await self._catalog.ensure(name, version)
         rollout = self._rollout(name)
         checks = await self.gate.check_served(policy=name, version=version, incumbent=rollout.live, header=header,
-                                              action_spec=tuple(s for s in current.outputs if s.name != "log_prob"))
+                                              action_spec=tuple(s for s in served.outputs if s.name != LOG_PROB))
         await self._write(self.registry.record_gate, name, version, [c.to_dict() for c in checks])
         failed = [c for c in checks if not c.passed]
         if failed:
@@ -244,8 +257,9 @@ class RolloutController:
         self._refresh(name)
 
     async def _enter_plan(self, name: str, version: int) -> None:
-        if self.plan.mode == "direct":
-            await self._write(self.registry.move, name, version, State.LIVE, who="auto", why="rollout direct")
+        if self.plan.mode == "direct" or self._rollout(name).live is None:  # a first version protects nothing
+            why = "rollout direct" if self.plan.mode == "direct" else "the policy's first version"
+            await self._write(self.registry.move, name, version, State.LIVE, who="auto", why=why)
             await self._catalog.promote(name, version)
         else:
             rollout = self._rollout(name)
@@ -561,6 +575,13 @@ class RolloutController:
     async def _write(self, fn, *args, **kwargs):
         """A registry change off the event loop (it fsyncs): sessions keep being answered meanwhile."""
         return await asyncio.to_thread(fn, *args, **kwargs)
+
+
+def _header_specs(header: policies_pb2.PublishHeader) -> tuple[tuple[Spec, ...], tuple[Spec, ...]]:
+    try:
+        return specs_from_proto(header.inputs), specs_from_proto(header.outputs)
+    except TensorError as exc:
+        raise PublishError(f"the specs in the header: {exc}") from exc
 
 
 def _hex(digest: str) -> str:
