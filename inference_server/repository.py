@@ -47,7 +47,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from inference_server.artifact import ARTIFACT_FILES, ArtifactError, check_artifact
+from inference_server import onnx_export
+from inference_server.artifact import ARTIFACT_FILES, ArtifactError, check_artifact, read_specs
 from protos.codec import Spec, dtype_to_proto, triton_dtype
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -74,13 +75,17 @@ class ModelRepository:
 
     def write_version(self, model: str, version: int, module: torch.nn.Module,
                       observation_spec: Sequence[Spec], action_spec: Sequence[Spec], *,
-                      max_batch_size: int = 64, max_queue_delay_us: int = 100) -> Path:
+                      max_batch_size: int = 64, max_queue_delay_us: int = 100, serve: str = "torchscript") -> Path:
         """TorchScript `module` into `root/model/version` and (re)write the model's config.
 
         `module.forward` takes the observation tensors positionally in spec order, each with a
         leading batch dimension, and returns one tensor or a tuple in action-spec order. It is
-        probed with zeros before anything is written. Returns the version folder.
+        probed with zeros before anything is written. `serve="onnx"` serves it (and every version
+        `write_weights` makes from it) with onnxruntime, exported and checked (inference_server.
+        onnx_export): a version then loads in a fraction of the time. Returns the version folder.
         """
+        if serve not in _WRAPPERS:
+            raise ValueError(f"serve {serve!r} must be one of {sorted(_WRAPPERS)}")
         observation_spec, action_spec = tuple(observation_spec), tuple(action_spec)
         final, config_path, config = self._plan(model, version, observation_spec, action_spec, max_batch_size,
                                                 max_queue_delay_us)
@@ -94,11 +99,14 @@ class ModelRepository:
             _probe(scripted, observation_spec, action_spec)
             buffer = io.BytesIO()
             torch.jit.save(scripted, buffer)
+        exported = onnx_export.export(scripted, observation_spec, action_spec) if serve == "onnx" else None
         model_dir.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".v{version}-", dir=model_dir))
         try:
             (staging / "policy.pt").write_bytes(buffer.getvalue())
-            _install_wrapper(_MODEL_PY, staging)
+            if exported is not None:
+                (staging / "policy.onnx").write_bytes(exported)
+            _install_wrapper(_WRAPPERS[serve], staging)
             os.chmod(staging, 0o755)
             if not config_path.exists() or config_path.read_text() != config:
                 _write_atomically(config_path, config)  # an unchanged config is left as it is
@@ -176,7 +184,8 @@ class ModelRepository:
                       base_version: int | None = None) -> Path:
         """A new version: the TorchScript architecture of `base_version` (default: the newest on
         disk) with `weights` loaded over it, strictly: every name, shape and dtype must match and
-        every value be finite (ValueError naming the tensor otherwise)."""
+        every value be finite (ValueError naming the tensor otherwise). Served like the base version
+        (torch, or onnxruntime when it was written with `serve="onnx"`)."""
         _check_model_name(model)
         on_disk = self.versions(model)
         if not on_disk:
@@ -193,10 +202,15 @@ class ModelRepository:
             scripted.load_state_dict(dict(weights), strict=True)
             buffer = io.BytesIO()
             torch.jit.save(scripted, buffer)
+        base_onnx = self.root / model / str(base) / "policy.onnx"
+        exported = onnx_export.export(scripted, *read_specs("onnx", base_onnx.read_bytes())) \
+            if base_onnx.exists() else None
         staging = Path(tempfile.mkdtemp(prefix=f".v{version}-", dir=self.root / model))
         try:
             (staging / "policy.pt").write_bytes(buffer.getvalue())
-            _install_wrapper(_MODEL_PY, staging)
+            if exported is not None:
+                (staging / "policy.onnx").write_bytes(exported)
+            _install_wrapper(_WRAPPERS["onnx" if exported is not None else "torchscript"], staging)
             os.chmod(staging, 0o755)
             os.rename(staging, final)
         except BaseException:

@@ -275,3 +275,39 @@ def test_an_imported_file_carries_its_readable_weights(module):
     assert dict(ts) == {} and ts.outputs == ACT
     with pytest.raises(ArtifactError, match="travels with its input and output specs"):
         artifact.imported_file("onnx", onnx_bytes(module), (), ACT)
+
+
+@pytest.mark.slow
+def test_module_versions_served_with_onnxruntime_follow_their_base(tmp_path):
+    """write_version(serve="onnx"): the TorchScript stays (architecture, weights), onnxruntime serves;
+    write_weights keeps serving the new version that way; a stochastic policy's mean matches too."""
+    from trainer.policy import GaussianPolicy, MLPPolicy
+
+    obs, act = Spec("observation", np.float32, (5,)), Spec("action", np.float32, (2,), (-1.0,), (1.0,))
+    repo = ModelRepository(tmp_path / "models")
+    mlp = MLPPolicy(obs, act, seed=0)
+    repo.write_version("fast", 1, mlp, (obs,), (act,), serve="onnx")
+    weights = {k: v * 1.5 if k.startswith("net.") else v for k, v in repo.state_dict("fast", 1).items()}
+    repo.write_weights("fast", 2, weights)
+    gaussian = GaussianPolicy(obs, act, seed=0)
+    repo.write_version("noisy", 1, gaussian, (obs,), GaussianPolicy.output_specs(act), serve="onnx")
+    for version in (1, 2):
+        assert {"policy.pt", "policy.onnx"} <= {p.name for p in (repo.root / "fast" / str(version)).iterdir()}
+    x = np.random.default_rng(3).standard_normal((4, 5)).astype(np.float32)
+    mlp.load_state_dict(weights)
+
+    async def scenario(client):
+        fast = await client.infer("fast", 2, {"observation": x}, ["action"])
+        noisy = await client.infer("noisy", 1, {"observation": x}, ["action", "log_prob", "action_mean"])
+        return fast, noisy
+
+    with TritonServer(repo.root, models=["fast", "noisy"]) as server:
+        fast, noisy = run(server, scenario)
+    with torch.no_grad():
+        np.testing.assert_allclose(fast["action"], mlp(torch.from_numpy(x)).numpy(), rtol=1e-5, atol=1e-6)
+        mean = gaussian(torch.from_numpy(x))[2].numpy()
+    np.testing.assert_allclose(noisy["action_mean"], mean, rtol=1e-5, atol=1e-6)
+    assert noisy["action"].shape == (4, 2) and noisy["log_prob"].shape == (4, 1)
+    assert np.isfinite(noisy["log_prob"]).all() and not np.allclose(noisy["action"], noisy["action_mean"])
+    with pytest.raises(ValueError, match="serve 'tensorrt'"):
+        repo.write_version("x", 1, mlp, (obs,), (act,), serve="tensorrt")
