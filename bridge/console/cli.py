@@ -5,8 +5,9 @@
     tether estop --gateway 127.0.0.1:50051 --all
     tether release --gateway 127.0.0.1:50051 --robot arm_1 --reason "cell clear"
 
-Credentials: `--token NAME.SECRET` (or $TETHER_TOKEN) is sent as `authorization: Bearer ...`;
-`--operator NAME` (or $TETHER_OPERATOR) names you where the gateway allows open access.
+Credentials (bridge.security.channel): `--token NAME.SECRET` (or $TETHER_TOKEN), TLS with `--tls-ca`,
+a client certificate with `--tls-cert/--tls-key`; `--operator NAME` (or $TETHER_OPERATOR) names you
+where the gateway allows open access.
 Exit status: 0 done, 1 refused or failed (the reason on stderr), 2 bad arguments.
 """
 
@@ -18,15 +19,16 @@ import sys
 
 import grpc
 
+from bridge.security.channel import add_client_args, channel_kwargs, secure_channel_sync
 from protos import fleet_pb2, fleet_pb2_grpc
 
 
 def _parser(command: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"tether {command}", description=__doc__.splitlines()[0])
     p.add_argument("--gateway", default="127.0.0.1:50051", help="the gateway's gRPC address HOST:PORT")
-    p.add_argument("--token", default=os.environ.get("TETHER_TOKEN", ""), help="operator/viewer token NAME.SECRET")
     p.add_argument("--operator", default=os.environ.get("TETHER_OPERATOR", ""), help="your name (open access)")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds")
+    add_client_args(p)
     if command != "status":
         who = p.add_mutually_exclusive_group(required=True)
         who.add_argument("--session", help="one session id")
@@ -38,13 +40,8 @@ def _parser(command: str) -> argparse.ArgumentParser:
     return p
 
 
-def metadata(token: str, operator: str) -> list[tuple[str, str]]:
-    md = []
-    if token:
-        md.append(("authorization", f"Bearer {token}"))
-    if operator:
-        md.append(("x-tether-operator", operator))
-    return md
+def metadata(operator: str) -> list[tuple[str, str]]:
+    return [("x-tether-operator", operator)] if operator else []
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:
@@ -78,9 +75,14 @@ def render(status: fleet_pb2.FleetStatus) -> str:
 
 
 def main(command: str, argv: list[str] | None = None) -> int:
-    a = _parser(command).parse_args(argv)
-    md = metadata(a.token, a.operator)
-    with grpc.insecure_channel(a.gateway) as channel:
+    parser = _parser(command)
+    a = parser.parse_args(argv)
+    md = metadata(a.operator)
+    try:
+        channel = secure_channel_sync(a.gateway, **channel_kwargs(a))
+    except (ValueError, OSError) as exc:  # a token to a plaintext remote address, unreadable cert files
+        parser.error(str(exc))
+    with channel:
         stub = fleet_pb2_grpc.FleetStub(channel)
         try:
             if command == "status":

@@ -159,3 +159,25 @@ def test_vector_session_held_rows_and_guard_reports_counted(triton):
             assert "tether_estop_steps_total 8.0" in text  # 2 held steps x 4 envs
 
     asyncio.run(scenario())
+
+
+def test_estop_needs_an_operator_token_when_tokens_are_configured(triton, tmp_path):
+    from bridge.security.tokens import TokenStore
+
+    store = TokenStore(tmp_path / "tokens.json")
+    alice, bob = store.add("alice", role="operator"), store.add("bob", role="viewer")
+
+    async def scenario():
+        async with running_gateway(triton.url, policy="tiny", tokens=tmp_path / "tokens.json") as gw:
+            target = ["--gateway", gw.address, "--robot", "arm_1"]
+            rc, _ = await run_cli("estop", *target)
+            assert rc == 1 and not gw.fleet.estops
+            rc, _ = await run_cli("estop", *target, "--token", bob)
+            assert rc == 1 and not gw.fleet.estops
+            rc, out = await run_cli("status", "--gateway", gw.address, "--token", bob)  # a viewer may look
+            assert rc == 0 and "0 sessions" in out, out
+            rc, out = await run_cli("estop", *target, "--token", alice, "--reason", "drill")
+            assert rc == 0 and "by operator:alice" in out and "robot=arm_1" in gw.fleet.estops, out
+        return [(e["kind"], e["who"], e["why"]) for e in gw.fleet.audit_events()]
+
+    assert asyncio.run(scenario()) == [("estop", "operator:alice", "drill")]
