@@ -138,31 +138,32 @@ def test_the_gate_on_served_versions_consistency_and_actions_leaving_the_bounds(
     wild_gains = tuple(50 * g for g in STABLE)
 
     async def scenario():
-        async with running_gateway(server.grpc_url, policy="pend", experience_dir=tmp_path / "experience") as gw:
-            client, version = PolicyClient(server.grpc_url, timeout_s=30.0), None
-            try:  # the log exists, still empty
+        client, version = PolicyClient(server.grpc_url, timeout_s=30.0), None
+        try:
+            async with running_gateway(server.grpc_url, policy="pend", experience_dir=tmp_path / "experience") as gw:
                 empty = await Gate(client=client, experience_dir=tmp_path / "experience", evaluator=None,
-                                   config=GateConfig()).action_sanity("pend", 1, ACT)
+                                   config=GateConfig()).action_sanity("pend", 1, ACT)   # the log exists, still empty
                 await run_sessions(gw.address, lambda i: make_env(ENV, seed=i, max_episode_steps=STEPS), envs=2,
                                    steps=150)
-                version = max(repo.versions("pend") + repo.retired_versions("pend")) + 1
-                repo.write_version("pend", version, Linear(wild_gains, limit=1e6), OBS, ACT)
+            # the gateway has closed its log: every check below reads the same 100 newest observations
+            version = max(repo.versions("pend") + repo.retired_versions("pend")) + 1
+            repo.write_version("pend", version, Linear(wild_gains, limit=1e6), OBS, ACT)
+            await client.load_model("pend")
+            config = GateConfig(sanity_samples=100, max_jerk=0.5)
+            gate = Gate(client=client, experience_dir=tmp_path / "experience", evaluator=None, config=config)
+            wild = await gate.check_served(policy="pend", version=version, incumbent=1, action_spec=ACT,
+                                           header=probe_header("pend", Linear(wild_gains, limit=1e6)))
+            stale = await gate.consistency("pend", version, probe_header("pend", Linear(STABLE)))
+            good = await gate.check_served(policy="pend", version=1, incumbent=None, action_spec=ACT,
+                                           header=probe_header("pend", Linear(STABLE)))
+            strict = Gate(client=client, experience_dir=tmp_path / "experience", evaluator=None,
+                          config=GateConfig(sanity_samples=100, max_jerk=1e-6))
+            jerky = await strict.action_sanity("pend", 1, ACT)
+        finally:
+            if version is not None:  # out of Triton again: other tests see v1 only
+                repo.retire("pend", version)
                 await client.load_model("pend")
-                config = GateConfig(sanity_samples=100, max_jerk=0.5)
-                gate = Gate(client=client, experience_dir=tmp_path / "experience", evaluator=None, config=config)
-                wild = await gate.check_served(policy="pend", version=version, incumbent=1, action_spec=ACT,
-                                               header=probe_header("pend", Linear(wild_gains, limit=1e6)))
-                stale = await gate.consistency("pend", version, probe_header("pend", Linear(STABLE)))
-                good = await gate.check_served(policy="pend", version=1, incumbent=None, action_spec=ACT,
-                                               header=probe_header("pend", Linear(STABLE)))
-                strict = Gate(client=client, experience_dir=tmp_path / "experience", evaluator=None,
-                              config=GateConfig(sanity_samples=100, max_jerk=1e-6))
-                jerky = await strict.action_sanity("pend", 1, ACT)
-            finally:
-                if version is not None:  # out of Triton again: other tests see v1 only
-                    repo.retire("pend", version)
-                    await client.load_model("pend")
-                await client.close()
+            await client.close()
         return empty, wild, stale, good, jerky
 
     empty, wild, stale, good, jerky = asyncio.run(scenario())
