@@ -10,8 +10,13 @@ are subprocesses; the sims are a subprocess of this script (`--worker`), N Hoppe
 each stepping every `--period-ms` and recording every control step (send time, round trip,
 version). This process publishes new weights like a trainer does (safetensors, 1 MiB chunks,
 probe batch) and records each swap's window, from the first byte sent to the reply (the version
-served by Triton, verified on the probe batch and live). Steps sent inside a window (plus 0.5 s)
-count as "during swaps", the others as "without". Prints a table and writes JSON.
+gated, served by Triton, verified on the probe batch and live). Steps sent inside a window (plus
+0.5 s) count as "during swaps", the others as "without". Prints a table and writes JSON.
+
+Models: `small` (a 64x64 MLP served by torch), `small_ort` (the same, written with serve="onnx":
+its versions are served by onnxruntime), `onnx` (the MLP imported as an ONNX file, as `tether
+policy import` sends it), `big` (a 5000x5000 MLP, 25 M parameters, ~100 MB, served by torch).
+The sessions act with `small`, which its swaps move them to; the other swaps run beside them.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from protos.codec import decode_all, encode, encode_all
 from tether.topology import gateway_process, write_json
 from trainer.policy import MLPPolicy
 
-SMALL, BIG, ONNX = "swap_mlp", "swap_big", "swap_onnx"
+SMALL, ORT, BIG, ONNX = "swap_mlp", "swap_mlp_ort", "swap_big", "swap_onnx"
 BIG_HIDDEN = (5000, 5000)  # 11*5000 + 5000*5000 + 5000*3 ≈ 25.1 M float32 parameters ≈ 100 MB
 CHUNK = 1 << 20
 LINGER_S = 0.5  # steps this long after a swap's reply still count as "during" it
@@ -261,13 +266,14 @@ def main(argv: list[str] | None = None) -> dict | None:
     big = MLPPolicy(obs_spec[0], act_spec[0], hidden=BIG_HIDDEN, seed=0).eval()
     repo = ModelRepository(run_dir / "models")
     repo.write_version(SMALL, 1, small, obs_spec, act_spec)
+    repo.write_version(ORT, 1, small, obs_spec, act_spec, serve="onnx")  # trainer versions served by onnxruntime
     repo.write_version(BIG, 1, big, obs_spec, act_spec)
     repo.write_artifact(ONNX, 1, "onnx", onnx_file(small, obs_spec[0]), obs_spec, act_spec)
     big_mb = sum(t.numel() * t.element_size() for t in big.state_dict().values()) / 1e6
     print(f"run dir {run_dir}; big model {sum(p.numel() for p in big.parameters()) / 1e6:.1f} M parameters, "
           f"{big_mb:.0f} MB", flush=True)
     swaps: list[dict] = []
-    with TritonServer(repo.root, models=[SMALL, BIG, ONNX], log_path=run_dir / "triton.log") as triton, \
+    with TritonServer(repo.root, models=[SMALL, ORT, BIG, ONNX], log_path=run_dir / "triton.log") as triton, \
             gateway_process(triton_url=triton.grpc_url, policy=SMALL, log_path=run_dir / "gateway.log",
                             extra_args=("--model-repository", str(repo.root), "--switch", "step",
                                         "--deadline-ms", str(int(a.deadline_ms)))) as gw:
@@ -281,8 +287,10 @@ def main(argv: list[str] | None = None) -> dict | None:
             channel = grpc.insecure_channel(gw, options=[("grpc.max_send_message_length", 64 << 20)])
             stub = policies_pb2_grpc.PoliciesStub(channel)
             time.sleep(a.quiet_s)
-            for kind, module, count in (("small", small, a.small_swaps), ("big", big, a.big_swaps)):
-                name = SMALL if kind == "small" else BIG
+            names = {"small": SMALL, "small_ort": ORT, "big": BIG}
+            for kind, module, count in (("small", small, a.small_swaps), ("small_ort", small, a.small_swaps),
+                                        ("big", big, a.big_swaps)):
+                name = names[kind]
                 for i in range(count):
                     swap = publish(stub, name, perturbed(module, i), obs_spec[0], parent=1 + i)
                     swaps.append({"model": kind, **swap})
@@ -326,6 +334,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         "swaps": swaps,
         "small": _summary([s for s in swaps if s["model"] == "small"]),
         "big": _summary([s for s in swaps if s["model"] == "big"]),
+        "small_ort": _summary([s for s in swaps if s["model"] == "small_ort"]),
         "onnx": _summary([s for s in swaps if s["model"] == "onnx"]),
         "first_action_with_new_version_s": first_acted,
         "steps_without_swaps": stats(rows[~during], a.deadline_ms),
@@ -347,11 +356,11 @@ def _summary(swaps: list[dict]) -> dict:
 
 
 def print_table(r: dict) -> None:
-    print(f"\n{'model':<8}{'MB':>8}{'publish->live s':>17}{'server s':>10}{'transfer MB/s':>15}")
-    for kind in ("small", "onnx", "big"):
+    print(f"\n{'model':<10}{'MB':>8}{'publish->live s':>17}{'server s':>10}{'transfer MB/s':>15}")
+    for kind in ("small", "small_ort", "onnx", "big"):
         rows = [s for s in r["swaps"] if s["model"] == kind]
         if rows:
-            print(f"{kind:<8}{rows[0]['bytes'] / 1e6:>8.2f}{r[kind]['publish_to_live_s']['median']:>17.2f}"
+            print(f"{kind:<10}{rows[0]['bytes'] / 1e6:>8.2f}{r[kind]['publish_to_live_s']['median']:>17.2f}"
                   f"{r[kind]['server_s']['median']:>10.2f}{r[kind]['transfer_mb_s']['median']:>15.0f}")
     print(f"\n{'control steps':<16}{'steps':>8}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'missed':>8}{'errors':>8}")
     for key in ("steps_without_swaps", "steps_during_swaps"):
