@@ -92,6 +92,9 @@ def _node_parser() -> argparse.ArgumentParser:
                    help="overlapping chunks: the newest wins, or ACT's temporal ensembling")
     p.add_argument("--ensemble-decay", type=float, default=0.01, help="ensembling weight exp(-decay * i)")
     p.add_argument("--status-s", type=float, default=5.0, help="seconds between status lines")
+    p.add_argument("--tls-ca", type=Path, help="CA of the gateway's certificate (turns TLS on)")
+    p.add_argument("--tls-cert", type=Path, help="this robot's certificate, its identity (mTLS; tether certs init)")
+    p.add_argument("--tls-key", type=Path, help="the certificate's private key")
     p.add_argument("--report", type=Path, help="on stop, write the node's counts and every command with what "
                    "produced it (policy version, chunk, index) to this JSON file")
     return p
@@ -137,7 +140,8 @@ def main(argv: list[str] | None = None) -> None:
         config = EdgeConfig(gateway=a.gateway, rate_hz=a.rate, policy=a.policy, node_name=a.node_name,
                             operators=tuple(o.strip() for o in a.operators.split(",") if o.strip()),
                             chunk=a.chunk, chunk_threshold=a.chunk_threshold, chunk_merge=a.chunk_merge,
-                            ensemble_decay=a.ensemble_decay)
+                            ensemble_decay=a.ensemble_decay, tls_ca=a.tls_ca, tls_cert=a.tls_cert,
+                            tls_key=a.tls_key)
         if not a.status_s > 0:
             raise EdgeConfigError(f"--status-s: expected seconds > 0, got {a.status_s}")
     except (TopicMapError, ValueError) as exc:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from bridge.ros2.chunks import MERGES
 from bridge.ros2.estop import RELEASE_TOPIC, STATE_TOPIC
@@ -63,6 +64,9 @@ class EdgeConfig:
     chunk_threshold: int | None = None         # ask for the next chunk with this many left (H // 2)
     chunk_merge: str = "newest"                # overlapping chunks: newest | ensemble (ACT)
     ensemble_decay: float = 0.01               # ensemble weight exp(-decay * i), i = 0 the oldest
+    tls_ca: Path | None = None                 # TLS to the gateway: the CA of its certificate
+    tls_cert: Path | None = None               # mTLS: this robot's certificate (its identity, OU=robot)
+    tls_key: Path | None = None                # ... and its private key
 
     def __post_init__(self) -> None:
         ops = self.operators
@@ -98,6 +102,22 @@ class EdgeConfig:
                 ros_topic(getattr(self, name))
             except TransportError as exc:
                 raise EdgeConfigError(f"{name}: {exc}") from None
+        if (self.tls_cert is None) != (self.tls_key is None) or (self.tls_cert is not None and self.tls_ca is None):
+            raise EdgeConfigError(f"tls: a client certificate needs tls_cert, tls_key and tls_ca, got "
+                                  f"cert={self.tls_cert} key={self.tls_key} ca={self.tls_ca}")
+        for name in ("tls_ca", "tls_cert", "tls_key"):
+            if getattr(self, name) is not None and not Path(getattr(self, name)).is_file():
+                raise EdgeConfigError(f"{name}: no such file {getattr(self, name)}")
+
+    def credentials(self):
+        """`grpc.ChannelCredentials` for TLS (mTLS with a certificate), or None for plaintext."""
+        if self.tls_ca is None:
+            return None
+        import grpc
+
+        read = {name: Path(p).read_bytes() if p is not None else None
+                for name, p in (("ca", self.tls_ca), ("cert", self.tls_cert), ("key", self.tls_key))}
+        return grpc.ssl_channel_credentials(read["ca"], read["key"], read["cert"])
 
 
 def guard_config(topic_map: TopicMap, *, deadline_s: float, velocity_limit: object = None,

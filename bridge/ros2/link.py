@@ -84,7 +84,8 @@ class GatewayLink:
     """Keeps one Connect stream to `target` (HOST:PORT) open, announcing itself with `hello`."""
 
     def __init__(self, target: str, hello: bridge_pb2.Hello, events: queue.SimpleQueue, *,
-                 connect_timeout_s: float = 2.0, backoff_s: tuple[float, float] = (0.1, 2.0)):
+                 connect_timeout_s: float = 2.0, backoff_s: tuple[float, float] = (0.1, 2.0),
+                 credentials: grpc.ChannelCredentials | None = None):
         if not isinstance(target, str) or not target.rpartition(":")[2].isdigit():
             raise ValueError(f"target: expected HOST:PORT, got {target!r}")
         self.connect_timeout_s = _positive("connect_timeout_s", connect_timeout_s)
@@ -93,6 +94,7 @@ class GatewayLink:
                 and 0 < backoff_s[0] <= backoff_s[1] < math.inf):
             raise ValueError(f"backoff_s: expected (initial, max) with 0 < initial <= max, got {backoff_s!r}")
         self.target, self.hello, self.backoff_s = target, hello, (float(backoff_s[0]), float(backoff_s[1]))
+        self._credentials = credentials  # TLS (EdgeConfig.credentials()); None = plaintext
         self._events = events
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -158,7 +160,8 @@ class GatewayLink:
 
     def _stream(self, generation: int) -> tuple[bool, str]:
         """One stream from connect to end: (whether it was welcomed, why it ended)."""
-        channel = grpc.insecure_channel(self.target, options=_CHANNEL_OPTIONS)
+        channel = (grpc.secure_channel(self.target, self._credentials, options=_CHANNEL_OPTIONS)
+                   if self._credentials is not None else grpc.insecure_channel(self.target, options=_CHANNEL_OPTIONS))
         outbox: queue.SimpleQueue = queue.SimpleQueue()
         welcomed = False
         try:

@@ -185,7 +185,7 @@ class EdgeNode:
             action_spec=[s.to_proto() for s in self._reply_layout.specs],
             labels={"node": config.node_name, "rate_hz": f"{config.rate_hz:g}", "chunk": str(horizon)})
         self._link = GatewayLink(config.gateway, hello, self._events, connect_timeout_s=config.connect_timeout_s,
-                                 backoff_s=config.backoff_s)
+                                 backoff_s=config.backoff_s, credentials=config.credentials())
         self._thread = threading.Thread(target=self._run, name=f"edge-control-{config.node_name}", daemon=True)
         self._stopping = threading.Event()
         self._failure: BaseException | None = None
