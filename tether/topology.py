@@ -160,6 +160,14 @@ def _reached(target: float | None):
     return lambda stats: (stats.recent_return() or float("-inf")) >= target
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @contextlib.contextmanager
 def trainer_process(*, gateway: str, policy: str, run_dir: Path, nproc: int, seed: int, seconds: float,
                     extra_args: tuple[str, ...] = ()) -> Iterator[subprocess.Popen]:
@@ -191,13 +199,15 @@ def run_demo(config: DemoConfig) -> dict:
         # 1000 steps, and waiting for an episode's end would leave PPO learning from far-behind versions
         gateway_args = ("--model-repository", str(repo.root), "--experience-dir", str(run_dir / "experience"),
                         "--switch", "step")
+    console_port = _free_port()  # the operator console (and /metrics) on loopback: open it while the demo runs
+    gateway_args += ("--console-port", str(console_port))
     t0 = time.monotonic()
     with TritonServer(repo.root, models=[name], log_path=run_dir / "triton.log") as triton:
         print(f"triton  {triton.version} on {triton.grpc_url} (ready in {time.monotonic() - t0:.1f} s)")
         with contextlib.ExitStack() as stack:
             gw = stack.enter_context(gateway_process(triton_url=triton.grpc_url, policy=name,
                                                      log_path=run_dir / "gateway.log", extra_args=gateway_args))
-            print(f"gateway {gw}", flush=True)
+            print(f"gateway {gw}\nconsole http://127.0.0.1:{console_port}/ (metrics at /metrics)", flush=True)
             if config.train:
                 stack.enter_context(trainer_process(gateway=gw, policy=name, run_dir=run_dir,
                                                     nproc=config.trainer_nproc, seed=config.seed,
