@@ -9,7 +9,8 @@
     fleet.release(Target(robot="arm_1"), who="operator:ada", why="cell clear")
     fleet.status()                                 # fleet_pb2.FleetStatus (tether status, the console)
 
-E-stop: a latched selector (a session id, a robot = the Hello label robot=NAME, or all). It holds
+E-stop: a latched selector (a session id, a robot = the Hello label robot=NAME, or the edge node's
+node=NAME, or all). It holds
 sessions that connect later too, until released. A held session's observations get the safe action
 (zero clipped into the action spec's bounds) with `Action.estop = true`, no inference, and nothing
 is logged for those steps (the pending transition is dropped, so no transition spans the hold); a
@@ -33,7 +34,7 @@ from protos import bridge_pb2, fleet_pb2
 from protos.codec import encode
 
 Code = bridge_pb2.StepError.Code
-ROBOT_LABEL = "robot"
+ROBOT_LABELS = ("robot", "node")  # Hello labels naming a robot: robot=NAME, or the ROS 2 edge node's node=NAME
 MAX_NAME = 128
 
 
@@ -123,9 +124,11 @@ class Fleet:
         if (key := f"session={session.id}") in self.estops:
             return key
         view = self._views.get(session.id)
-        robot = view.labels.get(ROBOT_LABEL) if view else None
-        if robot and (key := f"robot={robot}") in self.estops:
-            return key
+        if view is not None:
+            for label in ROBOT_LABELS:
+                robot = view.labels.get(label)
+                if robot and (key := f"robot={robot}") in self.estops:
+                    return key
         return None
 
     async def hold(self, session, obs: bridge_pb2.Observation) -> bridge_pb2.ServerMessage:

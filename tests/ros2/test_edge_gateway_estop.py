@@ -54,7 +54,8 @@ def test_gateway_estop_latches_the_edge_guard_until_the_gateway_releases(ros_dom
         fleet = fleet_pb2_grpc.FleetStub(channel)
         const(robot, 0.5)
         t_estop = time.monotonic()
-        reply = fleet.EStop(fleet_pb2.EStopRequest(all=True, reason="person in the cell"), metadata=operator)
+        reply = fleet.EStop(fleet_pb2.EStopRequest(robot="edge_under_test", reason="person in the cell"),
+                            metadata=operator)
         assert reply.changed and len(reply.sessions) == 1 and reply.who == "operator:ada"
         for _ in range(1000):  # bounded: 10 s (a zero command alone may be the watchdog's on a loaded machine)
             if node.guard.estopped:
@@ -73,7 +74,7 @@ def test_gateway_estop_latches_the_edge_guard_until_the_gateway_releases(ros_dom
             time.sleep(0.01)
         assert session.estopped and session.edge_estopped
         t_release = time.monotonic()
-        assert fleet.Release(fleet_pb2.EStopRequest(all=True, reason="clear"), metadata=operator).changed
+        assert fleet.Release(fleet_pb2.EStopRequest(robot="edge_under_test", reason="clear"), metadata=operator).changed
         robot.wait_for(lambda d: np.allclose(d, 0.5), after=t_release, timeout=5, what="actions after release")
         assert not node.guard.estopped and node.guard.counts.estop == 1
     print(f"\ngateway e-stop -> safe command on the robot: {(stopped['t'] - t_estop) * 1e3:.1f} ms")

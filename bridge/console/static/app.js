@@ -94,7 +94,7 @@ function renderFleet(s) {
   const body = $("#sessions tbody");
   body.replaceChildren(...s.sessions.map((r) => {
     const held = r.estopped || r.edge_estopped;
-    const robot = r.labels.robot;
+    const robot = r.labels.robot || r.labels.node;
     const target = robot ? { robot } : { session_id: r.session_id };
     const who = robot ? `robot ${robot}` : `session ${r.session_id}`;
     const button = r.estopped
