@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import numpy as np
 from google.protobuf import json_format
@@ -43,17 +43,14 @@ from bridge.gateway.policies import LOG_PROB, PolicyCatalog, ServedPolicy
 from bridge.gateway.publisher import Publisher, PublishError, VerificationFailed, read_metadata
 from bridge.gateway.rollout_config import RolloutPlan
 from bridge.gateway.rollout_io import Fingerprint, SwapFailed, restore_version, spec_dicts
-from bridge.gateway.version_stats import VersionStats
+from bridge.gateway.rollout_router import RolloutRouter
 from bridge.registry import (
     MOVES,
     Registry,
     RegistryError,
-    RegressionMonitor,
     Rollout,
     State,
     VersionRecord,
-    assign,
-    shadow_of,
 )
 from inference_server import ModelRepository, PolicyClient
 from protos import policies_pb2
@@ -61,8 +58,6 @@ from protos.codec import Spec, TensorError, specs_from_proto
 
 log = logging.getLogger("tether.gateway")
 WITHDRAWN = (State.REJECTED, State.ROLLED_BACK)
-MAX_ASSIGNED = 65536  # cached session assignments per policy (cleared at every rollout change)
-MAX_SHADOW_INFLIGHT = 64  # shadow inferences in flight at once; beyond it a step is not shadowed
 
 
 class RolloutController:
@@ -76,13 +71,13 @@ class RolloutController:
         self._catalog, self._control, self._batcher = catalog, control, batcher
         self._publisher, self._repo, self._in_use, self._sessions = publisher, repository, in_use, sessions
         self._lock = asyncio.Lock()
-        self._rollouts: dict[str, Rollout] = {}
-        self._assigned: dict[str, dict[str, tuple]] = {}  # policy -> session id -> (labels, version): a cache
-        self._monitors: dict[str, RegressionMonitor] = {}
+        self.router = RolloutRouter(catalog=catalog, batcher=batcher, thresholds=plan.thresholds)
+        self.stats, self._rollouts = self.router.stats, self.router.rollouts_now
+        # sessions talk to the router directly (the VersionRouter role): no hop through the controller
+        self.acting, self.stepped = self.router.acting, self.router.stepped
+        self.episode_ended = self.router.episode_ended
         self._newest: dict[str, tuple[int, int]] = {}   # policy -> (newest non-rejected version, its created_ns)
         self._gating: dict[str, int] = {}               # policy -> the version in the gate now
-        self.stats = VersionStats()
-        self._shadow_tasks: set[asyncio.Task] = set()
         self._fingerprint = Fingerprint(control)
         self._loop_task: asyncio.Task | None = None
         self.errors: list[str] = []                     # background failures (also logged)
@@ -121,9 +116,7 @@ class RolloutController:
         if self._loop_task is not None:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)
-        for task in list(self._shadow_tasks):
-            task.cancel()
-        await asyncio.gather(*self._shadow_tasks, return_exceptions=True)
+        await self.router.stop()
 
     async def _restore(self, name: str) -> None:
         try:
@@ -364,56 +357,6 @@ class RolloutController:
             await self._catalog.promote(policy, rollout.live)
         await self._reconcile(policy)
 
-    # -- the hot path (sessions) ---------------------------------------------------------------------------------
-
-    def acting(self, policy: str, session_id: str, labels: Mapping[str, str]) -> ServedPolicy | None:
-        """The version `session_id` acts with now (pins, then canary, then live); None = no opinion."""
-        assigned = self._assigned.get(policy)
-        if assigned is None:
-            return None
-        cached = assigned.get(session_id)
-        if cached is not None and cached[0] is labels:
-            version = cached[1]
-        else:  # once per session (and labels) and rollout change: assign() hashes the session id
-            if len(assigned) >= MAX_ASSIGNED:
-                assigned.clear()
-            version = assign(self._rollouts[policy], session_id, labels)
-            assigned[session_id] = (labels, version)
-        return None if version is None else self._catalog.get(policy, version)
-
-    def stepped(self, policy: ServedPolicy, *, latency_s: float, error: bool, guard: int,
-                inputs: Mapping[str, np.ndarray] | None = None, actions: Mapping[str, np.ndarray] | None = None,
-                deadline_s: float = 0.0) -> None:
-        self.stats.step(policy.name, policy.version, latency_s=latency_s, error=error, guard=guard)
-        self._monitor(policy.name).observe_step(policy.version, latency_s, error, guard)
-        if inputs is None or actions is None:
-            return
-        rollout = self._rollouts.get(policy.name)
-        shadow = shadow_of(rollout) if rollout is not None else None
-        if shadow is None or shadow == policy.version or len(self._shadow_tasks) >= MAX_SHADOW_INFLIGHT:
-            return
-        task = asyncio.get_running_loop().create_task(self._shadow(policy.name, shadow, inputs, actions, deadline_s))
-        self._shadow_tasks.add(task)
-        task.add_done_callback(self._shadow_tasks.discard)
-
-    async def _shadow(self, name: str, version: int, inputs: Mapping[str, np.ndarray],
-                      actions: Mapping[str, np.ndarray], deadline_s: float) -> None:
-        """The shadow version on the same observation; only the divergence is kept, nothing is actuated."""
-        try:
-            async with asyncio.timeout(deadline_s or None):
-                got = await self._batcher.infer(name, version, inputs, outputs=tuple(actions))
-            divergence = float(np.mean([np.mean(np.abs(got[k].astype(np.float64) - a.astype(np.float64)))
-                                        for k, a in actions.items()]))
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            divergence = None
-        self.stats.shadow(name, version, divergence=divergence)
-
-    def episode_ended(self, policy: ServedPolicy, episode_return: float) -> None:
-        self.stats.episode(policy.name, policy.version, episode_return=episode_return)
-        self._monitor(policy.name).observe_episode(policy.version, episode_return)
-
     # -- judging and advancing -----------------------------------------------------------------------------------
 
     async def _run(self) -> None:
@@ -435,7 +378,7 @@ class RolloutController:
         """One judging round: roll back a regressed canary (or live, when staged); move a shadow that
         has its steps to canary and a canary that has its episodes to live; unload what nobody needs."""
         r, plan = self._rollout(name), self.plan
-        monitor = self._monitor(name)
+        monitor = self.router.monitor(name)
         if r.canary is not None and r.live is not None:
             verdict = monitor.verdict(r.canary, r.live)
             if verdict.regressed:
@@ -524,15 +467,8 @@ class RolloutController:
             rollout = self.registry.rollout(name)
         except RegistryError:
             rollout = Rollout(name, None, None, None, None, 0.0, {}, {})
-        self._rollouts[name] = rollout
-        self._assigned[name] = {}
+        self.router.set(rollout)
         return rollout
-
-    def _monitor(self, name: str) -> RegressionMonitor:
-        monitor = self._monitors.get(name)
-        if monitor is None:
-            monitor = self._monitors[name] = RegressionMonitor(self.plan.thresholds)
-        return monitor
 
     def rollouts(self) -> dict[str, Rollout]:
         return dict(self._rollouts)
