@@ -67,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     if checked.algo == "bc" and not Path(checked.log_dir or "/nonexistent").is_dir():
         raise SystemExit(f"tether train: --algo bc needs --log-dir DIR (an existing directory), got "
                          f"{checked.log_dir!r}")
+    if checked.max_ahead and checked.publish_every != 1:
+        raise SystemExit(f"tether train: --max-ahead {checked.max_ahead} needs --publish-every 1 (the learner waits "
+                         f"for its own updates to be served), got --publish-every {checked.publish_every}")
     if not (checked.steps or checked.seconds or checked.target_return is not None):
         raise SystemExit("tether train: give --steps, --seconds or --target-return")
     with tempfile.TemporaryDirectory(prefix="tether-train-") as tmp:

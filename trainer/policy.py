@@ -118,6 +118,19 @@ class GaussianPolicy(nn.Module):
         self.net = nn.Sequential(*layers)
         self.log_std = nn.Parameter(torch.full((action.shape[0],), float(log_std_init)))
         self._register_bounds(action)
+        # observation normalisation, part of the served function: (obs - obs_mean) / obs_std. The
+        # trainer updates it (`update_normalizer`); the identity until then.
+        self.register_buffer("obs_mean", torch.zeros(observation.shape[0]))
+        self.register_buffer("obs_std", torch.ones(observation.shape[0]))
+        self.register_buffer("obs_count", torch.zeros((), dtype=torch.float64))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # weights saved before the normaliser existed load as the identity normaliser
+        for name, value in (("obs_mean", self.obs_mean.new_zeros(self.obs_mean.shape)),
+                            ("obs_std", self.obs_std.new_ones(self.obs_std.shape)),
+                            ("obs_count", self.obs_count.new_zeros(()))):
+            state_dict.setdefault(prefix + name, value)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @staticmethod
     def output_specs(action: Spec) -> tuple[Spec, ...]:
@@ -126,8 +139,31 @@ class GaussianPolicy(nn.Module):
 
     _register_bounds = _register_bounds
 
+    def normalize(self, observation: torch.Tensor) -> torch.Tensor:
+        return (observation - self.obs_mean) / self.obs_std
+
     def mean(self, observation: torch.Tensor) -> torch.Tensor:
-        return _squash(self.net(observation), self.bounded, self.center, self.half_range)
+        return _squash(self.net(self.normalize(observation)), self.bounded, self.center, self.half_range)
+
+    @torch.jit.unused
+    def update_normalizer(self, count: float, total: torch.Tensor, total_sq: torch.Tensor) -> None:
+        """Fold a batch's moments (count, sum and sum of squares per element, float64) into the
+        running observation mean/std (equal-weight average over every observation seen)."""
+        if count <= 0:
+            return
+        with torch.no_grad():
+            n0 = float(self.obs_count)
+            mean0 = self.obs_mean.double()
+            var0 = self.obs_std.double() ** 2 if n0 > 0 else torch.zeros_like(mean0)
+            mean_b = total / count
+            var_b = (total_sq / count - mean_b ** 2).clamp(min=0.0)
+            n = n0 + count
+            delta = mean_b - mean0
+            mean = mean0 + delta * (count / n)
+            var = (var0 * n0 + var_b * count + delta ** 2 * (n0 * count / n)) / n
+            self.obs_mean.copy_(mean.to(self.obs_mean.dtype))
+            self.obs_std.copy_(var.sqrt().clamp(min=1e-3).to(self.obs_std.dtype))
+            self.obs_count.fill_(n)
 
     def forward(self, observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         mean = self.mean(observation)

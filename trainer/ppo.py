@@ -54,6 +54,10 @@ class PPOConfig:
     rho_max: float = 1.0
     bf16: bool = False
     critic_hidden: tuple[int, ...] = (64, 64)
+    normalize_obs: bool = False      # running observation mean/std inside the served policy (buffers)
+    normalize_value: bool = False    # the critic learns normalised returns; its output layer keeps its
+                                     # outputs when the statistics move (PopArt's rescaling)
+    value_norm_decay: float = 0.9    # per update: weight of the old return statistics
 
     def __post_init__(self):
         if self.stale not in STALE_MODES:
@@ -67,6 +71,8 @@ class PPOConfig:
         for name in ("epochs", "minibatches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.value_norm_decay < 1.0:
+            raise ValueError(f"value_norm_decay must be in [0, 1), got {self.value_norm_decay}")
         if self.max_version_lag < 0:
             raise ValueError(f"max_version_lag must be >= 0, got {self.max_version_lag}")
 
@@ -83,14 +89,29 @@ class ActorCritic(nn.Module):
             layers += [nn.Linear(a, b), nn.Tanh()]
         layers.append(nn.Linear(sizes[-1], 1))
         self.critic = nn.Sequential(*layers)
+        # the critic's output is (return - ret_mean) / ret_std (identity unless `normalize_value`)
+        self.register_buffer("ret_mean", torch.zeros((), dtype=torch.float64))
+        self.register_buffer("ret_std", torch.ones((), dtype=torch.float64))
 
     def forward(self, observation: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """(log_prob (B,), entropy (B,), value (B,)), all float32."""
+        """(log_prob (B,), entropy (B,), normalised value (B,)), all float32."""
         log_prob, entropy = self.policy.log_prob(observation, action)
-        return log_prob, entropy, self.critic(observation).squeeze(-1).float()
+        return log_prob, entropy, self.critic(self.policy.normalize(observation)).squeeze(-1).float()
 
     def value(self, observation: torch.Tensor) -> torch.Tensor:
-        return self.critic(observation).squeeze(-1).float()
+        """The value in return units."""
+        out = self.critic(self.policy.normalize(observation)).squeeze(-1).float()
+        return out * self.ret_std.float() + self.ret_mean.float()
+
+    def set_return_stats(self, mean: float, std: float) -> None:
+        """New return statistics; the output layer is rescaled so that `value` is unchanged."""
+        with torch.no_grad():
+            head: nn.Linear = self.critic[-1]
+            old_mean, old_std = float(self.ret_mean), float(self.ret_std)
+            head.weight.mul_(old_std / std)
+            head.bias.mul_(old_std).add_(old_mean - mean).div_(std)
+            self.ret_mean.fill_(mean)
+            self.ret_std.fill_(std)
 
 
 @dataclass
@@ -127,6 +148,7 @@ class PPOLearner:
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, eps=1e-5)
         self.generator = torch.Generator().manual_seed(seed * 1009 + self.rank)
         self.steps = 0
+        self._return_moments: tuple[float, float] | None = None  # (E[R], E[R^2]) for normalize_value
 
     @property
     def policy(self) -> GaussianPolicy:
@@ -169,6 +191,13 @@ class PPOLearner:
         transitions = [t for seg in segments for t in seg.transitions]
         behind, seconds = policy_lag(transitions, newest_version=newest_version, newest_publish_ns=newest_publish_ns)
         lag = lag_stats(behind, seconds, max_version_lag=cfg.max_version_lag)
+        if cfg.normalize_obs:  # the same statistics on every rank: moments summed over all of them
+            obs = b.obs.double()
+            width = obs.shape[1]
+            sums = dist.all_reduce_sum(torch.cat([torch.tensor([float(len(obs))], dtype=torch.float64),
+                                                  obs.sum(0).cpu(), (obs ** 2).sum(0).cpu()]))
+            self.policy.update_normalizer(float(sums[0]), sums[1:1 + width].to(self.device),
+                                          sums[1 + width:].to(self.device))
         with torch.no_grad(), self._autocast():
             values = self.model.value(b.obs).double().cpu().numpy()
             boot_values = self.model.value(b.boot_obs).double().cpu().numpy()
@@ -184,8 +213,10 @@ class PPOLearner:
         keep, old_logp, weight = stale_terms(cfg, behind=torch.from_numpy(behind).to(self.device),
                                              start_logp=start_logp, behaviour_logp=behaviour)
         adv = torch.from_numpy(advantages).float().to(self.device)
-        ret = torch.from_numpy(returns).float().to(self.device)
         kept = keep.nonzero().squeeze(-1).cpu()
+        if cfg.normalize_value:
+            returns = (returns - self._return_stats(returns[kept.numpy()])[0]) / float(self.model.ret_std)
+        ret = torch.from_numpy(returns).float().to(self.device)
         moments = dist.all_reduce_sum(torch.tensor([float(len(kept)), adv[kept].sum().item(),
                                                     (adv[kept] ** 2).sum().item()], dtype=torch.float64))
         total = int(moments[0].item())
@@ -236,6 +267,21 @@ class PPOLearner:
                      log_std=float(self.policy.log_std.detach().mean()))
         stats.update(_lag_dict(lag))
         return stats
+
+
+    def _return_stats(self, returns: np.ndarray) -> tuple[float, float]:
+        """Moves the critic's return statistics towards this batch's (all ranks); returns (mean, std)."""
+        m = dist.all_reduce_sum(torch.tensor([float(len(returns)), float(returns.sum()), float((returns ** 2).sum())],
+                                             dtype=torch.float64)).tolist()
+        if m[0] > 0:
+            mean, mean_sq = m[1] / m[0], m[2] / m[0]
+            if self._return_moments is not None:
+                d = self.config.value_norm_decay
+                mean, mean_sq = (d * self._return_moments[0] + (1 - d) * mean,
+                                 d * self._return_moments[1] + (1 - d) * mean_sq)
+            self._return_moments = (mean, mean_sq)
+            self.model.set_return_stats(mean, max(math.sqrt(max(mean_sq - mean * mean, 0.0)), 1e-2))
+        return float(self.model.ret_mean), float(self.model.ret_std)
 
 
 def stale_terms(config: PPOConfig, *, behind: torch.Tensor, start_logp: torch.Tensor,

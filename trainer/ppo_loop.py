@@ -17,7 +17,7 @@ import torch
 from protos import policies_pb2
 from trainer import checkpoint, dist
 from trainer.ppo import PPOConfig, PPOLearner
-from trainer.publisher import FATAL, BackgroundPublisher, served_version_of
+from trainer.publisher import FATAL, RETRY, BackgroundPublisher, served_version_of
 from trainer.sources import StreamSource
 from trainer.trajectory import TrajectoryAssembler
 from trainer.weights import PolicyClient, build_policy, hidden_sizes
@@ -41,6 +41,8 @@ PROBE = 16
 
 def run_ppo(args: argparse.Namespace) -> dict:
     rank, world = dist.world()
+    if args.max_ahead and args.publish_every != 1:
+        raise ValueError(f"--max-ahead {args.max_ahead} needs --publish-every 1, got {args.publish_every}")
     client = PolicyClient(args.gateway)
     served = client.fetch(args.policy)
     policy = build_policy(args.arch, served.inputs, served.outputs, hidden=hidden_sizes(served.state_dict),
@@ -50,7 +52,8 @@ def run_ppo(args: argparse.Namespace) -> dict:
     config = PPOConfig(gamma=args.gamma, lam=args.lam, clip=args.clip, epochs=args.epochs,
                        minibatches=args.minibatches, lr=args.lr, entropy_coef=args.entropy_coef, stale=args.stale,
                        target_kl=args.target_kl,
-                       max_version_lag=args.max_version_lag, rho_max=args.rho_max, bf16=args.bf16)
+                       max_version_lag=args.max_version_lag, rho_max=args.rho_max, bf16=args.bf16,
+                       normalize_obs=args.obs_norm, normalize_value=args.value_norm)
     learner = PPOLearner(policy, config=config, observation=obs_name, action=act_name, seed=args.seed)
     version, parent = served.version, served.version
     publish_ns = served.published_unix_ns or time.time_ns()
@@ -85,6 +88,10 @@ def run_ppo(args: argparse.Namespace) -> dict:
     reward_version = ""
     started = time.monotonic()
     stats: dict[str, float] = {}
+    pending: dict | None = None      # rank 0: the newest update's weights, not yet submitted
+    submitted: dict | None = None    # rank 0: the publish in flight (or last finished)
+    served_iteration = iteration     # the update whose weights the sessions act with
+    retry_at = 0.0                   # rank 0: after a retryable failure, publish again from then on
     try:
         while True:
             scanned = source.next_offset  # read first: everything received before it is polled below
@@ -102,11 +109,28 @@ def run_ppo(args: argparse.Namespace) -> dict:
             elapsed = time.monotonic() - started
             target = args.target_return is not None and last_return >= args.target_return
             stop = (args.steps and learner.steps >= args.steps) or (args.seconds and elapsed >= args.seconds) or target
-            ready, stop_votes = dist.all_reduce_sum(torch.tensor([float(assembler.ready), float(bool(stop))])).tolist()
+            code, code_iteration = 0, 0
+            if rank == 0:
+                code = publisher.result()
+                if code == RETRY and submitted is not None:
+                    pending = pending or submitted  # nothing newer: publish the same weights again
+                    retry_at = time.monotonic() + 1.0
+                code_iteration = submitted["iteration"] if code > 0 and submitted is not None else 0
+            ready, stop_votes, code, code_iteration = dist.all_reduce_sum(torch.tensor(
+                [float(assembler.ready), float(bool(stop)), float(code), float(code_iteration)],
+                dtype=torch.float64)).tolist()
+            version, publish_ns = _collect(int(code), version, publish_ns, published)
+            if code > 0:
+                served_iteration = int(code_iteration)
+            if rank == 0 and pending is not None and publisher.idle and time.monotonic() >= retry_at:
+                submitted, pending = pending, None
+                publisher.submit(submitted["state_dict"],
+                                 lineage=policies_pb2.Lineage(parent_version=version, **submitted["lineage"]),
+                                 probe_inputs=submitted["probe_inputs"], probe_outputs=submitted["probe_outputs"])
             if stop_votes > 0:
                 break
-            if ready < batch:
-                continue
+            if ready < batch or (args.max_ahead and iteration - served_iteration >= args.max_ahead):
+                continue  # not enough data, or too far ahead of what the sessions act with
             tick = time.monotonic()
             segments = assembler.take()
             if segments:
@@ -123,15 +147,15 @@ def run_ppo(args: argparse.Namespace) -> dict:
                 last_return = sums[1] / sums[0]
                 best_return = max(best_return, last_return)
             maybe_fail(args, learner.steps)
-            version, publish_ns = _collect(publisher, version, publish_ns, published)
             if args.publish_every and iteration % args.publish_every == 0:
                 offsets = per_rank(consumed)
                 shared = _shared_probe(probe, served.inputs[0].shape[0])
-                if rank == 0 and shared is not None and not publisher.busy:
-                    publisher.submit(learner.policy.state_dict(), lineage=policies_pb2.Lineage(
-                        parent_version=version, trainer_step=learner.steps, data_offset=max(offsets),
-                        reward_version=reward_version, trainer=trainer_id("ppo")),
-                        probe_inputs={obs_name: shared}, probe_outputs=probe_outputs(learner.policy, shared))
+                if rank == 0 and shared is not None:  # submitted once the publisher is free (newest wins)
+                    pending = {"iteration": iteration, "state_dict": _snapshot(learner.policy),
+                               "lineage": {"trainer_step": learner.steps, "data_offset": max(offsets),
+                                           "reward_version": reward_version, "trainer": trainer_id("ppo")},
+                               "probe_inputs": {obs_name: shared},
+                               "probe_outputs": probe_outputs(learner.policy, shared)}
             if args.checkpoint_dir and iteration % every == 0:
                 checkpoint.save(args.checkpoint_dir, step=learner.steps, model=learner.model,
                                 optimizer=learner.optimizer,
@@ -151,7 +175,9 @@ def run_ppo(args: argparse.Namespace) -> dict:
                    f"v {stats['value_loss']:.3f} kl {stats['approx_kl']:.4f} clip {stats['clip_frac']:.2f} "
                    f"std {np.exp(stats['log_std']):.2f} | {stats['global_kept'] / max(update_s, 1e-9):.0f} "
                    f"samples/s update, {samples / max(time.monotonic() - started, 1e-9):.0f} samples/s")
-        version, publish_ns = _collect(publisher, version, publish_ns, published, wait=True)
+        final = publisher.result(wait=True) if rank == 0 else 0
+        version, publish_ns = _collect(int(dist.all_reduce_sum(torch.tensor([float(final)])).item()), version,
+                                       publish_ns, published)
     finally:
         source.close()
         publisher.close()
@@ -166,16 +192,19 @@ def run_ppo(args: argparse.Namespace) -> dict:
     return summary
 
 
-def _collect(publisher: BackgroundPublisher, version: int, publish_ns: int, published: list[int], *,
-             wait: bool = False) -> tuple[int, int]:
-    """Every rank learns the outcome of rank 0's finished publish: (newest version, its publish time)."""
-    code = dist.broadcast_int(publisher.result(wait=wait) if dist.world()[0] == 0 else 0)
+def _collect(code: int, version: int, publish_ns: int, published: list[int]) -> tuple[int, int]:
+    """Every rank learns the outcome `code` of rank 0's finished publish (the same on every rank):
+    (newest version, its publish time)."""
     if code == FATAL:
         raise RuntimeError("publishing failed (see rank 0's log)")
     if code > 0:
         published.append(code)
         return code, dist.broadcast_int(time.time_ns())
     return version, publish_ns
+
+
+def _snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
 
 
 def _shared_probe(probe: np.ndarray | None, width: int) -> np.ndarray | None:

@@ -4,7 +4,7 @@
     publisher = BackgroundPublisher(client, "pendulum")
     ...after an update, on rank 0:
     code = publisher.result()             # 0 nothing new, > 0 the published version, -1 retry, -2 refused
-    if not publisher.busy:
+    if publisher.idle:
         publisher.submit(policy.state_dict(), lineage=..., probe_inputs=..., probe_outputs=...)
     publisher.close()
 """
@@ -43,12 +43,17 @@ class BackgroundPublisher:
     def busy(self) -> bool:
         return self._future is not None and not self._future.done()
 
+    @property
+    def idle(self) -> bool:
+        """Nothing in flight and the last outcome taken by `result`: a `submit` loses nothing."""
+        return self._future is None
+
     def submit(self, state_dict: Mapping[str, torch.Tensor], *, lineage: policies_pb2.Lineage,
                probe_inputs: Mapping[str, np.ndarray], probe_outputs: Mapping[str, np.ndarray],
                atol: float = 1e-4) -> None:
         """Publish a snapshot of `state_dict` (copied now: training may go on)."""
-        if self.busy:
-            raise RuntimeError("a publish is already in flight")
+        if not self.idle:
+            raise RuntimeError("a publish is in flight, or its outcome was not taken with result()")
         snapshot = {k: v.detach().to("cpu", copy=True) for k, v in state_dict.items()}
         self._future = self._pool.submit(self._publish, snapshot, lineage, dict(probe_inputs), dict(probe_outputs),
                                          atol)

@@ -114,7 +114,31 @@ def test_ppo_publishes_from_rank_zero_and_resumes_after_a_killed_rank(tmp_path):
     assert meta["version"] == (meta["published"] or [1])[-1]
 
 
+@pytest.mark.slow
+def test_ppo_with_max_ahead_trains_only_on_top_of_the_served_version(tmp_path):
+    """--max-ahead 1 against a slow gateway (each Publish takes 1 s): every update is published,
+    and the next one waits until it is served, so each update starts from the version the
+    sessions act with."""
+    env = make_env("InvertedPendulum-v5")
+    obs, act = env.observation_spec()[0], env.action_spec()[0]
+    env.close()
+    with StandIn(obs, act, policy="pendulum") as gw:
+        gw.publish_delay_s = 1.0
+        gw.start_actors("InvertedPendulum-v5", 3)
+        summary, _ = tether_train(
+            "--nproc", "2", "--gateway", gw.address, "--algo", "ppo", "--policy", "pendulum", "--steps", "48",
+            "--batch", "256", "--epochs", "4", "--minibatches", "4", "--target-kl", "0", "--max-ahead", "1",
+            "--obs-norm", "--value-norm", "--metrics", str(tmp_path / "metrics.jsonl"))
+        publishes = list(gw.publishes)
+    assert [h.lineage.trainer_step for h in publishes] == [16, 32, 48]
+    assert summary["published_versions"] == [2, 3, 4] and summary["param_sha256"][0] == summary["param_sha256"][1]
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["version"] for r in rows] == [1, 2, 3]  # update k started from the served version k
+
+
 @pytest.mark.parametrize(("args", "message"), [
+    (["--algo", "ppo", "--gateway", "x:1", "--steps", "1", "--max-ahead", "1", "--publish-every", "2"],
+     "needs --publish-every 1"),
     (["--algo", "bc", "--steps", "1"], "--log-dir"),
     (["--algo", "ppo", "--steps", "1"], "--gateway"),
     (["--algo", "bc", "--log-dir", ".", "--nproc", "0", "--steps", "1"], "--nproc must be >= 1"),
