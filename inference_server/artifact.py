@@ -164,8 +164,8 @@ def check_artifact(fmt: str, data: bytes, inputs: Sequence[Spec], outputs: Seque
 
 class ImportedFile(dict):
     """An imported file checked statically, ready for `ModelRepository.write_artifact`: a dict of
-    the weights readable without running it (torch tensors: an ONNX file's initializers; none
-    from a TorchScript archive, whose weights Triton checks when it loads them), with the file."""
+    its weights (torch tensors: an ONNX file's initializers; a TorchScript archive's state_dict,
+    read in a subprocess by inference_server.torchscript_weights), with the file and its specs."""
 
     def __init__(self, fmt: str, data: bytes, inputs: tuple[Spec, ...], outputs: tuple[Spec, ...], weights: dict):
         super().__init__(weights)
@@ -179,12 +179,15 @@ def imported_file(fmt: str, data: bytes, inputs: Sequence[Spec], outputs: Sequen
         raise ArtifactError(f"an imported {fmt} file travels with its input and output specs; got inputs "
                             f"{[s.name for s in inputs]}, outputs {[s.name for s in outputs]}")
     check_artifact(fmt, data, inputs, outputs)
-    weights = {}
     if fmt == "onnx":
         import torch
 
         weights = {name: torch.from_numpy(np.array(array)) for name, array in onnx_weights(data).items()
                    if array.dtype.kind in "fiub" and array.dtype != np.uint64}
+    else:
+        from inference_server.torchscript_weights import read_weights
+
+        weights = read_weights(data)
     return ImportedFile(fmt, data, inputs, outputs, weights)
 
 

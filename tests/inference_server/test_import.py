@@ -271,8 +271,15 @@ def test_an_imported_file_carries_its_readable_weights(module):
     shapes = {k: tuple(v.shape) for k, v in module.state_dict().items()}
     assert {k: tuple(v.shape) for k, v in imported.items()} == shapes
     assert torch.isnan(imported[bias.name]).sum() == 1  # the gate's integrity check sees it
-    ts = artifact.imported_file("torchscript", torchscript_bytes(module), OBS, ACT)
-    assert dict(ts) == {} and ts.outputs == ACT
+    ts = artifact.imported_file("torchscript", torchscript_bytes(module), OBS, ACT)  # read in a subprocess
+    assert ts.outputs == ACT and ts.keys() == module.state_dict().keys()
+    torch.testing.assert_close(ts["0.weight"], module.state_dict()["0.weight"])
+    zipped = io.BytesIO()
+    with zipfile.ZipFile(zipped, "w") as archive:  # passes the static check, fails torch.jit.load
+        archive.writestr("x/data.pkl", b"not a pickle")
+        archive.writestr("x/code/__torch__.py", b"nonsense")
+    with pytest.raises(ArtifactError, match=r"does not load \(torch.jit.load\)"):
+        artifact.imported_file("torchscript", zipped.getvalue(), OBS, ACT)
     with pytest.raises(ArtifactError, match="travels with its input and output specs"):
         artifact.imported_file("onnx", onnx_bytes(module), (), ACT)
 
