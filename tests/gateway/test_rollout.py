@@ -178,6 +178,33 @@ def test_operator_rollback_needs_a_previous_live_and_names_the_refusal(served):
     asyncio.run(scenario())
 
 
+def test_restart_restores_canary_shadow_and_pins_and_triton_serves_the_same(served):
+    """Operator steps (no sessions, so nothing advances by itself): v2 canary at 30 %, v3 shadow, a pin."""
+    server, repo = served
+    v1 = new_policy(server, repo, "restart")
+    slow = RolloutPlan(mode="staged", shadow_steps=10**6, canary_episodes=10**6, thresholds=THRESHOLDS)
+
+    async def scenario():
+        async with gateway(server, repo, "restart", rollout=slow) as gw, \
+                grpc.aio.insecure_channel(gw.address) as channel:
+            stub = policies_pb2_grpc.PoliciesStub(channel)
+            await publish(stub, "restart", variant(v1, scale=1.1))
+            request = policies_pb2.PromoteRequest(policy="restart", version=2, to="canary", canary_fraction=0.3)
+            status = await stub.Promote(request)
+            assert status.rollout.canary == 2 and status.rollout.canary_fraction == pytest.approx(0.3)
+            await publish(stub, "restart", variant(v1, scale=1.2))
+            status = await stub.Pin(policies_pb2.PinRequest(policy="restart", selector="session=x", version=2, why="x"))
+            before, ready = gw.rollout.rollouts()["restart"], await gw.control.ready_versions("restart")
+            assert (before.live, before.canary, before.shadow, ready) == (1, 2, 3, [1, 2, 3])
+        async with gateway(server, repo, "restart", rollout=slow) as gw:
+            assert gw.rollout.rollouts()["restart"] == before
+            assert await gw.control.ready_versions("restart") == ready
+            assert states(gw, "restart") == {1: "live", 2: "canary", 3: "shadow"}
+            assert gw.rollout.acting("restart", "x", {}).version == 2
+
+    asyncio.run(scenario())
+
+
 async def tether(*args: str) -> tuple[int, str]:
     """The real `tether` command in a subprocess (the gateway keeps serving in this event loop)."""
     proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "tether", *args, stdout=asyncio.subprocess.PIPE,
