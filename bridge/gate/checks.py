@@ -239,6 +239,7 @@ def action_sanity(actions: Mapping[str, np.ndarray], action_spec: Sequence[Spec]
     width is not finite). Fails on any out-of-bounds or non-finite action, or jerk > max_jerk.
     """
     samples = max((len(a) for a in actions.values()), default=0)
+    elements, bounded = 0, 0
     out_rows = np.zeros(samples, bool)
     nonfinite_rows = np.zeros(samples, bool)
     jerk = 0.0
@@ -249,6 +250,8 @@ def action_sanity(actions: Mapping[str, np.ndarray], action_spec: Sequence[Spec]
             continue
         a = np.asarray(actions[spec.name], np.float64).reshape(len(actions[spec.name]), *spec.shape)
         low, high = _bounds(spec)
+        elements += low.size
+        bounded += int((np.isfinite(low) | np.isfinite(high)).sum())
         width = high - low
         slack = np.where(np.isfinite(width), bound_tolerance * width, bound_tolerance)
         finite = np.isfinite(a)
@@ -279,13 +282,16 @@ def action_sanity(actions: Mapping[str, np.ndarray], action_spec: Sequence[Spec]
         problems.append(f"max jerk {jerk:.3g} (of the bound range, between consecutive steps) exceeds {max_jerk:g}")
     figures = {"samples": float(samples), "pairs": float(len(pairs)),
                "out_of_bounds": float(out_rows.mean()) if samples else 0.0,
-               "non_finite": float(nonfinite_rows.mean()) if samples else 0.0, "max_jerk": jerk}
+               "non_finite": float(nonfinite_rows.mean()) if samples else 0.0, "max_jerk": jerk,
+               "bounded": bounded / elements if elements else 0.0}
     if problems:
         return CheckResult("action_sanity", False, figures, "; ".join(problems))
     judged = f", max jerk {jerk:.3g} <= {max_jerk:g}" if max_jerk is not None else f", max jerk {jerk:.3g} (not judged)"
     means = f" (judged on the means {sorted(f'{n}_mean' for n in sampled)}; samples finite)" if sampled else ""
+    where = "within bounds" if bounded == elements else "within bounds where declared" if bounded else \
+        "(the action spec declares no bounds: none judged)"
     return CheckResult("action_sanity", True, figures,
-                       f"{samples} recorded observations: all actions finite and within bounds{judged}{means}")
+                       f"{samples} recorded observations: all actions finite and {where}{judged}{means}")
 
 
 def evaluation(candidate: Sequence[float], incumbent: Sequence[float], *, margin: float) -> CheckResult:

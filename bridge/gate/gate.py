@@ -201,7 +201,7 @@ class Gate:
         step = self.config.sanity_batch
         for start in range(0, len(batch), step):
             rows = {k: v[start:start + step] for k, v in batch.inputs.items()}
-            parts.append(await self.client.infer(policy, version, rows, names + list(means.values())))
+            parts.append(await self.client.infer(policy, version, rows, list(dict.fromkeys([*names, *means.values()]))))
         got = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
         actions = {name: got[means.get(name, name)] for name in names}
         return checks.action_sanity(actions, action_spec, pairs=batch.pairs, sampled={n: got[n] for n in means},

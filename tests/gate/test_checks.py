@@ -84,7 +84,9 @@ def test_action_sanity_bounds_non_finite_and_jerk():
                           max_jerk=0.5)
     assert not jerky.passed and jerky.figures["max_jerk"] == 1.0 and "max jerk 1 " in jerky.detail
     unbounded = (Spec("action", np.float32, (2,)),)   # no bounds declared: only finiteness is judged
-    assert action_sanity({"action": np.full((3, 2), 1e6, np.float32)}, unbounded).passed
+    free = action_sanity({"action": np.full((3, 2), 1e6, np.float32)}, unbounded)
+    assert free.passed and free.figures["bounded"] == 0 and "declares no bounds" in free.detail
+    assert ok.figures["bounded"] == 1 and "within bounds" in ok.detail
 
 
 def test_evaluation_rule_and_its_figures():

@@ -230,7 +230,8 @@ def test_a_stochastic_policy_is_judged_on_its_mean_action(pendulum, tmp_path):
                                    steps=100)
             gate = Gate(client=client, experience_dir=tmp_path / "experience", evaluator=None,
                         config=GateConfig(sanity_samples=64))
-            sanity = await gate.action_sanity("gauss", 1, ACT)
+            # the action spec as the rollout passes it: every served output but log_prob
+            sanity = await gate.action_sanity("gauss", 1, (ACT[0], GaussianPolicy.output_specs(ACT[0])[2]))
             sampled = await client.infer("gauss", 1, {"observation": np.zeros((64, 4), np.float32)}, ["action"])
             return sanity, sampled["action"]
         finally:
@@ -240,3 +241,4 @@ def test_a_stochastic_policy_is_judged_on_its_mean_action(pendulum, tmp_path):
     assert np.abs(sampled).max() > 3      # the served samples do leave the bounds...
     assert sanity.passed and sanity.figures["samples"] == 64 and sanity.figures["out_of_bounds"] == 0
     assert "judged on the means ['action_mean']" in sanity.detail   # ...the policy's means do not
+    assert sanity.figures["bounded"] == 0.5                           # action_mean's spec declares no bounds
