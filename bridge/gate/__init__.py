@@ -8,9 +8,9 @@
     report.failed   # e.g. ["consistency"]; each CheckResult has name, passed, figures, detail
 """
 
-from bridge.gate.checks import CHECKS, DEFAULT_TOLERANCES, CheckResult, GateReport
+from bridge.gate.checks import CHECKS, DEFAULT_TOLERANCES, CheckResult, GateReport, with_bounds
 from bridge.gate.evaluation import EvaluationError, SimEvaluator
 from bridge.gate.gate import Evaluator, Gate, GateConfig
 
 __all__ = ["CHECKS", "DEFAULT_TOLERANCES", "CheckResult", "EvaluationError", "Evaluator", "Gate", "GateConfig",
-           "GateReport", "SimEvaluator"]
+           "GateReport", "SimEvaluator", "with_bounds"]

@@ -224,6 +224,38 @@ def _bounds(spec: Spec) -> tuple[np.ndarray, np.ndarray]:
     return low, high
 
 
+def with_bounds(outputs: Sequence[Spec], declared: Iterable[Sequence[Spec]]) -> tuple[Spec, ...]:
+    """`outputs` (e.g. Triton's specs, which carry no bounds) with the bounds the sessions declared
+    for the same tensors; where sessions differ, the tightest (every robot's limits hold).
+
+    >>> out = (Spec("action", np.float32, (2,)),)
+    >>> arm = (Spec("action", np.float32, (2,), low=(-1.0, -2.0), high=(1.0, 2.0)),)
+    >>> sim = (Spec("action", np.float32, (2,), low=(-3.0,), high=(0.5,)),)
+    >>> spec = with_bounds(out, [arm, sim])[0]
+    >>> spec.low, spec.high
+    ((-1.0, -2.0), (0.5, 0.5))
+    """
+    found: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for specs in declared:
+        for spec in specs:
+            if not (spec.low or spec.high):
+                continue
+            low, high = _bounds(spec)
+            if spec.name in found and found[spec.name][0].shape == low.shape:
+                low, high = np.maximum(found[spec.name][0], low), np.minimum(found[spec.name][1], high)
+            found[spec.name] = (low, high)
+    merged = []
+    for spec in outputs:
+        bounds = found.get(spec.name)
+        if bounds is None or bounds[0].shape != tuple(spec.shape):
+            merged.append(spec)
+            continue
+        low, high = bounds
+        merged.append(Spec(spec.name, spec.dtype, spec.shape, low=tuple(low.ravel().tolist()),
+                           high=tuple(high.ravel().tolist())))
+    return tuple(merged)
+
+
 def action_sanity(actions: Mapping[str, np.ndarray], action_spec: Sequence[Spec], *,
                   pairs: Sequence[tuple[int, int]] = (), bound_tolerance: float = 1e-6,
                   max_jerk: float | None = None, sampled: Mapping[str, np.ndarray] | None = None) -> CheckResult:
