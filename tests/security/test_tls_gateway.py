@@ -80,9 +80,9 @@ def test_the_certificate_identity_is_the_source_a_cap_counts(triton, certs):
                     await step_loop(arm1, hello("a2", obs=OBS, act=ACT), steps=1)
                 assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
                 assert "'robot:arm_1'" in err.value.details()
+                assert gw.admission.by_source() == {"robot:arm_1": 2}
                 replies = await step_loop(arm2, hello("b0", obs=OBS, act=ACT), steps=2)  # another robot: admitted
                 assert replies[-1].WhichOneof("kind") == "action"
-                assert gw.admission.by_source() == {"robot:arm_1": 2}
                 release.set()
                 await asyncio.gather(*tasks)
 
