@@ -127,11 +127,11 @@ class RolloutController:
         known = {r.version: r for r in self.registry.versions(name)}
         has_live = any(r.state is State.LIVE for r in known.values())
         for version in sorted((v for v in ready if v not in known), reverse=True):
-            served = await self._catalog.ensure(name, version)
-            state = State.LIVE if not has_live else State.RETIRED
-            if state is State.RETIRED:  # add() cannot start as retired: live now, then replaced below
-                log.info("rollout: %s v%d serves but the registry has a live version: it is unloaded", name, version)
+            if has_live:  # an older stray version: not registered, unloaded below (its folder kept in .retired)
+                log.warning("rollout: %s v%d serves but is not in the registry, which has a live version: it is "
+                            "unloaded", name, version)
                 continue
+            served = await self._catalog.ensure(name, version)
             await self._write(self.registry.add, name, version, sha256=self._sha256(name, version),
                               format="torchscript", lineage={}, inputs=spec_dicts(served.inputs),
                               outputs=spec_dicts(served.outputs), who="gateway", why="serving at start",
@@ -142,12 +142,19 @@ class RolloutController:
                 await self._write(self.registry.move, name, record.version, State.REJECTED, who="gateway",
                                   why="its gate was interrupted by a gateway restart")
         rollout = self._refresh(name)
-        for version in self._needed(name, rollout):
-            await self._serve(name, version)
+        for version in sorted(self._needed(name, rollout)):
+            try:
+                await self._serve(name, version)
+            except SwapFailed as exc:  # without its live version the policy cannot serve: that stops the start
+                if version == rollout.live:
+                    raise
+                log.error("rollout %s: v%d (%s) cannot be served: %s", name, version,
+                          self.registry.get(name, version).state, exc)
         if rollout.live is not None:
             await self._catalog.promote(name, rollout.live)
         for record in self.registry.versions(name):  # gated before a restart: the plan goes on
             if record.state is State.GATED:
+                await self._serve(name, record.version)
                 await self._enter_plan(name, record.version)
         await self._reconcile(name)
         log.info("rollout %s restored: live v%s, canary v%s (fraction %g, labels %s), shadow v%s, pins %s", name,
@@ -271,10 +278,10 @@ class RolloutController:
         if to not in (State.SHADOW, State.CANARY, State.LIVE):
             raise RegistryError(f"promote moves a version to shadow, canary or live, not {to}")
         async with self._lock:
-            if to is State.CANARY and (fraction is not None or labels is not None):
-                await self._write(self.registry.set_canary, policy, fraction=fraction, labels=labels, who=who, why=why)
             self._check_move(policy, version, to)
             await self._serve(policy, version)
+            if to is State.CANARY and (fraction is not None or labels is not None):
+                await self._write(self.registry.set_canary, policy, fraction=fraction, labels=labels, who=who, why=why)
             if to is State.SHADOW and (shadow := self._rollout(policy).shadow) not in (None, version):
                 await self._write(self.registry.move, policy, shadow, State.RETIRED, who=who,
                                   why=f"superseded by v{version}")
