@@ -3,11 +3,14 @@
     python benchmarks/console.py [--rounds 6 --per-round 300 --sessions 4 --json PATH]
 
 One Triton and one gateway (`--console-port`), both subprocesses on loopback. The clients here step
-`--sessions` concurrent Bridge.Connect streams; round trips are measured in alternating blocks:
+`--sessions` concurrent Bridge.Connect streams; round trips are measured in blocks, in an order that
+alternates round by round:
   quiet    nobody looks at the console;
-  watched  a headless Chromium (Debian's, via Playwright, in a watcher subprocess) has the console
-           page open (it polls /api/state once a second and redraws tables and charts) and a
-           scraper GETs /metrics every `--scrape-s` seconds (Prometheus' default is 15 s: 1 s is harsh).
+  poll     /api/state (what the page polls) and /metrics fetched every `--scrape-s` s over HTTP: the
+           gateway's cost of being watched from another machine (Prometheus' default is 15 s: 1 s is harsh);
+  browser  the console page open in a headless Chromium (Debian's, via Playwright, in a watcher
+           subprocess) on this host, polling and redrawing once a second, plus /metrics scraped:
+           that includes the browser's own CPU, which competes with the gateway on a small machine.
 Also measured in-process: what recording one step's figures and metrics costs (Fleet.observed), in us.
 Prints a table and writes JSON (default benchmarks/results/console.json).
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import platform
 import socket
 import subprocess
@@ -44,38 +48,49 @@ def free_port() -> int:
 
 
 def watcher(url: str, scrape_s: float) -> None:
-    """The watcher subprocess: reads "on"/"off"/"quit" lines; while on, the console page is open and
-    /metrics is scraped every `scrape_s`."""
+    """The watcher subprocess. Reads commands, one a line, and answers each:
+    "browser": the console page open in Chromium (it polls /api/state) and /metrics scraped;
+    "poll": /api/state and /metrics fetched every `scrape_s` over plain HTTP (what the gateway serves
+            to a browser on another machine, without that browser's CPU on this one);
+    "off", "quit"."""
     import threading
 
     from playwright.sync_api import sync_playwright
 
-    on = threading.Event()
-    scrapes = [0]
+    mode = ["off"]
+    counts = {"scrapes": 0, "state_ms": []}
 
-    def scrape() -> None:
+    def fetch() -> None:
         while True:
-            on.wait()
+            if mode[0] == "off":
+                time.sleep(0.05)
+                continue
             with urllib.request.urlopen(url + "metrics", timeout=10) as r:
                 r.read()
-            scrapes[0] += 1
+            counts["scrapes"] += 1
+            if mode[0] == "poll":
+                t0 = time.perf_counter()
+                with urllib.request.urlopen(url + "api/state", timeout=10) as r:
+                    r.read()
+                counts["state_ms"].append((time.perf_counter() - t0) * 1e3)
             time.sleep(scrape_s)
 
-    threading.Thread(target=scrape, daemon=True).start()
+    threading.Thread(target=fetch, daemon=True).start()
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         print("ready", flush=True)
         for line in sys.stdin:
             command = line.strip()
-            if command == "on":
+            if command == "browser":
                 page.goto(url)
                 page.wait_for_function("document.body.dataset.updated > 0")  # the page drew the fleet once
-                on.set()
-            elif command == "off":
-                on.clear()
+            elif command in ("off", "poll"):
                 page.goto("about:blank")
-            print(f"{command} scrapes={scrapes[0]}", flush=True)
+            mode[0] = command
+            state = counts["state_ms"]
+            print(f"{command} scrapes={counts['scrapes']} state_p50_ms="
+                  f"{float(np.median(state)) if state else 0.0:.3f}", flush=True)
             if command == "quit":
                 break
         browser.close()
@@ -165,40 +180,49 @@ def main(argv: list[str] | None = None) -> dict:
     repo.write_version(MODEL, 1, MLPPolicy(OBS[0], ACT[0], seed=0), OBS, ACT)
     port = free_port()
     url = f"http://127.0.0.1:{port}/"
-    samples: dict[str, list[int]] = {"quiet": [], "watched": []}
+    conditions = ("quiet", "poll", "browser")
+    samples: dict[str, list[int]] = {c: [] for c in conditions}
     with TritonServer(repo.root, models=[MODEL], log_path=run_dir / "triton.log") as triton, \
             gateway_process(triton_url=triton.grpc_url, policy=MODEL, log_path=run_dir / "gateway.log",
                             extra_args=("--console-port", str(port), "--deadline-ms", "2000")) as gw:
         asyncio.run(block(gw, a.sessions, 100, "warmup"))
         watch = Watcher(url, a.scrape_s)
-        scrapes = 0
+        said = ""
         try:
             for r in range(a.rounds):
-                order = ("quiet", "watched") if r % 2 == 0 else ("watched", "quiet")
+                order = conditions if r % 2 == 0 else conditions[::-1]  # drift cancels over the rounds
                 for condition in order:
-                    if condition == "watched":
-                        watch.send("on")
+                    watch.send("off" if condition == "quiet" else condition)
                     samples[condition] += asyncio.run(block(gw, a.sessions, a.per_round, f"{condition}{r}"))
-                    if condition == "watched":
-                        scrapes = int(watch.send("off").split("=")[1])
-                print(f"  round {r + 1}/{a.rounds}: quiet p50 {np.median(samples['quiet']) / 1e6:.3f} ms, "
-                      f"watched p50 {np.median(samples['watched']) / 1e6:.3f} ms", flush=True)
+                said = watch.send("off")
+                print(f"  round {r + 1}/{a.rounds}: p50 so far " + ", ".join(
+                    f"{c} {np.median(samples[c]) / 1e6:.3f} ms" for c in conditions), flush=True)
         finally:
             watch.close()
         version = triton.version
-    quiet, watched = percentiles(samples["quiet"]), percentiles(samples["watched"])
+    figures = dict(item.split("=") for item in said.split()[1:])
+    lat = {c: percentiles(samples[c]) for c in conditions}
     result = {
-        "machine": {"python": sys.version.split()[0], "platform": platform.platform()},
-        "triton_version": version, "sessions": a.sessions, "scrape_interval_s": a.scrape_s, "scrapes": scrapes,
-        "latency_ms": {"quiet": quiet, "watched": watched},
-        "ratio_p50": watched["p50"] / quiet["p50"], "ratio_p99": watched["p99"] / quiet["p99"],
+        "machine": {"python": sys.version.split()[0], "platform": platform.platform(), "cpus": os.cpu_count(),
+                    "load_avg_1m": os.getloadavg()[0]},
+        "triton_version": version, "sessions": a.sessions, "scrape_interval_s": a.scrape_s,
+        "scrapes": int(figures.get("scrapes", 0)), "api_state_p50_ms": float(figures.get("state_p50_ms", 0)),
+        "latency_ms": lat,
+        "ratio_poll_p50": lat["poll"]["p50"] / lat["quiet"]["p50"],
+        "ratio_poll_p99": lat["poll"]["p99"] / lat["quiet"]["p99"],
+        "ratio_browser_p50": lat["browser"]["p50"] / lat["quiet"]["p50"],
+        "ratio_browser_p99": lat["browser"]["p99"] / lat["quiet"]["p99"],
         "recording_us_per_step": recording_cost_us(),
     }
-    print(f"\n{'condition':<34}{'p50 ms':>10}{'p99 ms':>10}{'n':>8}")
-    print(f"{'quiet (nobody watching)':<34}{quiet['p50']:>10.3f}{quiet['p99']:>10.3f}{quiet['n']:>8}")
-    print(f"{'console open + /metrics scraped':<34}{watched['p50']:>10.3f}{watched['p99']:>10.3f}{watched['n']:>8}")
-    print(f"{'ratio watched/quiet':<34}{result['ratio_p50']:>10.2f}{result['ratio_p99']:>10.2f}")
-    print(f"recording a step's figures + metrics (Fleet.observed): {result['recording_us_per_step']:.1f} us")
+    names = {"quiet": "quiet (nobody watching)", "poll": "/api/state + /metrics polled 1/s",
+             "browser": "console open in chromium (this host)"}
+    print(f"\n{'condition':<40}{'p50 ms':>10}{'p99 ms':>10}{'n':>8}")
+    for c in conditions:
+        print(f"{names[c]:<40}{lat[c]['p50']:>10.3f}{lat[c]['p99']:>10.3f}{lat[c]['n']:>8}")
+    print(f"{'ratio polled/quiet':<40}{result['ratio_poll_p50']:>10.2f}{result['ratio_poll_p99']:>10.2f}")
+    print(f"{'ratio browser/quiet':<40}{result['ratio_browser_p50']:>10.2f}{result['ratio_browser_p99']:>10.2f}")
+    print(f"GET /api/state p50 {result['api_state_p50_ms']:.2f} ms; recording a step's figures + metrics "
+          f"(Fleet.observed): {result['recording_us_per_step']:.1f} us")
     write_json(a.json, result)
     print(f"wrote {a.json}")
     return result

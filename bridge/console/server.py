@@ -49,6 +49,7 @@ HTTP_STATUS = {grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.UNAUTHENTI
                grpc.StatusCode.UNAVAILABLE: 503}
 MAX_BODY = 64 << 10
 HISTORY = 600  # chart points (one a second)
+STATE_MAX_AGE_S = 0.5  # /api/state is computed at most twice a second, whoever asks
 
 
 class Console:
@@ -60,6 +61,7 @@ class Console:
         self.url = ""
         self._runner: web.AppRunner | None = None
         self._sampler: asyncio.Task | None = None
+        self._cached: tuple[float, bytes] | None = None
         self.history: dict[str, deque] = {"steps_per_s": deque(maxlen=HISTORY), "lag_versions": deque(maxlen=HISTORY),
                                           "lag_s": deque(maxlen=HISTORY)}
         app = web.Application(client_max_size=MAX_BODY)
@@ -112,7 +114,10 @@ class Console:
     async def _state(self, request: web.Request) -> web.Response:
         if (refused := self._refused(request, "viewer")) is not None:
             return refused
-        return web.json_response(self.state(), dumps=_dumps, headers=_NO_CACHE)
+        now = time.monotonic()
+        if self._cached is None or now - self._cached[0] > STATE_MAX_AGE_S:  # many viewers: one computation
+            self._cached = (now, _dumps(self.state()).encode())
+        return web.Response(body=self._cached[1], content_type="application/json", headers=_NO_CACHE)
 
     def state(self) -> dict:
         gw, fleet = self._gw, self._gw.fleet
@@ -155,9 +160,9 @@ class Console:
             stats = _safe(lambda p=policy: rollout.version_stats(p)) if rollout is not None else None
             entry = {"policy": policy, "rollout": None, "versions": []}
             if registry is not None:
-                entry["rollout"] = _safe(lambda p=policy: dataclasses.asdict(registry.rollout(p)))
+                entry["rollout"] = _safe(lambda p=policy: _shallow(registry.rollout(p)))
                 for rec in registry.versions(policy):
-                    d = dataclasses.asdict(rec)
+                    d = _shallow(rec)
                     d["state"] = str(rec.state)
                     d["sessions"] = acting.get((policy, rec.version), 0)
                     d["stats"] = (stats or {}).get(rec.version)
@@ -176,7 +181,7 @@ class Console:
         registry = getattr(self._gw, "registry", None)
         if registry is not None:
             for e in _safe(lambda: registry.events(limit=limit)) or ():
-                d = dataclasses.asdict(e)
+                d = _shallow(e)
                 d["source"] = "registry"
                 events.append(d)
         seen = {(e["t_ns"], e["kind"], e["who"]) for e in events}
@@ -332,6 +337,11 @@ def _opt_labels(body: dict) -> dict[str, str] | None:
     if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
         raise BadTarget(f"labels must be an object of strings, got {labels!r}")
     return labels
+
+
+def _shallow(record) -> dict:
+    """A dataclass record's fields as a dict (no deep copy: dataclasses.asdict costs 10x; JSON does the rest)."""
+    return {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
 
 
 def _plain(value):
