@@ -5,21 +5,29 @@
     batch.pairs         # (i, j): rows i and j are consecutive steps of one episode of one session
     len(batch)          # n <= count (0 when the log has none of this policy)
 
-Segments are read newest first, backwards in growing windows, until `count` observations are found.
+Segments are read newest first, each from its last message backwards, until `count` observations
+are found (a segment being written is read up to its last complete record).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import mmap
+import os
+import struct
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from google.protobuf.message import DecodeError
+from mcap.opcode import Opcode
 
-from bridge.experience.reader import LogCursor
-from bridge.experience.segment import list_segments, scan_segment
+from bridge.experience.segment import list_segments, read_opening
 from protos import experience_pb2
 from protos.codec import Spec, TensorError, decode_all
+
+_HEAD = struct.Struct("<BQ")  # an MCAP record: opcode, length
+_MSG_FIELDS = 22               # a Message record's channel, sequence, log time, publish time
 
 
 @dataclass(frozen=True)
@@ -51,26 +59,23 @@ def recent_observations(directory: Path, *, policy: str, inputs: Sequence[Spec],
     """Up to `count` of the most recent logged observations of `policy` that fit `inputs`, leaving
     out sessions whose id starts with `exclude_prefix` (the gate's own evaluation runs).
 
-    Reads backwards in windows that double (records before a window are skipped, not decoded)."""
+    Each segment (newest first) is indexed in one pass over its record headers, then its messages
+    are decoded from the last one backwards until enough are found."""
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")
-
-    def keep(t: experience_pb2.Transition) -> bool:
-        return t.policy == policy and not (exclude_prefix and t.session.startswith(exclude_prefix))
-
     newest_first: list[tuple[experience_pb2.Transition, dict[str, np.ndarray]]] = []
     for _, path in list_segments(Path(directory))[::-1][:max_segments]:
-        scan = scan_segment(path, decode_messages=False)
-        if scan.first_offset is None:
-            continue
-        first, hi, window = scan.first_offset, scan.end_offset, 2 * count
-        while hi > first and len(newest_first) < count:
-            lo = max(first, hi - window)
-            newest_first.extend(reversed(_read(directory, lo, hi, keep, inputs)))
-            hi, window = lo, window * 2
+        for t in _backwards(path):
+            if t.policy != policy or (exclude_prefix and t.session.startswith(exclude_prefix)):
+                continue
+            arrays = _fits(t, inputs)
+            if arrays is not None:
+                newest_first.append((t, arrays))
+                if len(newest_first) >= count:
+                    break
         if len(newest_first) >= count:
             break
-    rows = newest_first[:count][::-1]
+    rows = newest_first[::-1]
     keys = tuple((t.session, t.episode, t.step) for t, _ in rows)
     index = {key: i for i, key in enumerate(keys)}
     pairs = tuple((index[(s, e, step - 1)], i) for i, (s, e, step) in enumerate(keys)
@@ -80,20 +85,29 @@ def recent_observations(directory: Path, *, policy: str, inputs: Sequence[Spec],
     return ObservationBatch(stacked, pairs, keys)
 
 
-def _read(directory: Path, lo: int, hi: int, keep, inputs: Sequence[Spec]
-          ) -> list[tuple[experience_pb2.Transition, dict[str, np.ndarray]]]:
-    """The kept transitions with offsets in [lo, hi) that fit `inputs`, in offset order."""
-    out = []
-    cursor = LogCursor(directory, from_offset=lo)
+def _backwards(path: Path) -> Iterator[experience_pb2.Transition]:
+    """The complete messages of one segment (being written or not), last first."""
     try:
-        while cursor.next_offset < hi:  # bounded: every round moves next_offset on, or ends
-            before = cursor.next_offset
-            for t in cursor.read(max_count=512, end_offset=hi, follow=False, keep=keep):
-                arrays = _fits(t, inputs)
-                if arrays is not None:
-                    out.append((t, arrays))
-            if cursor.next_offset == before:
-                break
-    finally:
-        cursor.close()
-    return out
+        f = open(path, "rb")  # noqa: SIM115 - closed below, after the memory map
+    except FileNotFoundError:
+        return
+    with f:
+        opening = read_opening(f, path)
+        size = f.seek(0, os.SEEK_END)
+        if opening is None or size <= opening[1]:
+            return
+        with mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as mm:
+            spans = []
+            pos = opening[1]
+            while pos + _HEAD.size <= size:  # bounded: pos grows by at least the header each round
+                opcode, length = _HEAD.unpack_from(mm, pos)
+                end = pos + _HEAD.size + length
+                if opcode != Opcode.MESSAGE or end > size or length < _MSG_FIELDS:
+                    break  # the closing records, or a record still being written
+                spans.append((pos + _HEAD.size + _MSG_FIELDS, end))
+                pos = end
+            for start, end in reversed(spans):
+                try:
+                    yield experience_pb2.Transition.FromString(mm[start:end])
+                except DecodeError:
+                    continue
