@@ -3,6 +3,7 @@
     tether policy import walker.onnx --name walker --gateway 127.0.0.1:50051
     tether policy import arm.pt --name arm --obs obs:float32:11 --action action:float32:3:-1:1
     tether policy inspect walker.onnx          # the specs the file declares, as tether.json
+    tether policy import arm.onnx --name arm --gateway gw.lab:50051 --tls-ca ca.crt --token $TETHER_TOKEN
 
 The file travels whole as a `tether.v1.Policies.Publish` (header.format "torchscript" or "onnx",
 chunked, sha256) with its specs: declared with --obs/--action (NAME:DTYPE:SHAPE[:LOW:HIGH]) or
@@ -173,19 +174,22 @@ def publish_chunks(policy: PolicyFile, name: str, inputs: Mapping[str, np.ndarra
         yield policies_pb2.PublishChunk(data=bytes(view[start:start + chunk_bytes]))
 
 
-def publish(address: str, chunks: Iterable[policies_pb2.PublishChunk], *,
-            timeout_s: float = 300.0) -> policies_pb2.PublishReply:
-    """Send a Publish stream to the gateway at `address`; grpc.RpcError says why it was refused."""
-    import grpc
-
+def publish(address: str, chunks: Iterable[policies_pb2.PublishChunk], *, timeout_s: float = 300.0,
+            ca: Path | None = None, cert: Path | None = None, key: Path | None = None,
+            token: str | None = None) -> policies_pb2.PublishReply:
+    """Send a Publish stream to the gateway at `address` (TLS and token as bridge.security.channel
+    takes them); grpc.RpcError says why it was refused."""
+    from bridge.security.channel import secure_channel_sync
     from protos import policies_pb2_grpc
 
-    with grpc.insecure_channel(address) as channel:
+    with secure_channel_sync(address, ca=ca, cert=cert, key=key, token=token) as channel:
         return policies_pb2_grpc.PoliciesStub(channel).Publish(iter(chunks), timeout=timeout_s, wait_for_ready=True)
 
 
 def _import(argv: list[str]) -> None:
     import grpc
+
+    from bridge.security.channel import add_client_args, channel_kwargs
 
     p = argparse.ArgumentParser(prog="tether policy import",
                                 description="Import a TorchScript module or an ONNX file as a policy version.")
@@ -202,6 +206,7 @@ def _import(argv: list[str]) -> None:
     p.add_argument("--atol", type=float, default=0.0, help="served-vs-file tolerance (0 = per dtype)")
     p.add_argument("--chunk-bytes", type=int, default=CHUNK_BYTES)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds for the whole import")
+    add_client_args(p)
     a = p.parse_args(argv)
     try:
         policy = read_policy_file(a.file, format=a.format, inputs=[parse_spec(s) for s in a.obs],
@@ -209,7 +214,8 @@ def _import(argv: list[str]) -> None:
         probe = probe_inputs(policy.inputs, batch=a.probe_batch, seed=a.seed)
         expected = reference_outputs(policy, probe)
         reply = publish(a.gateway, publish_chunks(policy, a.name, probe, expected, atol=a.atol,
-                                                  chunk_bytes=a.chunk_bytes), timeout_s=a.timeout)
+                                                  chunk_bytes=a.chunk_bytes), timeout_s=a.timeout,
+                        **channel_kwargs(a))
     except (ArtifactError, ValueError) as exc:
         raise SystemExit(f"tether policy import: {exc}") from None
     except grpc.RpcError as exc:
