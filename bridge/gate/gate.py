@@ -32,7 +32,7 @@ import numpy as np
 
 from bridge.gate import checks
 from bridge.gate.checks import DEFAULT_TOLERANCES, CheckResult
-from bridge.gate.samples import recent_observations
+from bridge.gate.samples import LogIndex, recent_observations
 from protos import policies_pb2
 from protos.codec import Spec, TensorError, decode_all
 
@@ -110,6 +110,7 @@ class Gate:
         self.evaluator = evaluator
         self.config = config
         self._incumbent_returns: dict[tuple[str, int, int, str], list[float]] = {}
+        self._log_index = LogIndex()  # where the log's messages are (used from one thread at a time)
 
     def check_artifact(self, weights: Mapping[str, torch.Tensor], architecture: Mapping[str, torch.Tensor] | None,
                        *, sha256: str | None = None, data: bytes | None = None) -> CheckResult:
@@ -190,7 +191,7 @@ class Gate:
             return CheckResult("action_sanity", False, {}, "no action spec given to check the actions against")
         inputs, outputs = await self.client.model_io(policy, version)
         batch = await asyncio.to_thread(recent_observations, self.experience_dir, policy=policy, inputs=inputs,
-                                        count=self.config.sanity_samples)
+                                        count=self.config.sanity_samples, index=self._log_index)
         if not len(batch):
             return CheckResult.skipped("action_sanity", f"the experience log has no observations of policy "
                                                         f"{policy!r} that fit its inputs")

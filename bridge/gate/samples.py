@@ -14,6 +14,8 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import threading
+from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,17 +57,22 @@ def _fits(t: experience_pb2.Transition, inputs: Sequence[Spec]) -> dict[str, np.
 
 
 def recent_observations(directory: Path, *, policy: str, inputs: Sequence[Spec], count: int,
-                        exclude_prefix: str = "gate-", max_segments: int = 64) -> ObservationBatch:
+                        exclude_prefix: str = "gate-", max_segments: int = 64,
+                        index: LogIndex | None = None) -> ObservationBatch:
     """Up to `count` of the most recent logged observations of `policy` that fit `inputs`, leaving
     out sessions whose id starts with `exclude_prefix` (the gate's own evaluation runs).
 
-    Each segment (newest first) is indexed in one pass over its record headers, then its messages
-    are decoded from the last one backwards until enough are found."""
+    Each segment (newest first) is indexed by one pass over its record headers (remembered in
+    `index` for the next call), then its messages are decoded from the last one backwards until
+    enough are found."""
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")
+    index = index if index is not None else LogIndex()
+    segments = list_segments(Path(directory))
+    index.forget_except({path for _, path in segments})
     newest_first: list[tuple[experience_pb2.Transition, dict[str, np.ndarray]]] = []
-    for _, path in list_segments(Path(directory))[::-1][:max_segments]:
-        for t in _backwards(path):
+    for _, path in segments[::-1][:max_segments]:
+        for t in _backwards(path, index):
             if t.policy != policy or (exclude_prefix and t.session.startswith(exclude_prefix)):
                 continue
             arrays = _fits(t, inputs)
@@ -85,7 +92,40 @@ def recent_observations(directory: Path, *, policy: str, inputs: Sequence[Spec],
     return ObservationBatch(stacked, pairs, keys)
 
 
-def _backwards(path: Path) -> Iterator[experience_pb2.Transition]:
+class LogIndex:
+    """Where each message record of each segment starts, kept between calls: a finished segment is
+    indexed once, the one being written only from where the previous call stopped."""
+
+    def __init__(self):
+        self._segments: dict[Path, tuple[int, int, array]] = {}   # path -> (inode, scanned up to, starts)
+        self._lock = threading.Lock()
+
+    def starts(self, path: Path, mm: mmap.mmap, inode: int, data_start: int, size: int) -> tuple[array, int]:
+        """(the record starts, how many of them lie within `size`): later calls only append."""
+        with self._lock:
+            return self._starts(path, mm, inode, data_start, size)
+
+    def _starts(self, path: Path, mm: mmap.mmap, inode: int, data_start: int, size: int) -> tuple[array, int]:
+        inode_was, pos, starts = self._segments.get(path, (inode, data_start, array("Q")))
+        if inode_was != inode or pos > size:  # replaced or cut back (a repaired torn tail): start over
+            pos, starts = data_start, array("Q")
+        while pos + _HEAD.size <= size:  # bounded: pos grows by at least the header each round
+            opcode, length = _HEAD.unpack_from(mm, pos)
+            end = pos + _HEAD.size + length
+            if opcode != Opcode.MESSAGE or end > size or length < _MSG_FIELDS:
+                break  # the closing records, or a record still being written
+            starts.append(pos)
+            pos = end
+        self._segments[path] = (inode, pos, starts)
+        return starts, len(starts)
+
+    def forget_except(self, paths: set[Path]) -> None:
+        with self._lock:
+            for path in self._segments.keys() - paths:
+                del self._segments[path]
+
+
+def _backwards(path: Path, index: LogIndex) -> Iterator[experience_pb2.Transition]:
     """The complete messages of one segment (being written or not), last first."""
     try:
         f = open(path, "rb")  # noqa: SIM115 - closed below, after the memory map
@@ -97,17 +137,12 @@ def _backwards(path: Path) -> Iterator[experience_pb2.Transition]:
         if opening is None or size <= opening[1]:
             return
         with mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as mm:
-            spans = []
-            pos = opening[1]
-            while pos + _HEAD.size <= size:  # bounded: pos grows by at least the header each round
-                opcode, length = _HEAD.unpack_from(mm, pos)
-                end = pos + _HEAD.size + length
-                if opcode != Opcode.MESSAGE or end > size or length < _MSG_FIELDS:
-                    break  # the closing records, or a record still being written
-                spans.append((pos + _HEAD.size + _MSG_FIELDS, end))
-                pos = end
-            for start, end in reversed(spans):
+            starts, n = index.starts(path, mm, os.fstat(f.fileno()).st_ino, opening[1], size)
+            for i in range(n - 1, -1, -1):
+                pos = starts[i]
+                _, length = _HEAD.unpack_from(mm, pos)
                 try:
-                    yield experience_pb2.Transition.FromString(mm[start:end])
+                    yield experience_pb2.Transition.FromString(mm[pos + _HEAD.size + _MSG_FIELDS:
+                                                                 pos + _HEAD.size + length])
                 except DecodeError:
                     continue

@@ -234,3 +234,30 @@ def test_a_stochastic_policy_is_judged_on_its_means_and_its_samples_must_be_fini
     nan = action_sanity({"action": means}, ACT, sampled={"action": np.array([[np.nan, 0], [0, 0]], np.float32)})
     assert not nan.passed and "1 of 2 sampled 'action' actions are not finite" in nan.detail
     assert nan.figures["non_finite"] == 0.5
+
+
+def test_a_log_index_follows_the_segment_being_written(tmp_path):
+    from bridge.experience import ExperienceLog
+    from bridge.gate.samples import LogIndex, recent_observations
+    from tests.experience.helpers import transition
+
+    inputs, index = (Spec("observation", np.float32, (4,)),), LogIndex()
+
+    async def scenario():
+        log = ExperienceLog(tmp_path, fsync=False)
+        await log.start()
+        newest = []
+        try:
+            for first, last in ((0, 30), (30, 45)):
+                for step in range(first, last):
+                    await log.append(transition("a", step, obs_dim=4, policy="pi"))
+                batch = recent_observations(tmp_path, policy="pi", inputs=inputs, count=10, index=index)
+                newest.append([step for _, _, step in batch.keys])
+        finally:
+            await log.close()
+        return newest
+
+    assert asyncio.run(scenario()) == [list(range(20, 30)), list(range(35, 45))]
+    # the log closed its segment (closing records after the messages): still read the same way
+    assert [k[2] for k in recent_observations(tmp_path, policy="pi", inputs=inputs, count=3, index=index).keys] \
+        == [42, 43, 44]
