@@ -241,12 +241,13 @@ class Fleet:
               figures: dict | None = None) -> None:
         """An operator action into the audit trail: the registry's when it records generic events, and ours."""
         registry = getattr(self._gw, "registry", None)
-        record = getattr(registry, "record_event", None)
+        record = getattr(registry, "record_event", None)  # a generic audit event, where the registry has one
         if record is not None:
             record(kind=kind, policy=policy, version=version, who=who, why=why, figures=figures or {})
         self._audit_ids += 1
         self._audit.append(dict(id=self._audit_ids, t_ns=time.time_ns(), kind=kind, policy=policy,
-                                version=version, who=who, why=why, figures=figures or {}))
+                                version=version, who=who, why=why, figures=figures or {},
+                                in_registry=record is not None))
 
     def audit_events(self, limit: int = 200) -> list[dict]:
         return list(self._audit)[-limit:]

@@ -62,6 +62,8 @@ class Console:
         self._runner: web.AppRunner | None = None
         self._sampler: asyncio.Task | None = None
         self._cached: tuple[float, bytes] | None = None
+        self._events: deque[dict] = deque(maxlen=500)   # the registry's newest audit events
+        self._event_id = 0
         self.history: dict[str, deque] = {"steps_per_s": deque(maxlen=HISTORY), "lag_versions": deque(maxlen=HISTORY),
                                           "lag_s": deque(maxlen=HISTORY)}
         app = web.Application(client_max_size=MAX_BODY)
@@ -177,17 +179,16 @@ class Console:
 
     def _audit(self, limit: int = 100) -> list[dict]:
         """The registry's events and the fleet's operator actions, newest first."""
-        events = []
         registry = getattr(self._gw, "registry", None)
-        if registry is not None:
-            for e in _safe(lambda: registry.events(limit=limit)) or ():
-                d = _shallow(e)
-                d["source"] = "registry"
-                events.append(d)
-        seen = {(e["t_ns"], e["kind"], e["who"]) for e in events}
-        for e in self._gw.fleet.audit_events(limit):
-            if (e["t_ns"], e["kind"], e["who"]) not in seen:
-                events.append({**e, "source": "gateway"})
+        if registry is not None:  # registry.events pages oldest first: follow it with a cursor, keep the newest
+            while batch := _safe(lambda: registry.events(since_id=self._event_id, limit=1000)) or []:
+                for e in batch:
+                    self._events.append({**_shallow(e), "source": "registry"})
+                self._event_id = batch[-1].id
+                if len(batch) < 1000:
+                    break
+        events = list(self._events)[-limit:]
+        events += [{**e, "source": "gateway"} for e in self._gw.fleet.audit_events(limit) if not e["in_registry"]]
         events.sort(key=lambda e: e["t_ns"], reverse=True)
         return events[:limit]
 
