@@ -11,6 +11,7 @@ import sys
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from bridge.console.fleet import Target
 from bridge.console.logs import JsonFormatter
 from tests.gateway.helpers import running_gateway
 
@@ -59,7 +60,7 @@ def test_metrics_move_while_sims_run_and_logs_carry_the_session(triton, tmp_path
                                    experience_dir=tmp_path / "experience") as gw, aiohttp.ClientSession() as http:
             url = gw.console.url
             assert url.startswith("http://127.0.0.1:")
-            sim = await start_sim(gw.address, envs=2, seconds=8, robot="hopper_a")
+            sim = await start_sim(gw.address, envs=2, seconds=12, robot="hopper_a")
             try:
                 for _ in range(300):  # both sessions stepping (bounded: 30 s)
                     if len(gw.sessions) == 2 and all(s.stats.steps > 5 for s in gw.sessions.values()):
@@ -94,9 +95,20 @@ def test_metrics_move_while_sims_run_and_logs_carry_the_session(triton, tmp_path
                 rows = {r["session_id"]: r for r in state["sessions"]}
                 assert set(rows) == {"hopper_a-0", "hopper_a-1"}, rows
                 assert all(r["labels"]["robot"] == "hopper_a" and r["steps"] > 0 for r in rows.values())
+                # an e-stop of the robot while it runs: the sim applies the safe actions and counts them
+                gw.fleet.estop(Target(robot="hopper_a"), who="operator:test", why="drill")
+                for _ in range(200):  # bounded: 20 s
+                    if all(r["held_steps"] > 5 for r in gw.fleet.sessions()):
+                        break
+                    await asyncio.sleep(0.1)
+                gw.fleet.release(Target(robot="hopper_a"), who="operator:test", why="drill over")
+                held = (await scrape(http, url))[("tether_estop_steps_total", ())]
+                assert held > 10
             finally:
-                _, err = await sim.communicate()
+                out, err = await sim.communicate()
             assert sim.returncode == 0, err.decode()[-2000:]
+            summary = json.loads(out.decode().strip().splitlines()[-1])
+            assert summary["held"] >= held and summary["errors"] == {}, summary
 
     try:
         asyncio.run(scenario())
