@@ -170,14 +170,24 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def trainer_process(*, gateway: str, policy: str, run_dir: Path, nproc: int, seed: int, seconds: float,
-                    extra_args: tuple[str, ...] = ()) -> Iterator[subprocess.Popen]:
-    """`tether train --algo ppo` against the gateway, its output in run_dir/trainer.log."""
-    log = open(run_dir / "trainer.log", "a")  # noqa: SIM115 - closed below, after the process
+                    extra_args: tuple[str, ...] = (), ready_timeout: float = 180.0) -> Iterator[subprocess.Popen]:
+    """`tether train --algo ppo` against the gateway, its output in run_dir/trainer.log; yields once
+    the trainer has fetched the policy and reads the stream (its ranks are up: under load, starting
+    torchrun and its ranks takes tens of seconds, which the sims would otherwise spend acting with v1)."""
+    log_path = run_dir / "trainer.log"
+    log = open(log_path, "a")  # noqa: SIM115 - closed below, after the process
+    start = log.tell()
     cmd = [sys.executable, "-m", "tether", "train", "--gateway", gateway, "--algo", "ppo", "--policy", policy,
            "--nproc", str(nproc), "--seed", str(seed), "--checkpoint-dir", str(run_dir / "checkpoints"),
            "--seconds", str(seconds), "--summary", str(run_dir / "trainer.json"), *extra_args]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
+        deadline = time.monotonic() + ready_timeout
+        while "[trainer] ppo:" not in log_path.read_text()[start:]:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                why = f"exited ({proc.returncode})" if proc.poll() is not None else f"not ready in {ready_timeout:g} s"
+                raise RuntimeError(f"trainer {why}; see {log_path}:\n" + log_path.read_text()[start:][-2000:])
+            time.sleep(0.2)
         yield proc
     finally:
         stop_process(proc)

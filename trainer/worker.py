@@ -85,12 +85,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--from-offset", type=_positive(int), default=0, help="PPO: first log offset to read")
     p.add_argument("--publish-every", type=_positive(int), default=1, help="PPO: iterations between publishes "
                    "(0: never); BC publishes at the end when --gateway is given")
-    p.add_argument("--max-ahead", type=_positive(int), default=0, help="PPO: updates the learner may be ahead of "
+    p.add_argument("--max-ahead", type=_positive(int), default=1, help="PPO: updates the learner may be ahead of "
                    "the version the sessions act with; it waits (reading on) for its publish beyond that (0: never "
                    "waits; needs --publish-every 1)")
-    p.add_argument("--obs-norm", action=argparse.BooleanOptionalAction, default=False,
+    p.add_argument("--obs-norm", action=argparse.BooleanOptionalAction, default=True,
                    help="PPO: running observation mean/std inside the served policy")
-    p.add_argument("--value-norm", action=argparse.BooleanOptionalAction, default=False,
+    p.add_argument("--value-norm", action=argparse.BooleanOptionalAction, default=True,
                    help="PPO: the critic learns normalised returns")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast")
     p.add_argument("--out", default="", help="rank 0 writes the final policy weights (safetensors) here")
