@@ -71,7 +71,9 @@ class RolloutRouter:
 
     def stepped(self, policy: ServedPolicy, *, latency_s: float, error: bool, guard: int,
                 inputs: Mapping[str, np.ndarray] | None = None, actions: Mapping[str, np.ndarray] | None = None,
-                deadline_s: float = 0.0) -> None:
+                deadline_s: float = 0.0, rows: bool = False) -> None:
+        """One step's outcome (a vectorised session's step counts once; `rows`: inputs/actions have a
+        leading N); with a shadow version, it is inferred on the same inputs in a task."""
         self.stats.step(policy.name, policy.version, latency_s=latency_s, error=error, guard=guard)
         self.monitor(policy.name).observe_step(policy.version, latency_s, error, guard)
         if inputs is None or actions is None:
@@ -80,16 +82,18 @@ class RolloutRouter:
         shadow = shadow_of(rollout) if rollout is not None else None
         if shadow is None or shadow == policy.version or len(self._shadow_tasks) >= MAX_SHADOW_INFLIGHT:
             return
-        task = asyncio.get_running_loop().create_task(self._shadow(policy.name, shadow, inputs, actions, deadline_s))
+        task = asyncio.get_running_loop().create_task(self._shadow(policy.name, shadow, inputs, actions, deadline_s,
+                                                                   rows))
         self._shadow_tasks.add(task)
         task.add_done_callback(self._shadow_tasks.discard)
 
     async def _shadow(self, name: str, version: int, inputs: Mapping[str, np.ndarray],
-                      actions: Mapping[str, np.ndarray], deadline_s: float) -> None:
+                      actions: Mapping[str, np.ndarray], deadline_s: float, rows: bool) -> None:
         """The shadow version on the same observation; only the divergence is kept, nothing is actuated."""
         try:
             async with asyncio.timeout(deadline_s or None):
-                got = await self._batcher.infer(name, version, inputs, outputs=tuple(actions))
+                infer = self._batcher.infer_rows if rows else self._batcher.infer
+                got = await infer(name, version, inputs, outputs=tuple(actions))
             divergence = float(np.mean([np.mean(np.abs(got[k].astype(np.float64) - a.astype(np.float64)))
                                         for k, a in actions.items()]))
         except asyncio.CancelledError:

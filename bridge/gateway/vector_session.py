@@ -132,6 +132,8 @@ class VectorSession(SessionBase):
         ends = []
         for i in np.flatnonzero(ended).tolist():
             self._episodes[i] += 1
+            if self._router is not None:
+                self._router.episode_ended(self.policy, float(self._return[i]))
             ends.append(bridge_pb2.EpisodeEnd(step=obs.step, episode=int(self._episodes[i]),
                                               length=int(self._length[i]), episode_return=float(self._return[i]),
                                               reason="" if last[i] else reasons.get(int(i), ""), env=int(i)))
@@ -166,6 +168,8 @@ class VectorSession(SessionBase):
                                                                  outputs=self._outputs),
                                         deadline_s=self._deadline_s, policy=self.policy)
         except InferenceFailed as exc:
+            if self._router is not None:
+                self._router.stepped(self.policy, latency_s=(time.time_ns() - received) / 1e9, error=True, guard=0)
             self._acted[:] = False
             for r in self.recorder.recorders:
                 r.abandon()
@@ -176,6 +180,10 @@ class VectorSession(SessionBase):
             actions = {name: np.where(_rows(batch.bad, value), self._safe[name], value)
                        for name, value in actions.items()}
         good = ~batch.bad
+        if self._router is not None:  # per-version figures and the shadow (one version per session, all rows)
+            self._router.stepped(self.policy, latency_s=(finished - received) / 1e9, error=False, guard=0,
+                                 inputs=None if batch.bad.any() else inputs, actions=actions,
+                                 deadline_s=self._deadline_s, rows=True)
         self.stats.steps += int(good.sum())
         timing = bridge_pb2.Timing(t_sent_ns=obs.t_sent_ns, gateway_recv_ns=received, infer_start_ns=started,
                                    infer_end_ns=finished, gateway_send_ns=time.time_ns())

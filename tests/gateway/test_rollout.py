@@ -9,15 +9,17 @@ import shutil
 import sys
 
 import grpc
+import numpy as np
 import pytest
 
 from bridge.gateway.rollout_config import RolloutPlan
 from bridge.gateway.rollout_io import Fingerprint, SwapFailed
 from bridge.registry import State, Thresholds
 from inference_server import ModelRepository, TritonServer
-from protos import policies_pb2, policies_pb2_grpc
+from protos import bridge_pb2, policies_pb2, policies_pb2_grpc
+from protos.codec import encode
 from tests.conftest import ACT, OBS
-from tests.gateway.helpers import running_gateway
+from tests.gateway.helpers import RawSession, hello, running_gateway
 from tests.gateway.rollout_helpers import Fleet, new_policy, publish, variant
 from trainer.policy import MLPPolicy
 
@@ -256,5 +258,40 @@ def test_stale_weights_behind_a_version_number_are_caught(served):
             shutil.copyfile(other.root / "stale" / "1" / "policy.pt", repo.root / "stale" / "1" / "policy.pt")
             with pytest.raises(SwapFailed, match="stale or wrong weights are served"):
                 await Fingerprint(gw.control).verify(repo, served_v1)
+
+    asyncio.run(scenario())
+
+
+def test_a_vectorised_session_is_shadowed_and_follows_a_label_pin(served):
+    server, repo = served
+    v1 = new_policy(server, repo, "vec")
+    slow = RolloutPlan(mode="staged", shadow_steps=10**6, thresholds=THRESHOLDS)
+    rows = np.random.default_rng(2).standard_normal((3, 11)).astype(np.float32)
+
+    async def scenario():
+        async with gateway(server, repo, "vec", rollout=slow) as gw, grpc.aio.insecure_channel(gw.address) as channel:
+            stub = policies_pb2_grpc.PoliciesStub(channel)
+            h = hello("vec-0", obs=OBS, act=ACT, policy="vec")
+            h.num_envs, h.labels["robot"] = 3, "a"
+            async with RawSession(gw.address, h) as s:
+                async def step(t: int) -> int:
+                    obs = bridge_pb2.Observation(step=t, tensors=[encode("observation", rows)],
+                                                 env_step_types=[bridge_pb2.FIRST if t == 0 else bridge_pb2.MID] * 3)
+                    await s.call.write(bridge_pb2.ClientMessage(observation=obs))
+                    reply = await s.call.read()
+                    assert reply.WhichOneof("kind") == "action" and len(reply.action.env_errors) == 0, reply
+                    return reply.action.policy_version
+
+                assert await step(0) == 1
+                await publish(stub, "vec", variant(v1, scale=1.1))
+                assert {await step(t) for t in range(1, 6)} == {1}
+                for _ in range(100):  # the shadow's inferences run in tasks: bounded wait for the last ones
+                    if gw.rollout.version_stats("vec")[2]["shadow_steps"] >= 5:
+                        break
+                    await asyncio.sleep(0.05)
+                shadow = gw.rollout.version_stats("vec")[2]
+                assert shadow["shadow_steps"] >= 5 and shadow["shadow_divergence"] > 0 and shadow["steps"] == 0
+                await stub.Pin(policies_pb2.PinRequest(policy="vec", selector="robot=a", version=2, why="try a"))
+                assert await step(6) == 2
 
     asyncio.run(scenario())
