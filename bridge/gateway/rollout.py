@@ -95,15 +95,16 @@ class RolloutController:
                 await self._restore(name)
         self._loop_task = asyncio.get_running_loop().create_task(self._run(), name="rollout")
 
-    def attach_evaluator(self, address: str) -> None:
+    def attach_evaluator(self, address: str, **kw) -> None:
         """Evaluation in simulation (when the gate has an eval env): `tether sim` processes against
-        this gateway at `address`, their sessions pinned to the version under test."""
+        this gateway at `address`, their sessions pinned to the version under test (`kw`: more
+        SimEvaluator arguments, e.g. the sims' TLS flags)."""
         config = self.gate.config
-        if config.eval_env is not None:
+        if config.eval_env is not None or config.eval_envs:
             from bridge.gate import SimEvaluator
 
-            self.gate.evaluator = SimEvaluator(address=address, env=config.eval_env, pin=self.pin_session,
-                                               unpin=self.unpin_session, max_steps=config.eval_max_steps)
+            self.gate.evaluator = SimEvaluator.from_config(config, address=address, pin=self.pin_session,
+                                                           unpin=self.unpin_session, **kw)
 
     async def track(self, policy: str) -> None:
         """Bring a policy a session asks for under the registry (once), as `start` does."""
