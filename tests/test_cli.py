@@ -10,7 +10,8 @@ def tether(*args, timeout=60):
 
 def test_unknown_subcommand_prints_usage():
     run = tether("fly")
-    assert run.returncode != 0 and "usage: tether {demo,triton,gateway,sim,edge,train,log}" in run.stderr
+    assert run.returncode != 0 and "usage: tether {demo,triton,gateway,sim,edge,train,log," in run.stderr
+    assert all(f",{command}" in run.stderr for command in ("status", "estop", "release"))  # tether.v1.Fleet
 
 
 def test_gateway_without_triton_says_so(unused_port):
