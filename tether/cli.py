@@ -3,7 +3,8 @@
     tether demo --env Hopper-v5 --envs 8 --seconds 10 --summary out/summary.json
     tether demo --env newton:cartpole --envs 256 --sessions 2
     tether triton --repository runs/models --init Hopper-v5
-    tether gateway --triton 127.0.0.1:8001 --policy hopper_v5
+    tether gateway --triton 127.0.0.1:8001 --policy hopper_v5 --console-port 8080   # console + /metrics
+    tether status --gateway 127.0.0.1:50051            # sessions and versions; estop/release --robot NAME | --all
     tether sim --gateway 127.0.0.1:50051 --env Hopper-v5 --envs 8 --seconds 10
     tether sim --gateway 127.0.0.1:50051 --env newton:cartpole --envs 64 --sessions 2
     tether edge --gateway 127.0.0.1:50051 --topic-map launch/config/topic_map.yaml --transport dds
