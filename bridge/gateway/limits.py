@@ -34,6 +34,7 @@ class Limits:
     max_sessions: int = 1024            # sessions the gateway holds at once (0 = no cap)
     max_sessions_per_source: int = 256  # per peer identity or address (0 = no cap)
     idle_timeout_s: float = 60.0        # a stream silent this long is closed (0 = never)
+    max_message_mb: int = 64            # the largest message a client may send (gRPC refuses larger ones)
     max_id_chars: int = 128             # session_id
     max_source_chars: int = 128         # Hello.source
     max_policy_chars: int = 128         # Hello.policy
@@ -46,6 +47,8 @@ class Limits:
         for name, value in vars(self).items():
             if value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
+        if not 1 <= self.max_message_mb <= 1024:
+            raise ValueError(f"max_message_mb must be in [1, 1024], got {self.max_message_mb}")
 
 
 def _text(field: str, value: str, max_chars: int, *, spaces: bool) -> None:

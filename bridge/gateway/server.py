@@ -155,7 +155,8 @@ class Gateway:
                                   f"{self.config.triton_timeout_s:g} s: {exc}") from exc
         self.server_version = await self._client.server_version()
         self._server = grpc.aio.server(options=[("grpc.so_reuseport", 0),  # a taken port is an error, not shared
-                                                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                                                ("grpc.max_receive_message_length",
+                                                 self.config.limits.max_message_mb << 20),
                                                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                                                 *KEEPALIVE])
         bridge_pb2_grpc.add_BridgeServicer_to_server(BridgeService(self), self._server)
@@ -321,12 +322,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="per client certificate identity, else per address (0 = no cap)")
     s.add_argument("--idle-timeout-s", type=float, default=Limits.idle_timeout_s,
                    help="close a session silent this long (0 = never)")
+    s.add_argument("--max-message-mb", type=int, default=Limits.max_message_mb,
+                   help="largest message a client may send (a 1080p RGB frame is 6 MB; parsing one stalls the "
+                        "event loop about 1-3 ms per MB)")
     return p.parse_args(argv)
 
 
 def _security_kwargs(a: argparse.Namespace) -> dict:
     limits = Limits(max_sessions=a.max_sessions, max_sessions_per_source=a.max_sessions_per_source,
-                    idle_timeout_s=a.idle_timeout_s)
+                    idle_timeout_s=a.idle_timeout_s, max_message_mb=a.max_message_mb)
     return {"tls_cert": a.tls_cert, "tls_key": a.tls_key, "tls_client_ca": a.tls_client_ca, "insecure": a.insecure,
             "tokens": a.tokens, "anonymous_viewers": a.anonymous_viewers, "limits": limits}
 

@@ -2,6 +2,7 @@
 runs only the gateway and the steady session it measures):
 
     python -m tests.gateway.fuzz_client 127.0.0.1:50051 --total 100000 --workers 6 --seed 0
+    python -m tests.gateway.fuzz_client 127.0.0.1:50051 --total 8 --large-mb 32     # large tensors
 
 Prints one JSON line: messages sent, reply kinds, how streams ended. Streams, several at a time:
 - typed: a valid Hello, then hundreds of observations mutated at random (NaN/inf, wrong dtype codes,
@@ -263,14 +264,42 @@ async def fuzz(address: str, *, total: int, workers: int, seed: int) -> dict:
             "stream_ends": fuzzer.codes, "step_errors": fuzzer.errors, "unexpected": fuzzer.unexpected[:20]}
 
 
+async def large(address: str, *, total: int, mb: int) -> dict:
+    """One session sending `total` observations of `mb` MB that do not fit the spec; their replies."""
+    big = encode("observation", np.zeros((mb << 20) // 4, np.float32))
+    frames = [bridge_pb2.ClientMessage(observation=bridge_pb2.Observation(step=s, tensors=[big])).SerializeToString()
+              for s in range(total)]
+    replies, seconds = [], []
+    options = [("grpc.max_send_message_length", 2 * mb << 20)]
+    async with grpc.aio.insecure_channel(address, options=options) as channel:
+        call = channel.stream_stream(CONNECT, response_deserializer=bridge_pb2.ServerMessage.FromString)()
+        await call.write(bridge_pb2.ClientMessage(hello=hello("large", obs=OBS, act=ACT)).SerializeToString())
+        await call.read()
+        for frame in frames:
+            t0 = time.perf_counter()
+            await call.write(frame)
+            reply = await call.read()
+            seconds.append(time.perf_counter() - t0)
+            replies.append(f"{bridge_pb2.StepError.Code.Name(reply.error.code)}: {reply.error.message}"
+                           if reply.WhichOneof("kind") == "error" else reply.WhichOneof("kind"))
+        await call.done_writing()
+        code = (await call.code()).name
+    return {"sent": total, "replies": replies, "seconds": seconds, "code": code}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("address")
     p.add_argument("--total", type=int, default=100_000)
     p.add_argument("--workers", type=int, default=6)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--large-mb", type=int, help="instead: one session of --total observations this large")
     a = p.parse_args()
-    print(json.dumps(asyncio.run(fuzz(a.address, total=a.total, workers=a.workers, seed=a.seed))), flush=True)
+    if a.large_mb:
+        result = asyncio.run(large(a.address, total=a.total, mb=a.large_mb))
+    else:
+        result = asyncio.run(fuzz(a.address, total=a.total, workers=a.workers, seed=a.seed))
+    print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

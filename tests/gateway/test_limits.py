@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import os
+import sys
 import time
 
 import grpc
@@ -28,6 +31,8 @@ class Steady:
     def __init__(self, address: str, session_id: str = "steady"):
         self.address, self.id = address, session_id
         self.kinds: list[str] = []
+        self.errors: list[str] = []
+        self.rtt_ms: list[float] = []
         self._stop = asyncio.Event()
         self.started = asyncio.Event()
 
@@ -37,8 +42,12 @@ class Steady:
             self.started.set()
             while not self._stop.is_set() or len(self.kinds) < 5:
                 step_type = bridge_pb2.FIRST if not self.kinds else bridge_pb2.MID
+                t0 = time.perf_counter()
                 reply = await s.step(rng.standard_normal(11).astype(np.float32), step_type=step_type)
+                self.rtt_ms.append((time.perf_counter() - t0) * 1e3)
                 self.kinds.append(reply.WhichOneof("kind"))
+                if reply.WhichOneof("kind") == "error":
+                    self.errors.append(bridge_pb2.StepError.Code.Name(reply.error.code) + ": " + reply.error.message)
 
     def stop(self) -> None:
         self._stop.set()
@@ -54,7 +63,7 @@ async def steady_session(address: str):
     finally:
         steady.stop()
         await asyncio.wait_for(task, 60)
-    assert steady.kinds and set(steady.kinds) == {"action"}, set(steady.kinds)
+    assert steady.kinds and set(steady.kinds) == {"action"}, steady.errors[:3]
 
 
 async def connect(address: str, first: bridge_pb2.ClientMessage):
@@ -198,5 +207,48 @@ def test_a_first_message_that_is_not_a_hello_is_refused(triton):
             code, details = await refused(gw.address, bridge_pb2.ClientMessage())
             assert code == Status.INVALID_ARGUMENT and details.endswith("got an empty message")
             assert set(gw.sessions) == {"steady"}
+
+    asyncio.run(scenario())
+
+
+def test_large_tensors_are_refused_without_stalling_a_steady_session(triton):
+    """32 MB observations that do not fit the spec, from another process: each is refused on its step
+    (no copy of its bytes: its declared shape is checked first), the stream goes on, and the steady
+    session's steps all succeed within the deadline (figures printed)."""
+
+    async def scenario():
+        async with running_gateway(triton.url, policy="tiny") as gw, steady_session(gw.address) as steady:
+            start = len(steady.rtt_ms)
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "tests.gateway.fuzz_client", gw.address, "--total", "8", "--large-mb", "32",
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                env={**os.environ, "PYTHONPATH": os.getcwd()})
+            out, err = await asyncio.wait_for(proc.communicate(), 240)
+            assert proc.returncode == 0, err.decode()[-2000:]
+            return json.loads(out), steady.rtt_ms[start:]
+
+    result, during = asyncio.run(scenario())
+    print(f"\n8 x 32 MB refused in {sum(result['seconds']):.2f} s (max {max(result['seconds']) * 1e3:.0f} ms each); "
+          f"steady session meanwhile: {len(during)} steps, p50 {np.percentile(during, 50):.1f} ms, "
+          f"max {max(during):.1f} ms")
+    assert result["code"] == "OK" and len(result["replies"]) == 8
+    assert all(r == "INVALID_OBSERVATION: observation: shape [8388608], expected [11]" for r in result["replies"])
+
+
+def test_a_message_over_max_message_mb_ends_its_stream(triton):
+    big = bridge_pb2.ClientMessage(observation=bridge_pb2.Observation(
+        step=0, tensors=[encode("observation", np.zeros(600_000, np.float32))]))   # 2.4 MB
+
+    async def scenario():
+        async with running_gateway(triton.url, policy="tiny", limits=Limits(max_message_mb=1)) as gw, \
+                steady_session(gw.address):
+            channel, call, welcome = await connect(gw.address, bridge_pb2.ClientMessage(
+                hello=hello("large", obs=OBS, act=ACT)))
+            assert welcome.WhichOneof("kind") == "welcome"
+            await call.write(big)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await asyncio.wait_for(call.read(), 60)
+            assert err.value.code() == Status.RESOURCE_EXHAUSTED
+            await channel.close()
 
     asyncio.run(scenario())
