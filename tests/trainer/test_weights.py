@@ -118,9 +118,13 @@ def test_background_publisher_lets_training_go_on_and_a_restart_recognises_its_w
         with torch.no_grad():
             policy.log_std.fill_(-3.0)  # training goes on: the snapshot is what gets published
         assert publisher.busy and publisher.result() == 0
-        with pytest.raises(RuntimeError, match="already in flight"):
+        with pytest.raises(RuntimeError, match="in flight"):
             publisher.submit(policy.state_dict(), lineage=policies_pb2.Lineage(), probe_inputs={}, probe_outputs={})
-        assert publisher.result(wait=True) == 2 and not publisher.busy and publisher.result() == 0
+        publisher._future.result()  # finished, but its outcome not yet taken: a submit would lose it
+        assert not publisher.busy and not publisher.idle
+        with pytest.raises(RuntimeError, match="not taken"):
+            publisher.submit(policy.state_dict(), lineage=policies_pb2.Lineage(), probe_inputs={}, probe_outputs={})
+        assert publisher.result(wait=True) == 2 and publisher.idle and publisher.result() == 0
         publisher.close()
         assert torch.equal(client.fetch("p").state_dict["log_std"], torch.full((2,), -2.0))
         assert served_version_of(client.list("p"), policy.state_dict()) is None
