@@ -43,7 +43,7 @@ from bridge.gateway.recorder import RecorderGroup, RewardOutcome
 from bridge.gateway.session import InferenceFailed, Rewards, SessionBase, SessionStats, VersionRouter, infer_within
 from bridge.rewards import RewardFunction
 from protos import bridge_pb2
-from protos.codec import Spec, TensorError, decode, encode
+from protos.codec import Spec, TensorError, decode, dtype_to_numpy, encode
 
 Code = bridge_pb2.StepError.Code
 FIRST, MID, LAST = bridge_pb2.FIRST, bridge_pb2.MID, bridge_pb2.LAST
@@ -272,10 +272,17 @@ def _per_env(values, n: int, name: str, dtype, *, required: bool = False) -> np.
 
 
 def _decode(tensors, specs: tuple[Spec, ...], n: int, what: str) -> dict[str, np.ndarray]:
+    by_name = {s.name: s for s in specs}
     arrays = {}
     for t in tensors:
         if t.name in arrays:
             raise TensorError(t.name, f"{what}: sent twice")
+        if (spec := by_name.get(t.name)) is not None:  # the declared dtype/shape first: no copy of a misfit's bytes
+            declared = dtype_to_numpy(t.dtype)
+            if declared != spec.dtype:
+                raise TensorError(spec.name, f"{what}: dtype {declared.name}, expected {spec.dtype.name}")
+            if tuple(t.shape) != (n, *spec.shape):
+                raise TensorError(spec.name, f"{what}: shape {list(t.shape)}, expected {[n, *spec.shape]}")
         arrays[t.name] = decode(t)
     expected = {s.name for s in specs}
     for name in arrays.keys() - expected:
