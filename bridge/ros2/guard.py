@@ -301,9 +301,15 @@ class SafetyGuard:
             self._s.last_sent, self._s.t_sent = _frozen(init), self._now()
             return True
 
-    def estop(self, reason: str) -> bool:
+    def estop(self, reason: str, *, supersedes: str | None = None) -> bool:
         """Latch the e-stop: from now on every output is the safe action, until `release`. True if
-        this call latched it (False: it already was)."""
+        this call latched it (False: it already was). A latch whose reason is `supersedes` takes
+        this `reason` instead, so a release meant for that one (e.g. the gateway's) leaves it latched:
+
+            >>> g = SafetyGuard(GuardConfig(position_low=[-1.0], position_high=[1.0]))
+            >>> g.estop("gateway"), g.estop("local button", supersedes="gateway"), g.estop_reason
+            (True, False, 'local button')
+        """
         if not isinstance(reason, str) or not reason.strip():
             raise ValueError(f"reason: expected a non-empty string, got {reason!r}")
         with self._lock:
@@ -311,6 +317,8 @@ class SafetyGuard:
                 self._s.estop_reason = reason
                 self._s.counts["estop"] += 1
                 return True
+            if supersedes is not None and self._s.estop_reason == supersedes:
+                self._s.estop_reason = reason
             return False
 
     def release(self, *, operator: str) -> bool:

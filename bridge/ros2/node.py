@@ -278,7 +278,7 @@ class EdgeNode:
 
     def _on_estop(self, msg: object) -> None:
         if msg.data:
-            self.guard.estop(f"True on {self.estop_topic}")
+            self.guard.estop(f"True on {self.estop_topic}", supersedes=GATEWAY_ESTOP)  # needs a local release
         self._events.put(_Operator(latch=bool(msg.data)))
 
     def _on_release(self, msg: object) -> None:
@@ -333,7 +333,7 @@ class EdgeNode:
         log.error("edge node %s: control loop failed (%r); latching the e-stop, safe action out", self.config.node_name,
                   exc)
         try:
-            self.guard.estop(f"control loop of {self.config.node_name} failed: {exc!r}")
+            self.guard.estop(f"control loop of {self.config.node_name} failed: {exc!r}", supersedes=GATEWAY_ESTOP)
             decision = self.guard.tick()
             if decision is not None:
                 self._publish(decision, None)

@@ -78,3 +78,33 @@ def test_gateway_estop_latches_the_edge_guard_until_the_gateway_releases(ros_dom
         robot.wait_for(lambda d: np.allclose(d, 0.5), after=t_release, timeout=5, what="actions after release")
         assert not node.guard.estopped and node.guard.counts.estop == 1
     print(f"\ngateway e-stop -> safe command on the robot: {(stopped['t'] - t_estop) * 1e3:.1f} ms")
+
+
+def test_a_local_estop_outlives_the_gateways_release(ros_domain, robot, gateway):
+    """A local e-stop (True on /tether/estop) taken while the gateway's latch holds needs a local
+    release: the gateway's release must not lift it."""
+    from bridge.ros2.edge import main as edge_cli
+
+    operator = [("x-tether-operator", "ada")]
+    with running_edge(ros_domain, gateway, TMAP, policy="echo6", safe_action="zero") as node, \
+            grpc.insecure_channel(gateway) as channel:
+        fleet = fleet_pb2_grpc.FleetStub(channel)
+        const(robot, 0.5)
+        assert fleet.EStop(fleet_pb2.EStopRequest(robot="edge_under_test", reason="drill"), metadata=operator).changed
+        for _ in range(1000):  # bounded: 10 s
+            if node.guard.estop_reason == GATEWAY_ESTOP:
+                break
+            time.sleep(0.01)
+        assert node.guard.estop_reason == GATEWAY_ESTOP
+        edge_cli(["estop", "--operator", "ada", "--domain-id", str(ros_domain), "--transport", "dds"])
+        assert node.guard.estopped and node.guard.estop_reason != GATEWAY_ESTOP  # the local latch took over
+        assert fleet.Release(fleet_pb2.EStopRequest(robot="edge_under_test", reason="drill over"),
+                             metadata=operator).changed
+        t_release = time.monotonic()
+        time.sleep(0.5)  # actions without estop arrive; the local latch must hold through them
+        assert node.guard.estopped
+        assert all(c["data"] == [0.0] * 6 for c in robot.since(t_release))
+        edge_cli(["release", "--operator", "ada", "--domain-id", str(ros_domain), "--transport", "dds"])
+        robot.wait_for(lambda d: np.allclose(d, 0.5), after=time.monotonic(), timeout=5, what="actions after the "
+                       "local release")
+        assert not node.guard.estopped
