@@ -39,6 +39,7 @@ MAX_PINS = 1024
 MAX_JSON_BYTES = 1 << 20
 MAX_EVENTS_PAGE = 10_000
 
+_KIND = re.compile(r"[a-z_]{1,32}")
 _POLICY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # a Triton model name
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -246,6 +247,21 @@ class Registry:
             self._event(now, policy, version if version is not None else old, "pin", _v(old), _v(version), who,
                         why, {}, selector)
             return self._rollout(policy)
+
+    def record_event(self, *, kind: str, policy: str = "", version: int | None = None, who: str, why: str,
+                     figures: Mapping[str, float] | None = None, detail: str = "") -> None:
+        """An audit event that changes no version: an operator's e-stop or release (policy "" = the fleet)."""
+        _check_who_why(who, why)
+        if kind in ("state", "canary", "pin", "gate") or not _KIND.fullmatch(kind or ""):
+            raise RegistryError(f"event kind {kind!r} is not 1..32 of [a-z_] (and not one the registry writes itself)")
+        if policy:
+            _check_policy(policy)
+        if version is not None:
+            _check_version(version)
+        figures = _check_figures(figures or {}, "figures")
+        with self._write():
+            self._event(time.time_ns(), policy, version, kind, "", "", who, why, figures,
+                        _check_text("detail", detail, 512, spaces=True) if detail else "")
 
     # -- reads --------------------------------------------------------------------------------------------------
 

@@ -329,3 +329,19 @@ def test_a_full_disk_keeps_nothing_of_the_change(registry: Registry):
     registry._db.execute("PRAGMA max_page_count = 1073741823")
     registry.move(POLICY, 2, State.LIVE, who="auto", why="still works")
     assert registry.rollout(POLICY).live == 2
+
+
+def test_operator_events_without_a_state_change_are_audited_and_checked(registry: Registry, tmp_path: Path):
+    registry.record_event(kind="estop", who="operator:ada", why="person in the cell", detail="robot=arm_2")
+    registry.record_event(kind="release", policy=POLICY, version=1, who="operator:ada", why="clear",
+                          figures={"sessions": 2})
+    estop, release = [e for e in registry.events() if e.kind in ("estop", "release")]
+    assert (estop.policy, estop.version, estop.who, estop.detail) == ("", None, "operator:ada", "robot=arm_2")
+    assert (release.policy, release.version, release.figures) == (POLICY, 1, {"sessions": 2.0})
+    for bad, named in [(dict(kind="state"), "kind"), (dict(kind="E-STOP"), "kind"), (dict(kind="estop", who=""), "who"),
+                       (dict(kind="estop", version=0), "version"), (dict(kind="estop", policy="../x"), "policy")]:
+        with pytest.raises(RegistryError, match=named):
+            registry.record_event(**{"who": "operator:ada", "why": "x", **bad})
+    registry.close()
+    assert [e.kind for e in Registry(tmp_path / "registry.sqlite").events() if e.kind in ("estop", "release")] == [
+        "estop", "release"]
