@@ -225,29 +225,29 @@ class Fleet:
             self.estops[target.key] = fleet_pb2.EStopSelector(
                 session_id=target.session_id, robot=target.robot, all=target.all, who=who, why=why,
                 t_ns=time.time_ns())
-        self.audit("estop", who=who, why=why, figures={"target": target.key, "changed": changed})
+        self.audit("estop", who=who, why=why, figures={"changed": float(changed)}, detail=target.key)
         return changed, self.held_sessions()
 
     def release(self, target: Target, *, who: str, why: str) -> tuple[bool, list[str]]:
         """Unlatch that selector (others stay latched); returns (changed, the sessions still held)."""
         changed = self.estops.pop(target.key, None) is not None
-        self.audit("release", who=who, why=why, figures={"target": target.key, "changed": changed})
+        self.audit("release", who=who, why=why, figures={"changed": float(changed)}, detail=target.key)
         return changed, self.held_sessions()
 
     def held_sessions(self) -> list[str]:
         return sorted(s.id for s in list(self._gw.sessions.values()) if self.held(s))
 
     def audit(self, kind: str, *, who: str, why: str, policy: str = "", version: int | None = None,
-              figures: dict | None = None) -> None:
-        """An operator action into the audit trail: the registry's when it records generic events, and ours."""
+              figures: dict[str, float] | None = None, detail: str = "") -> None:
+        """An operator action into the audit trail: the registry's (it survives a restart), and ours."""
         registry = getattr(self._gw, "registry", None)
-        record = getattr(registry, "record_event", None)  # a generic audit event, where the registry has one
-        if record is not None:
-            record(kind=kind, policy=policy, version=version, who=who, why=why, figures=figures or {})
+        if registry is not None:
+            registry.record_event(kind=kind, policy=policy, version=version, who=who, why=why, figures=figures,
+                                  detail=detail)
         self._audit_ids += 1
-        self._audit.append(dict(id=self._audit_ids, t_ns=time.time_ns(), kind=kind, policy=policy,
+        self._audit.append(dict(id=self._audit_ids, t_ns=time.time_ns(), kind=kind, policy=policy, detail=detail,
                                 version=version, who=who, why=why, figures=figures or {},
-                                in_registry=record is not None))
+                                in_registry=registry is not None))
 
     def audit_events(self, limit: int = 200) -> list[dict]:
         return list(self._audit)[-limit:]

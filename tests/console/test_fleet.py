@@ -81,9 +81,11 @@ def test_status_estop_release_round_trip(triton, capsys):
                     rc, _ = await run_cli("release", *addr, "--all")
                     await act(late, rng, triton, held=False)
                     await act(a, rng, triton, held=False)
-            kinds = [(e["kind"], e["who"], e["figures"]["target"]) for e in gw.fleet.audit_events()]
+            kinds = [(e["kind"], e["who"], e["detail"]) for e in gw.fleet.audit_events()]
             assert kinds == [("estop", "operator:ada", "robot=arm_1"), ("release", "operator:ada", "robot=arm_1"),
                              ("estop", "operator:ada", "all"), ("release", "operator:ada", "all")]
+            audited = [(e.kind, e.who, e.detail) for e in gw.registry.events() if e.kind in ("estop", "release")]
+            assert audited == kinds  # in the registry's audit log too: it survives a restart
             text = gw.fleet.metrics.exposition().decode()
             assert "tether_estop_steps_total 5.0" in text, text
 

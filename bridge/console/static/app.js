@@ -179,7 +179,7 @@ function renderVersions(s) {
 function renderAudit(s) {
   $("#audit tbody").replaceChildren(...s.audit.map((e) => {
     const change = e.kind === "state" ? `${e.from_state || "–"} → ${e.to_state}` :
-      e.figures && e.figures.target ? `${e.kind} ${e.figures.target}` : e.kind;
+      e.detail ? `${e.kind} ${e.detail}` : e.kind;
     return el("tr", { "data-kind": e.kind },
       el("td", {}, clock(e.t_ns)), el("td", {}, e.kind),
       el("td", {}, e.policy ? `${e.policy}${e.version ? " v" + e.version : ""}` : ""),
