@@ -78,6 +78,7 @@ class RolloutController:
         self.episode_ended = self.router.episode_ended
         self._newest: dict[str, tuple[int, int]] = {}   # policy -> (newest non-rejected version, its created_ns)
         self._gating: dict[str, int] = {}               # policy -> the version in the gate now
+        self._probation: dict[str, int] = {}            # policy -> the live version judged vs the previous one
         self._fingerprint = Fingerprint(control)
         self._loop_task: asyncio.Task | None = None
         self.errors: list[str] = []                     # background failures (also logged)
@@ -287,6 +288,8 @@ class RolloutController:
                 await self._write(self.registry.move, policy, shadow, State.RETIRED, who=who,
                                   why=f"superseded by v{version}")
             record = await self._write(self.registry.move, policy, version, to, who=who, why=why)
+            if to is State.LIVE:
+                self._probation[policy] = version
             await self._after_change(policy)
             return record
 
@@ -394,11 +397,13 @@ class RolloutController:
                 return
             episodes = self.stats.get(name, r.canary)["episodes"]
             if plan.mode == "staged" and episodes >= plan.canary_episodes and verdict.judged:
+                self._probation[name] = r.canary
                 await self._write(self.registry.move, name, r.canary, State.LIVE, who="auto",
                                   why=f"canary: {episodes} episodes, {verdict.reason}")
                 await self._after_change(name)
                 return
-        if plan.mode == "staged" and r.live is not None and r.previous_live is not None:
+        if plan.mode == "staged" and r.live is not None and r.live == self._probation.get(name) \
+                and r.previous_live is not None:  # a live version restored by a rollback is not judged again
             verdict = monitor.verdict(r.live, r.previous_live)
             if verdict.regressed:
                 await self._rollback(name, r.live, who="auto", why=f"live regressed: {verdict.reason}")

@@ -36,7 +36,8 @@ class RolloutPlan:
     loop; no runtime judging of live). `staged`: shadow for `shadow_steps` compared steps, canary
     (`canary_labels` when given, else `canary_fraction` of sessions) for `canary_episodes` episodes,
     then live unless the RegressionMonitor finds a regression vs the live version (then
-    rolled_back, automatically); a live version that regresses vs the previous one is rolled back."""
+    rolled_back, automatically); a version promoted to live (by the plan or an operator) that then
+    regresses vs the previous live one is rolled back (a version restored by a rollback is not judged)."""
 
     mode: str = "direct"
     shadow_steps: int = 200

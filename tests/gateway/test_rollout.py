@@ -158,6 +158,30 @@ def test_a_canary_the_edge_guard_keeps_clamping_rolls_back(served):
     asyncio.run(scenario())
 
 
+def test_a_version_an_operator_put_live_that_regresses_rolls_back_to_the_previous(served):
+    server, repo = served
+    v1 = new_policy(server, repo, "liveback")
+    slow = RolloutPlan(mode="staged", shadow_steps=10**6, thresholds=THRESHOLDS, tick_s=0.05)
+
+    async def scenario():
+        async with gateway(server, repo, "liveback", rollout=slow, switch="step") as gw, \
+                grpc.aio.insecure_channel(gw.address) as channel:
+            stub = policies_pb2_grpc.PoliciesStub(channel)
+            async with Fleet(gw, "liveback", LABELS) as fleet:
+                await fleet.round()
+                await publish(stub, "liveback", variant(v1, flip=True))
+                await stub.Promote(policies_pb2.PromoteRequest(policy="liveback", version=2, to="live", why="hurry"))
+                await drive_until(fleet, lambda: states(gw, "liveback")[2] == "rolled_back", "the rollback")
+                await fleet.round()
+            assert all(vs[-1] == 1 for vs in fleet.versions) and gw.rollout.rollouts()["liveback"].live == 1
+            event = [e for e in gw.registry.events("liveback") if e.to_state == "rolled_back"][-1]
+            assert event.who == "auto" and event.why.startswith("live regressed: episode return")
+            restored = [e for e in gw.registry.events("liveback") if e.version == 1 and e.to_state == "live"][-1]
+            assert restored.from_state == "retired" and "v2 rolled_back" in restored.why
+
+    asyncio.run(scenario())
+
+
 def test_operator_rollback_needs_a_previous_live_and_names_the_refusal(served):
     server, repo = served
     new_policy(server, repo, "manual")
