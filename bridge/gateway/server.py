@@ -87,6 +87,9 @@ class GatewayConfig:
     tokens: Path | None = None       # operator/trainer tokens file (`tether token add`)
     anonymous_viewers: bool = True   # read-only viewing without credentials
     limits: Limits = field(default_factory=Limits)  # session caps, idle timeout, Hello string bounds
+    gate_tls_ca: Path | None = None    # what the gate's `tether sim` sessions verify the gateway with (default:
+    gate_tls_cert: Path | None = None  # tls_client_ca); under mTLS, the certificate + key they present
+    gate_tls_key: Path | None = None
     console_port: int | None = None  # the operator console + /metrics over HTTP (0 = a free port); None = off
     console_host: str = "127.0.0.1"
 
@@ -180,7 +183,8 @@ class Gateway:
         if port == 0:
             raise OSError(f"cannot bind the gateway to {self.config.host}:{self.config.port}")
         self.address = f"{self.config.host}:{port}"
-        self.rollout.attach_evaluator(self.address)
+        sims_at, sims_tls = _gate_sims(c, port)  # the gate's simulator sessions, through the same TLS
+        self.rollout.attach_evaluator(sims_at, **sims_tls)
         await self.rollout.start([self.config.policy] if self.config.policy else [])  # restore, verify what serves
         await self._server.start()
         for name in ("", SERVICE_NAME):
@@ -322,6 +326,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="per client certificate identity, else per address (0 = no cap)")
     s.add_argument("--idle-timeout-s", type=float, default=Limits.idle_timeout_s,
                    help="close a session silent this long (0 = never)")
+    s.add_argument("--gate-tls-ca", type=Path, help="CA the gate's simulator sessions verify a TLS gateway with "
+                   "(default: --tls-client-ca)")
+    s.add_argument("--gate-tls-cert", type=Path, help="certificate the gate's simulator sessions present (mTLS)")
+    s.add_argument("--gate-tls-key", type=Path, help="its private key")
     s.add_argument("--max-message-mb", type=int, default=Limits.max_message_mb,
                    help="largest message a client may send (a 1080p RGB frame is 6 MB; parsing one stalls the "
                         "event loop about 1-3 ms per MB)")
@@ -332,7 +340,24 @@ def _security_kwargs(a: argparse.Namespace) -> dict:
     limits = Limits(max_sessions=a.max_sessions, max_sessions_per_source=a.max_sessions_per_source,
                     idle_timeout_s=a.idle_timeout_s, max_message_mb=a.max_message_mb)
     return {"tls_cert": a.tls_cert, "tls_key": a.tls_key, "tls_client_ca": a.tls_client_ca, "insecure": a.insecure,
-            "tokens": a.tokens, "anonymous_viewers": a.anonymous_viewers, "limits": limits}
+            "tokens": a.tokens, "anonymous_viewers": a.anonymous_viewers, "limits": limits,
+            "gate_tls_ca": a.gate_tls_ca, "gate_tls_cert": a.gate_tls_cert, "gate_tls_key": a.gate_tls_key}
+
+
+def _gate_sims(c: GatewayConfig, port: int) -> tuple[str, dict]:
+    """Where the gate's `tether sim` processes connect (a wildcard host: loopback, a name the certificate
+    holds) and their TLS flags; warns when a TLS gateway gives them no way in."""
+    host = "127.0.0.1" if c.host in ("0.0.0.0", "::", "[::]", "") else c.host
+    if c.tls_cert is None:
+        return f"{host}:{port}", {}
+    ca = c.gate_tls_ca or c.tls_client_ca
+    args = ["--tls-ca", str(ca)] if ca else []
+    if c.gate_tls_cert and c.gate_tls_key:
+        args += ["--tls-cert", str(c.gate_tls_cert), "--tls-key", str(c.gate_tls_key)]
+    if (c.gate.eval_env or c.gate.eval_envs) and (not ca or (c.tls_client_ca and not c.gate_tls_cert)):
+        log.warning("the gate's evaluation in simulation cannot connect to this TLS gateway: give --gate-tls-ca "
+                    "(and under mTLS --gate-tls-cert/--gate-tls-key, e.g. tether certs client DIR gate --role robot)")
+    return f"{host}:{port}", {"sim_args": args}
 
 
 def _authorizer(config: GatewayConfig) -> Authorizer:

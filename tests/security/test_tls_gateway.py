@@ -5,6 +5,7 @@ counts; plaintext off loopback refuses to start unless --insecure, which then wa
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import subprocess
@@ -142,3 +143,27 @@ def test_the_sim_client_over_mtls(triton, certs):
 
     stats = asyncio.run(scenario())
     assert stats.sessions == 2 and stats.steps == 60 and not stats.errors
+
+
+def test_the_gates_simulator_sessions_get_through_mtls(triton, certs, tmp_path):
+    """The gate's evaluation runs `tether sim` against the gateway: under mTLS, with the gate's TLS
+    flags (run here as the evaluator would, without a gate run's pins: the live version acts)."""
+    from bridge.gate import GateConfig
+
+    tls = {**mtls(certs), "gate_tls_cert": certs / "arm_2.crt", "gate_tls_key": certs / "arm_2.key"}
+    summary = tmp_path / "summary.json"
+
+    async def scenario():
+        async with running_gateway(triton.url, policy="tiny", gate=GateConfig(eval_env="Hopper-v5",
+                                                                              eval_max_steps=20), **tls) as gw:
+            cmd = gw.rollout.gate.evaluator.command("tiny", 1, 2, "gate-test", summary)
+            assert cmd[cmd.index("--tls-ca") + 1] == str(certs / "ca.crt") and "--tls-cert" in cmd
+            proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE,
+                                                        stderr=asyncio.subprocess.PIPE,
+                                                        env={**os.environ, "PYTHONPATH": os.getcwd()})
+            out, err = await asyncio.wait_for(proc.communicate(), 240)
+            assert proc.returncode == 0, err.decode()[-2000:]
+
+    asyncio.run(scenario())
+    result = json.loads(summary.read_text())
+    assert result["episodes"] == 2 and len(result["returns"]) == 2
