@@ -79,6 +79,8 @@ class RolloutController:
         self._newest: dict[str, tuple[int, int]] = {}   # policy -> (newest non-rejected version, its created_ns)
         self._gating: dict[str, int] = {}               # policy -> the version in the gate now
         self._probation: dict[str, int] = {}            # policy -> the live version judged vs the previous one
+        self._bounds: dict[str, dict[str, tuple[Spec, ...]]] = {}  # policy -> source -> the action spec declared
+        self.evaluating: set[str] = set()               # the gate's evaluation sessions (pinned, not logged)
         self._fingerprint = Fingerprint(control)
         self._loop_task: asyncio.Task | None = None
         self.errors: list[str] = []                     # background failures (also logged)
@@ -234,7 +236,7 @@ class RolloutController:
         served = await self._catalog.ensure(name, version)
         rollout = self._rollout(name)
         checks = await self.gate.check_served(policy=name, version=version, incumbent=rollout.live, header=header,
-                                              action_spec=tuple(s for s in served.outputs if s.name != LOG_PROB))
+                                              action_spec=self.action_spec(name, served))
         await self._write(self.registry.record_gate, name, version, [c.to_dict() for c in checks])
         failed = [c for c in checks if not c.passed]
         if failed:
@@ -340,14 +342,33 @@ class RolloutController:
             return rollout
 
     async def pin_session(self, session_id: str, version: int) -> None:
-        """The gate's evaluation: hold `session_id` on `version` of the policy being gated (audit who "gate")."""
+        """The gate's evaluation: hold `session_id` on `version` of the policy being gated (audit who "gate").
+        Its transitions are not logged: a candidate's evaluation episodes are no training data."""
         policy = self._gating_policy()
+        self.evaluating.add(session_id)
         await self._pin(policy, f"session={session_id}", version, who="gate", why="evaluation in simulation")
 
     async def unpin_session(self, session_id: str) -> None:
         policy = self._gating_policy()
+        self.evaluating.discard(session_id)
         if f"session={session_id}" in self._rollout(policy).pins:
             await self._pin(policy, f"session={session_id}", None, who="gate", why="evaluation done")
+
+    def declared(self, policy: str, source: str, action_spec: tuple[Spec, ...]) -> None:
+        """A session's declared action spec (with its bounds): the gate's action sanity checks against the
+        tightest bounds of every source that acted with the policy (the newest 64 sources)."""
+        known = self._bounds.setdefault(policy, {})
+        known.pop(source, None)
+        known[source] = action_spec
+        while len(known) > 64:
+            known.pop(next(iter(known)))
+
+    def action_spec(self, policy: str, served: ServedPolicy) -> tuple[Spec, ...]:
+        """What the gate judges actions against: the served outputs with the bounds sessions declared."""
+        from bridge.gate import with_bounds
+
+        outputs = tuple(s for s in served.outputs if s.name != LOG_PROB)
+        return with_bounds(outputs, self._bounds.get(policy, {}).values())
 
     def _gating_policy(self) -> str:
         if len(self._gating) != 1:

@@ -242,11 +242,13 @@ class Gateway:
         if session_id in self.sessions:
             raise DuplicateSession(f"session {session_id!r} is already connected")
         policy = self.rollout.acting(policy.name, session_id, hello.labels) or policy  # pins, canary, live
+        self.rollout.declared(policy.name, hello.source or session_id, action)
+        experience = None if session_id in self.rollout.evaluating else self.experience  # the gate's: not data
         if hello.num_envs > 1 or hello.batched:
             if hello.num_envs > MAX_ENVS:
                 raise InvalidHello(f"num_envs {hello.num_envs} is more than the gateway takes ({MAX_ENVS})")
             num_envs = max(1, hello.num_envs)
-            group = RecorderGroup(session=session_id, source=hello.source, log=self.experience,
+            group = RecorderGroup(session=session_id, source=hello.source, log=experience,
                                   reward_version=rewards.version, num_envs=num_envs)
             session = VectorSession(session_id=session_id, source=hello.source, policy=policy, num_envs=num_envs,
                                     observation_spec=observation, action_spec=action, batcher=self.batcher,
@@ -257,7 +259,7 @@ class Gateway:
             log.info("vector session %s (%d envs) from %s on %s v%d", session_id, num_envs, hello.source or "?",
                      policy.name, policy.version)
             return session
-        recorder = Recorder(session=session_id, source=hello.source, log=self.experience,
+        recorder = Recorder(session=session_id, source=hello.source, log=experience,
                             reward_version=rewards.version)
         session = Session(session_id=session_id, source=hello.source, policy=policy,
                           observation_spec=observation, action_spec=action, batcher=self.batcher,

@@ -124,6 +124,9 @@ def test_bad_candidates_are_rejected_naming_the_failing_check_while_the_live_ver
     assert evaluation["seconds"] > 0 and gates[0]["integrity"]["figures"]["seconds"] >= 0
     sanity = gates[2]["action_sanity"]            # real recorded observations; actions clamped to the bounds
     assert sanity["passed"] and sanity["figures"]["samples"] > 50 and sanity["figures"]["out_of_bounds"] == 0
+    assert sanity["figures"]["bounded"] == 1.0    # judged against the bounds the sims declared in their Hello
+    sessions = {t.session for t in read_transitions(root / "experience")}
+    assert sessions and not [s for s in sessions if s.startswith("gate-")]  # evaluation episodes are no data
 
     # the live version kept serving throughout: every action of the live session came from v1, no errors;
     # the refused versions were withdrawn from Triton
