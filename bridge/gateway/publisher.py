@@ -22,7 +22,9 @@ from google.protobuf import json_format
 
 from bridge.gateway.errors import GatewayError
 from inference_server import ModelRepository, PolicyClient
+from inference_server.artifact import ARTIFACT_FILES, ArtifactError, ImportedFile, imported_file
 from protos import policies_pb2
+from protos.codec import TensorError, specs_from_proto
 
 log = logging.getLogger("tether.gateway")
 
@@ -52,6 +54,8 @@ class Publisher:
         """The published tensors and the architecture they must fit (`base`'s weights; None if unknown).
         The sha256 is the gate's to judge (integrity); unreadable bytes are a PublishError here."""
         weights = _check_bytes(header, data)
+        if isinstance(weights, ImportedFile):
+            return weights, None  # a whole policy file: its own architecture, nothing to compare with
         try:
             architecture = self.repository().state_dict(name, base)
         except (FileNotFoundError, ValueError):
@@ -63,7 +67,11 @@ class Publisher:
         """The version folder (base's architecture with `weights`) and its tether.json, atomically."""
         repo = self.repository()
         try:
-            await asyncio.to_thread(repo.write_weights, name, version, weights, base_version=base)
+            if isinstance(weights, ImportedFile):  # `tether policy import`: the file as it is, never run here
+                await asyncio.to_thread(repo.write_artifact, name, version, weights.format, weights.data,
+                                        weights.inputs, weights.outputs)
+            else:
+                await asyncio.to_thread(repo.write_weights, name, version, weights, base_version=base)
         except ValueError as exc:
             raise PublishError(f"policy {name!r}: {exc}") from exc
         _write_metadata(repo, name, version, header)
@@ -104,10 +112,17 @@ class Publisher:
 
 
 def _check_bytes(header: policies_pb2.PublishHeader, data: bytes) -> dict:
-    if header.format != "safetensors":
-        raise PublishError(f"format {header.format!r}: weights travel as 'safetensors'")
+    if header.format not in ("safetensors", *ARTIFACT_FILES):
+        raise PublishError(f"format {header.format!r}: weights travel as 'safetensors', whole policy files "
+                           f"as {' or '.join(map(repr, ARTIFACT_FILES))}")
     if len(data) != header.size:
         raise PublishError(f"received {len(data)} bytes, the header announced {header.size}")
+    if header.format in ARTIFACT_FILES:  # `tether policy import`: checked by inference_server.artifact
+        try:
+            return imported_file(header.format, data, specs_from_proto(header.inputs),
+                                 specs_from_proto(header.outputs))
+        except (ArtifactError, TensorError) as exc:
+            raise PublishError(f"{header.format} file for policy {header.policy!r}: {exc}") from exc
     try:
         return safetensors.torch.load(data)
     except Exception as exc:
