@@ -35,14 +35,15 @@ class PoliciesService(policies_pb2_grpc.PoliciesServicer):
             header = first.header
             if header.size > MAX_WEIGHTS_BYTES:
                 raise PublishError(f"size {header.size} exceeds the {MAX_WEIGHTS_BYTES >> 30} GiB limit")
-            data = bytearray()
+            parts, received = [], 0
             async for chunk in request_iterator:
                 if chunk.WhichOneof("kind") != "data":
                     raise PublishError("after the header, a Publish stream carries only data chunks")
-                data += chunk.data
-                if len(data) > header.size:
+                parts.append(chunk.data)
+                received += len(chunk.data)
+                if received > header.size:
                     raise PublishError(f"more than the {header.size} bytes the header announced")
-            return await self._gateway.rollout.publish(header, bytes(data))
+            return await self._gateway.rollout.publish(header, b"".join(parts))  # one copy of the weights
         except GatewayError as exc:
             await context.abort(exc.status, str(exc))
 

@@ -61,7 +61,7 @@ class Fingerprint:
     def file_digest(repo: ModelRepository | None, name: str, version: int) -> str:
         """sha256 of the version's main file (a stand-in for the published digest of versions found serving)."""
         if repo is not None:
-            for file in ("policy.pt", "model.onnx", "model.pt"):
+            for file in ("policy.pt", "policy.onnx", "model.onnx", "model.pt"):
                 path = repo.root / name / str(version) / file
                 if path.exists():
                     return hashlib.sha256(path.read_bytes()).hexdigest()
@@ -69,8 +69,8 @@ class Fingerprint:
 
     async def verify(self, repo: ModelRepository, served: ServedPolicy) -> dict[str, float]:
         path = repo.root / served.name / str(served.version) / "policy.pt"
-        if not path.exists():
-            return {}  # not a TorchScript version (e.g. ONNX): the READY list is the check
+        if not path.exists() or repo.imported_format(served.name, served.version) is not None:
+            return {}  # ONNX, or a user's imported TorchScript (never run in the gateway): the READY list is the check
         inputs = _probe(served.inputs)
         expected = await asyncio.to_thread(_local_outputs, str(path), served, inputs)
         if not expected:
