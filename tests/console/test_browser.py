@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -31,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 FLAGS = ["--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync"]  # headless, no sandbox and a fresh profile: Playwright's
-SCREENSHOT = ROOT / "docs" / "console.png"
+SCREENSHOT = ROOT / "docs" / "console.png"  # the README's; refreshed with TETHER_UPDATE_SCREENSHOT=1
 GATEWAY_FIELDS = {f.name for f in dataclasses.fields(GatewayConfig)}
 
 playwright_api = pytest.importorskip("playwright.async_api", reason="playwright is not installed (.[dev] extras)")
@@ -173,8 +174,9 @@ def test_console_shows_the_fleet_and_operator_clicks_need_a_token(served, tmp_pa
                             "document.querySelector('#sessions tr[data-session=\"hopper_2-0\"] td.version')"
                             ".textContent === 'walker v1'", timeout=30_000)
                     await page.locator("#toast").evaluate("t => { t.className = ''; }")
-                    SCREENSHOT.parent.mkdir(exist_ok=True)
-                    await page.screenshot(path=str(SCREENSHOT), full_page=True)
+                    shot = SCREENSHOT if os.environ.get("TETHER_UPDATE_SCREENSHOT") else tmp_path / "console.png"
+                    await page.screenshot(path=str(shot), full_page=True)
+                    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
 
                     text = await click_and_confirm(page, f'{row} button[data-action="release"]', "cell clear")
                     assert "release done by operator:alice" in text, text
