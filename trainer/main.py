@@ -24,6 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from trainer.channel import ENV
 from trainer.worker import parser as worker_parser
 
 __all__ = ["command", "main"]
@@ -36,6 +37,11 @@ def _launcher() -> argparse.ArgumentParser:
     p.add_argument("--nproc", type=int, default=2, help="ranks (processes) on this machine")
     p.add_argument("--max-restarts", type=int, default=3, help="torchrun restarts of a failed group")
     p.add_argument("--summary", default="")
+    p.add_argument("--tls-ca", help="TLS to the gateway: the CA that signed its certificate")
+    p.add_argument("--tls-cert", help="mTLS: this trainer's certificate (e.g. `tether certs client DIR ci --role "
+                   "trainer`)")
+    p.add_argument("--tls-key", help="mTLS: its key")
+    p.add_argument("--token", help="a trainer token NAME.SECRET (default: $TETHER_TOKEN)")
     p.add_argument("-h", "--help", action="store_true")
     return p
 
@@ -62,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     if launcher.max_restarts < 0:
         raise SystemExit(f"tether train: --max-restarts must be >= 0, got {launcher.max_restarts}")
     checked = worker_parser().parse_args(rest)  # bad options fail here, before torchrun starts
+    for name in ("tls_ca", "tls_cert", "tls_key"):
+        if getattr(launcher, name) and not Path(getattr(launcher, name)).is_file():
+            raise SystemExit(f"tether train: --{name.replace('_', '-')} {getattr(launcher, name)!r} is not a file")
     if checked.algo == "ppo" and not checked.gateway:
         raise SystemExit("tether train: --algo ppo needs --gateway HOST:PORT")
     if checked.algo == "bc" and not Path(checked.log_dir or "/nonexistent").is_dir():
@@ -76,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         summary_path = launcher.summary or str(Path(tmp) / "summary.json")
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's pairs on loopback
+        for name, variable in ENV.items():  # every rank's gateway channel (trainer.channel), off the command line
+            if getattr(launcher, name):
+                env[variable] = str(getattr(launcher, name))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH", "")) if p)
         cmd = command([*rest, "--summary", summary_path], nproc=launcher.nproc, max_restarts=launcher.max_restarts)
         proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)

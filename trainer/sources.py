@@ -35,6 +35,7 @@ import grpc
 import numpy as np
 
 from protos import experience_pb2, experience_pb2_grpc
+from trainer.channel import gateway_channel
 
 __all__ = ["LogDataset", "StreamError", "StreamSource", "TRANSITION_SCHEMA", "read_segment", "write_transitions"]
 
@@ -85,7 +86,7 @@ class StreamSource:
         self._error: BaseException | None = None
         self._closed = threading.Event()
         self._lock = threading.Lock()
-        self._channel = grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", 64 << 20)])
+        self._channel = gateway_channel(address, options=[("grpc.max_receive_message_length", 64 << 20)])
         self._stub = experience_pb2_grpc.ExperienceStub(self._channel)
         self._thread = threading.Thread(target=self._run, name=f"stream-{address}", daemon=True)
         self._thread.start()

@@ -26,12 +26,12 @@ import hashlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-import grpc
 import numpy as np
 import torch
 
 from protos import codec, policies_pb2, policies_pb2_grpc
 from protos.codec import Spec
+from trainer.channel import gateway_channel
 from trainer.policy import GaussianPolicy, MLPPolicy
 
 __all__ = ["ARCHS", "PolicyClient", "ServedPolicy", "WeightsError", "build_policy", "from_safetensors",
@@ -111,7 +111,7 @@ class PolicyClient:
         if not address or ":" not in address:
             raise ValueError(f"gateway address {address!r} must be HOST:PORT")
         self.address, self.timeout_s = address, timeout_s
-        self._channel = grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", 64 << 20),
+        self._channel = gateway_channel(address, options=[("grpc.max_receive_message_length", 64 << 20),
                                                                 ("grpc.max_send_message_length", 64 << 20)])
         self._stub = policies_pb2_grpc.PoliciesStub(self._channel)
 

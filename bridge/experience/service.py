@@ -26,7 +26,7 @@ import contextlib
 import hashlib
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Protocol
 
 import grpc
@@ -189,8 +189,10 @@ class Subscription:
 class ExperienceService(experience_pb2_grpc.ExperienceServicer):
     """The gRPC edge: reads acks in a task, streams a `Subscription`'s batches, maps errors to codes."""
 
-    def __init__(self, log: DurableLog, *, max_batch_bytes: int = 2 << 20):
-        self.log, self.max_batch_bytes = log, max_batch_bytes
+    def __init__(self, log: DurableLog, *, max_batch_bytes: int = 2 << 20,
+                 authorize: Callable[[grpc.aio.ServicerContext], Awaitable[object]] | None = None):
+        """`authorize(context)` raises (an error with a grpc `status`) for a caller who may not read the log."""
+        self.log, self.max_batch_bytes, self._authorize = log, max_batch_bytes, authorize
         self.subscriptions: set[Subscription] = set()   # the live ones (observable by tests and status)
 
     @property
@@ -198,6 +200,14 @@ class ExperienceService(experience_pb2_grpc.ExperienceServicer):
         return len(self.subscriptions)
 
     async def Subscribe(self, request_iterator, context):  # noqa: N802 - gRPC's method name
+        if self._authorize is not None:
+            try:
+                await self._authorize(context)
+            except Exception as exc:
+                if getattr(exc, "status", None) is None:
+                    raise
+                await context.abort(exc.status, str(exc))
+            await context.send_initial_metadata((("tether-subscriber", "authorized"),))  # before any data exists
         first = await _first(request_iterator)
         if first is None or first.WhichOneof("kind") != "start":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,

@@ -50,6 +50,7 @@ class PoliciesService(policies_pb2_grpc.PoliciesServicer):
     async def List(self, request: policies_pb2.ListRequest,
                    context: grpc.aio.ServicerContext) -> policies_pb2.PolicyList:
         try:
+            await self._gateway.auth.require(context, "viewer")
             policy = await self._gateway.catalog.resolve(request.policy)
             ready = await self._gateway.control.ready_versions(policy.name)
         except GatewayError as exc:
@@ -75,6 +76,7 @@ class PoliciesService(policies_pb2_grpc.PoliciesServicer):
     async def Fetch(self, request: policies_pb2.FetchRequest,
                     context: grpc.aio.ServicerContext) -> AsyncIterator[policies_pb2.PublishChunk]:
         try:
+            await self._gateway.auth.require(context, "trainer")  # the weights themselves
             policy = await self._gateway.catalog.resolve(request.policy)
             header, data = self._gateway.publisher.fetch(policy.name, request.version or policy.version)
         except GatewayError as exc:

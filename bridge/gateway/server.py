@@ -175,7 +175,8 @@ class Gateway:
             self.experience = ExperienceLog(self.config.experience_dir,
                                             fsync_interval_s=self.config.fsync_interval_ms / 1e3)
             await self.experience.start()
-            experience_pb2_grpc.add_ExperienceServicer_to_server(ExperienceService(self.experience), self._server)
+            experience_pb2_grpc.add_ExperienceServicer_to_server(ExperienceService(
+                self.experience, authorize=lambda context: self.auth.require(context, "trainer")), self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         bind = f"{self.config.host}:{self.config.port}"
         port = (self._server.add_secure_port(bind, server_credentials(tls)) if tls
