@@ -220,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0 and args.summary:
             write_json_atomically(args.summary, summary)
         status("done: " + json.dumps({k: summary[k] for k in ("steps", "seconds") if k in summary}))
+        dist.barrier()  # leave together: gloo aborts a rank ("terminate called ...") whose peer tore down first
     finally:
         dist.shutdown()
     return 0
