@@ -339,12 +339,22 @@ def main(argv: list[str] | None = None) -> dict | None:
         "first_action_with_new_version_s": first_acted,
         "steps_without_swaps": stats(rows[~during], a.deadline_ms),
         "steps_during_swaps": stats(rows[during], a.deadline_ms),
+        "steps_during_swaps_of": {kind: stats(rows[_within(rows, [s for s in swaps if s["model"] == kind])],
+                                              a.deadline_ms) for kind in ("small", "small_ort", "big", "onnx")},
     }
     result["receive_costs_big"] = receive_costs(big)
     print_table(result)
     write_json(a.json, result)
     print(f"wrote {a.json}")
     return result
+
+
+def _within(rows: np.ndarray, swaps: list[dict]) -> np.ndarray:
+    """Rows (steps) sent while one of `swaps` was under way (or just after: LINGER_S)."""
+    mask = np.zeros(len(rows), bool)
+    for s in swaps:
+        mask |= (rows[:, 0] >= s["start_ns"]) & (rows[:, 0] <= s["end_ns"] + int(LINGER_S * 1e9))
+    return mask
 
 
 def _summary(swaps: list[dict]) -> dict:
@@ -363,10 +373,11 @@ def print_table(r: dict) -> None:
             print(f"{kind:<10}{rows[0]['bytes'] / 1e6:>8.2f}{r[kind]['publish_to_live_s']['median']:>17.2f}"
                   f"{r[kind]['server_s']['median']:>10.2f}{r[kind]['transfer_mb_s']['median']:>15.0f}")
     print(f"\n{'control steps':<16}{'steps':>8}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'missed':>8}{'errors':>8}")
-    for key in ("steps_without_swaps", "steps_during_swaps"):
-        s = r[key]
+    phases = {key.removeprefix("steps_"): r[key] for key in ("steps_without_swaps", "steps_during_swaps")}
+    phases.update({f"  {kind} swaps": r["steps_during_swaps_of"][kind] for kind in r["steps_during_swaps_of"]})
+    for name, s in phases.items():
         if s["steps"]:
-            print(f"{key.removeprefix('steps_'):<16}{s['steps']:>8}{s['p50_ms']:>9.2f}{s['p99_ms']:>9.2f}"
+            print(f"{name:<16}{s['steps']:>8}{s['p50_ms']:>9.2f}{s['p99_ms']:>9.2f}"
                   f"{s['max_ms']:>9.2f}{s['past_deadline']:>8}{s['errors']:>8}")
     costs = r["receive_costs_big"]
     print(f"\non receipt of {costs['mb']:.0f} MB: " + ", ".join(f"{k} {v['cpu_s']:.2f} CPU-s" for k, v in
