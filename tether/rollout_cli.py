@@ -22,6 +22,7 @@ import time
 import grpc
 from google.protobuf import json_format
 
+from bridge.registry import parse_labels
 from protos import policies_pb2, policies_pb2_grpc
 
 TARGETS = ("shadow", "canary", "live")
@@ -144,21 +145,6 @@ def render(reply: policies_pb2.RolloutStatusReply, *, events: int = 10) -> str:
             what = f"{e.from_state or '-'} -> {e.to_state}" if e.kind == "state" else f"{e.kind} {e.detail}"[:60]
             lines.append(f"  {when}  v{e.version or '-'}  {what}  by {e.who}: {e.why}"[:200])
     return "\n".join(lines)
-
-
-def parse_labels(text: str) -> dict[str, str]:
-    """K=V[,K=V] (as bridge.gateway.rollout_config.parse_labels, without importing the gateway: torch).
-
-    >>> parse_labels("robot=arm_2")
-    {'robot': 'arm_2'}
-    """
-    labels = {}
-    for item in filter(None, text.split(",")):
-        key, sep, value = item.partition("=")
-        if not sep or not key or not value:
-            raise ValueError(f"label {item!r} must be KEY=VALUE")
-        labels[key] = value
-    return labels
 
 
 def _version(text: str) -> int:

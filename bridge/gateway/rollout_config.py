@@ -11,8 +11,6 @@ On the command line (`tether gateway`): --rollout direct|staged, --shadow-steps,
     Traceback (most recent call last):
     ...
     ValueError: rollout mode must be one of ('direct', 'staged'), got 'fast'
-    >>> parse_labels("robot=arm_2,site=lab")
-    {'robot': 'arm_2', 'site': 'lab'}
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bridge.gate import GateConfig
-from bridge.registry import Registry, Thresholds
+from bridge.registry import Registry, Thresholds, parse_labels
 from inference_server import ModelRepository
 
 MODES = ("direct", "staged")
@@ -68,16 +66,6 @@ def open_registry(path: Path | None, repository: ModelRepository | None) -> Regi
         return Registry(":memory:")
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     return Registry(path)
-
-
-def parse_labels(text: str) -> dict[str, str]:
-    labels = {}
-    for item in filter(None, text.split(",")):
-        key, sep, value = item.partition("=")
-        if not sep or not key or not value:
-            raise ValueError(f"label {item!r} must be KEY=VALUE")
-        labels[key] = value
-    return labels
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -56,3 +56,18 @@ def session_hash(policy: str, session_id: str) -> float:
 def shadow_of(rollout: Rollout) -> int | None:
     """The version to infer beside the acting one (its actions compared, never actuated), or None."""
     return rollout.shadow
+
+
+def parse_labels(text: str) -> dict[str, str]:
+    """Labels as the command line writes them, K=V[,K=V] (canary labels, label pins).
+
+    >>> parse_labels("robot=arm_2,site=lab")
+    {'robot': 'arm_2', 'site': 'lab'}
+    """
+    labels = {}
+    for item in filter(None, text.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise ValueError(f"label {item!r} must be KEY=VALUE")
+        labels[key] = value
+    return labels
