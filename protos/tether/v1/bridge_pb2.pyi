@@ -73,7 +73,7 @@ class Hello(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., policy: _Optional[str] = ..., observation_spec: _Optional[_Iterable[_Union[_tensor_pb2.TensorSpec, _Mapping]]] = ..., action_spec: _Optional[_Iterable[_Union[_tensor_pb2.TensorSpec, _Mapping]]] = ..., source: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., num_envs: _Optional[int] = ..., batched: _Optional[bool] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("session_id", "policy", "policy_version", "deadline_ms", "server_version", "durable_through", "reward_version", "logging")
+    __slots__ = ("session_id", "policy", "policy_version", "deadline_ms", "server_version", "durable_through", "reward_version", "logging", "next_step")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -82,6 +82,7 @@ class Welcome(_message.Message):
     DURABLE_THROUGH_FIELD_NUMBER: _ClassVar[int]
     REWARD_VERSION_FIELD_NUMBER: _ClassVar[int]
     LOGGING_FIELD_NUMBER: _ClassVar[int]
+    NEXT_STEP_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     policy: str
     policy_version: int
@@ -90,7 +91,8 @@ class Welcome(_message.Message):
     durable_through: int
     reward_version: str
     logging: bool
-    def __init__(self, session_id: _Optional[str] = ..., policy: _Optional[str] = ..., policy_version: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., server_version: _Optional[str] = ..., durable_through: _Optional[int] = ..., reward_version: _Optional[str] = ..., logging: _Optional[bool] = ...) -> None: ...
+    next_step: int
+    def __init__(self, session_id: _Optional[str] = ..., policy: _Optional[str] = ..., policy_version: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., server_version: _Optional[str] = ..., durable_through: _Optional[int] = ..., reward_version: _Optional[str] = ..., logging: _Optional[bool] = ..., next_step: _Optional[int] = ...) -> None: ...
 
 class Observation(_message.Message):
     __slots__ = ("step", "t_sent_ns", "step_type", "tensors", "reward", "terminated", "applied_action", "guard", "episode", "env_step_types", "env_rewards", "env_terminated", "env_truncated", "final_observation")
@@ -143,18 +145,20 @@ class Replayed(_message.Message):
     def __init__(self, step: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class GuardReport(_message.Message):
-    __slots__ = ("clamped", "rate_limited", "watchdog", "estop", "estopped")
+    __slots__ = ("clamped", "rate_limited", "watchdog", "estop", "estopped", "gateway_estop")
     CLAMPED_FIELD_NUMBER: _ClassVar[int]
     RATE_LIMITED_FIELD_NUMBER: _ClassVar[int]
     WATCHDOG_FIELD_NUMBER: _ClassVar[int]
     ESTOP_FIELD_NUMBER: _ClassVar[int]
     ESTOPPED_FIELD_NUMBER: _ClassVar[int]
+    GATEWAY_ESTOP_FIELD_NUMBER: _ClassVar[int]
     clamped: int
     rate_limited: int
     watchdog: int
     estop: int
     estopped: bool
-    def __init__(self, clamped: _Optional[int] = ..., rate_limited: _Optional[int] = ..., watchdog: _Optional[int] = ..., estop: _Optional[int] = ..., estopped: _Optional[bool] = ...) -> None: ...
+    gateway_estop: str
+    def __init__(self, clamped: _Optional[int] = ..., rate_limited: _Optional[int] = ..., watchdog: _Optional[int] = ..., estop: _Optional[int] = ..., estopped: _Optional[bool] = ..., gateway_estop: _Optional[str] = ...) -> None: ...
 
 class Timing(_message.Message):
     __slots__ = ("t_sent_ns", "gateway_recv_ns", "infer_start_ns", "infer_end_ns", "gateway_send_ns")
@@ -171,7 +175,7 @@ class Timing(_message.Message):
     def __init__(self, t_sent_ns: _Optional[int] = ..., gateway_recv_ns: _Optional[int] = ..., infer_start_ns: _Optional[int] = ..., infer_end_ns: _Optional[int] = ..., gateway_send_ns: _Optional[int] = ...) -> None: ...
 
 class Action(_message.Message):
-    __slots__ = ("step", "tensors", "policy", "policy_version", "timing", "episode", "env_errors", "episode_ends", "estop")
+    __slots__ = ("step", "tensors", "policy", "policy_version", "timing", "episode", "env_errors", "episode_ends", "estop", "estop_id", "released_estop")
     STEP_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
@@ -181,6 +185,8 @@ class Action(_message.Message):
     ENV_ERRORS_FIELD_NUMBER: _ClassVar[int]
     EPISODE_ENDS_FIELD_NUMBER: _ClassVar[int]
     ESTOP_FIELD_NUMBER: _ClassVar[int]
+    ESTOP_ID_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_ESTOP_FIELD_NUMBER: _ClassVar[int]
     step: int
     tensors: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
     policy: str
@@ -190,7 +196,9 @@ class Action(_message.Message):
     env_errors: _containers.RepeatedCompositeFieldContainer[EnvError]
     episode_ends: _containers.RepeatedCompositeFieldContainer[EpisodeEnd]
     estop: bool
-    def __init__(self, step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., policy: _Optional[str] = ..., policy_version: _Optional[int] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., episode: _Optional[int] = ..., env_errors: _Optional[_Iterable[_Union[EnvError, _Mapping]]] = ..., episode_ends: _Optional[_Iterable[_Union[EpisodeEnd, _Mapping]]] = ..., estop: _Optional[bool] = ...) -> None: ...
+    estop_id: str
+    released_estop: str
+    def __init__(self, step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., policy: _Optional[str] = ..., policy_version: _Optional[int] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., episode: _Optional[int] = ..., env_errors: _Optional[_Iterable[_Union[EnvError, _Mapping]]] = ..., episode_ends: _Optional[_Iterable[_Union[EpisodeEnd, _Mapping]]] = ..., estop: _Optional[bool] = ..., estop_id: _Optional[str] = ..., released_estop: _Optional[str] = ...) -> None: ...
 
 class EnvError(_message.Message):
     __slots__ = ("env", "code", "field", "message")

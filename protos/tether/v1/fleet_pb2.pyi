@@ -68,34 +68,38 @@ class VersionStatus(_message.Message):
     def __init__(self, policy: _Optional[str] = ..., version: _Optional[int] = ..., state: _Optional[str] = ..., sessions: _Optional[int] = ...) -> None: ...
 
 class EStopSelector(_message.Message):
-    __slots__ = ("session_id", "robot", "all", "who", "why", "t_ns")
+    __slots__ = ("session_id", "robot", "all", "who", "why", "t_ns", "id")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     ROBOT_FIELD_NUMBER: _ClassVar[int]
     ALL_FIELD_NUMBER: _ClassVar[int]
     WHO_FIELD_NUMBER: _ClassVar[int]
     WHY_FIELD_NUMBER: _ClassVar[int]
     T_NS_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     robot: str
     all: bool
     who: str
     why: str
     t_ns: int
-    def __init__(self, session_id: _Optional[str] = ..., robot: _Optional[str] = ..., all: _Optional[bool] = ..., who: _Optional[str] = ..., why: _Optional[str] = ..., t_ns: _Optional[int] = ...) -> None: ...
+    id: str
+    def __init__(self, session_id: _Optional[str] = ..., robot: _Optional[str] = ..., all: _Optional[bool] = ..., who: _Optional[str] = ..., why: _Optional[str] = ..., t_ns: _Optional[int] = ..., id: _Optional[str] = ...) -> None: ...
 
 class FleetStatus(_message.Message):
-    __slots__ = ("sessions", "versions", "estops", "server_version", "console_url")
+    __slots__ = ("sessions", "versions", "estops", "server_version", "console_url", "logging")
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
     ESTOPS_FIELD_NUMBER: _ClassVar[int]
     SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     CONSOLE_URL_FIELD_NUMBER: _ClassVar[int]
+    LOGGING_FIELD_NUMBER: _ClassVar[int]
     sessions: _containers.RepeatedCompositeFieldContainer[SessionStatus]
     versions: _containers.RepeatedCompositeFieldContainer[VersionStatus]
     estops: _containers.RepeatedCompositeFieldContainer[EStopSelector]
     server_version: str
     console_url: str
-    def __init__(self, sessions: _Optional[_Iterable[_Union[SessionStatus, _Mapping]]] = ..., versions: _Optional[_Iterable[_Union[VersionStatus, _Mapping]]] = ..., estops: _Optional[_Iterable[_Union[EStopSelector, _Mapping]]] = ..., server_version: _Optional[str] = ..., console_url: _Optional[str] = ...) -> None: ...
+    logging: str
+    def __init__(self, sessions: _Optional[_Iterable[_Union[SessionStatus, _Mapping]]] = ..., versions: _Optional[_Iterable[_Union[VersionStatus, _Mapping]]] = ..., estops: _Optional[_Iterable[_Union[EStopSelector, _Mapping]]] = ..., server_version: _Optional[str] = ..., console_url: _Optional[str] = ..., logging: _Optional[str] = ...) -> None: ...
 
 class EStopRequest(_message.Message):
     __slots__ = ("session_id", "robot", "all", "reason")
