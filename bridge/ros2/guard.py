@@ -30,25 +30,51 @@ The call loop (one action per gateway reply, one `tick` per control period):
     >>> guard.release(operator="ada")                            # t=0.3
     True
     >>> guard.counts
-    GuardCounts(clamped=1, rate_limited=1, watchdog=1, estop=1, estopped=False)
+    GuardCounts(clamped=1, rate_limited=1, watchdog=1, estop=1, estopped=False, gateway_estop='')
     >>> guard.counts.to_proto().watchdog
     1
+
+An operator's e-stop through the gateway latches with its id; only a release of that same id frees
+it, and a local e-stop over it needs a local release:
+
+    >>> g = SafetyGuard(GuardConfig(position_low=[-1.0], position_high=[1.0]))
+    >>> g.estop(GATEWAY_ESTOP, gateway_id="es-7"), g.gateway_estop, g.release_gateway("es-6")
+    (True, 'es-7', False)
+    >>> g.release_gateway("es-7"), g.estopped
+    (True, False)
+
+With `latch_file=` the latch (reason, gateway id) is kept on disk, written atomically and fsynced on
+every change: a node restarted after a kill -9 starts latched if it stopped latched, and a file it
+cannot read makes it start latched too (fail safe).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import logging
 import math
+import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
 from protos.tether.v1 import bridge_pb2
 
-__all__ = ["GuardConfig", "GuardCounts", "GuardDecision", "GuardError", "SafetyGuard"]
+__all__ = ["GATEWAY_ESTOP", "GuardConfig", "GuardCounts", "GuardDecision", "GuardError", "SafetyGuard",
+           "write_durable"]
+
+GATEWAY_ESTOP = "e-stop through the gateway (Action.estop)"  # the guard's latch reason for an operator's gateway e-stop
+LATCH_FORMAT = "tether-edge-latch/1"
+
+log = logging.getLogger(__name__)
+
 
 class GuardError(RuntimeError):
     """The guard cannot produce a safe command (e.g. "hold" before anything was ever sent)."""
@@ -163,10 +189,62 @@ class GuardCounts:
     watchdog: int = 0
     estop: int = 0
     estopped: bool = False
+    gateway_estop: str = ""     # the gateway e-stop id the latch holds for ("" if unlatched or local)
 
     def to_proto(self) -> bridge_pb2.GuardReport:
         return bridge_pb2.GuardReport(clamped=self.clamped, rate_limited=self.rate_limited,
-                                      watchdog=self.watchdog, estop=self.estop, estopped=self.estopped)
+                                      watchdog=self.watchdog, estop=self.estop, estopped=self.estopped,
+                                      gateway_estop=self.gateway_estop)
+
+
+def write_durable(path: Path, data: bytes, *, mode: int = 0o600) -> None:
+    """Replace `path` by `data` atomically and durably: a temp file in the same folder, fsynced,
+    renamed over `path`, then the folder fsynced (so the rename survives a power cut). A crash at any
+    point leaves the old file or the new one, never a mix."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _read_latch(path: Path) -> tuple[str | None, str]:
+    """(reason or None if unlatched, gateway id) from a latch file; a missing file is unlatched,
+    one that cannot be read or understood is latched with a reason saying so (fail safe)."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None, ""
+    except OSError as exc:
+        return f"latch file {path} unreadable ({exc}): latched until an operator releases", ""
+    try:
+        doc = json.loads(raw)
+        if not isinstance(doc, dict) or doc.get("format") != LATCH_FORMAT:
+            raise ValueError(f"not a {LATCH_FORMAT} document")
+        latched, reason, gateway_id = doc["latched"], doc.get("reason"), doc.get("gateway_estop", "")
+        if not isinstance(latched, bool) or not isinstance(gateway_id, str):
+            raise ValueError("'latched' must be true/false and 'gateway_estop' a string")
+        if latched and (not isinstance(reason, str) or not reason.strip()):
+            raise ValueError("latched without a reason")
+    except (ValueError, KeyError, UnicodeDecodeError) as exc:
+        return f"latch file {path} corrupt ({exc}): latched until an operator releases", ""
+    if not latched:
+        return None, ""
+    return reason, gateway_id if reason == GATEWAY_ESTOP else ""
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -182,6 +260,7 @@ class _State:
     t_fresh: float | None = None            # last policy action; None until the first: watchdog unarmed
     in_watchdog: bool = False               # inside an expiry episode (counted once)
     estop_reason: str | None = None
+    gateway_estop: str = ""                 # with estop_reason == GATEWAY_ESTOP: the gateway's e-stop id
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("clamped", "rate_limited", "watchdog", "estop"), 0))
 
@@ -193,10 +272,16 @@ class SafetyGuard:
     the first action is then rate-limited from it, and "hold" has something to hold before the
     first action. The watchdog arms on the first action (a robot never commanded needs no safe
     action). Thread-safe: `filter`, `tick`, `estop` and `release` may come from different threads.
+
+    `latch_file` keeps the e-stop latch across restarts (see `write_durable`): every latch, release
+    and change of the gateway e-stop id rewrites it before the call returns. At start a file saying
+    latched latches the guard with the same reason and gateway id (counted as an e-stop); a file
+    that cannot be read or parsed latches it with a reason naming the file and the problem; no file
+    means unlatched (a first start).
     """
 
     def __init__(self, config: GuardConfig, *, now: Callable[[], float] = time.monotonic,
-                 initial: Sequence[float] | np.ndarray | None = None):
+                 initial: Sequence[float] | np.ndarray | None = None, latch_file: Path | str | None = None):
         self.config = config
         self._now = now
         self._low = np.array(config.position_low)
@@ -212,6 +297,14 @@ class SafetyGuard:
             if out:
                 raise ValueError(f"initial: {init.tolist()} lies outside the position limits at joints {out}")
             self._s.last_sent, self._s.t_sent = _frozen(init), now()
+        self.latch_file = None if latch_file is None else Path(latch_file)
+        if self.latch_file is not None:
+            reason, gateway_id = _read_latch(self.latch_file)
+            if reason is not None:
+                self._s.estop_reason, self._s.gateway_estop = reason, gateway_id
+                self._s.counts["estop"] += 1
+                log.warning("e-stop latched at start (%s): %s%s", self.latch_file, reason,
+                            f" [gateway e-stop {gateway_id}]" if gateway_id else "")
 
     @property
     def estopped(self) -> bool:
@@ -222,9 +315,15 @@ class SafetyGuard:
         return self._s.estop_reason
 
     @property
+    def gateway_estop(self) -> str:
+        """The gateway e-stop id the latch holds for; "" if unlatched or latched locally."""
+        with self._lock:
+            return self._gateway_id()
+
+    @property
     def counts(self) -> GuardCounts:
         with self._lock:
-            return GuardCounts(**self._s.counts, estopped=self.estopped)
+            return GuardCounts(**self._s.counts, estopped=self.estopped, gateway_estop=self._gateway_id())
 
     def filter(self, requested: np.ndarray) -> GuardDecision:
         """The command to send for the policy's action; also feeds the watchdog.
@@ -301,41 +400,95 @@ class SafetyGuard:
             self._s.last_sent, self._s.t_sent = _frozen(init), self._now()
             return True
 
-    def estop(self, reason: str, *, supersedes: str | None = None) -> bool:
-        """Latch the e-stop: from now on every output is the safe action, until `release`. True if
+    def estop(self, reason: str, *, supersedes: str | None = None, gateway_id: str = "") -> bool:
+        """Latch the e-stop: from now on every output is the safe action, until a release. True if
         this call latched it (False: it already was). A latch whose reason is `supersedes` takes
         this `reason` instead, so a release meant for that one (e.g. the gateway's) leaves it latched:
 
             >>> g = SafetyGuard(GuardConfig(position_low=[-1.0], position_high=[1.0]))
             >>> g.estop("gateway"), g.estop("local button", supersedes="gateway"), g.estop_reason
             (True, False, 'local button')
+
+        With `gateway_id` the latch is the gateway's (reason `GATEWAY_ESTOP`) for that e-stop id;
+        over a gateway latch the id is replaced by the new one; over a local latch nothing changes.
+        A local latch over a gateway latch (`supersedes=GATEWAY_ESTOP`) drops the gateway id: only a
+        local `release` frees it then, never `release_gateway`.
         """
         if not isinstance(reason, str) or not reason.strip():
             raise ValueError(f"reason: expected a non-empty string, got {reason!r}")
+        if not isinstance(gateway_id, str):
+            raise ValueError(f"gateway_id: expected a string, got {gateway_id!r}")
+        gateway_id = gateway_id.strip()
+        if gateway_id:
+            reason = GATEWAY_ESTOP
         with self._lock:
-            if self._s.estop_reason is None:
-                self._s.estop_reason = reason
-                self._s.counts["estop"] += 1
+            s = self._s
+            if s.estop_reason is None:
+                s.estop_reason, s.gateway_estop = reason, gateway_id
+                s.counts["estop"] += 1
+                self._persist()
                 return True
-            if supersedes is not None and self._s.estop_reason == supersedes:
-                self._s.estop_reason = reason
+            if gateway_id:
+                if s.estop_reason == GATEWAY_ESTOP and s.gateway_estop != gateway_id:
+                    s.gateway_estop = gateway_id
+                    self._persist()
+            elif supersedes is not None and s.estop_reason == supersedes and reason != s.estop_reason:
+                s.estop_reason, s.gateway_estop = reason, ""
+                self._persist()
             return False
 
     def release(self, *, operator: str) -> bool:
-        """Unlatch the e-stop (an operator's explicit act; who may is the caller's policy). The
-        policy then gets `deadline_s` to send a fresh action before the watchdog fires; the first
-        one is rate-limited from the safe action. True if it was latched."""
+        """Unlatch the e-stop, whoever latched it (an operator's explicit act; who may is the
+        caller's policy, e.g. `bridge.ros2.release_auth`). The policy then gets `deadline_s` to send
+        a fresh action before the watchdog fires; the first one is rate-limited from the safe
+        action. True if it was latched."""
         if not isinstance(operator, str) or not operator.strip():
             raise ValueError(f"operator: expected a non-empty name, got {operator!r}")
         with self._lock:
             if self._s.estop_reason is None:
                 return False
-            self._s.estop_reason = None
-            if self._s.t_fresh is not None:
-                self._s.t_fresh, self._s.in_watchdog = self._now(), False
+            self._unlatch()
+            return True
+
+    def release_gateway(self, estop_id: str) -> bool:
+        """Release the gateway's latch for e-stop `estop_id`, in one step under the guard's lock:
+        only if the guard is latched by the gateway with exactly that id (a local e-stop that came
+        in between, or a newer gateway e-stop, stays latched). True if it released."""
+        if not isinstance(estop_id, str) or not estop_id.strip():
+            raise ValueError(f"estop_id: expected a non-empty e-stop id, got {estop_id!r}")
+        with self._lock:
+            s = self._s
+            if s.estop_reason != GATEWAY_ESTOP or not s.gateway_estop or s.gateway_estop != estop_id.strip():
+                return False
+            self._unlatch()
             return True
 
     # -- internals (called with the lock held) --
+
+    def _gateway_id(self) -> str:
+        return self._s.gateway_estop if self._s.estop_reason == GATEWAY_ESTOP else ""
+
+    def _unlatch(self) -> None:
+        s = self._s
+        s.estop_reason, s.gateway_estop = None, ""
+        if s.t_fresh is not None:
+            s.t_fresh, s.in_watchdog = self._now(), False
+        self._persist()
+
+    def _persist(self) -> None:
+        """Write the latch to `latch_file` (if any). A write that fails is logged, never raised: the
+        latch in memory holds either way, and a release that could not be written leaves the file
+        saying latched (a restart then starts latched: the safe side)."""
+        if self.latch_file is None:
+            return
+        s = self._s
+        doc = {"format": LATCH_FORMAT, "latched": s.estop_reason is not None, "reason": s.estop_reason,
+               "gateway_estop": s.gateway_estop if s.estop_reason is not None else "", "unix": time.time()}
+        try:
+            write_durable(self.latch_file, json.dumps(doc).encode() + b"\n")
+        except OSError as exc:
+            log.error("cannot write the e-stop latch file %s (%s): the latch %s holds in memory only",
+                      self.latch_file, exc, "latched" if s.estop_reason else "release")
 
     def _safe(self) -> np.ndarray:
         safe = self.config.safe_action

@@ -1,11 +1,20 @@
-"""The edge safety guard, with an exact fake clock: limits, rates, watchdog, e-stop latch, counts."""
+"""The edge safety guard, with an exact fake clock: limits, rates, watchdog, e-stop latch (gateway ids,
+the latch file), counts."""
 
 from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from bridge.ros2.guard import GuardConfig, GuardCounts, GuardError, SafetyGuard
+from bridge.ros2.guard import GATEWAY_ESTOP, GuardConfig, GuardCounts, GuardError, SafetyGuard
 from protos.tether.v1 import bridge_pb2
 
 
@@ -283,3 +292,131 @@ def test_counts_are_cumulative_and_map_onto_the_proto():
     assert isinstance(msg, bridge_pb2.GuardReport)
     assert (msg.clamped, msg.rate_limited, msg.watchdog, msg.estop, msg.estopped) == (1, 2, 1, 2, True)
     assert bridge_pb2.GuardReport.FromString(msg.SerializeToString()) == msg
+
+
+# -- gateway e-stops: latch by id, release exactly that id ---------------------------------------
+
+def test_gateway_latch_holds_an_id_and_releases_only_for_that_id():
+    guard = make(Clock())
+    assert guard.gateway_estop == "" and guard.counts.gateway_estop == ""
+    assert guard.estop("ignored for a gateway latch", gateway_id="es-1")
+    assert guard.estop_reason == GATEWAY_ESTOP and guard.gateway_estop == "es-1"
+    assert not guard.estop(GATEWAY_ESTOP, gateway_id="es-2")      # a newer e-stop: the id is replaced
+    assert guard.gateway_estop == "es-2" and guard.counts.estop == 1
+    assert not guard.release_gateway("es-1") and guard.estopped   # the old e-stop's release frees nothing
+    report = guard.counts.to_proto()
+    assert report.gateway_estop == "es-2" and report.estopped
+    with pytest.raises(ValueError, match="^estop_id:"):
+        guard.release_gateway("")
+    assert guard.release_gateway("es-2") and not guard.estopped and guard.gateway_estop == ""
+    assert not guard.release_gateway("es-2")                      # nothing latched any more
+    assert guard.counts == GuardCounts(estop=1)
+
+
+def test_a_local_estop_over_a_gateway_latch_is_never_released_by_the_gateway():
+    guard = make(Clock())
+    guard.estop(GATEWAY_ESTOP, gateway_id="es-1")
+    guard.estop("True on /tether/estop", supersedes=GATEWAY_ESTOP)
+    assert guard.estop_reason == "True on /tether/estop" and guard.gateway_estop == ""
+    assert not guard.estop(GATEWAY_ESTOP, gateway_id="es-3")      # a gateway e-stop does not take it over
+    assert guard.gateway_estop == "" and not guard.release_gateway("es-1") and not guard.release_gateway("es-3")
+    assert guard.estopped and guard.counts.gateway_estop == ""
+    assert guard.release(operator="ada") and not guard.estopped
+
+
+def test_release_gateway_is_atomic_against_a_concurrent_local_estop():
+    """Many rounds of a gateway release racing a local e-stop: whichever comes second, the local
+    latch is never lost (the old check-then-release in two steps could drop it)."""
+    for k in range(300):
+        guard = make(Clock())
+        guard.estop(GATEWAY_ESTOP, gateway_id=f"es-{k}")
+        barrier = threading.Barrier(2)
+        released: list[bool] = []
+
+        def gateway(guard=guard, k=k, barrier=barrier, released=released):
+            barrier.wait()
+            released.append(guard.release_gateway(f"es-{k}"))
+
+        def local(guard=guard, barrier=barrier):
+            barrier.wait()
+            guard.estop("local button", supersedes=GATEWAY_ESTOP)
+
+        threads = [threading.Thread(target=gateway), threading.Thread(target=local)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        # released first then latched locally, or superseded first and the release refused: latched either way
+        assert guard.estopped and guard.estop_reason == "local button", (k, released)
+
+
+# -- the latch file: the e-stop survives a restart -----------------------------------------------
+
+def test_latch_file_restores_the_latch_reason_and_gateway_id(tmp_path):
+    path = tmp_path / "state" / "latch.json"
+    cfg = make(Clock()).config
+    guard = SafetyGuard(cfg, now=Clock(), latch_file=path)
+    assert not guard.estopped and not path.exists()              # nothing written before a change
+    guard.estop(GATEWAY_ESTOP, gateway_id="es-9")
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert json.loads(path.read_text())["gateway_estop"] == "es-9"
+    again = SafetyGuard(cfg, now=Clock(), latch_file=path)
+    assert again.estopped and again.estop_reason == GATEWAY_ESTOP and again.gateway_estop == "es-9"
+    assert again.counts == GuardCounts(estop=1, estopped=True, gateway_estop="es-9")
+    again.estop("bumper", supersedes=GATEWAY_ESTOP)
+    third = SafetyGuard(cfg, now=Clock(), latch_file=path)
+    assert third.estop_reason == "bumper" and third.gateway_estop == ""
+    assert third.release(operator="ada")
+    assert not SafetyGuard(cfg, now=Clock(), latch_file=path).estopped
+    assert [p.name for p in path.parent.iterdir()] == ["latch.json"]  # no temp files left behind
+
+
+@pytest.mark.parametrize(("content", "problem"), [
+    (b"{not json", "corrupt"),
+    (b"", "corrupt"),
+    (b'{"format": "something-else", "latched": false}', "corrupt"),
+    (b'{"format": "tether-edge-latch/1", "latched": "no"}', "corrupt"),
+    (b'{"format": "tether-edge-latch/1", "latched": true, "reason": ""}', "corrupt"),
+    (b'\xff\xfe', "corrupt"),
+])
+def test_a_corrupt_latch_file_starts_latched_naming_the_file(tmp_path, content, problem):
+    path = tmp_path / "latch.json"
+    path.write_bytes(content)
+    guard = SafetyGuard(make(Clock()).config, now=Clock(), latch_file=path)
+    assert guard.estopped and str(path) in guard.estop_reason and problem in guard.estop_reason
+    assert guard.gateway_estop == "" and not guard.release_gateway("anything")
+    assert guard.release(operator="ada") and json.loads(path.read_text())["latched"] is False
+
+
+def test_an_unreadable_latch_file_starts_latched(tmp_path):
+    path = tmp_path / "latch.json"
+    path.mkdir()                                                  # reading a folder fails (IsADirectoryError)
+    guard = SafetyGuard(make(Clock()).config, now=Clock(), latch_file=path)
+    assert guard.estopped and "unreadable" in guard.estop_reason and str(path) in guard.estop_reason
+
+
+def test_the_latch_survives_kill_9_of_the_process_that_latched(tmp_path):
+    """A real process latches the guard, says so, and is killed with SIGKILL: a new guard on the
+    same file starts latched with the same gateway id."""
+    path = tmp_path / "latch.json"
+    code = textwrap.dedent(f"""
+        import sys, time
+        from bridge.ros2.guard import GATEWAY_ESTOP, GuardConfig, SafetyGuard
+        g = SafetyGuard(GuardConfig(position_low=[-1.0], position_high=[1.0]), latch_file={str(path)!r})
+        g.estop(GATEWAY_ESTOP, gateway_id="es-kill")
+        print("latched", flush=True)
+        time.sleep(600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).resolve().parents[2])
+    try:
+        assert proc.stdout.readline().strip() == "latched"
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+    guard = SafetyGuard(GuardConfig(position_low=[-1.0], position_high=[1.0]), latch_file=path)
+    assert guard.estopped and guard.gateway_estop == "es-kill"
