@@ -2,8 +2,10 @@
 
 The guard sits between the policy's action and the command topic. It clamps positions, limits
 how fast the command may change, replaces a silent policy by a safe action (deadline watchdog),
-and latches an e-stop that only an operator releases. It needs no network and no gateway, and it
-is deterministic given its clock, so tests pass a fake one.
+and latches an e-stop that only an operator releases. Every command it sends obeys its limits,
+its own safe action included: the watchdog and the e-stop ramp from the last command sent to a
+"zero" or explicit safe action at `max_delta` per command and `velocity_limit` per second. It
+needs no network and no gateway, and it is deterministic given its clock, so tests pass a fake one.
 
 The call loop (one action per gateway reply, one `tick` per control period):
 
@@ -51,6 +53,7 @@ cannot read makes it start latched too (fail safe).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -168,6 +171,8 @@ class GuardDecision:
     """One command the guard let through: what the policy asked for and what was sent.
 
     `requested` is None for watchdog and e-stop commands that no policy action triggered.
+    `ramping` (with `rate_limited`) marks a watchdog or e-stop command that has not reached the safe
+    action yet: keep ticking (e.g. before a shutdown) until a decision comes without it.
     Arrays are read-only float64 copies, safe to log with the transition.
     """
 
@@ -178,6 +183,7 @@ class GuardDecision:
     watchdog: bool
     estopped: bool
     t: float
+    ramping: bool = False       # a safe command still on its way to the safe action (rate-limited)
 
 
 @dataclass(frozen=True)
@@ -247,6 +253,13 @@ def _read_latch(path: Path) -> tuple[str | None, str]:
     return reason, gateway_id if reason == GATEWAY_ESTOP else ""
 
 
+def _step(last: np.ndarray, target: np.ndarray, bound: np.ndarray) -> np.ndarray:
+    """From `last` towards `target` by at most `bound` per element; exactly `target` where in reach
+    (last + (target - last) may miss it by a rounding error)."""
+    diff = target - last
+    return np.where(np.abs(diff) <= bound, target, last + np.minimum(np.maximum(diff, -bound), bound))
+
+
 def _frozen(a: np.ndarray) -> np.ndarray:
     a = np.array(a, dtype=np.float64, copy=True)
     a.flags.writeable = False
@@ -258,6 +271,8 @@ class _State:
     last_sent: np.ndarray | None = None     # what the actuator was last told
     t_sent: float | None = None             # when (for the velocity limit)
     t_fresh: float | None = None            # last policy action; None until the first: watchdog unarmed
+    t_tick: float | None = None             # the previous tick (the control period, for the safe ramp)
+    missing_start: tuple[int, ...] | None = None  # elements the last start_from lacked (None: never called)
     in_watchdog: bool = False               # inside an expiry episode (counted once)
     estop_reason: str | None = None
     gateway_estop: str = ""                 # with estop_reason == GATEWAY_ESTOP: the gateway's e-stop id
@@ -273,6 +288,10 @@ class SafetyGuard:
     first action. The watchdog arms on the first action (a robot never commanded needs no safe
     action). Thread-safe: `filter`, `tick`, `estop` and `release` may come from different threads.
 
+    With no start pose (neither `initial` nor a complete `start_from`) the first action is only
+    clamped; `missing_start` names the elements without one, and `require_start=True` makes
+    `filter` refuse (GuardError) instead of sending such a first command.
+
     `latch_file` keeps the e-stop latch across restarts (see `write_durable`): every latch, release
     and change of the gateway e-stop id rewrites it before the call returns. At start a file saying
     latched latches the guard with the same reason and gateway id (counted as an e-stop); a file
@@ -281,8 +300,10 @@ class SafetyGuard:
     """
 
     def __init__(self, config: GuardConfig, *, now: Callable[[], float] = time.monotonic,
-                 initial: Sequence[float] | np.ndarray | None = None, latch_file: Path | str | None = None):
+                 initial: Sequence[float] | np.ndarray | None = None, latch_file: Path | str | None = None,
+                 require_start: bool = False):
         self.config = config
+        self.require_start = bool(require_start)
         self._now = now
         self._low = np.array(config.position_low)
         self._high = np.array(config.position_high)
@@ -341,9 +362,13 @@ class SafetyGuard:
         with self._lock:
             t = self._now()
             s = self._s
+            if self.require_start and s.last_sent is None:
+                missing = self._missing()
+                raise GuardError(f"no measured start pose for elements {list(missing)}: refusing a first "
+                                 f"command that could only be clamped (call start_from with the measured pose)")
             s.t_fresh, s.in_watchdog = t, False
             if self.estopped:
-                return self._send(req, self._safe(), t, estopped=True)
+                return self._safe_send(req, t, estopped=True)
             # np.minimum/np.maximum rather than np.clip: the same result, a fraction of the cost on
             # a 6-vector (this runs once per command, up to 1 kHz)
             target = np.minimum(np.maximum(req, self._low), self._high)
@@ -353,7 +378,7 @@ class SafetyGuard:
                 bound = self._bound
                 if self._vel is not None:
                     bound = np.minimum(bound, self._vel * max(t - s.t_sent, 0.0))
-                sent = s.last_sent + np.minimum(np.maximum(target - s.last_sent, -bound), bound)
+                sent = _step(s.last_sent, target, bound)
             rate_limited = bool((sent != target).any())
             s.counts["clamped"] += clamped
             s.counts["rate_limited"] += rate_limited
@@ -364,40 +389,81 @@ class SafetyGuard:
 
         While e-stopped every tick returns the safe action. Otherwise, once no action came for
         longer than `deadline_s`, every tick returns the safe action (flag `watchdog`) until the
-        next action; `counts.watchdog` grows once per such silence.
+        next action; `counts.watchdog` grows once per such silence. A "zero" or explicit safe
+        action is approached from the last command sent, one limited step per tick (`ramping`):
+        at most `max_delta`, and `velocity_limit` times the time since the previous tick or
+        command, whichever is later (so a ramp after a silence does not jump by the silence).
+
+            >>> clock = iter([0.0, 0.1, 0.2, 0.3, 0.4]).__next__
+            >>> g = SafetyGuard(GuardConfig(position_low=[-1.0], position_high=[1.0], velocity_limit=2.0,
+            ...                             safe_action="zero"), now=clock, initial=[0.5])
+            >>> g.estop("bumper")
+            True
+            >>> [(d.sent.round(6).tolist(), d.ramping) for d in (g.tick(), g.tick(), g.tick(), g.tick())]
+            [([0.3], True), ([0.1], True), ([0.0], False), ([0.0], False)]
         """
         with self._lock:
             t = self._now()
             s = self._s
             if self.estopped:
                 if self.config.safe_action == "hold" and s.last_sent is None:
+                    s.t_tick = t
                     return None     # never commanded: the actuator holds on its own
-                return self._send(None, self._safe(), t, estopped=True)
+                return self._safe_send(None, t, estopped=True)
             if s.t_fresh is None or t - s.t_fresh <= self.config.deadline_s:
+                s.t_tick = t
                 return None
             if not s.in_watchdog:
                 s.in_watchdog = True
                 s.counts["watchdog"] += 1
-            return self._send(None, self._safe(), t, watchdog=True)
+            return self._safe_send(None, t, watchdog=True)
 
     @property
     def commanded(self) -> bool:
         """Whether the guard has a command to start from (one was sent, or `initial`/`start_from`)."""
         return self._s.last_sent is not None
 
-    def start_from(self, measured: Sequence[float] | np.ndarray) -> bool:
+    @property
+    def missing_start(self) -> tuple[int, ...]:
+        """Elements of the command vector with no start pose yet: () once the guard has a command to
+        start from; before that, those the last `start_from` lacked (every element if none came).
+        A node refuses to start while this is not empty, rather than send a first command that
+        could only be clamped."""
+        with self._lock:
+            return self._missing()
+
+    def start_from(self, measured: Sequence[float | None] | np.ndarray) -> bool:
         """Before any command: the robot's measured pose becomes the command the first action is
         rate-limited from (clipped into the position limits). Ignored (False) once one was sent.
+        An element that is None or NaN was not measured: a partial pose is not applied (False)
+        and `missing_start` names what it lacked.
 
-            >>> g = SafetyGuard(GuardConfig(position_low=[-1.0], position_high=[1.0], max_delta=0.1))
-            >>> g.start_from([0.5]), g.filter(np.array([-1.0])).sent.tolist(), g.start_from([0.0])
-            (True, [0.4], False)
+            >>> g = SafetyGuard(GuardConfig(position_low=[-1.0, -1.0], position_high=[1.0, 1.0], max_delta=0.1))
+            >>> g.start_from([0.5, None]), g.missing_start
+            (False, (1,))
+            >>> g.start_from([0.5, 0.2]), g.missing_start, g.filter(np.array([-1.0, 0.2])).sent.tolist()
+            (True, (), [0.4, 0.2])
+            >>> g.start_from([0.0, 0.0])
+            False
         """
-        init = np.clip(np.array(_vector("measured", measured, self.config.size)), self._low, self._high)
+        values = [np.nan if x is None else x for x in np.asarray(measured, dtype=object).ravel()] \
+            if not isinstance(measured, np.ndarray) or measured.dtype == object else measured
+        try:
+            arr = np.asarray(values, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ValueError(f"measured: expected numbers (None for an unmeasured element), got {measured!r}") from None
+        if arr.shape != (self.config.size,):
+            raise ValueError(f"measured: expected {self.config.size} values (one per element), got shape {arr.shape}")
+        if np.isinf(arr).any():
+            raise ValueError(f"measured: infinite values {arr.tolist()}")
+        missing = tuple(np.flatnonzero(np.isnan(arr)).tolist())
         with self._lock:
             if self._s.last_sent is not None:
                 return False
-            self._s.last_sent, self._s.t_sent = _frozen(init), self._now()
+            self._s.missing_start = missing
+            if missing:
+                return False
+            self._s.last_sent, self._s.t_sent = _frozen(np.clip(arr, self._low, self._high)), self._now()
             return True
 
     def estop(self, reason: str, *, supersedes: str | None = None, gateway_id: str = "") -> bool:
@@ -464,6 +530,30 @@ class SafetyGuard:
             return True
 
     # -- internals (called with the lock held) --
+
+    def _missing(self) -> tuple[int, ...]:
+        s = self._s
+        if s.last_sent is not None:
+            return ()
+        return tuple(range(self.config.size)) if s.missing_start is None else s.missing_start
+
+    def _safe_send(self, requested: np.ndarray | None, t: float, *, watchdog: bool = False,
+                   estopped: bool = False) -> GuardDecision:
+        """One step of the ramp from the last command sent towards the safe action, within
+        `max_delta` and `velocity_limit` x (t - the later of the last command and the last tick)."""
+        s = self._s
+        target = self._safe()
+        sent, ramping = target, False
+        if s.last_sent is not None:
+            bound = self._bound
+            if self._vel is not None:
+                since = s.t_sent if s.t_tick is None else max(s.t_sent, s.t_tick)
+                bound = np.minimum(bound, self._vel * max(t - since, 0.0))
+            sent = _step(s.last_sent, target, bound)
+            ramping = bool((sent != target).any())
+        s.t_tick = t
+        decision = self._send(requested, sent, t, rate_limited=ramping, watchdog=watchdog, estopped=estopped)
+        return dataclasses.replace(decision, ramping=ramping) if ramping else decision
 
     def _gateway_id(self) -> str:
         return self._s.gateway_estop if self._s.estop_reason == GATEWAY_ESTOP else ""

@@ -420,3 +420,124 @@ def test_the_latch_survives_kill_9_of_the_process_that_latched(tmp_path):
         proc.stdout.close()
     guard = SafetyGuard(GuardConfig(position_low=[-1.0], position_high=[1.0]), latch_file=path)
     assert guard.estopped and guard.gateway_estop == "es-kill"
+
+
+# -- the guard's own commands obey its limits: the watchdog and e-stop ramp ----------------------
+
+@pytest.mark.parametrize("limits", [dict(velocity_limit=[0.8, 1.5, 0.5]), dict(max_delta=[0.01, 0.03, 0.02]),
+                                    dict(velocity_limit=1.0, max_delta=0.008)], ids=["velocity", "delta", "both"])
+@pytest.mark.parametrize("safe", ["zero", (0.5, -1.5, 2.5)], ids=["zero", "vector"])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_guard_trace_never_exceeds_its_limits_through_watchdog_and_estop(limits, safe, seed):
+    """A 100 Hz control loop with a fake clock: policy actions (jittered, some far outside the limits),
+    a silence long enough for the watchdog, the policy back, then an e-stop. Every consecutive pair of
+    commands sent obeys max_delta and velocity_limit x dt, and both safety phases end exactly at the
+    safe action, reached by a ramp, not a step."""
+    rng = np.random.default_rng(seed)
+    clock = Clock()
+    period = 0.01
+    guard = make(clock, safe_action=safe, deadline_s=0.05, **limits)
+    low, high, safe_vec = np.array(guard.config.position_low), np.array(guard.config.position_high), \
+        np.zeros(3) if safe == "zero" else np.array(safe)
+    assert guard.start_from(rng.uniform(low, high))
+    sent: list[tuple[float, np.ndarray, str]] = [(0.0, guard._s.last_sent, "start")]
+
+    def record(d, phase):
+        if d is not None:
+            sent.append((d.t, d.sent, phase))
+
+    k = 0
+
+    def run(ticks, phase, *, act):
+        nonlocal k
+        for _ in range(ticks):
+            k += 1
+            if act and rng.random() < 0.6:       # the policy answers on ~60% of the periods, off-grid
+                clock.t = k * period + rng.uniform(0, period / 2)
+                record(guard.filter(rng.uniform(low - 1.0, high + 1.0)), phase)
+            clock.t = k * period + period * 0.75  # the control tick, every period
+            record(guard.tick(), phase)
+
+    run(80, "policy", act=True)
+    run(600, "watchdog", act=False)
+    watchdog = [(t, s) for t, s, p in sent if p == "watchdog"]
+    assert watchdog and np.array_equal(watchdog[-1][1], safe_vec)   # reached the safe action exactly
+    assert not np.array_equal(watchdog[0][1], safe_vec)             # ... by a ramp, not in one step
+    run(80, "policy again", act=True)
+    guard.estop("trace test")
+    run(600, "estop", act=True)
+    estop = [s for _, s, p in sent if p == "estop"]
+    assert not np.array_equal(estop[0], safe_vec) and np.array_equal(estop[-1], safe_vec)
+    assert guard.tick().ramping is False
+
+    vel = None if guard.config.velocity_limit is None else np.array(guard.config.velocity_limit)
+    delta = None if guard.config.max_delta is None else np.array(guard.config.max_delta)
+    for (t0, a, _), (t1, b, phase) in zip(sent, sent[1:], strict=False):
+        step = np.abs(b - a)
+        assert np.all(low <= b) and np.all(b <= high), (phase, t1, b)
+        if delta is not None:
+            assert np.all(step <= delta + 1e-12), (phase, t1, step)
+        if vel is not None:
+            assert np.all(step <= vel * (t1 - t0) + 1e-12), (phase, t1, step, t1 - t0)
+            if phase in ("watchdog", "estop"):                     # no jump by the length of a silence
+                assert np.all(step <= vel * period + 1e-12), (phase, t0, t1, step)
+
+
+def test_the_safe_ramp_is_flagged_and_not_counted_as_a_policy_intervention():
+    clock = Clock()
+    guard = make(clock, safe_action="zero", max_delta=0.25)
+    guard.filter(np.array([1.0, -1.0, 1.0]))
+    guard.estop("bumper")
+    steps = []
+    for k in range(1, 8):
+        clock.t = k * 0.01
+        d = guard.tick()
+        steps.append((d.sent.tolist(), d.ramping, d.rate_limited, d.estopped))
+    assert steps[:5] == [([0.75, -0.75, 0.75], True, True, True), ([0.5, -0.5, 0.5], True, True, True),
+                         ([0.25, -0.25, 0.25], True, True, True), ([0.0, 0.0, 0.0], False, False, True),
+                         ([0.0, 0.0, 0.0], False, False, True)]
+    assert guard.counts.rate_limited == 0           # the guard's own ramp: not the policy's doing
+    clock.t = 1.0
+    d = guard.filter(np.array([1.0, 1.0, 1.0]))     # while latched a policy action is a ramp step too
+    assert d.estopped and d.sent.tolist() == [0.0, 0.0, 0.0] and d.requested.tolist() == [1.0, 1.0, 1.0]
+
+
+def test_estop_with_nothing_ever_sent_sends_the_safe_action_directly():
+    """No command to ramp from (never commanded, no start pose): the safe action itself, as before."""
+    clock = Clock()
+    guard = make(clock, safe_action=[0.5, 0.5, 0.5], max_delta=0.01)
+    guard.estop("test")
+    d = guard.tick()
+    assert d.sent.tolist() == [0.5, 0.5, 0.5] and not d.ramping
+
+
+# -- the start pose: a first command is never only clamped when the node can know better ---------
+
+def test_missing_start_names_the_elements_without_a_measured_pose():
+    clock = Clock()
+    guard = make(clock, max_delta=0.1)
+    assert guard.missing_start == (0, 1, 2)                        # nothing measured yet
+    assert not guard.start_from([0.5, None, np.nan])
+    assert guard.missing_start == (1, 2) and not guard.commanded
+    assert not guard.start_from(np.array([0.5, 1.0, np.nan]))
+    assert guard.missing_start == (2,)
+    assert guard.start_from([0.5, 1.0, 1.5]) and guard.missing_start == () and guard.commanded
+    assert np.allclose(guard.filter(np.array([1.0, -2.0, 3.0])).sent, [0.6, 0.9, 1.6])
+    for bad, match in [([0.0, 0.0], "expected 3 values"), (["a", 0.0, 0.0], "expected numbers"),
+                       ([np.inf, 0.0, 0.0], "infinite")]:
+        with pytest.raises(ValueError, match=f"^measured: {match}"):
+            make(clock).start_from(bad)
+
+
+def test_require_start_refuses_a_first_command_that_could_only_be_clamped():
+    clock = Clock()
+    cfg = make(clock).config
+    guard = SafetyGuard(cfg, now=clock, require_start=True)
+    guard.start_from([0.1, None, 0.2])
+    with pytest.raises(GuardError, match=r"no measured start pose for elements \[1\]"):
+        guard.filter(np.array([0.5, 0.5, 0.5]))
+    clock.t = 1.0
+    assert guard.tick() is None and guard.counts.watchdog == 0      # the refused action armed nothing
+    guard.start_from([0.1, 0.0, 0.2])
+    assert guard.filter(np.array([0.5, 0.5, 0.5])).sent.tolist() == [0.5, 0.5, 0.5]
+    assert SafetyGuard(cfg, now=clock, require_start=True, initial=[0.0, 0.0, 0.0]).filter(np.zeros(3)) is not None
