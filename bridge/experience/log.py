@@ -6,7 +6,8 @@ one writer thread in group commits, acknowledged only once on disk.
     fut = log.append(transition)           # assigns transition.offset; None = duplicate (dropped)
     if fut is not None:
         offset = await fut                 # resolves once fsynced (never blocks the loop on disk)
-    log.last_step("robot-1")               # highest step logged for a session (survives restarts)
+    log.last_step("robot-1")               # highest step appended for a session (survives restarts)
+    log.durable_step("robot-1")            # highest step of it fsynced (what `durable_through` reports)
     await log.close()                      # flush, fsync, finish the open segment
 
 The log owns a transition once it is appended: do not change it afterwards.
@@ -85,7 +86,8 @@ class ExperienceLog:
         self.directory = Path(directory)
         self.segment_bytes, self.segment_seconds = segment_bytes, segment_seconds
         self.fsync_interval_s, self.fsync = fsync_interval_s, fsync
-        self._last_step: dict[str, int] = {}
+        self._last_step: dict[str, int] = {}     # highest step appended per session (the event loop's)
+        self._durable_step: dict[str, int] = {}  # highest step acknowledged (fsynced) per session
         self._next_offset = 0
         self._durable_offset = 0
         self._cond = threading.Condition()
@@ -164,7 +166,13 @@ class ExperienceLog:
         return fut
 
     def last_step(self, session: str) -> int | None:
+        """The highest step appended for `session` (on disk or queued), None if it has none."""
         return self._last_step.get(session)
+
+    def durable_step(self, session: str) -> int | None:
+        """The highest step of `session` that is on disk (fsynced; written with fsync=False): every
+        step of it below is too, since a session's steps are appended in order and written in order."""
+        return self._durable_step.get(session)
 
     @property
     def durable_offset(self) -> int:
@@ -200,10 +208,13 @@ class ExperienceLog:
                     self._waiters.remove((offset, fut))
         return self._durable_offset
 
-    def _resolve(self, batch: list[tuple[int, asyncio.Future | None]], durable: int) -> None:
+    def _resolve(self, batch: list[tuple[int, asyncio.Future | None, str, int]], durable: int) -> None:
         self._durable_offset = max(self._durable_offset, durable)
         self._counts["durable"] += len(batch)
-        for offset, fut in batch:
+        steps = self._durable_step
+        for offset, fut, session, step in batch:
+            if step > steps.get(session, -1):
+                steps[session] = step
             if fut is not None and not fut.done():
                 fut.set_result(offset)
         still = []
@@ -216,8 +227,8 @@ class ExperienceLog:
                 still.append((offset, fut))
         self._waiters = still
 
-    def _fail(self, error: BaseException, batch: list[tuple[int, asyncio.Future | None]]) -> None:
-        for _, fut in batch:
+    def _fail(self, error: BaseException, batch: list[tuple[int, asyncio.Future | None, str, int]]) -> None:
+        for _, fut, _, _ in batch:
             if fut is not None and not fut.done():
                 fut.set_exception(LogError(f"experience log writer failed: {error!r}"))
         for _, fut in self._waiters:
@@ -242,6 +253,7 @@ class ExperienceLog:
                 next_offset = max(next_offset, scan.end_offset)
                 recovered += scan.count
         self._last_step = dict(sessions)
+        self._durable_step = dict(sessions)
         self._disk_sessions = dict(sessions)
         self._next_offset = self._durable_offset = next_offset
         self._segment_index = segments[-1][0] if segments else 0
@@ -275,7 +287,7 @@ class ExperienceLog:
                         self._counts["fsyncs"] += 1
                     last_sync = time.monotonic()
                     self._counts["max_group"] = max(self._counts["max_group"], len(taken))
-                    done = [(t.offset, fut) for t, _, fut in taken]
+                    done = [(t.offset, fut, t.session, t.step) for t, _, fut in taken]
                     taken = []
                     self._loop.call_soon_threadsafe(self._resolve, done, done[-1][0] + 1)
                 if self._segment is not None and self._segment.count and self._segment_aged():
@@ -286,7 +298,7 @@ class ExperienceLog:
                 self._finish_segment()
         except BaseException as e:  # noqa: BLE001 - reported to every waiting append and on close
             self._failed = e
-            lost = [(t.offset, fut) for t, _, fut in taken + self._drain()]
+            lost = [(t.offset, fut, t.session, t.step) for t, _, fut in taken + self._drain()]
             if self._segment is not None:
                 self._segment.abandon()
                 self._segment = None

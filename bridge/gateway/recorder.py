@@ -8,10 +8,13 @@ reports it really applied). So step t is recorded when step t+1 arrives:
     recorder.acted(obs_t, action_t, log_prob)       # after answering step t
     recorder.completed(obs_t1, result, ended=False)  # step t+1 arrived: t is complete
     recorder.flush()                                 # build and append (after the reply went out)
-    recorder.durable_through                         # steps < this are on disk
+    recorder.durable_through                         # steps < this are on disk (fsynced)
+    recorder.next_step                               # the lowest step the log takes next for it
 
 `flush` does the copying (tensor bytes into a `Transition`) off the reply's critical path; the log
-acknowledges a transition once it is fsynced, and `durable_through` follows those acks in order.
+acknowledges a transition once it is fsynced. `durable_through` is the log's fsynced step of the
+session + 1, never what is only appended: a step the log already had (a Replay after a reconnect,
+answered `duplicate`) counts once the log's copy is fsynced, not when it is refused as a duplicate.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ class ExperienceSink(Protocol):
     def append(self, transition: experience_pb2.Transition) -> asyncio.Future | None: ...
 
     def last_step(self, session: str) -> int | None: ...
+
+    def durable_step(self, session: str) -> int | None: ...
 
 
 @dataclass(frozen=True)
@@ -57,10 +62,22 @@ class Recorder:
         self._log = log
         self.pending: _Acted | None = None
         self._ready: list[experience_pb2.Transition] = []
-        last = log.last_step(session) if log is not None else None
-        self.durable_through = 0 if last is None else last + 1
         self.duplicates = 0
         self.failed = 0
+
+    @property
+    def durable_through(self) -> int:
+        """Steps of this session below this are on disk (fsynced): the log's durable step + 1."""
+        if self._log is None:
+            return 0
+        step = self._log.durable_step(self.session)
+        return 0 if step is None else step + 1
+
+    @property
+    def next_step(self) -> int:
+        """The lowest step the log will take for this session: its last appended step + 1 (0 if none)."""
+        step = self._log.last_step(self.session) if self._log is not None else None
+        return 0 if step is None else step + 1
 
     @property
     def logging(self) -> bool:
@@ -105,8 +122,7 @@ class Recorder:
         for t in ready:
             future = self._log.append(t)
             if future is None:
-                self.duplicates += 1
-                self.durable_through = max(self.durable_through, t.step + 1)
+                self.duplicates += 1   # the log has it; durable_through counts it once the log's copy is fsynced
             else:
                 future.add_done_callback(lambda f, step=t.step: self._acked(f, step))
 
@@ -115,8 +131,6 @@ class Recorder:
             self.failed += 1
             log.error("session %s: step %d was not logged: %s", self.session, step,
                       "cancelled" if future.cancelled() else future.exception())
-            return
-        self.durable_through = max(self.durable_through, step + 1)
 
 
 class RecorderGroup:
@@ -138,6 +152,11 @@ class RecorderGroup:
     @property
     def durable_through(self) -> int:
         return min(r.durable_through for r in self.recorders)
+
+    @property
+    def next_step(self) -> int:
+        """The vector session's step after the newest any env has logged (0 if none)."""
+        return max(r.next_step for r in self.recorders)
 
     def flush(self) -> None:
         for r in self.recorders:

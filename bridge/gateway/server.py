@@ -19,8 +19,9 @@ import argparse
 import asyncio
 import itertools
 import logging
+import secrets
 import signal
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +32,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from bridge.gate import Gate, GateConfig
 from bridge.gateway.batcher import MicroBatcher
 from bridge.gateway.errors import DuplicateSession, InvalidHello
-from bridge.gateway.limits import Admission, Limits, check_hello
+from bridge.gateway.figures import FleetFigures
+from bridge.gateway.holds import EStops, open_estop_registry
+from bridge.gateway.limits import Admission, Limits, check_hello, may_route
 from bridge.gateway.policies import PolicyCatalog, check_compatible
 from bridge.gateway.policies_service import PoliciesService
 from bridge.gateway.publisher import Publisher
@@ -42,7 +45,8 @@ from bridge.gateway.rollout_config import add_arguments as add_rollout_arguments
 from bridge.gateway.rollout_config import from_arguments as rollout_settings
 from bridge.gateway.service import BridgeService
 from bridge.gateway.session import Session, SessionStats
-from bridge.gateway.vector_session import MAX_ENVS, VectorSession
+from bridge.gateway.vector_session import VectorSession
+from bridge.metrics import GatewayMetrics
 from bridge.rewards import RewardConfigError, RewardFunction
 from bridge.security import Authorizer
 from bridge.security.tls import InsecureBind, TlsFiles, check_exposure, is_loopback, server_credentials
@@ -92,6 +96,7 @@ class GatewayConfig:
     gate_tls_key: Path | None = None
     console_port: int | None = None  # the operator console + /metrics over HTTP (0 = a free port); None = off
     console_host: str = "127.0.0.1"
+    console_allowed_hosts: tuple[str, ...] = ()  # Host names the console also answers to (behind a proxy)
 
     def __post_init__(self):
         if self.deadline_ms <= 0:
@@ -132,12 +137,17 @@ class Gateway:
         self.admission = Admission(config.limits)  # session caps (bridge.gateway.limits)
         from bridge.console.fleet import Fleet  # here: bridge.console imports bridge.gateway's modules
 
-        self.fleet = Fleet(self)  # sessions' figures, metrics, e-stops, operator audit (bridge.console)
+        # operators' e-stops, durable (the registry, else <experience_dir>/.tether/estops.sqlite), and the held replies
+        self.estops = EStops(open_estop_registry(self.registry, config.experience_dir))
+        self.figures = FleetFigures(GatewayMetrics(self))  # per-session figures and metrics (bridge.gateway.figures)
+        self.fleet = Fleet(self)  # what operators see and do: displays the above, forwards e-stops (bridge.console)
         self.console = None       # the HTTP console, when config.console_port is set
         self.sessions: dict[str, Session | VectorSession] = {}
         self.closed_stats: deque[SessionStats] = deque(maxlen=1024)  # the most recent closed sessions
         self.server_version = ""
-        self._ids = itertools.count(1)
+        self._ids = itertools.count(1)  # ids the gateway gives: session-<boot>-<n> (see new_session_id)
+        self._boot = secrets.token_hex(4)  # this start's: ids never repeat across restarts
+        self._last_seen: OrderedDict[str, int] = OrderedDict()  # closed sessions' last steps (newest 4096)
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self.address = ""
@@ -149,6 +159,9 @@ class Gateway:
         check_exposure(c.host, tls=tls is not None, insecure=c.insecure)  # InsecureBind: plaintext off loopback
         if c.console_port is not None:  # the console: HTTPS with the same certificate, the same rule
             check_exposure(c.console_host, tls=tls is not None, insecure=c.insecure, what="console")
+            from bridge.console.server import check_console_bind
+
+            check_console_bind(c.console_host, self.auth)  # ExposedConsole: off loopback, credentials needed
         log.info("gateway security: %s; %s", ("mTLS (client certificates required)" if c.tls_client_ca else "TLS")
                  if tls else "plaintext", self.auth.describe())
         try:
@@ -185,6 +198,8 @@ class Gateway:
             raise OSError(f"cannot bind the gateway to {self.config.host}:{self.config.port}")
         self.address = f"{self.config.host}:{port}"
         sims_at, sims_tls = _gate_sims(c, port)  # the gate's simulator sessions, through the same TLS
+        if self.auth.tokens is not None and (c.gate.eval_env or c.gate.eval_envs):  # and a robot token of its own
+            sims_tls["sim_env"] = {"TETHER_TOKEN": self.auth.issue("gate", "robot")}
         self.rollout.attach_evaluator(sims_at, **sims_tls)
         await self.rollout.start([self.config.policy] if self.config.policy else [])  # restore, verify what serves
         await self._server.start()
@@ -195,6 +210,7 @@ class Gateway:
             from bridge.security.tls import http_ssl_context
 
             self.console = Console(self, host=c.console_host, port=c.console_port,
+                                   allowed_hosts=c.console_allowed_hosts,
                                    ssl_context=http_ssl_context(tls) if tls else None)
             await self.console.start()
             self.fleet.console_url = self.console.url
@@ -213,6 +229,8 @@ class Gateway:
         if self.experience is not None:
             await self.experience.close()
         await self.rollout.stop()
+        if self.estops.registry is not self.registry:
+            self.estops.registry.close()
         self.registry.close()
         await self._client.close()
         await self.control.close()
@@ -220,8 +238,20 @@ class Gateway:
     async def wait(self) -> None:
         await self._server.wait_for_termination()
 
-    async def open_session(self, hello: bridge_pb2.Hello, *, peer: str = "local") -> Session | VectorSession:
-        check_hello(hello, self.config.limits)  # bounded, printable strings: InvalidHello naming the field
+    async def authorize_session(self, context: grpc.aio.ServicerContext) -> str | None:
+        """Who opens a session: with tokens or client certificates configured, an identity holding the
+        robot role (or operator), else Unauthenticated / PermissionDenied naming the role; None when no
+        credentials are configured (open access, or an --insecure bind without them)."""
+        if not self.auth.checks:
+            return None
+        return await self.auth.require(context, "robot")
+
+    async def open_session(self, hello: bridge_pb2.Hello, *, peer: str = "local",
+                           identity: str | None = None) -> Session | VectorSession:
+        """`identity`: who the caller proved to be (`authorize_session`); it is the session's source for the
+        per-identity cap, for the gate's bounds, and decides whether its labels route (limits.may_route)."""
+        check_hello(hello, self.config.limits)  # bounded strings and spec bounds, num_envs: InvalidHello naming it
+        peer = identity or peer
         self.admission.check(peer)  # caps: TooManySessions (RESOURCE_EXHAUSTED); counted when added below
         try:
             observation = specs_from_proto(hello.observation_spec)
@@ -239,15 +269,18 @@ class Gateway:
             rewards.check_specs(observation, action)
         except RewardConfigError as exc:
             raise InvalidHello(f"the reward config of policy {policy.name!r} does not fit this session: {exc}") from exc
-        session_id = hello.session_id or f"session-{next(self._ids)}"
+        session_id = hello.session_id or self.new_session_id()
         if session_id in self.sessions:
             raise DuplicateSession(f"session {session_id!r} is already connected")
-        policy = self.rollout.acting(policy.name, session_id, hello.labels) or policy  # pins, canary, live
+        route = dict(hello.labels) if may_route(self.config.limits, identity or "", open_access=identity is None
+                                                or self.auth.open_access) else {}
+        if hello.labels and not route:
+            log.warning("session %s: labels of %s do not route (not an operator, not in --route-labels-from): "
+                        "canary membership and label pins ignored for it", session_id, identity)
+        policy = self.rollout.acting(policy.name, session_id, route) or policy  # pins, canary, live
         self.rollout.declared(policy.name, hello.source or session_id, action)
         experience = None if session_id in self.rollout.evaluating else self.experience  # the gate's: not data
         if hello.num_envs > 1 or hello.batched:
-            if hello.num_envs > MAX_ENVS:
-                raise InvalidHello(f"num_envs {hello.num_envs} is more than the gateway takes ({MAX_ENVS})")
             num_envs = max(1, hello.num_envs)
             group = RecorderGroup(session=session_id, source=hello.source, log=experience,
                                   reward_version=rewards.version, num_envs=num_envs)
@@ -255,6 +288,7 @@ class Gateway:
                                     observation_spec=observation, action_spec=action, batcher=self.batcher,
                                     deadline_s=self.config.deadline_ms / 1e3, rewards=rewards, recorder=group,
                                     router=self.rollout, labels=dict(hello.labels))
+            session.route_labels = route
             self.admission.admit(session_id, peer=peer)
             self.sessions[session_id] = session
             log.info("vector session %s (%d envs) from %s on %s v%d", session_id, num_envs, hello.source or "?",
@@ -266,16 +300,36 @@ class Gateway:
                           observation_spec=observation, action_spec=action, batcher=self.batcher,
                           deadline_s=self.config.deadline_ms / 1e3, rewards=rewards, recorder=recorder,
                           router=self.rollout, switch=self.config.switch, labels=dict(hello.labels))
+        session.route_labels = route
         self.admission.admit(session_id, peer=peer)
         self.sessions[session_id] = session
         log.info("session %s from %s on %s v%d", session_id, hello.source or "?", policy.name, policy.version)
         return session
+
+    def new_session_id(self) -> str:
+        """An id for a client that names none: `session-<boot>-<n>`, with a random boot component of
+        this gateway start, so ids never repeat across restarts (the log remembers old sessions'
+        last steps: a repeated id would make a fresh client's step 0 OUT_OF_ORDER); an id the log or
+        this gateway already knows is skipped."""
+        while True:
+            session_id = f"session-{self._boot}-{next(self._ids)}"
+            known = self.experience is not None and self.experience.last_step(session_id) is not None
+            if not known and session_id not in self.sessions and session_id not in self._last_seen:
+                return session_id
+
+    def next_step(self, session: Session | VectorSession) -> int:
+        """Welcome.next_step: the lowest step accepted next for this id, the last step the log or this
+        gateway has seen of it + 1 (0 for a new id). A client continuing its counter from here is never
+        OUT_OF_ORDER."""
+        seen = self._last_seen.get(session.id)
+        return max(session.recorder.next_step, 0 if seen is None else seen + 1)
 
     def welcome(self, session: Session | VectorSession) -> bridge_pb2.Welcome:
         return bridge_pb2.Welcome(session_id=session.id, policy=session.policy.name,
                                   policy_version=session.policy.version,
                                   deadline_ms=self.config.deadline_ms, server_version=self.server_version,
                                   durable_through=session.recorder.durable_through,
+                                  next_step=self.next_step(session),
                                   reward_version=session.rewards.version, logging=session.recorder.logging)
 
     def acting_versions(self, policy: str) -> dict[int, int]:
@@ -288,6 +342,11 @@ class Gateway:
             session.flush()
             del self.sessions[session.id]
             self.closed_stats.append(session.stats)
+            if getattr(session, "_last_step", None) is not None:  # for Welcome.next_step of a reconnect
+                self._last_seen[session.id] = session._last_step
+                self._last_seen.move_to_end(session.id)
+                while len(self._last_seen) > 4096:
+                    self._last_seen.popitem(last=False)
             stats, guard = session.stats, session.stats.guard
             log.info("session %s closed: %d steps, %d episodes, errors %s, edge guard clamped %d rate-limited %d "
                      "watchdog %d estop %d", session.id, stats.steps, stats.episodes, stats.errors or "none",
@@ -313,7 +372,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="when sessions move to a newly published version")
     add_rollout_arguments(p)
     p.add_argument("--console-port", type=int, help="serve the operator console and /metrics here (0 = a free port)")
-    p.add_argument("--console-host", default="127.0.0.1", help="the console's bind address")
+    p.add_argument("--console-host", default="127.0.0.1", help="the console's bind address (not loopback: the "
+                   "gateway needs --tokens or --tls-client-ca)")
+    p.add_argument("--console-allowed-host", action="append", default=[], metavar="NAME[:PORT]",
+                   type=_console_allowed_host, help="a Host name the console also answers to, e.g. behind a "
+                   "proxy (repeatable); other Hosts get 421")
     p.add_argument("--log-format", choices=("text", "json"), default="text",
                    help="json: one JSON object a line, with the session and policy version")
     s = p.add_argument_group("security and limits (bridge.security, bridge.gateway.limits)")
@@ -326,7 +389,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="viewing (read-only RPCs, console) also needs a token or certificate")
     s.add_argument("--max-sessions", type=int, default=Limits.max_sessions, help="0 = no cap")
     s.add_argument("--max-sessions-per-source", type=int, default=Limits.max_sessions_per_source,
-                   help="per client certificate identity, else per address (0 = no cap)")
+                   help="per identity (token or client certificate), else per address (0 = no cap)")
+    s.add_argument("--max-envs", type=int, default=Limits.max_envs,
+                   help="the most envs one vectorised session (Hello.num_envs) may declare")
+    s.add_argument("--route-labels-from", action="append", default=[], metavar="IDENTITY|ROLE",
+                   help="an identity (robot:arm_2) or role (robot) whose session labels choose canary membership "
+                        "and label pins (repeatable; operators always may; open access: everyone)")
     s.add_argument("--idle-timeout-s", type=float, default=Limits.idle_timeout_s,
                    help="close a session silent this long (0 = never)")
     s.add_argument("--gate-tls-ca", type=Path, help="CA the gate's simulator sessions verify a TLS gateway with "
@@ -339,12 +407,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _console_allowed_host(value: str) -> str:
+    from bridge.console.server import allowed_host  # lazily: bridge.console imports bridge.gateway's modules
+
+    try:
+        return allowed_host(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _security_kwargs(a: argparse.Namespace) -> dict:
-    limits = Limits(max_sessions=a.max_sessions, max_sessions_per_source=a.max_sessions_per_source,
-                    idle_timeout_s=a.idle_timeout_s, max_message_mb=a.max_message_mb)
+    try:
+        limits = _limits(a)
+    except ValueError as exc:
+        raise SystemExit(f"tether gateway: {exc}") from None
     return {"tls_cert": a.tls_cert, "tls_key": a.tls_key, "tls_client_ca": a.tls_client_ca, "insecure": a.insecure,
             "tokens": a.tokens, "anonymous_viewers": a.anonymous_viewers, "limits": limits,
             "gate_tls_ca": a.gate_tls_ca, "gate_tls_cert": a.gate_tls_cert, "gate_tls_key": a.gate_tls_key}
+
+
+def _limits(a: argparse.Namespace) -> Limits:
+    return Limits(max_sessions=a.max_sessions, max_sessions_per_source=a.max_sessions_per_source,
+                  idle_timeout_s=a.idle_timeout_s, max_message_mb=a.max_message_mb, max_envs=a.max_envs,
+                  route_labels_from=tuple(a.route_labels_from))
 
 
 def _gate_sims(c: GatewayConfig, port: int) -> tuple[str, dict]:
@@ -408,7 +493,8 @@ def main(argv: list[str] | None = None) -> None:
                            triton_timeout_s=a.triton_timeout, model_repository=a.model_repository,
                            experience_dir=a.experience_dir, fsync_interval_ms=a.fsync_interval_ms,
                            rewards=_reward_configs(a.rewards), switch=a.switch, **_security_kwargs(a),
-                           console_port=a.console_port, console_host=a.console_host, **rollout_settings(a))
+                           console_port=a.console_port, console_host=a.console_host,
+                           console_allowed_hosts=tuple(a.console_allowed_host), **rollout_settings(a))
     try:
         asyncio.run(serve(config))
     except RewardConfigError as exc:

@@ -77,6 +77,7 @@ class SessionBase:
     _last_step: int | None
     _router: VersionRouter | None = None
     labels: Mapping[str, str]
+    route_labels: Mapping[str, str] | None = None  # the labels the router sees (None: `labels`); see limits.may_route
 
     def _use(self, policy: ServedPolicy) -> None:
         self.policy = policy
@@ -85,7 +86,8 @@ class SessionBase:
 
     def _follow_router(self) -> None:
         if self._router is not None:
-            chosen = self._router.acting(self.policy.name, self.id, self.labels)
+            chosen = self._router.acting(self.policy.name, self.id,
+                                         self.labels if self.route_labels is None else self.route_labels)
             if chosen is not None and chosen is not self.policy:
                 self._use(chosen)
 
@@ -124,7 +126,7 @@ class Session(SessionBase):
         self._switch_every_step = switch == "step"
         self._batcher = batcher
         self._deadline_s = deadline_s
-        last = self.recorder.durable_through - 1
+        last = self.recorder.next_step - 1  # the log has steps up to here: replays of them are duplicates
         self._last_step: int | None = last if last >= 0 else None
         self._episode_return = 0.0
         self._episode_length = 0
@@ -153,6 +155,23 @@ class Session(SessionBase):
         if self._switch_every_step or obs.step_type == bridge_pb2.FIRST:
             self._follow_router()
         return await self._act(obs, arrays, received)
+
+    async def held_step(self, obs: bridge_pb2.Observation) -> bridge_pb2.ServerMessage | None:
+        """Take a step that an operator's e-stop holds (bridge.gateway.holds): no inference, nothing logged (the
+        pending transition is dropped: no transition spans the hold), the edge's guard report kept without counting
+        it against the acting version. Returns the reply when the step gets no safe action: an OUT_OF_ORDER error,
+        or a LAST step's EpisodeEnd; None: the caller answers with the safe action."""
+        if obs.step_type == bridge_pb2.LAST:
+            self._acted = None
+            self.recorder.abandon()
+            return await self.handle(obs)  # ends the episode; with nothing acted, no inference, no reward
+        if (error := self._out_of_order(obs.step)) is not None:
+            return error
+        if obs.HasField("guard"):
+            self.stats.guard = obs.guard
+        self._acted = None
+        self.recorder.abandon()
+        return None
 
     def _track_episode(self, obs: bridge_pb2.Observation, arrays: dict[str, np.ndarray]) -> str:
         """Reward the previous action; returns why the episode ends here ("" = it goes on,
