@@ -135,14 +135,16 @@ def _idl_value(value: object, desc: tuple) -> object:
     return value.tolist() if isinstance(value, np.ndarray) else list(value)
 
 
-def qos(*, reliable: bool, depth: int = 10) -> Qos:
-    """ROS 2 QoS: keep-last `depth`, volatile; reliable (commands) or best effort (sensors).
+def qos(*, reliable: bool, depth: int = 10, durable: bool = False) -> Qos:
+    """ROS 2 QoS: keep-last `depth`; reliable (commands) or best effort (sensors); volatile, or
+    transient-local with `durable` (a late subscriber gets what a live writer last wrote).
 
     The data representation is pinned to XCDR1, the `CDR_LE` that rosbags writes and ROS 2 reads.
     """
     reliability = Policy.Reliability.Reliable(duration(milliseconds=100)) if reliable \
         else Policy.Reliability.BestEffort
-    return Qos(reliability, Policy.History.KeepLast(check_depth(depth)), Policy.Durability.Volatile,
+    durability = Policy.Durability.TransientLocal if durable else Policy.Durability.Volatile
+    return Qos(reliability, Policy.History.KeepLast(check_depth(depth)), durability,
                Policy.DataRepresentation(use_cdrv0_representation=True))
 
 
@@ -167,12 +169,16 @@ class DdsPublisher:
         self._transport, self._writer, self.topic, self.msg_type = transport, writer, topic, msg_type
 
     def __call__(self, msg: object) -> None:
-        self._transport.raise_if_failed()
+        """Write `msg`; any failure is a `TransportError`. It works after the receive loop failed,
+        so the edge node's fail-safe can still put the safe action on the wire."""
         if self._transport.closed:
             raise TransportError(f"cannot publish on {self.topic}: the transport is closed")
         if getattr(msg, "__msgtype__", None) != self.msg_type:
             raise TransportError(f"{self.topic} publishes {self.msg_type}, got {type(msg).__name__}")
-        ret = ddspy_write(self._writer._ref, _pad4(messages.serialize(msg)))
+        try:
+            ret = ddspy_write(self._writer._ref, _pad4(messages.serialize(msg)))
+        except Exception as exc:
+            raise TransportError(f"write on {self.topic} failed: {exc!r}") from exc
         if ret < 0:
             raise TransportError(f"write on {self.topic} failed with DDS return code {ret}")
 
@@ -234,9 +240,9 @@ class DdsTransport:
         return known
 
     def subscribe(self, topic: str, msg_type: str, callback: Callable[[object], None], *,
-                  reliable: bool = False, depth: int = 10) -> None:
+                  reliable: bool = False, depth: int = 10, durable: bool = False) -> None:
         dds, msg_type = self._topic(topic, msg_type)
-        reader = DataReader(self._participant, dds, qos=qos(reliable=reliable, depth=depth))
+        reader = DataReader(self._participant, dds, qos=qos(reliable=reliable, depth=depth, durable=durable))
         condition = ReadCondition(reader, _ANY_STATE)
         with self._lock:
             self._subs.append(_Subscription(ros_topic(topic), msg_type, reader, condition, callback))
@@ -245,26 +251,37 @@ class DdsTransport:
             self._thread = threading.Thread(target=self._run, name=f"dds-{self.node_name}", daemon=True)
             self._thread.start()
 
-    def publisher(self, topic: str, msg_type: str, *, reliable: bool = True, depth: int = 10) -> DdsPublisher:
+    def publisher(self, topic: str, msg_type: str, *, reliable: bool = True, depth: int = 10,
+                  durable: bool = False) -> DdsPublisher:
         dds, msg_type = self._topic(topic, msg_type)
-        writer = DataWriter(self._participant, dds, qos=qos(reliable=reliable, depth=depth))
+        writer = DataWriter(self._participant, dds, qos=qos(reliable=reliable, depth=depth, durable=durable))
         return DdsPublisher(self, writer, ros_topic(topic), msg_type)
 
     def _run(self) -> None:
+        """The receive thread. Anything that ends it other than `close()` (a failed take, any
+        exception outside a callback or a sample's decoding) is kept as a `TransportError` for
+        `raise_if_failed`: the edge node checks it every control period and fails safe."""
         wait = duration(milliseconds=200)
-        while not self._stop.is_set():
-            self._waitset.wait(wait)
-            with self._lock:
-                subs = list(self._subs)
-            for sub in subs:
-                if not self._deliver(sub):
-                    return
+        try:
+            while not self._stop.is_set():
+                self._waitset.wait(wait)
+                with self._lock:
+                    subs = list(self._subs)
+                for sub in subs:
+                    if not self._deliver(sub):
+                        return
+        except BaseException as exc:  # noqa: BLE001 - whatever it was, delivery has stopped: say so
+            error = TransportError(f"DDS receive loop of {self.node_name} stopped: {exc!r}")
+            error.__cause__ = exc
+            self._error = error
+            log.error("%s", error)
 
     def _deliver(self, sub: _Subscription) -> bool:
         while not self._stop.is_set():
             samples = ddspy_take(sub.reader._ref, _ANY_STATE, _TAKE_BATCH)
             if isinstance(samples, int):
                 self._error = TransportError(f"take on {sub.topic} failed with DDS return code {samples}")
+                log.error("%s", self._error)
                 return False
             for data, info in samples:
                 if not info.valid_data:
@@ -283,7 +300,7 @@ class DdsTransport:
         return True
 
     def raise_if_failed(self) -> None:
-        """Raise the `TransportError` a failed take left (delivery stopped there)."""
+        """Raise the `TransportError` the receive loop left when it failed (delivery stopped there)."""
         if self._error is not None:
             raise self._error
 

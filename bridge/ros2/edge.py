@@ -4,7 +4,8 @@
                 --rate 100 --domain-id 0 --policy arm --node-name tether_edge --deadline-ms 50 \\
                 --operators ada,bob [--chunk 20 --chunk-threshold 10 --chunk-merge ensemble]
     tether edge estop --operator ada --reason "person in the cell" --domain-id 0
-    tether edge release --operator ada --reason "cell clear" --domain-id 0
+    tether edge release --operator ada --token-file ada.token --node tether_edge --reason "cell clear" --domain-id 0
+    tether edge token add ada --tokens release_tokens.json    # the node's --release-tokens; prints ada's token once
 
 The flags mirror the launch arguments. The node prints a status line every `--status-s` seconds
 and stops cleanly on Ctrl-C or SIGTERM: it ends the episode, publishes the safe action and
@@ -37,10 +38,12 @@ import threading
 import time
 from pathlib import Path
 
-from bridge.ros2.edge_config import EdgeConfig, EdgeConfigError, guard_config
+from bridge.ros2 import release_auth
+from bridge.ros2.edge_config import EdgeConfig, EdgeConfigError, default_latch_file, guard_config
 from bridge.ros2.edge_stats import EdgeStats
 from bridge.ros2.estop import ESTOP_TOPIC, RELEASE_TOPIC, STATE_TOPIC, EstopError, request_estop, request_release
 from bridge.ros2.node import EdgeError, EdgeNode
+from bridge.ros2.release_auth import DEFAULT_NODE, TOKEN_ENV, read_token
 from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, TopicMapError, load_topic_map
 from bridge.ros2.transport import TransportError, open_transport
 
@@ -97,6 +100,13 @@ def _node_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-key", type=Path, help="the certificate's private key")
     p.add_argument("--report", type=Path, help="on stop, write the node's counts and every command with what "
                    "produced it (policy version, chunk, index) to this JSON file")
+    p.add_argument("--session-id", default="", help="the gateway session id, stable across restarts (default "
+                   "NODE_NAME@HOSTNAME); the node continues its steps where the gateway's log is")
+    p.add_argument("--latch-file", type=Path, help="the e-stop latch, kept across restarts (fsynced): a node that "
+                   "stopped e-stopped starts e-stopped (default $XDG_STATE_HOME/tether/NODE_NAME.json, "
+                   "~/.local/state without it)")
+    p.add_argument("--release-tokens", type=Path, help="hashed release credentials (tether edge tokens); "
+                   "without it every local release is refused")
     return p
 
 
@@ -129,6 +139,9 @@ def main(argv: list[str] | None = None) -> None:
     if argv and argv[0] in ("estop", "release"):
         _operator(argv[0], argv[1:])
         return
+    if argv and argv[0] in ("token", "tokens"):       # the node's release tokens (bridge.ros2.release_auth)
+        release_auth.main(argv[1:])
+        return
     parser = _node_parser()
     a = parser.parse_args(argv)
     try:
@@ -141,7 +154,9 @@ def main(argv: list[str] | None = None) -> None:
                             operators=tuple(o.strip() for o in a.operators.split(",") if o.strip()),
                             chunk=a.chunk, chunk_threshold=a.chunk_threshold, chunk_merge=a.chunk_merge,
                             ensemble_decay=a.ensemble_decay, tls_ca=a.tls_ca, tls_cert=a.tls_cert,
-                            tls_key=a.tls_key)
+                            tls_key=a.tls_key, session_id=a.session_id,
+                            latch_file=a.latch_file or default_latch_file(a.node_name),
+                            release_tokens=a.release_tokens)
         if not a.status_s > 0:
             raise EdgeConfigError(f"--status-s: expected seconds > 0, got {a.status_s}")
     except (TopicMapError, ValueError) as exc:
@@ -187,9 +202,19 @@ def _operator(command: str, argv: list[str]) -> None:
     p.add_argument("--release-topic", default=RELEASE_TOPIC)
     p.add_argument("--state-topic", default=STATE_TOPIC)
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an edge node to confirm")
+    if command == "release":
+        p.add_argument("--node", default=DEFAULT_NODE, help="the edge node to release (its --node-name)")
+        p.add_argument("--token", help=f"the operator's release token (better: --token-file or ${TOKEN_ENV})")
+        p.add_argument("--token-file", type=Path, help="a file holding the operator's release token")
     a = p.parse_args(argv)
     if not a.operator.strip() or ":" in a.operator:
         p.error(f"--operator: expected a non-empty name without ':', got {a.operator!r}")
+    token = None
+    if command == "release":
+        try:
+            token = read_token(token=a.token, token_file=a.token_file)
+        except ValueError as exc:
+            p.error(str(exc))
     try:
         tmap = load_topic_map(a.topic_map)
     except TopicMapError as exc:
@@ -204,9 +229,9 @@ def _operator(command: str, argv: list[str]) -> None:
             request_estop(transport, estop_topic=entry.topic if entry else ESTOP_TOPIC,
                           reliable=entry.reliable if entry else True, state_topic=a.state_topic, timeout_s=a.timeout)
         else:
-            request_release(transport, operator=a.operator, reason=a.reason, release_topic=a.release_topic,
-                            state_topic=a.state_topic, timeout_s=a.timeout)
-    except EstopError as exc:
+            request_release(transport, operator=a.operator.strip(), token=token, node=a.node, reason=a.reason,
+                            release_topic=a.release_topic, state_topic=a.state_topic, timeout_s=a.timeout)
+    except (EstopError, ValueError) as exc:
         raise SystemExit(f"tether edge {command}: {exc}") from None
     finally:
         transport.close()

@@ -21,16 +21,20 @@ topic or socket is opened:
 from __future__ import annotations
 
 import math
+import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from bridge.ros2 import messages
 from bridge.ros2.chunks import MERGES
 from bridge.ros2.estop import RELEASE_TOPIC, STATE_TOPIC
 from bridge.ros2.guard import GuardConfig
 from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, TopicMap, load_topic_map  # noqa: F401
 from bridge.ros2.transport import TransportError, ros_topic
 
-__all__ = ["DEFAULT_VELOCITY_LIMIT", "EdgeConfig", "EdgeConfigError", "guard_config"]
+__all__ = ["DEFAULT_VELOCITY_LIMIT", "EdgeConfig", "EdgeConfigError", "default_latch_file", "guard_config",
+           "unmeasured_commands"]
 
 DEFAULT_VELOCITY_LIMIT = 0.5   # units/s (rad/s for joint targets) where the topic map sets none
 
@@ -67,6 +71,11 @@ class EdgeConfig:
     tls_ca: Path | None = None                 # TLS to the gateway: the CA of its certificate
     tls_cert: Path | None = None               # mTLS: this robot's certificate (its identity, OU=robot)
     tls_key: Path | None = None                # ... and its private key
+    session_id: str = ""                       # stable across restarts; "" = "<node_name>@<host name>"
+    latch_file: Path | None = None             # the guard's e-stop latch, kept across restarts (fsynced);
+                                               # None = in memory only (`tether edge`: default_latch_file)
+    release_tokens: Path | None = None         # hashed release credentials (bridge.ros2.estop); None: every
+                                               # local release is refused
 
     def __post_init__(self) -> None:
         ops = self.operators
@@ -105,9 +114,18 @@ class EdgeConfig:
         if (self.tls_cert is None) != (self.tls_key is None) or (self.tls_cert is not None and self.tls_ca is None):
             raise EdgeConfigError(f"tls: a client certificate needs tls_cert, tls_key and tls_ca, got "
                                   f"cert={self.tls_cert} key={self.tls_key} ca={self.tls_ca}")
-        for name in ("tls_ca", "tls_cert", "tls_key"):
+        for name in ("tls_ca", "tls_cert", "tls_key", "release_tokens"):
             if getattr(self, name) is not None and not Path(getattr(self, name)).is_file():
                 raise EdgeConfigError(f"{name}: no such file {getattr(self, name)}")
+        sid = self.session_id or f"{self.node_name}@{socket.gethostname()}"
+        if not isinstance(sid, str) or len(sid) > 128 or not sid.isprintable() or any(c.isspace() for c in sid):
+            raise EdgeConfigError(f"session_id: expected up to 128 printable characters without spaces, got {sid!r}")
+        object.__setattr__(self, "session_id", sid)
+        if self.latch_file is not None:
+            latch = Path(self.latch_file)
+            if latch.is_dir():
+                raise EdgeConfigError(f"latch_file: {latch} is a directory, expected a file path")
+            object.__setattr__(self, "latch_file", latch)
 
     def credentials(self):
         """`grpc.ChannelCredentials` for TLS (mTLS with a certificate), or None for plaintext."""
@@ -141,3 +159,32 @@ def guard_config(topic_map: TopicMap, *, deadline_s: float, velocity_limit: obje
         velocity_limit = topic_map.velocity_limits(DEFAULT_VELOCITY_LIMIT)
     return GuardConfig(position_low=tuple(low), position_high=tuple(high), velocity_limit=velocity_limit,
                        max_delta=max_delta, deadline_s=deadline_s, safe_action=safe_action)
+
+
+def default_latch_file(node_name: str) -> Path:
+    """Where `tether edge` keeps a node's e-stop latch: `$XDG_STATE_HOME/tether/<node_name>.json`
+    (`~/.local/state/tether/...` without it)."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "tether" / f"{node_name}.json"
+
+
+def unmeasured_commands(topic_map: TopicMap) -> list[str]:
+    """The action entries whose command the node cannot read from the robot's measured pose, each
+    with why ([] = every element's first command can start from where the robot is). The first
+    command of such an entry could only be clamped, a jump from wherever the actuator is; the node
+    refuses to start with one.
+
+        >>> unmeasured_commands(load_topic_map(DEFAULT_TOPIC_MAP))
+        []
+    """
+    measured = {j for e in topic_map.observation if e.type == messages.JOINT_STATE for j in e.joints}
+    out: list[str] = []
+    for i, entry in enumerate(topic_map.action):
+        what = f"action[{i}] ({entry.topic}, tensors {[t.spec.name for t in entry.tensors]})"
+        if not entry.joints:
+            out.append(f"{what}: no joints, so no measured pose to start from")
+        elif missing := [j for j in entry.joints if j not in measured]:
+            out.append(f"{what}: joints {missing} are in no {messages.JOINT_STATE} observation")
+        elif bad := [t.spec.name for t in entry.tensors if t.spec.shape != (len(entry.joints),)]:
+            out.append(f"{what}: tensors {bad} are not one value per joint ({len(entry.joints)})")
+    return out

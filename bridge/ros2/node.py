@@ -32,15 +32,22 @@ publishes the safe action once no fresh action came within the guard's deadline,
 gateway, and every command is kept in `node.command_log` with what produced it (policy version,
 chunk id = the step of the observation it answers, index in the chunk). Each observation carries
 `applied_action` (what went out last, after the guard) and the guard's cumulative `GuardReport`.
-Steps increase across reconnects; the first observation of every stream is FIRST. The first
-command starts from the robot's measured pose (`TopicMap.measured_command`): it is rate-limited
-from where the robot is, never a jump.
+The session id is stable (`EdgeConfig.session_id`, default `<node_name>@<host name>`), and steps
+increase across reconnects and restarts: a Welcome's `next_step` (or `durable_through`) above the
+node's counter moves it there, so a restarted node or gateway serves it at once. The first
+observation of every stream is FIRST. The first command starts from the robot's measured pose
+(`TopicMap.measured_command`): it is rate-limited from where the robot is, never a jump; a topic
+map with a command the node cannot measure (an action entry without joints, or joints no
+JointState observation names) is refused when the node is made, and a first action before the
+pose is known is not sent (`errors["NO_START_POSE"]`).
 
 A guard that never stops: an undecodable sample or a failing callback is counted by the transport
 (`transport.delivery_errors`) and delivery goes on; a malformed message (a wrong-length array) is
 counted as BAD_MESSAGE and skipped; an exception in the control thread is counted and logged, and
-only a failing transport ends the loop. However the loop ends, the guard latches and the safe
-action is published first.
+only a failing transport ends the loop: a publish that fails (any error, rclpy's included), or a
+receive loop that died (any exception in it, checked every period through
+`transport.raise_if_failed()`). However the loop ends, the guard latches and the safe action is
+published first (publishing works after the receive side failed).
 
 Threads. Three run code of ours; none waits on another's locks for long:
 
@@ -68,9 +75,18 @@ and the thread hops between the control thread and gRPC (~0.1-0.3 ms).
 E-stop (see `bridge.ros2.estop`): True on the topic map's e-stop topic latches the guard, False
 does not release it; a `std_msgs/String` "name: why" on `release_topic` does, if `name` is one of
 `EdgeConfig.operators` (otherwise it is refused). Every latch, release and refusal is logged with
-who and why. The node reports its latch on `state_topic`. An operator's e-stop through the gateway
-(`tether estop`, the console) arrives as `Action.estop`: the guard latches (reason `GATEWAY_ESTOP`)
-and the first action without it releases that latch (a local latch needs a local release).
+who and why. The node reports its latch on `state_topic`. The e-stop topic is read twice: reliable
+and transient-local (a node that starts late still sees a standing e-stop from a live durable
+publisher, as `tether edge estop` is) and with the topic map's QoS, volatile (so any publisher
+matches). An operator's e-stop through the gateway (`tether estop`, the console) arrives as
+`Action.estop` with its id (`estop_id`): the guard latches as the gateway's latch for that id
+(reason `GATEWAY_ESTOP`), and every observation reports the id it holds
+(`GuardReport.gateway_estop`). Only an action whose `released_estop` names exactly that id releases
+it (`SafetyGuard.release_gateway`: check and release in one step), never an action without `estop`;
+a local e-stop taken over it needs a local release. With `EdgeConfig.latch_file` the latch (reason,
+gateway id) is kept on disk, fsynced, and a node that stopped latched starts latched; the node's
+own latch on a clean stop is not carried over (a restarted node starts released unless an
+operator's or a failure's latch was holding).
 
 Beside it: `bridge.ros2.edge_config` (EdgeConfig, guard_config: the settings, checked up front),
 `bridge.ros2.edge_stats` (EdgeStats: what the node counts and times) and
@@ -91,10 +107,10 @@ import numpy as np
 
 from bridge.ros2 import messages
 from bridge.ros2.chunks import ActionQueue, CommandSource
-from bridge.ros2.edge_config import EdgeConfig, EdgeConfigError
+from bridge.ros2.edge_config import EdgeConfig, EdgeConfigError, unmeasured_commands
 from bridge.ros2.edge_stats import EdgeStats
 from bridge.ros2.estop import ESTOP_TOPIC, parse_release
-from bridge.ros2.guard import GuardConfig, GuardDecision, GuardError, SafetyGuard
+from bridge.ros2.guard import GATEWAY_ESTOP, GuardConfig, GuardDecision, GuardError, SafetyGuard
 from bridge.ros2.link import GatewayLink, LinkDown, LinkReply, LinkUp
 from bridge.ros2.tensor_layout import TensorLayout
 from bridge.ros2.topic_map import MissingMessageError, TopicMap
@@ -103,7 +119,9 @@ from protos import bridge_pb2
 from protos.codec import Spec, TensorError
 
 log = logging.getLogger("tether.edge")
-GATEWAY_ESTOP = "e-stop through the gateway (Action.estop)"  # the guard's latch reason for an operator's gateway e-stop
+# an Action.estop without an id (a gateway from before durable e-stops): no release can name it, so
+# it holds until a local release
+_UNNAMED_GATEWAY_ESTOP = "(unnamed)"
 
 __all__ = ["CommandRecord", "EdgeError", "EdgeNode"]
 
@@ -154,11 +172,21 @@ class EdgeNode:
 
     def __init__(self, *, config: EdgeConfig, topic_map: TopicMap, transport: Transport, guard: GuardConfig):
         self.config, self.topic_map, self.transport = config, topic_map, transport
-        self.guard = SafetyGuard(guard)
+        self.guard = SafetyGuard(guard, latch_file=config.latch_file, require_start=True)
+        self._stop_reason = f"edge node {config.node_name} stopped"
+        if self.guard.estop_reason == self._stop_reason:     # its own clean stop does not carry over
+            self.guard.release(operator=f"{config.node_name} (restarted after a clean stop)")
+        elif self.guard.estopped:
+            log.warning("edge node %s starts e-stopped (latch file %s): %s%s; an operator must release it",
+                        config.node_name, config.latch_file, self.guard.estop_reason,
+                        f" [gateway e-stop {self.guard.gateway_estop}]" if self.guard.gateway_estop else "")
         self._action_layout = TensorLayout(topic_map.action_specs())
         if self._action_layout.size != guard.size:
             raise EdgeConfigError(f"guard: limits for {guard.size} values, but the topic map's action "
                                   f"tensors have {self._action_layout.size}")
+        if unmeasured := unmeasured_commands(topic_map):
+            raise EdgeConfigError("the first command must start from the robot's measured pose, but the topic "
+                                  "map's " + "; ".join(unmeasured))
         horizon = config.chunk
         self._queue: ActionQueue | None = None
         self._reply_layout = self._action_layout
@@ -180,13 +208,14 @@ class EdgeNode:
         self._received: dict[str, float] = {}
         self._latest_lock = threading.Lock()
         hello = bridge_pb2.Hello(
-            policy=config.policy, source=f"ros2:{config.node_name}",
+            session_id=config.session_id, policy=config.policy, source=f"ros2:{config.node_name}",
             observation_spec=[s.to_proto() for s in self._obs_layout.specs],
             action_spec=[s.to_proto() for s in self._reply_layout.specs],
             labels={"node": config.node_name, "rate_hz": f"{config.rate_hz:g}", "chunk": str(horizon)})
         self._link = GatewayLink(config.gateway, hello, self._events, connect_timeout_s=config.connect_timeout_s,
                                  backoff_s=config.backoff_s, credentials=config.credentials())
         self._thread = threading.Thread(target=self._run, name=f"edge-control-{config.node_name}", daemon=True)
+        self._transport_failed = getattr(transport, "raise_if_failed", None)
         self._stopping = threading.Event()
         self._failure: BaseException | None = None
         self._t0 = time.monotonic()
@@ -221,6 +250,10 @@ class EdgeNode:
         for entry in self.topic_map.observation:
             t.subscribe(entry.topic, entry.type, functools.partial(self._on_observation, entry.topic),
                         reliable=entry.reliable)
+        # two readers on the e-stop topic: a reliable transient-local one, so a node that starts late
+        # still sees a standing e-stop from a live durable publisher (`tether edge estop`), and one with
+        # the topic map's QoS, volatile, so any other publisher (a button, `ros2 topic pub`) matches too
+        t.subscribe(self.estop_topic, messages.BOOL, self._on_estop, reliable=True, depth=1, durable=True)
         t.subscribe(self.estop_topic, messages.BOOL, self._on_estop, reliable=self._estop_reliable)
         t.subscribe(self.config.release_topic, messages.STRING, self._on_release, reliable=True)
         self._t0 = time.monotonic()
@@ -348,6 +381,8 @@ class EdgeNode:
         return self._queue is None or self._queue.remaining(self._ticks) <= self.config.chunk_threshold
 
     def _tick(self, now: float) -> None:
+        if self._transport_failed is not None:
+            self._transport_failed()     # a receive loop that died raises its TransportError here
         flight = self._in_flight
         if flight is not None and now - flight.t_sent > self.config.reply_timeout_s:
             self.stats.errors["REPLY_TIMEOUT"] += 1
@@ -407,6 +442,11 @@ class EdgeNode:
             self.stats.connects += 1
             self.stats.policy_version = event.welcome.policy_version
             w = event.welcome
+            resume = max(w.next_step, w.durable_through)
+            if resume > self._step:      # a restarted node (or gateway): go on where the session's log is
+                log.info("gateway %s: session %s continues at step %d (this node was at %d)", self.config.gateway,
+                         w.session_id, resume, self._step)
+                self._step = resume
             log.info("gateway %s: session %s, policy %s v%d, inference deadline %d ms (guard's: %g ms)",
                      self.config.gateway, w.session_id, w.policy, w.policy_version, w.deadline_ms,
                      self.guard.config.deadline_s * 1e3)
@@ -506,8 +546,8 @@ class EdgeNode:
                 self.stats.inference_ns.append(timing.infer_end_ns - timing.infer_start_ns)
 
     def _on_action(self, action: bridge_pb2.Action, flight: _InFlight) -> None:
-        if action.estop != (self.guard.estop_reason == GATEWAY_ESTOP):
-            self._gateway_estop(action.estop)
+        if action.released_estop or action.estop:
+            self._gateway_estop(action)
         try:
             vector = self._reply_layout.vector(action.tensors)
         except TensorError as exc:
@@ -528,16 +568,24 @@ class EdgeNode:
         if decision is not None:
             self._publish(decision, CommandSource(flight.step, 0, action.policy_version))
 
-    def _gateway_estop(self, latch: bool) -> None:
-        """Action.estop=true latches the guard (safe action from now on, also if the link drops); the first
-        action without it releases that latch only: a local e-stop stays latched until a local release."""
-        if latch:
-            if self.guard.estop(GATEWAY_ESTOP):
-                log.warning("e-stop latched: the gateway says an operator e-stopped this robot")
+    def _gateway_estop(self, action: bridge_pb2.Action) -> None:
+        """The gateway's e-stop protocol (see the module doc). A release names the e-stop it ends
+        (`released_estop`, the id this node reported in `GuardReport.gateway_estop`) and lifts only a
+        gateway latch for exactly that id, in one step of the guard (a local e-stop that came in
+        between stays latched). It is applied before a latch in the same action, so a release of
+        e-stop A that arrives with e-stop B leaves B latched."""
+        if action.released_estop:
+            if self.guard.release_gateway(action.released_estop):
+                log.warning("e-stop %s released through the gateway", action.released_estop)
+            elif self.guard.estopped:
+                log.info("the gateway released e-stop %s; this node's latch (%s) stays", action.released_estop,
+                         self.guard.gateway_estop or self.guard.estop_reason)
+        if action.estop:
+            estop_id = action.estop_id or _UNNAMED_GATEWAY_ESTOP
+            if self.guard.estop(GATEWAY_ESTOP, gateway_id=estop_id):
+                log.warning("e-stop latched: the gateway says an operator e-stopped this robot (e-stop %s)", estop_id)
                 if self._queue is not None:
                     self._queue.clear()
-        elif self.guard.release(operator="gateway"):
-            log.warning("e-stop released through the gateway")
         self._publish_state()
 
     def _filter(self, vector: np.ndarray) -> GuardDecision | None:
@@ -549,12 +597,10 @@ class EdgeNode:
             if measured is not None:
                 self.guard.start_from(measured)
                 log.info("first command rate-limited from the measured pose %s", np.round(measured, 4).tolist())
-            else:
-                self._warn_once("no measured pose for the commanded joints: the first command is only clamped")
         try:
             return self.guard.filter(vector)
-        except GuardError as exc:
-            self.stats.errors["NOTHING_TO_HOLD"] += 1
+        except GuardError as exc:        # no start pose yet (require_start), or "hold" with nothing to hold
+            self.stats.errors["NO_START_POSE" if self.guard.missing_start else "NOTHING_TO_HOLD"] += 1
             self._warn_once(str(exc))
         except ValueError as exc:        # a non-finite action: not sent; the watchdog takes over
             self.stats.errors["INVALID_ACTION"] += 1
@@ -597,7 +643,7 @@ class EdgeNode:
         if self._generation is not None and self._in_flight is None \
                 and self._send(time.monotonic(), bridge_pb2.LAST, report):
             self._drain(lambda: self._in_flight is None, 0.5)
-        if self.guard.estop(f"edge node {self.config.node_name} stopped"):
+        if self.guard.estop(self._stop_reason):
             log.info("e-stop latched by the node itself: it stopped")
         decision = self.guard.tick()
         if decision is not None:

@@ -34,12 +34,12 @@ def _message_class(msg_type: str) -> type:
         raise TransportError(f"ROS 2 message type {msg_type} is not installed ({pkg} package)") from None
 
 
-def _qos(*, reliable: bool, depth: int) -> object:
+def _qos(*, reliable: bool, depth: int, durable: bool = False) -> object:
     from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 
     return QoSProfile(depth=check_depth(depth), history=HistoryPolicy.KEEP_LAST,
                       reliability=ReliabilityPolicy.RELIABLE if reliable else ReliabilityPolicy.BEST_EFFORT,
-                      durability=DurabilityPolicy.VOLATILE)
+                      durability=DurabilityPolicy.TRANSIENT_LOCAL if durable else DurabilityPolicy.VOLATILE)
 
 
 class RclpyPublisher:
@@ -49,12 +49,16 @@ class RclpyPublisher:
         self._transport, self._publisher, self.topic, self.msg_type = transport, publisher, topic, msg_type
 
     def __call__(self, msg: object) -> None:
-        self._transport.raise_if_failed()
+        """Publish `msg`; any failure (an rclpy error included) is a `TransportError`, which the edge
+        node answers by failing safe. It works after the executor failed (publishing needs no spin)."""
         if self._transport.closed:
             raise TransportError(f"cannot publish on {self.topic}: the transport is closed")
         if getattr(msg, "__msgtype__", None) != self.msg_type:
             raise TransportError(f"{self.topic} publishes {self.msg_type}, got {type(msg).__name__}")
-        self._publisher.publish(bytes(messages.serialize(msg)))
+        try:
+            self._publisher.publish(bytes(messages.serialize(msg)))
+        except Exception as exc:
+            raise TransportError(f"publish on {self.topic} failed: {exc!r}") from exc
 
     def subscriber_count(self) -> int:
         return self._publisher.get_subscription_count()
@@ -113,7 +117,7 @@ class RclpyTransport:
         return topic, msg_type
 
     def subscribe(self, topic: str, msg_type: str, callback: Callable[[object], None], *,
-                  reliable: bool = False, depth: int = 10) -> None:
+                  reliable: bool = False, depth: int = 10, durable: bool = False) -> None:
         topic, msg_type = self._check(topic, msg_type)
 
         def on_raw(data: bytes) -> None:
@@ -128,12 +132,12 @@ class RclpyTransport:
                 self.delivery_errors.record(topic, "callback failed", exc)
 
         self._node.create_subscription(_message_class(msg_type), topic, on_raw,
-                                       _qos(reliable=reliable, depth=depth), raw=True)
+                                       _qos(reliable=reliable, depth=depth, durable=durable), raw=True)
 
-    def publisher(self, topic: str, msg_type: str, *, reliable: bool = True,
-                  depth: int = 10) -> RclpyPublisher:
+    def publisher(self, topic: str, msg_type: str, *, reliable: bool = True, depth: int = 10,
+                  durable: bool = False) -> RclpyPublisher:
         topic, msg_type = self._check(topic, msg_type)
-        qos = _qos(reliable=reliable, depth=depth)
+        qos = _qos(reliable=reliable, depth=depth, durable=durable)
         pub = self._node.create_publisher(_message_class(msg_type), topic, qos)
         return RclpyPublisher(self, pub, topic, msg_type)
 
@@ -141,9 +145,11 @@ class RclpyTransport:
         try:
             while not self._stop.is_set() and self._context.ok():
                 self._executor.spin_once(timeout_sec=0.1)
-        except Exception as exc:  # the executor itself broke: publishing and close() raise it
-            self._error = TransportError(f"rclpy executor of {self.node_name} stopped: {exc!r}")
-            self._error.__cause__ = exc
+        except BaseException as exc:  # noqa: BLE001 - the executor broke: raise_if_failed() and close() raise it
+            error = TransportError(f"rclpy executor of {self.node_name} stopped: {exc!r}")
+            error.__cause__ = exc
+            self._error = error
+            log.error("%s", error)
 
     def raise_if_failed(self) -> None:
         """Raise the `TransportError` the executor left (delivery stopped there)."""

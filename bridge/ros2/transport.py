@@ -5,7 +5,11 @@ Two implementations share it: `RclpyTransport` (rclpy, on a robot with ROS 2 ins
 Messages are rosbags message objects (see `bridge.ros2.messages`); callbacks run on the
 transport's own receive thread, one at a time. A sample that does not decode, or a callback that
 raises, is counted per topic (`transport.delivery_errors`) and logged at most once per topic every
-few seconds; delivery goes on, for that topic and every other one (`DeliveryErrors`).
+few seconds; delivery goes on, for that topic and every other one (`DeliveryErrors`). Anything
+else that stops delivery (a failed take, an exception in the receive loop or the executor) is kept
+as a `TransportError` that `raise_if_failed()` raises, and a publish that fails for any reason
+raises one: the edge node latches its guard and publishes the safe action on either. Publishing
+still works after delivery failed, so that safe action can go out.
 
 The call loop, as the edge node runs it (plain text; the DDS tests run it for real):
 
@@ -94,17 +98,25 @@ class Transport(Protocol):
     """Subscribe to ROS 2 topics and publish on them, with ROS 2 QoS conventions."""
 
     def subscribe(self, topic: str, msg_type: str, callback: Callable[[object], None], *,
-                  reliable: bool = False, depth: int = 10) -> None:
-        """Call `callback(msg)` for each message; best effort (sensor QoS) unless `reliable`."""
+                  reliable: bool = False, depth: int = 10, durable: bool = False) -> None:
+        """Call `callback(msg)` for each message; best effort (sensor QoS) unless `reliable`.
+        `durable`: transient-local, so what a live durable publisher last wrote arrives even if it
+        was written before this subscription (it then matches only durable publishers)."""
         ...
 
-    def publisher(self, topic: str, msg_type: str, *, reliable: bool = True, depth: int = 10) -> Publisher:
-        """A publisher; reliable keep-last `depth` (the ROS 2 default) unless told otherwise."""
+    def publisher(self, topic: str, msg_type: str, *, reliable: bool = True, depth: int = 10,
+                  durable: bool = False) -> Publisher:
+        """A publisher; reliable keep-last `depth` (the ROS 2 default) unless told otherwise;
+        `durable`: transient-local (keeps its last `depth` messages for late subscribers)."""
         ...
 
     def close(self) -> None:
         """Stop delivering, leave the ROS 2 graph; raises `TransportError` if delivery itself broke
         (a failed take), never for a bad sample or a failing callback (those are counted)."""
+        ...
+
+    def raise_if_failed(self) -> None:
+        """Raise the `TransportError` that stopped delivery, if one did (cheap: called every period)."""
         ...
 
     @property
