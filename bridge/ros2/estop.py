@@ -1,24 +1,27 @@
-"""E-stop on the ROS 2 wire: latch on a Bool, release only by name, confirmed by the edge node.
+"""E-stop on the ROS 2 wire: latch on a Bool, release only with a credential, confirmed by the edge node.
 
 Three topics, all reliable:
 
     /tether/estop          std_msgs/Bool    True latches the edge's guard; False does nothing
                                             (the topic map's `estop` entry names this one)
-    /tether/estop_release  std_msgs/String  "name" or "name: why": releases the latch if the
-                                            node lists `name` among its operators (EdgeConfig)
+    /tether/estop_release  std_msgs/String  "operator|node|t_ns|why|mac": releases the latch of
+                                            node `node` if the MAC verifies against the node's
+                                            release tokens file (`bridge.ros2.release_auth`:
+                                            signed with the operator's token, fresh, never reused)
     /tether/estop_state    std_msgs/Bool    the edge node's latch, published on every e-stop or
                                             release message it receives and once a second
 
 `request_estop` / `request_release` are the operator's side (`tether edge estop|release`): they
 publish, and re-publish every `resend_s`, until an edge node reports the requested state on
-/tether/estop_state (both requests are idempotent, so repeating them is safe), or raise
-`EstopError` after `timeout_s`.
+/tether/estop_state (an e-stop is idempotent; each release resent is signed anew, so the node
+never sees the same MAC twice), or raise `EstopError` after `timeout_s`.
 
     with open_transport("dds", domain_id=0, node_name="tether_operator") as transport:
         request_estop(transport, estop_topic="/tether/estop")
-        request_release(transport, operator="ada")
+        request_release(transport, operator="ada", token=read_token(token_file=path), node="tether_edge")
 
-An operator name is required to release; the reason travels with it:
+The token never travels: the message carries an HMAC keyed by a hash of it. The helpers below
+are kept for the unauthenticated "name: why" form, which a node no longer accepts as a release:
 
     >>> check_operator("  ")
     Traceback (most recent call last):
@@ -32,16 +35,26 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from bridge.ros2 import messages
+from bridge.ros2.release_auth import (
+    DEFAULT_NODE,
+    ReleaseAuthority,
+    ReleaseError,
+    ReleaseSigner,
+    make_release,
+    read_token,
+)
 from bridge.ros2.transport import Transport, TransportError
 
 ESTOP_TOPIC = "/tether/estop"
 RELEASE_TOPIC = "/tether/estop_release"
 STATE_TOPIC = "/tether/estop_state"
 
-__all__ = ["ESTOP_TOPIC", "RELEASE_TOPIC", "STATE_TOPIC", "EstopError", "check_operator", "parse_release",
-           "release_text", "request_estop", "request_release"]
+__all__ = ["DEFAULT_NODE", "ESTOP_TOPIC", "RELEASE_TOPIC", "STATE_TOPIC", "EstopError", "ReleaseAuthority",
+           "ReleaseError", "check_operator", "make_release", "parse_release", "read_token", "release_text",
+           "request_estop", "request_release"]
 
 
 class EstopError(TransportError):
@@ -75,19 +88,25 @@ def request_estop(transport: Transport, *, estop_topic: str = ESTOP_TOPIC, state
                  what=f"an e-stop on {estop_topic}", timeout_s=timeout_s, resend_s=resend_s)
 
 
-def request_release(transport: Transport, *, operator: str, reason: str = "", release_topic: str = RELEASE_TOPIC,
-                    state_topic: str = STATE_TOPIC, timeout_s: float = 5.0, resend_s: float = 0.2) -> None:
-    """Publish `operator` (and why) on `release_topic` until an edge node reports its latch released.
-    A node that does not list `operator` refuses (and logs it): this then times out."""
-    text = release_text(operator, reason)
-    operator = check_operator(operator)
+def request_release(transport: Transport, *, operator: str, token: str, node: str = DEFAULT_NODE, reason: str = "",
+                    release_topic: str = RELEASE_TOPIC, state_topic: str = STATE_TOPIC, timeout_s: float = 5.0,
+                    resend_s: float = 0.2) -> None:
+    """Publish a release of node `node` by `operator` (and why), signed with the operator's `token`,
+    on `release_topic` until an edge node reports its latch released. A node that cannot verify it
+    (another node, a wrong or revoked token, clocks more than 30 s apart) refuses and logs why:
+    this then times out. ValueError for a bad operator, token, node or reason, before anything is sent."""
+    signer = ReleaseSigner(operator, token)        # one scrypt; every resend is a fresh MAC
+    reason = reason.strip()
+    signer.sign(node=node, why=reason)             # checks node and reason now, not at the first publish
     publish = transport.publisher(release_topic, messages.STRING, reliable=True)
-    _until_state(transport, publish, messages.string_msg(text), latched=False, state_topic=state_topic,
-                 what=f"a release by {operator!r} on {release_topic}", timeout_s=timeout_s, resend_s=resend_s)
+    _until_state(transport, publish, lambda: messages.string_msg(signer.sign(node=node, why=reason)),
+                 latched=False, state_topic=state_topic,
+                 what=f"a release of {node!r} by {signer.operator!r} on {release_topic}", timeout_s=timeout_s,
+                 resend_s=resend_s)
 
 
-def _until_state(transport: Transport, publish, msg: object, *, latched: bool, state_topic: str, what: str,
-                 timeout_s: float, resend_s: float) -> None:
+def _until_state(transport: Transport, publish, msg: object | Callable[[], object], *, latched: bool,
+                 state_topic: str, what: str, timeout_s: float, resend_s: float) -> None:
     confirmed = threading.Event()
     sent = threading.Event()
     seen: list[bool] = []
@@ -101,7 +120,7 @@ def _until_state(transport: Transport, publish, msg: object, *, latched: bool, s
     deadline = time.monotonic() + timeout_s
     while True:
         if publish.subscriber_count() > 0:
-            publish(msg)
+            publish(msg() if callable(msg) else msg)
             sent.set()
         if confirmed.wait(min(resend_s, max(deadline - time.monotonic(), 0.0))):
             return
