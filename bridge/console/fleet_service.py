@@ -1,4 +1,5 @@
-"""The `tether.v1.Fleet` servicer: thin. Status for viewers; EStop and Release for operators (audited)."""
+"""The `tether.v1.Fleet` servicer: thin. Status for viewers; EStop and Release for operators, durable and audited
+under the identity the caller authenticated as (a token's or client certificate's; never a name in the request)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ class FleetService(fleet_pb2_grpc.FleetServicer):
             target = Target.from_proto(request)
             fleet = self._gateway.fleet
             act = fleet.estop if latch else fleet.release
-            changed, held = act(target, who=who, why=request.reason)
+            changed, held = await act(target, who=who, why=request.reason)
             return fleet_pb2.EStopReply(sessions=held, who=who, changed=changed)
         except GatewayError as exc:
             await context.abort(exc.status, str(exc))

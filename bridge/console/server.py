@@ -17,6 +17,18 @@ HTTP 401/403 with the reason):
     POST /api/pin           {"policy", "selector": "session=ID"|"KEY=VALUE", "version": int | null, "why"}
 Every action is audited with the operator's name (`who` from the credentials). With `ssl_context` it
 serves HTTPS, and a verified client certificate (mTLS) is an identity as on gRPC.
+
+Cross-site requests (a web page in the operator's browser, DNS rebinding) are refused before any handler
+runs, each with a JSON error naming what was wrong:
+    421  the Host is not the console's own: the bound host:port; for a loopback or wildcard bind also
+         localhost, 127.0.0.1 and [::1] with the port; and the names in `allowed_hosts` (a console
+         behind a proxy: `tether gateway --console-allowed-host console.example.com`)
+    403  an Origin that is not one of those (scheme included), or a state-changing call (POST) without
+         the header `X-Tether-Console: 1` (a form or a simple cross-site fetch cannot send it)
+    415  a state-changing call whose body is not `Content-Type: application/json`
+Open access (no credentials) is for a console bound to loopback only: on any other address the console
+refuses to start (`ExposedConsole`) unless the gateway has tokens or client certificates, whatever the
+gRPC bind.
 """
 
 from __future__ import annotations
@@ -31,6 +43,7 @@ import ssl
 import time
 from collections import deque
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import grpc
 import numpy as np
@@ -39,6 +52,7 @@ from aiohttp import web
 from bridge.console.fleet import BadTarget, Target
 from bridge.gateway.errors import GatewayError
 from bridge.metrics import CONTENT_TYPE
+from bridge.security.tls import InsecureBind, is_loopback
 
 log = logging.getLogger("tether.console")
 STATIC = Path(__file__).parent / "static"
@@ -50,14 +64,60 @@ HTTP_STATUS = {grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.UNAUTHENTI
 MAX_BODY = 64 << 10
 HISTORY = 600  # chart points (one a second)
 STATE_MAX_AGE_S = 0.5  # /api/state is computed at most twice a second, whoever asks
+CONSOLE_HEADER = "X-Tether-Console"  # "1" on every state-changing call: a cross-site form or simple fetch cannot
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+WILDCARDS = ("", "0.0.0.0", "::", "[::]")
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+
+
+class ExposedConsole(InsecureBind):
+    """A console on a non-loopback address while the gateway has neither tokens nor client certificates."""
+
+
+def check_console_bind(host: str, auth) -> None:
+    """Open access only on loopback: elsewhere the console needs tokens or client certificates, whatever
+    the gRPC bind. Raises ExposedConsole naming the way out.
+
+    >>> from bridge.security import Authorizer
+    >>> check_console_bind("127.0.0.1", Authorizer())       # loopback: open access is fine
+    >>> check_console_bind("0.0.0.0", Authorizer())  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    bridge.console.server.ExposedConsole: refusing to serve the console on '0.0.0.0', which is not a loopback ...
+    """
+    if is_loopback(host):
+        return
+    if auth.open_access or (auth.tokens is None and not auth.client_certs):
+        raise ExposedConsole(f"refusing to serve the console on {host!r}, which is not a loopback address, without "
+                             f"credentials: give the gateway --tokens FILE (tether token add) or --tls-client-ca, "
+                             f"or bind the console to 127.0.0.1 (--console-host)")
+
+
+def allowed_host(entry: str) -> str:
+    """An allowed Host value, normalised: "NAME", "NAME:PORT", "[V6]:PORT" (a bare IPv6 address gets brackets).
+
+    >>> allowed_host("Console.Example.com"), allowed_host("10.0.0.5:8080"), allowed_host("fe80::1")
+    ('console.example.com', '10.0.0.5:8080', '[fe80::1]')
+    """
+    value = entry.strip().lower()
+    if value.count(":") > 1 and not value.startswith("["):
+        value = f"[{value}]"
+    name, _, port = value.rpartition(":") if not value.endswith("]") else (value, "", "")
+    if not name:
+        name, port = value, ""
+    if not name or any(c in name for c in "/ @?#") or (port and not (port.isdigit() and 0 < int(port) < 65536)):
+        raise ValueError(f"console allowed host {entry!r} is not NAME or NAME:PORT")
+    return name + (f":{port}" if port else "")
 
 
 class Console:
     def __init__(self, gateway, *, host: str = "127.0.0.1", port: int = 0, sample_s: float = 1.0,
-                 ssl_context: ssl.SSLContext | None = None):
+                 ssl_context: ssl.SSLContext | None = None, allowed_hosts: tuple[str, ...] = ()):
         self._gw = gateway
         self.host, self.port, self.sample_s = host, port, sample_s
         self.ssl_context = ssl_context  # HTTPS (bridge.security.tls.http_ssl_context); client certs are identities
+        self.configured_hosts = tuple(allowed_host(h) for h in allowed_hosts)  # e.g. the proxy's name
+        self.allowed_hosts: frozenset[str] = frozenset()  # every Host (and Origin host) accepted, once bound
         self.url = ""
         self._runner: web.AppRunner | None = None
         self._sampler: asyncio.Task | None = None
@@ -66,7 +126,7 @@ class Console:
         self._event_id = 0
         self.history: dict[str, deque] = {"steps_per_s": deque(maxlen=HISTORY), "lag_versions": deque(maxlen=HISTORY),
                                           "lag_s": deque(maxlen=HISTORY)}
-        app = web.Application(client_max_size=MAX_BODY)
+        app = web.Application(client_max_size=MAX_BODY, middlewares=[self._same_site])
         app.router.add_get("/", self._index)
         app.router.add_get("/static/{name}", self._static)
         app.router.add_get("/api/state", self._state)
@@ -76,6 +136,7 @@ class Console:
         self.app = app
 
     async def start(self) -> None:
+        check_console_bind(self.host, self._gw.auth)
         self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, reuse_port=False, ssl_context=self.ssl_context)
@@ -86,7 +147,8 @@ class Console:
             raise OSError(f"cannot bind the console to {self.host}:{self.port}: {exc}") from exc
         port = site._server.sockets[0].getsockname()[1]
         self.port = port
-        self.url = f"{'https' if self.ssl_context else 'http'}://{self.host}:{port}/"
+        self.url = f"{self.scheme}://{self.host}:{port}/"
+        self.allowed_hosts = self._allowed(port)
         self._sampler = asyncio.create_task(self._sample())
 
     async def stop(self) -> None:
@@ -96,6 +158,58 @@ class Console:
                 await self._sampler
         if self._runner is not None:
             await self._runner.cleanup()
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.ssl_context else "http"
+
+    def _allowed(self, port: int) -> frozenset[str]:
+        """The Host values this console answers to (see the module docstring)."""
+        bound = self.host.lower()
+        names = {f"[{bound}]" if ":" in bound and not bound.startswith("[") else bound} - set(WILDCARDS)
+        if is_loopback(self.host) or self.host in WILDCARDS:
+            names |= set(LOOPBACK_NAMES)
+        allowed = {f"{n}:{port}" for n in names}
+        if port == (443 if self.ssl_context else 80):
+            allowed |= names  # browsers leave the default port out
+        for entry in self.configured_hosts:
+            has_port = entry.rpartition(":")[2].isdigit() and not entry.endswith("]")
+            allowed |= {entry} if has_port else {entry, f"{entry}:{port}"}
+        return frozenset(allowed)
+
+    @web.middleware
+    async def _same_site(self, request: web.Request, handler) -> web.StreamResponse:
+        """Middleware: Host (421), Origin (403), and for state-changing calls the JSON body (415) and
+        the console header (403), before any handler runs."""
+        host = (request.headers.get("Host") or "").strip().lower()
+        if host not in self.allowed_hosts:
+            return _refusal(421, f"Host {host or '(none)'!r} is not this console's (it answers to "
+                                 f"{', '.join(sorted(self.allowed_hosts))}; behind a proxy, start the gateway "
+                                 f"with --console-allowed-host NAME)")
+        origin = request.headers.get("Origin")
+        if origin is not None and not self._own_origin(origin):
+            return _refusal(403, f"Origin {origin!r} is not this console ({self.scheme}://{host}): "
+                                 f"cross-site requests are refused")
+        if request.method not in SAFE_METHODS:
+            if request.content_type != "application/json":
+                return _refusal(415, f"the body of {request.method} {request.path} must be application/json, "
+                                     f"got Content-Type {request.headers.get('Content-Type') or '(none)'!r}")
+            if request.headers.get(CONSOLE_HEADER) != "1":
+                return _refusal(403, f"{request.method} {request.path} needs the header '{CONSOLE_HEADER}: 1' "
+                                     f"(the console page sends it; a cross-site form cannot)")
+        return await handler(request)
+
+    def _own_origin(self, origin: str) -> bool:
+        try:
+            parts = urlsplit(origin.strip())
+            netloc = (parts.netloc or "").lower()
+        except ValueError:
+            return False
+        if parts.scheme not in ("http", "https") or parts.path not in ("", "/") or "@" in netloc:
+            return False
+        if parts.scheme == self.scheme and netloc in self.allowed_hosts:
+            return True
+        return any(netloc in (e, f"{e}:{self.port}") for e in self.configured_hosts)  # a TLS proxy's https
 
     # -- pages and reads --------------------------------------------------------------------------
 
@@ -222,7 +336,11 @@ class Console:
         if self.ssl_context is not None and request.transport is not None:
             ssl_object = request.transport.get_extra_info("ssl_object")
             peer_cert = ssl_object.getpeercert() if ssl_object is not None else None
-        return self._gw.auth.require_http(request.headers, role, peer_cert=peer_cert or None)
+        auth = self._gw.auth
+        if auth.open_access and not is_loopback(self.host):
+            raise _Refused(f"this console is bound to {self.host!r}, not loopback: open access is off here; "
+                           f"the gateway needs --tokens or --tls-client-ca")
+        return auth.require_http(request.headers, role, peer_cert=peer_cert or None)
 
     def _action(self, name: str):
         async def handler(request: web.Request) -> web.Response:
@@ -247,11 +365,11 @@ class Console:
         return handler
 
     async def _do_estop(self, body: dict, *, who: str, why: str):
-        changed, held = self._gw.fleet.estop(_target(body), who=who, why=why)
+        changed, held = await self._gw.fleet.estop(_target(body), who=who, why=why)
         return {"changed": changed, "held": held}
 
     async def _do_release(self, body: dict, *, who: str, why: str):
-        changed, held = self._gw.fleet.release(_target(body), who=who, why=why)
+        changed, held = await self._gw.fleet.release(_target(body), who=who, why=why)
         return {"changed": changed, "held": held}
 
     async def _do_promote(self, body: dict, *, who: str, why: str):
@@ -290,7 +408,16 @@ class _NoRollout(GatewayError):
     status = grpc.StatusCode.UNIMPLEMENTED
 
 
+class _Refused(GatewayError):
+    status = grpc.StatusCode.PERMISSION_DENIED
+
+
 _NO_CACHE = {"Cache-Control": "no-store"}
+
+
+def _refusal(status: int, error: str) -> web.Response:
+    log.warning("console: refused (%d): %s", status, error)
+    return web.json_response({"ok": False, "error": error}, status=status)
 
 
 def _error(exc: GatewayError) -> web.Response:

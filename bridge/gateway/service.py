@@ -26,11 +26,12 @@ class BridgeService(bridge_pb2_grpc.BridgeServicer):
             if first is None or first.WhichOneof("kind") != "hello":
                 got = "nothing" if first is None else f"{first.WhichOneof('kind') or 'an empty message'}"
                 raise InvalidHello(f"the first message of a Connect stream must be a Hello, got {got}")
-            session = await self._gateway.open_session(first.hello, peer=peer_key(context))
+            identity = await self._gateway.authorize_session(context)  # the robot role, when credentials are on
+            session = await self._gateway.open_session(first.hello, peer=peer_key(context), identity=identity)
         except GatewayError as exc:
             await context.abort(exc.status, str(exc))
-        fleet = self._gateway.fleet  # figures, metrics, e-stops (bridge.console.fleet)
-        fleet.opened(session, first.hello)
+        figures, estops = self._gateway.figures, self._gateway.estops  # bridge.gateway.figures, .holds
+        figures.opened(session, first.hello)
         log_context.set(session)
         try:
             yield bridge_pb2.ServerMessage(welcome=self._gateway.welcome(session))
@@ -38,8 +39,8 @@ class BridgeService(bridge_pb2_grpc.BridgeServicer):
                 kind = msg.WhichOneof("kind")
                 if kind == "observation":
                     obs = msg.observation
-                    reply = await (fleet.hold(session, obs) if fleet.held(session) else session.handle(obs))
-                    fleet.observed(session, obs, reply)
+                    reply = await estops.answer(session, obs)  # held by an operator's e-stop, or the session's
+                    figures.observed(session, obs, reply)
                 elif kind == "replay":
                     reply = session.replay(msg.replay)
                 else:
@@ -51,5 +52,5 @@ class BridgeService(bridge_pb2_grpc.BridgeServicer):
         except (IdleTimeout, Undecodable) as exc:
             await context.abort(exc.status, str(exc))
         finally:
-            fleet.closed(session)
+            figures.closed(session)
             self._gateway.close_session(session)

@@ -95,6 +95,19 @@ class VectorSession(SessionBase):
         self._follow_router()
         return await self._act(obs, batch, ends, received)
 
+    async def held_step(self, obs: bridge_pb2.Observation) -> bridge_pb2.ServerMessage | None:
+        """Take a step that an operator's e-stop holds (bridge.gateway.holds): no inference, nothing logged (every
+        env's pending transition is dropped), the guard report kept. Returns an OUT_OF_ORDER error, or None: the
+        caller answers with N safe rows."""
+        if (error := self._out_of_order(obs.step)) is not None:
+            return error
+        if obs.HasField("guard"):
+            self.stats.guard = obs.guard
+        self._acted[:] = False
+        for recorder in self.recorder.recorders:
+            recorder.abandon()
+        return None
+
     def _track_episodes(self, obs: bridge_pb2.Observation, batch: _Batch) -> list[bridge_pb2.EpisodeEnd]:
         """Reward the envs' previous actions, count steps, and end the episodes that ended here."""
         first, last, bad = batch.step_types == FIRST, batch.step_types == LAST, batch.bad

@@ -23,3 +23,7 @@ class DuplicateVersion(RegistryError):
     """`add` of a (policy, version) the registry already holds."""
 
     status = grpc.StatusCode.ALREADY_EXISTS
+
+
+class RegistryWriteFailed(RegistryError):
+    """A change that could not be written (disk full, I/O error, a failed constraint): nothing of it is kept."""

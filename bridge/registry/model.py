@@ -85,3 +85,23 @@ class Rollout:
     canary_fraction: float
     canary_labels: dict[str, str] = field(default_factory=dict)
     pins: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EStopRecord:
+    """One operator e-stop. target: "all", "session=<id>" or "robot=<name>"; id: "estop-<n>-<nonce>", unique across
+    restarts (and across a re-created registry file). Standing while released_ns is None; at most one standing per
+    target. Its audit events (kind "estop"/"release") carry the target in `detail` and the id in to/from_state."""
+
+    id: str
+    target: str
+    who: str
+    why: str
+    t_ns: int
+    released_ns: int | None = None
+    released_by: str = ""
+    released_why: str = ""
+
+    @property
+    def standing(self) -> bool:
+        return self.released_ns is None

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import sqlite3
 import threading
 import time
@@ -29,8 +30,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from bridge.registry.errors import DuplicateVersion, RegistryError, UnknownVersion
-from bridge.registry.model import MOVES, SLOTS, WITHDRAWN, Event, Rollout, State, VersionRecord
+from bridge.registry.errors import DuplicateVersion, RegistryError, RegistryWriteFailed, UnknownVersion
+from bridge.registry.model import MOVES, SLOTS, WITHDRAWN, EStopRecord, Event, Rollout, State, VersionRecord
 
 SCHEMA_VERSION = 1
 MAX_LABELS = 16
@@ -61,6 +62,17 @@ CREATE TABLE events (
     figures TEXT NOT NULL, detail TEXT NOT NULL);
 CREATE INDEX events_policy ON events (policy, id);
 """
+# Operator e-stops (added without a schema bump: created on open when missing, so older files gain them). `nonce`
+# keeps ids unique should the file be re-created; a partial unique index keeps one standing e-stop per target.
+_ESTOPS = """
+CREATE TABLE IF NOT EXISTS estops (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, target TEXT NOT NULL, who TEXT NOT NULL,
+    why TEXT NOT NULL, t_ns INTEGER NOT NULL, released_ns INTEGER, released_by TEXT NOT NULL DEFAULT '',
+    released_why TEXT NOT NULL DEFAULT '');
+CREATE UNIQUE INDEX IF NOT EXISTS one_standing_estop ON estops (target) WHERE released_ns IS NULL;
+"""
+MAX_ESTOP_WHY = 512
+MAX_ESTOP_NAME = 128
 
 
 class Registry:
@@ -89,6 +101,9 @@ class Registry:
                         if statement.strip():
                             self._db.execute(statement)
                     self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                for statement in _ESTOPS.split(";"):
+                    if statement.strip():
+                        self._db.execute(statement)
             check = self._db.execute("PRAGMA quick_check").fetchone()[0]
             if check != "ok":
                 raise RegistryError(f"the registry {str(self.path)!r} is damaged: {check}")
@@ -263,6 +278,66 @@ class Registry:
             self._event(time.time_ns(), policy, version, kind, "", "", who, why, figures,
                         _check_text("detail", detail, 512, spaces=True) if detail else "")
 
+    def estop(self, target: str, *, who: str, why: str) -> tuple[EStopRecord, bool]:
+        """Latch an operator e-stop on `target` ("all", "session=<id>" or "robot=<name>"): (the new standing e-stop,
+        True), or (the one already standing on that target, False). The row and its audit event (kind "estop",
+        detail = target, to_state = the id) are one transaction; a bad argument is refused before anything changes.
+
+            record, changed = registry.estop("robot=arm_1", who="operator:ada", why="person in the cell")
+            record.id                                   # "estop-7-3f09c2aa": Action.estop_id
+        """
+        target = _check_estop_target(target)
+        _check_estop_who_why(who, why)
+        with self._write():
+            now = time.time_ns()
+            standing = self._standing_estop(target)
+            if standing is None:
+                nonce = secrets.token_hex(4)
+                seq = self._db.execute("INSERT INTO estops (id, target, who, why, t_ns) VALUES (?, ?, ?, ?, ?)",
+                                       (f"new-{nonce}", target, who, why, now)).lastrowid
+                self._db.execute("UPDATE estops SET id = ? WHERE seq = ?", (f"estop-{seq}-{nonce}", seq))
+                standing = self._standing_estop(target)
+                self._event(now, "", None, "estop", "", standing.id, who, why, {"changed": 1.0}, target)
+                return standing, True
+            self._event(now, "", None, "estop", standing.id, standing.id, who, why, {"changed": 0.0}, target)
+            return standing, False
+
+    def release(self, target: str, *, who: str, why: str) -> tuple[EStopRecord | None, bool]:
+        """Release the e-stop standing on `target`: (it, released now, True), or (None, False) when none stands there.
+        The row's change and its audit event (kind "release", from_state = the id) are one transaction: a release
+        whose audit event cannot be written is not applied (RegistryError, the e-stop still stands)."""
+        target = _check_estop_target(target)
+        _check_estop_who_why(who, why)
+        with self._write():
+            now = time.time_ns()
+            standing = self._standing_estop(target)
+            if standing is not None:
+                self._db.execute("UPDATE estops SET released_ns = ?, released_by = ?, released_why = ? WHERE id = ?",
+                                 (now, who, why, standing.id))
+            self._event(now, "", None, "release", standing.id if standing else "", "", who, why,
+                        {"changed": float(standing is not None)}, target)
+            return (self._estop_by_id(standing.id), True) if standing is not None else (None, False)
+
+    def standing_estops(self) -> list[EStopRecord]:
+        """The e-stops standing now, oldest first (what a restarted gateway holds sessions by)."""
+        with self._lock:
+            rows = self._db.execute(f"SELECT {_ESTOP_COLUMNS} FROM estops WHERE released_ns IS NULL ORDER BY seq")
+            return [_estop(row) for row in rows.fetchall()]
+
+    def released(self, estop_id: str) -> bool:
+        """Whether the e-stop `estop_id` was released (False while it stands, and for an id this registry never
+        issued: an edge latched by an unknown e-stop stays latched)."""
+        if not isinstance(estop_id, str) or not 0 < len(estop_id) <= 128:
+            return False
+        with self._lock:
+            row = self._db.execute("SELECT released_ns FROM estops WHERE id = ?", (estop_id,)).fetchone()
+        return row is not None and row[0] is not None
+
+    def estop_record(self, estop_id: str) -> EStopRecord | None:
+        """One e-stop by id, standing or released; None for an id this registry never issued."""
+        with self._lock:
+            return self._estop_by_id(estop_id)
+
     # -- reads --------------------------------------------------------------------------------------------------
 
     def get(self, policy: str, version: int) -> VersionRecord:
@@ -311,8 +386,26 @@ class Registry:
             query, args = query + " AND version = ?", [*args, version]
         with self._lock:
             rows = self._db.execute(query + " ORDER BY id LIMIT ?", (*args, limit)).fetchall()
-        return [Event(id=r[0], t_ns=r[1], policy=r[2], version=r[3], kind=r[4], from_state=r[5], to_state=r[6],
-                      who=r[7], why=r[8], figures=json.loads(r[9]), detail=r[10]) for r in rows]
+        return [_event_record(r) for r in rows]
+
+    def latest_events(self, policy: str | None = None, *, limit: int = 200,
+                      before_id: int | None = None) -> list[Event]:
+        """The newest `limit` (1..10000) audit events (of `policy`) with id < before_id (None: the newest of all),
+        oldest first: one indexed read however long the log is. Page back with before_id = the first id returned.
+
+            page = registry.latest_events("hopper", limit=20)               # the newest 20
+            older = registry.latest_events("hopper", limit=20, before_id=page[0].id)
+        """
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_EVENTS_PAGE:
+            raise RegistryError(f"events limit {limit!r} is not an integer in [1, {MAX_EVENTS_PAGE}]")
+        if before_id is not None and (isinstance(before_id, bool) or not isinstance(before_id, int) or before_id < 1):
+            raise RegistryError(f"events before_id {before_id!r} is not an integer >= 1 (or None: the newest)")
+        query, args = "SELECT * FROM events WHERE id < ?", [2**63 - 1 if before_id is None else before_id]
+        if policy is not None:
+            query, args = query + " AND policy = ?", [*args, policy]
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
+        return [_event_record(r) for r in reversed(rows)]
 
     def close(self) -> None:
         """Close the file (again: nothing); every later call raises RegistryError."""
@@ -337,12 +430,12 @@ class Registry:
             try:
                 db.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
-                raise RegistryError(f"cannot write the registry {str(self.path)!r}: {exc}") from exc
+                raise RegistryWriteFailed(f"cannot write the registry {str(self.path)!r}: {exc}") from exc
             try:
                 yield
             except sqlite3.Error as exc:  # disk full, I/O error: nothing of the change is kept
                 _rollback(db)
-                raise RegistryError(f"cannot write the registry {str(self.path)!r}: {exc}") from exc
+                raise RegistryWriteFailed(f"cannot write the registry {str(self.path)!r}: {exc}") from exc
             except BaseException:
                 _rollback(db)
                 raise
@@ -350,7 +443,16 @@ class Registry:
                 self._db.execute("COMMIT")
             except sqlite3.Error as exc:
                 _rollback(db)
-                raise RegistryError(f"cannot write the registry {str(self.path)!r}: {exc}") from exc
+                raise RegistryWriteFailed(f"cannot write the registry {str(self.path)!r}: {exc}") from exc
+
+    def _standing_estop(self, target: str) -> EStopRecord | None:
+        row = self._db.execute(f"SELECT {_ESTOP_COLUMNS} FROM estops WHERE target = ? AND released_ns IS NULL",
+                               (target,)).fetchone()
+        return None if row is None else _estop(row)
+
+    def _estop_by_id(self, estop_id: str) -> EStopRecord | None:
+        row = self._db.execute(f"SELECT {_ESTOP_COLUMNS} FROM estops WHERE id = ?", (estop_id,)).fetchone()
+        return None if row is None else _estop(row)
 
     def _row(self, policy: str, version: int) -> tuple | None:
         return self._db.execute("SELECT * FROM versions WHERE policy = ? AND version = ?",
@@ -428,6 +530,39 @@ class Registry:
 def _rollback(db: sqlite3.Connection) -> None:
     if db.in_transaction:  # SQLite may have rolled back already (e.g. on a full disk)
         db.execute("ROLLBACK")
+
+
+_ESTOP_COLUMNS = "id, target, who, why, t_ns, released_ns, released_by, released_why"
+
+
+def _estop(row: tuple) -> EStopRecord:
+    return EStopRecord(id=row[0], target=row[1], who=row[2], why=row[3], t_ns=row[4], released_ns=row[5],
+                       released_by=row[6], released_why=row[7])
+
+
+def _check_estop_target(target: object) -> str:
+    """"all", "session=<id>" (as Hello allows: no spaces) or "robot=<name>" (a label value), at most 128 each."""
+    if target == "all":
+        return target
+    if not isinstance(target, str) or not target.startswith(("session=", "robot=")):
+        raise RegistryError(f"e-stop target {target!r:.300} is not 'all', 'session=<id>' or 'robot=<name>'")
+    key, value = target.split("=", 1)
+    _check_text(f"e-stop target: {key}", value, MAX_ESTOP_NAME, spaces=key == "robot")
+    return target
+
+
+def _check_estop_who_why(who: object, why: object) -> None:
+    if not isinstance(who, str) or not 0 < len(who) <= 256 or not who.isprintable():
+        raise RegistryError(f"e-stop who {who!r:.300} is not a printable name of 1..256 characters")
+    if not isinstance(why, str) or len(why) > MAX_ESTOP_WHY or not why.isprintable():
+        shown = f"{len(why)} characters" if isinstance(why, str) else type(why).__name__
+        raise RegistryError(f"e-stop why (the reason) must be printable text of at most {MAX_ESTOP_WHY} characters, "
+                            f"got {shown}: {why!r:.60}")
+
+
+def _event_record(r: tuple) -> Event:
+    return Event(id=r[0], t_ns=r[1], policy=r[2], version=r[3], kind=r[4], from_state=r[5], to_state=r[6], who=r[7],
+                 why=r[8], figures=json.loads(r[9]), detail=r[10])
 
 
 def _record(row: tuple) -> VersionRecord:

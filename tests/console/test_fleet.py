@@ -141,9 +141,9 @@ def test_vector_session_held_rows_and_guard_reports_counted(triton):
                 held = []
                 for step in range(6):
                     if step == 2:
-                        gw.fleet.estop(Target(robot="rack"), who="operator:test", why="test")
+                        await gw.fleet.estop(Target(robot="rack"), who="operator:test", why="test")
                     if step == 4:
-                        gw.fleet.release(Target(robot="rack"), who="operator:test", why="test")
+                        await gw.fleet.release(Target(robot="rack"), who="operator:test", why="test")
                     await call.write(observation(step, rng, clamped=3 * step))
                     reply = (await call.read()).action
                     rows = decode(reply.tensors[0])
@@ -180,6 +180,6 @@ def test_estop_needs_an_operator_token_when_tokens_are_configured(triton, tmp_pa
             assert rc == 0 and "0 sessions" in out, out
             rc, out = await run_cli("estop", *target, "--token", alice, "--reason", "drill")
             assert rc == 0 and "by operator:alice" in out and "robot=arm_1" in gw.fleet.estops, out
-        return [(e["kind"], e["who"], e["why"]) for e in gw.fleet.audit_events()]
+            return [(e["kind"], e["who"], e["why"]) for e in gw.fleet.audit_events()]
 
     assert asyncio.run(scenario()) == [("estop", "operator:alice", "drill")]

@@ -96,12 +96,12 @@ def test_metrics_move_while_sims_run_and_logs_carry_the_session(triton, tmp_path
                 assert set(rows) == {"hopper_a-0", "hopper_a-1"}, rows
                 assert all(r["labels"]["robot"] == "hopper_a" and r["steps"] > 0 for r in rows.values())
                 # an e-stop of the robot while it runs: the sim applies the safe actions and counts them
-                gw.fleet.estop(Target(robot="hopper_a"), who="operator:test", why="drill")
+                await gw.fleet.estop(Target(robot="hopper_a"), who="operator:test", why="drill")
                 for _ in range(200):  # bounded: 20 s
                     if all(r["held_steps"] > 5 for r in gw.fleet.sessions()):
                         break
                     await asyncio.sleep(0.1)
-                gw.fleet.release(Target(robot="hopper_a"), who="operator:test", why="drill over")
+                await gw.fleet.release(Target(robot="hopper_a"), who="operator:test", why="drill over")
                 held = (await scrape(http, url))[("tether_estop_steps_total", ())]
                 assert held > 10
             finally:
