@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import sys
 import time
 import uuid
@@ -404,6 +405,29 @@ async def _one_session(channel, env: Environment, *, index: int, session_id: str
             session.call.cancel()  # a no-op once the stream has ended
 
 
+class _Token(grpc.aio.StreamStreamClientInterceptor):
+    """Adds `authorization: Bearer TOKEN` to every Connect stream."""
+
+    def __init__(self, token: str):
+        self._pair = ("authorization", f"Bearer {token}")
+
+    async def intercept_stream_stream(self, continuation, details, request_iterator):
+        metadata = grpc.aio.Metadata(*(tuple(details.metadata) if details.metadata else ()), self._pair)
+        return await continuation(grpc.aio.ClientCallDetails(details.method, details.timeout, metadata,
+                                                             details.credentials, details.wait_for_ready),
+                                  request_iterator)
+
+
+def _channel(target: str, tls: ClientTls | None, token: str | None) -> grpc.aio.Channel:
+    interceptors = [_Token(token)] if token else None
+    if tls is not None:
+        return grpc.aio.secure_channel(target, tls.credentials(), interceptors=interceptors)
+    host = target.rpartition(":")[0].strip("[]") or target
+    if token and not (host in ("localhost", "::1") or host.startswith("127.")):
+        raise ValueError(f"refusing to send a token in plaintext to {target}: give --tls-ca")
+    return grpc.aio.insecure_channel(target, interceptors=interceptors)
+
+
 @dataclass(frozen=True, kw_only=True)
 class ClientTls:
     """TLS to the gateway: the CA that signed its certificate; `cert` + `key` for mTLS (the client's identity,
@@ -428,7 +452,8 @@ async def run_sessions(target: str, make_env: Callable[[int], Environment | Vect
                        progress_every: float = 1.0, labels: Mapping[str, str] | None = None,
                        reconnect_s: float = 0.0, controller: Controller | None = None,
                        until: Callable[[SimStats], bool] | None = None, episodes: int | None = None,
-                       session_prefix: str | None = None, tls: ClientTls | None = None) -> SimStats:
+                       session_prefix: str | None = None, tls: ClientTls | None = None,
+                       token: str | None = None) -> SimStats:
     """Run `envs` sessions against the gateway at `target` until `seconds` or `steps` (total env
     steps over all sessions, exact) runs out; return their `SimStats`. A `VectorEnvironment` from
     `make_env` gets a vectorised session (see `run_vector_sessions`).
@@ -440,6 +465,8 @@ async def run_sessions(target: str, make_env: Callable[[int], Environment | Vect
     K // envs episodes, plus one if i < K % envs, so a seeded run replays the same episodes).
     `session_prefix`: session i is called "<prefix>-<i>" (default "sim-<random>").
     `tls`: connect over TLS (`ClientTls`; with a client certificate for a gateway that requires one).
+    `token`: a robot token NAME.SECRET (`tether token add NAME --role robot`) for a gateway that checks
+    tokens, sent as `authorization: Bearer` on every stream (in plaintext only to a loopback address).
 
     Raises ConnectionError if the gateway is not reachable within `connect_timeout`,
     SessionError if it rejects a session or breaks the protocol, TimeoutError if a reply takes
@@ -453,7 +480,7 @@ async def run_sessions(target: str, make_env: Callable[[int], Environment | Vect
         raise ValueError(f"episodes must be an integer >= 1, got {episodes!r}")
     if (seconds is not None and seconds <= 0) or (steps is not None and steps < 0):
         raise ValueError(f"budget must be positive, got seconds={seconds} steps={steps}")
-    channel = grpc.aio.secure_channel(target, tls.credentials()) if tls else grpc.aio.insecure_channel(target)
+    channel = _channel(target, tls, token)
     environments: list[Environment] = []
     progress: asyncio.Task | None = None
     try:
@@ -555,6 +582,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tls-ca", type=Path, help="CA certificate of the gateway (turns TLS on)")
     parser.add_argument("--tls-cert", type=Path, help="client certificate, for a gateway that requires one (mTLS)")
     parser.add_argument("--tls-key", type=Path, help="the client certificate's private key")
+    parser.add_argument("--token", default=os.environ.get("TETHER_TOKEN") or None,
+                        help="robot token NAME.SECRET for a gateway that checks tokens (default: $TETHER_TOKEN)")
     parser.add_argument("--summary", type=Path, metavar="PATH",
                         help="also write the summary JSON here, with every episode's return")
     args = parser.parse_args(argv)
@@ -584,7 +613,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.gateway, build, envs=sessions, seconds=args.seconds, steps=args.steps,
             policy=args.policy, on_progress=status, connect_timeout=args.connect_timeout,
             progress_every=args.status_every, labels={"env": args.env, **labels}, episodes=args.episodes,
-            session_prefix=args.session_id,
+            session_prefix=args.session_id, token=args.token,
             tls=ClientTls(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key) if args.tls_ca else None))
     except ValueError as e:  # a bad --env or budget: a usage error, like argparse's
         print(f"tether sim: error: {e}", file=sys.stderr)

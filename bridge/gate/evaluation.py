@@ -8,7 +8,8 @@ Usage (plain text: it needs a gateway that honours the pins):
 
 Each call starts one `python -m tether sim` process with `--session-id gate-<policy>-v<version>-<nonce>`
 (session i is that prefix + "-i"), `--episodes K`, `--seed` and `--summary` (plus `sim_args`, e.g.
-`["--tls-ca", "certs/ca.crt"]` for a gateway that serves TLS); its sessions are pinned
+`["--tls-ca", "certs/ca.crt"]` for a gateway that serves TLS; `sim_env`, e.g. a robot token in
+TETHER_TOKEN for a gateway that checks tokens); its sessions are pinned
 to `version` before it starts and unpinned after it ends. The actions must all come from `version`
 (the summary's policy_versions): a pin the gateway did not honour is an error, never a silent
 evaluation of the wrong version.
@@ -38,7 +39,8 @@ class SimEvaluator:
     def __init__(self, *, address: str, env: str | None, pin: Callable[[str, int], None | Awaitable[None]],
                  unpin: Callable[[str], None | Awaitable[None]], seed: int = 0, max_steps: int | None = None,
                  envs: int = 4, timeout_s: float = 600.0, python: str = sys.executable,
-                 sim_args: Sequence[str] = (), policy_envs: Mapping[str, str] | None = None):
+                 sim_args: Sequence[str] = (), policy_envs: Mapping[str, str] | None = None,
+                 sim_env: Mapping[str, str] | None = None):
         if not address or ":" not in address:
             raise ValueError(f"address {address!r} must be HOST:PORT of the gateway")
         if not env and not policy_envs:
@@ -53,6 +55,7 @@ class SimEvaluator:
         self.address, self.env, self.seed, self.max_steps, self.envs = address, env, seed, max_steps, envs
         self.timeout_s, self.python, self.sim_args = timeout_s, python, tuple(sim_args)
         self._pin, self._unpin = pin, unpin
+        self.sim_env = dict(sim_env or {})  # more environment for the sims (e.g. TETHER_TOKEN: a robot token)
 
     @classmethod
     def from_config(cls, config, *, address: str, pin: Callable[[str, int], None | Awaitable[None]],
@@ -99,7 +102,7 @@ class SimEvaluator:
         return _episode_returns(summary, version=version, episodes=episodes)
 
     async def _run(self, cmd: list[str]) -> None:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.sim_env)
         proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.DEVNULL,
                                                     stderr=asyncio.subprocess.PIPE, env=env)
         try:

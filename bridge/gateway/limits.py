@@ -1,20 +1,31 @@
-"""What one client may hold of the gateway: bounded Hello strings and session caps.
+"""What one client may hold of the gateway: bounded Hello strings and bounds, session caps, routing.
 
-    limits = Limits(max_sessions=256, max_sessions_per_source=16)
+    limits = Limits(max_sessions=256, max_sessions_per_source=16, max_envs=4096)
     check_hello(hello, limits)                   # InvalidHello naming the field, e.g. "labels: 40 labels (at most 32)"
     admission = Admission(limits)
     admission.admit("s1", peer="robot:arm_1")    # TooManySessions (RESOURCE_EXHAUSTED) past a cap
     admission.release("s1")
+    may_route(limits, "robot:arm_1", open_access=False)   # may its labels choose canary membership and pins?
 
-A session's *source* for its cap is who the transport says the peer is: its client certificate's
-identity under mTLS ("robot:arm_1"), else its network address ("ipv4:10.0.0.7"). `Hello.source` is
-what the client declares about itself (e.g. "mujoco:Hopper-v5"): it is bounded and logged, not
-trusted for quotas.
+A session's *source* for its cap is who the caller proved to be: its token's or client certificate's
+identity ("robot:arm_1"), else (no credentials configured) its network address ("ipv4:10.0.0.7").
+`Hello.source` is what the client declares about itself (e.g. "mujoco:Hopper-v5"): it is bounded and
+logged, never trusted for quotas, bounds or routing.
+
+Hello's spec bounds (`check_hello`): one value for every element or one per element, never NaN,
+`low <= high`; an action tensor's bounds must also be finite (an observation's may be +-inf: "no
+bound here", as gymnasium spaces say).
+
+Labels route (label pins, canary labels: bridge.registry.assign) only from identities allowed to
+route (`may_route`): everyone under open access, the operator role, and the identities or roles in
+`route_labels_from` (e.g. ("robot:arm_2",) or ("robot",)). Other sessions keep their labels for
+display and e-stop selection, but the router sees none of them (logged when the session opens).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -24,6 +35,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from bridge.gateway.errors import GatewayError, InvalidHello, TooManySessions
+from bridge.gateway.vector_session import MAX_ENVS
 from bridge.security import peer_identity
 
 T = TypeVar("T")
@@ -42,10 +54,18 @@ class Limits:
     max_label_key_chars: int = 64
     max_label_value_chars: int = 256
     max_specs: int = 64                 # tensors in observation_spec, and in action_spec
+    max_envs: int = 8192                # Hello.num_envs of a vectorised session (at most 65536)
+    route_labels_from: tuple[str, ...] = ()  # identities ("robot:arm_2") or roles ("robot") whose labels route
 
     def __post_init__(self):
+        object.__setattr__(self, "route_labels_from", tuple(self.route_labels_from))
+        for who in self.route_labels_from:
+            if not isinstance(who, str) or not who or any(c.isspace() for c in who):
+                raise ValueError(f"route_labels_from: {who!r} is not an identity (ROLE:NAME) or a role")
+        if not 1 <= self.max_envs <= MAX_ENVS:
+            raise ValueError(f"max_envs must be in [1, {MAX_ENVS}], got {self.max_envs}")
         for name, value in vars(self).items():
-            if value < 0:
+            if isinstance(value, int | float) and value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
         if not 1 <= self.max_message_mb <= 1024:
             raise ValueError(f"max_message_mb must be in [1, 1024], got {self.max_message_mb}")
@@ -75,6 +95,37 @@ def check_hello(hello, limits: Limits) -> None:
     for field in ("observation_spec", "action_spec"):
         if len(getattr(hello, field)) > limits.max_specs:
             raise InvalidHello(f"{field}: {len(getattr(hello, field))} tensors (at most {limits.max_specs})")
+        for spec in getattr(hello, field):
+            _check_bounds(field, spec, finite=field == "action_spec")
+    if hello.num_envs > limits.max_envs:
+        raise InvalidHello(f"num_envs: {hello.num_envs} envs (this gateway takes at most {limits.max_envs} "
+                           f"per session, --max-envs)")
+
+
+def _check_bounds(field: str, spec, *, finite: bool) -> None:
+    """A TensorSpec's low/high: the right count, no NaN (finite for actions), low <= high."""
+    size = math.prod(spec.shape)
+    where = f"{field} {spec.name[:64]!r}"
+    for side in ("low", "high"):
+        values = getattr(spec, side)
+        if len(values) not in (0, 1, size):
+            raise InvalidHello(f"{where}: {len(values)} {side} bounds for {size} elements of shape "
+                               f"{list(spec.shape)} (give one for all, or one per element)")
+        bad = [v for v in values if math.isnan(v) or (finite and math.isinf(v))]
+        if bad:
+            raise InvalidHello(f"{where}: {side} bound {bad[0]} is not {'finite' if finite else 'a number'}")
+    low, high = spec.low, spec.high
+    for i in range(max(len(low), len(high)) if low and high else 0):  # the sent values only, never the shape's
+        lo, hi = low[i if len(low) > 1 else 0], high[i if len(high) > 1 else 0]
+        if lo > hi:
+            raise InvalidHello(f"{where}: element {i} has low {lo} above high {hi}")
+
+
+def may_route(limits: Limits, identity: str, *, open_access: bool) -> bool:
+    """Whether a session's labels may choose its version (label pins, canary labels): see the module docstring."""
+    role = identity.partition(":")[0]
+    return open_access or role == "operator" or identity in limits.route_labels_from or \
+        role in limits.route_labels_from
 
 
 class Admission:
@@ -177,7 +228,8 @@ async def within_idle(messages: AsyncIterator[T], idle_s: float) -> AsyncIterato
 
 
 def peer_key(context) -> str:
-    """The source a session counts against: its certificate identity, else its address without the port."""
+    """The source a session counts against when it proved no identity: its certificate identity, else its
+    address without the port."""
     if (identity := peer_identity(context)) is not None:
         return str(identity)
     peer = context.peer() or "unknown"

@@ -3,9 +3,11 @@
 
     who = await gateway.auth.require(context, "operator")        # gRPC servicers: "operator:alice"
     who = gateway.auth.require_http(request.headers, "viewer")   # the console's HTTP handlers
+    who = await gateway.auth.check_http(request.headers, "viewer")   # the same, scrypt off the event loop
 
-Roles: "viewer" (read), "trainer" (publish weights; viewer too), "operator" (act; trainer and viewer
-too), "robot" (a client certificate with OU=robot: run sessions). Credentials: the header
+Roles: "viewer" (read), "trainer" (publish weights; viewer too), "operator" (act; trainer, viewer and
+robot too), "robot" (run sessions: `Bridge.Connect` needs it whenever tokens or client certificates
+are configured). Credentials: the header
 `authorization: Bearer NAME.SECRET` (a token from `tether token add`), or a client certificate whose
 subject says CN=NAME, OU=ROLE (from `tether certs init`). The identity returned is "ROLE:NAME".
 
@@ -19,8 +21,12 @@ credentials is refused with UNAUTHENTICATED (HTTP 401), except read-only viewing
 from __future__ import annotations
 
 import asyncio
+import hmac
 import re
+import secrets
+import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
@@ -30,8 +36,9 @@ from bridge.security.tokens import TokenEntry, TokenStore
 OPERATOR_HEADER = "x-tether-operator"  # the name an operator acts under with open access (audit log)
 AUTH_HEADER = "authorization"          # "Bearer NAME.SECRET"
 GRANTS = {"viewer": frozenset({"viewer"}), "trainer": frozenset({"viewer", "trainer"}),
-          "operator": frozenset({"viewer", "trainer", "operator"}), "robot": frozenset({"robot"})}
+          "operator": frozenset({"viewer", "trainer", "operator", "robot"}), "robot": frozenset({"robot"})}
 _DECLARED = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
+TOKEN_THREADS = 2  # scrypt checks run on these, never on the event loop nor the default executor
 
 __all__ = ["AUTH_HEADER", "GRANTS", "OPERATOR_HEADER", "Authorizer", "Identity", "TokenStore", "peer_identity"]
 
@@ -61,6 +68,29 @@ class Authorizer:
         self.client_certs = client_certs
         self.open_access = (tokens is None and not client_certs) if open_access is None else open_access
         self.anonymous_viewers = anonymous_viewers
+        self._issued: dict[str, TokenEntry] = {}  # secret -> entry: tokens this process issued itself
+        self._token_pool: ThreadPoolExecutor | None = None  # verify_token's threads, made at first use
+
+    @property
+    def checks(self) -> bool:
+        """Whether credentials are configured (tokens or client certificates) and so checked."""
+        return self.tokens is not None or self.client_certs
+
+    def issue(self, name: str, role: str) -> str:
+        """A token for this process's own clients (the gate's `tether sim` sessions), never written to a
+        file: it verifies as ROLE:NAME until the process ends. `auth.issue("gate", "robot")`."""
+        if role not in GRANTS:
+            raise ValueError(f"unknown role {role!r}; roles: {', '.join(GRANTS)}")
+        secret = secrets.token_urlsafe(32)
+        self._issued[secret] = TokenEntry(name=name, role=role, salt=b"", digest=b"", created_unix=time.time())
+        return f"{name}.{secret}"
+
+    def _issued_entry(self, token: str | None) -> TokenEntry | None:
+        _, _, secret = (token or "").partition(".")
+        for known, entry in self._issued.items():
+            if hmac.compare_digest(known.encode(), secret.encode()) and token == f"{entry.name}.{known}":
+                return entry
+        return None
 
     def describe(self) -> str:
         if self.open_access:
@@ -76,10 +106,26 @@ class Authorizer:
         PermissionDenied otherwise. A token is checked off the event loop (scrypt) unless cached."""
         metadata = {k.lower(): v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
         token = _bearer(metadata.get(AUTH_HEADER))
-        entry = None
-        if token is not None and self.tokens is not None:
-            entry = await asyncio.to_thread(self.tokens.verify, token)
+        entry = self._issued_entry(token) if self._issued else None
+        if entry is None and token is not None and self.tokens is not None:
+            entry = await self.verify_token(token)
         return self._decide(role, token, entry, peer_identity(context), metadata.get(OPERATOR_HEADER))
+
+    async def verify_token(self, token: str) -> TokenEntry | None:
+        """`TokenStore.verify` (scrypt, tens of ms, unless cached) on this authorizer's own threads: never on
+        the event loop, and a flood of tokens to check never queues ahead of the registry commits and model
+        loads that use the default executor."""
+        if self._token_pool is None:
+            self._token_pool = ThreadPoolExecutor(max_workers=TOKEN_THREADS, thread_name_prefix="tether-tokens")
+        return await asyncio.get_running_loop().run_in_executor(self._token_pool, self.tokens.verify, token)
+
+    async def check_http(self, headers: Mapping[str, str], role: str, peer_cert: dict | None = None) -> str:
+        """`require_http` for a handler on the event loop (the console): the token is checked off the loop."""
+        lowered = {str(k).lower(): v for k, v in headers.items()}
+        token = _bearer(lowered.get(AUTH_HEADER))
+        entry = await self.verify_token(token) if token is not None and self.tokens is not None else None
+        cert = identity_from_peercert(peer_cert) if self.client_certs else None
+        return self._decide(role, token, entry, cert, lowered.get(OPERATOR_HEADER))
 
     def require_http(self, headers: Mapping[str, str], role: str, peer_cert: dict | None = None) -> str:
         """As `require`, for HTTP: `headers` of the request, `peer_cert` from the TLS socket's
@@ -94,7 +140,7 @@ class Authorizer:
                 declared: str | None) -> str:
         if role not in GRANTS:
             raise ValueError(f"unknown role {role!r}; roles: {', '.join(GRANTS)}")
-        if token is not None and self.tokens is not None and entry is None:
+        if token is not None and (self.tokens is not None or self._issued) and entry is None:
             raise _refuse("unauthenticated", "the bearer token does not verify (unknown, revoked or mistyped)")
         held = [f"{entry.role}:{entry.name}"] if entry is not None else []
         if entry is not None and role in GRANTS[entry.role]:

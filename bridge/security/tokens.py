@@ -6,13 +6,21 @@
     store.verify("alice.wrong")                      # -> None (constant-time compare)
 
 A token is `NAME.SECRET`: the name picks the entry (names are not secret), the secret (32 random
-bytes) is checked against its salted scrypt hash. The file is rewritten atomically (mode 0600) and
-re-read when it changes on disk, so `tether token add` / `revoke` take effect in a running gateway.
+bytes) is checked against its salted scrypt hash. The file is rewritten atomically (mode 0600,
+file and folder fsynced) and re-read when it changes on disk, so `tether token add` / `revoke`
+take effect in a running gateway. Edits take an exclusive lock on `.<file>.lock` beside it
+(fcntl.flock): two `tether token add` at once both land.
+
+Verification results, good and bad, are cached for `CACHE_TTL_S` (at most `CACHE_ENTRIES`, keyed
+by an HMAC of the token under a per-process key, never the token itself), and concurrent checks
+of one token share one scrypt: a flood of bad tokens costs one scrypt per distinct token. Any
+change of the file empties the cache (a revoked token stops working at once).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import hmac
 import json
@@ -22,13 +30,16 @@ import secrets
 import tempfile
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-ROLES = ("viewer", "trainer", "operator")  # what a token may be issued for
+ROLES = ("viewer", "trainer", "operator", "robot")  # what a token may be issued for (robot: run sessions)
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_TOKEN_CHARS = 256
 _SCRYPT = {"n": 1 << 14, "r": 8, "p": 1}  # 16 MiB, tens of ms per check: verified tokens are cached
+CACHE_TTL_S = 30.0       # how long a verification result (good or bad) is reused
+CACHE_ENTRIES = 4096     # results kept at most (the oldest go first)
 
 
 class TokenError(ValueError):
@@ -78,16 +89,19 @@ def check_role(role: str) -> str:
 
 
 class TokenStore:
-    """The tokens file: add, revoke, list, verify. Thread-safe; verified tokens are cached in memory
-    (keyed by an HMAC of the token under a per-process key, never the token itself)."""
+    """The tokens file: add, revoke, list, verify. Thread-safe; verification results (good and bad)
+    are cached in memory (see the module docstring). `scrypt_calls` counts the hashes computed."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, *, cache_ttl_s: float = CACHE_TTL_S, cache_entries: int = CACHE_ENTRIES):
         self.path = Path(path)
         self._lock = threading.Lock()
         self._entries: dict[str, TokenEntry] = {}
         self._stamp: tuple[int, int, int] | None = None
         self._cache_key = secrets.token_bytes(32)
-        self._cache: dict[bytes, TokenEntry] = {}
+        self._cache: OrderedDict[bytes, tuple[float, TokenEntry | None]] = OrderedDict()
+        self._pending: dict[bytes, threading.Event] = {}  # tokens being hashed now: later askers wait for it
+        self._cache_ttl_s, self._cache_entries = cache_ttl_s, cache_entries
+        self.scrypt_calls = 0
         self._reload()
 
     # -- reading ---------------------------------------------------------------------------------
@@ -111,7 +125,8 @@ class TokenStore:
             if not isinstance(doc, dict) or not isinstance(doc.get("tokens"), dict):
                 raise TokenError(f"{self.path} is not a tokens file (no 'tokens' object)")
             entries = {name: TokenEntry.from_json(check_name(name), d) for name, d in doc["tokens"].items()}
-        self._entries, self._stamp, self._cache = entries, stamp, {}
+        self._entries, self._stamp = entries, stamp
+        self._cache.clear()
 
     def entries(self) -> list[TokenEntry]:
         with self._lock:
@@ -122,24 +137,42 @@ class TokenStore:
         return len(self.entries())
 
     def verify(self, token: str) -> TokenEntry | None:
-        """The entry whose secret `token` carries, or None. Costs one scrypt unless cached."""
+        """The entry whose secret `token` carries, or None. Costs one scrypt unless the result is cached
+        (good or bad) or another thread is hashing the same token now (then it waits for that result)."""
         if not isinstance(token, str) or len(token) > MAX_TOKEN_CHARS:
             return None
         name, dot, secret = token.partition(".")
         if not dot or not secret or not NAME.fullmatch(name):
             return None
         key = hmac.new(self._cache_key, token.encode(), hashlib.sha256).digest()
-        with self._lock:
-            self._reload()
-            if (hit := self._cache.get(key)) is not None:
-                return hit
-            entry = self._entries.get(name)
-        if entry is None or not entry.matches(secret):
-            return None
-        with self._lock:
-            if self._entries.get(name) is entry:  # not revoked meanwhile
-                self._cache[key] = entry
-        return entry
+        while True:
+            with self._lock:
+                self._reload()
+                hit = self._cache.get(key)
+                if hit is not None and hit[0] > time.monotonic():
+                    return hit[1]
+                pending = self._pending.get(key)
+                if pending is None:
+                    entry = self._entries.get(name)
+                    done = self._pending[key] = threading.Event()
+                    break
+            pending.wait()  # the same token is being hashed: its result lands in the cache
+        try:
+            if entry is not None:
+                with self._lock:
+                    self.scrypt_calls += 1
+            verified = entry if entry is not None and entry.matches(secret) else None
+            with self._lock:
+                if self._entries.get(name) is entry:  # the file did not change meanwhile
+                    self._cache[key] = (time.monotonic() + self._cache_ttl_s, verified)
+                    self._cache.move_to_end(key)
+                    while len(self._cache) > self._cache_entries:
+                        self._cache.popitem(last=False)
+            return verified
+        finally:
+            with self._lock:
+                self._pending.pop(key, None)
+            done.set()
 
     # -- writing ---------------------------------------------------------------------------------
     def add(self, name: str, *, role: str, replace: bool = False) -> str:
@@ -150,7 +183,8 @@ class TokenStore:
         salt = secrets.token_bytes(16)
         digest = hashlib.scrypt(secret.encode(), salt=salt, dklen=32, maxmem=64 << 20, **_SCRYPT)
         entry = TokenEntry(name=name, role=role, salt=salt, digest=digest, created_unix=time.time(), **_SCRYPT)
-        with self._lock:
+        with self._lock, self._file_lock():
+            self._stamp = None  # read what another process may have written: the lock is held now
             self._reload()
             if name in self._entries and not replace:
                 raise TokenError(f"a token named {name!r} exists already (revoke it first, or replace it)")
@@ -158,11 +192,23 @@ class TokenStore:
         return f"{name}.{secret}"
 
     def revoke(self, name: str) -> None:
-        with self._lock:
+        with self._lock, self._file_lock():
+            self._stamp = None
             self._reload()
             if name not in self._entries:
                 raise TokenError(f"no token named {name!r} in {self.path}")
             self._write({k: v for k, v in self._entries.items() if k != name})
+
+    @contextlib.contextmanager
+    def _file_lock(self):
+        """An exclusive flock on `.<file>.lock` beside the tokens file, across processes (edits only)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path.with_name(f".{self.path.name}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing drops the lock
 
     def _write(self, entries: dict[str, TokenEntry]) -> None:
         doc = {"format": "tether-tokens/1", "hash": "scrypt",
@@ -173,7 +219,7 @@ class TokenStore:
 
 
 def write_private(path: Path, data: bytes) -> None:
-    """Write `data` to `path` atomically, readable by its owner only (no half-written file)."""
+    """Write `data` to `path` atomically and durably (file and folder fsynced), readable by its owner only."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -183,6 +229,11 @@ def write_private(path: Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)  # the rename survives a power cut
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
