@@ -310,6 +310,9 @@ class SafetyGuard:
         self._vel = None if config.velocity_limit is None else np.array(config.velocity_limit)
         self._delta = None if config.max_delta is None else np.array(config.max_delta)
         self._bound = np.full(config.size, np.inf) if self._delta is None else self._delta
+        # any finite rate limit: a safe command needs a pose to ramp from (never a jump from nowhere)
+        self._limited = bool(np.isfinite(self._bound).any()) or (self._vel is not None
+                                                                  and bool(np.isfinite(self._vel).any()))
         self._lock = threading.Lock()
         self._s = _State()
         if initial is not None:
@@ -368,6 +371,9 @@ class SafetyGuard:
                                  f"command that could only be clamped (call start_from with the measured pose)")
             s.t_fresh, s.in_watchdog = t, False
             if self.estopped:
+                if s.last_sent is None and self._limited and self.config.safe_action != "hold":
+                    raise GuardError("e-stopped before any command: no pose to ramp the safe action from "
+                                     "within the rate limits (call start_from with the measured pose)")
                 return self._safe_send(req, t, estopped=True)
             # np.minimum/np.maximum rather than np.clip: the same result, a fraction of the cost on
             # a 6-vector (this runs once per command, up to 1 kHz)
@@ -393,6 +399,8 @@ class SafetyGuard:
         action is approached from the last command sent, one limited step per tick (`ramping`):
         at most `max_delta`, and `velocity_limit` times the time since the previous tick or
         command, whichever is later (so a ramp after a silence does not jump by the silence).
+        E-stopped before any command (nor `initial`/`start_from`) with a finite rate limit, it
+        returns None: there is no pose to ramp from, and the actuator holds on its own.
 
             >>> clock = iter([0.0, 0.1, 0.2, 0.3, 0.4]).__next__
             >>> g = SafetyGuard(GuardConfig(position_low=[-1.0], position_high=[1.0], velocity_limit=2.0,
@@ -406,9 +414,9 @@ class SafetyGuard:
             t = self._now()
             s = self._s
             if self.estopped:
-                if self.config.safe_action == "hold" and s.last_sent is None:
+                if s.last_sent is None and (self.config.safe_action == "hold" or self._limited):
                     s.t_tick = t
-                    return None     # never commanded: the actuator holds on its own
+                    return None     # never commanded: the actuator holds on its own (no pose to ramp from)
                 return self._safe_send(None, t, estopped=True)
             if s.t_fresh is None or t - s.t_fresh <= self.config.deadline_s:
                 s.t_tick = t

@@ -248,7 +248,7 @@ def test_estop_latches_until_explicit_release():
 
 def test_estop_zero_and_hold_with_nothing_to_hold():
     clock = Clock()
-    guard = make(clock, safe_action="zero")
+    guard = make(clock, safe_action="zero")                          # no rate limit: nothing to ramp
     guard.estop("test")
     assert guard.tick().sent.tolist() == [0.0, 0.0, 0.0]
     assert guard.filter(np.ones(3)).sent.tolist() == [0.0, 0.0, 0.0]
@@ -502,13 +502,22 @@ def test_the_safe_ramp_is_flagged_and_not_counted_as_a_policy_intervention():
     assert d.estopped and d.sent.tolist() == [0.0, 0.0, 0.0] and d.requested.tolist() == [1.0, 1.0, 1.0]
 
 
-def test_estop_with_nothing_ever_sent_sends_the_safe_action_directly():
-    """No command to ramp from (never commanded, no start pose): the safe action itself, as before."""
+@pytest.mark.parametrize("limits", [dict(max_delta=0.01), dict(velocity_limit=[np.inf, 1.0, np.inf])])
+def test_estop_before_any_command_never_jumps_to_the_safe_action(tmp_path, limits):
+    """E-stopped with no pose to ramp from (e.g. a node restarted latched, before the robot's pose
+    came): with a rate limit the guard sends nothing (the actuator holds where it is) and refuses a
+    policy action, until a start pose gives the ramp its start."""
     clock = Clock()
-    guard = make(clock, safe_action=[0.5, 0.5, 0.5], max_delta=0.01)
+    guard = make(clock, safe_action=[0.5, 0.5, 0.5], **limits)
     guard.estop("test")
+    clock.t = 1.0
+    assert guard.tick() is None
+    with pytest.raises(GuardError, match="e-stopped before any command: no pose to ramp"):
+        guard.filter(np.ones(3))
+    assert guard.start_from([0.0, 0.0, 0.0])
+    clock.t = 1.01
     d = guard.tick()
-    assert d.sent.tolist() == [0.5, 0.5, 0.5] and not d.ramping
+    assert d.ramping and 0.0 < d.sent[1] <= 0.01 + 1e-12                # one limited step from the pose
 
 
 # -- the start pose: a first command is never only clamped when the node can know better ---------
