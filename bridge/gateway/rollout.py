@@ -20,6 +20,14 @@ each session acts with.
     rollout.version_stats("hopper"), rollout.freshness()
     await rollout.stop()
 
+Locking: every change of state takes the rollout lock for a short move (registry commit, load/unload,
+verification), never for a gate check. A publish holds the gate lock (one candidate in the gate at a
+time) and the rollout lock only to number its version, to swap its folder in (write, load_model,
+READY) and, after the gate, to re-check and enter the plan: an operator's Rollback, Promote or Pin,
+and the judging loop's automatic rollback, go through while a candidate is being evaluated. A
+candidate whose incumbent stopped being live during its gate (an operator rolled it back, a canary
+went live) is rejected (`GateSuperseded`, ABORTED): it was judged against a version no longer live.
+
 Every change of state goes through the registry (an audit event with who/why). Versions nobody
 needs (not live, previous live, canary, shadow or pinned, and no session acting with them) are
 retired from the repository and unloaded; after every load or unload the controller checks what
@@ -38,9 +46,10 @@ import numpy as np
 from google.protobuf import json_format
 
 from bridge.gateway.batcher import MicroBatcher
+from bridge.gateway.declared_bounds import DeclaredBounds
 from bridge.gateway.errors import UnknownPolicy
 from bridge.gateway.policies import LOG_PROB, PolicyCatalog, ServedPolicy
-from bridge.gateway.publisher import Publisher, PublishError, VerificationFailed, read_metadata
+from bridge.gateway.publisher import GateSuperseded, Publisher, PublishError, VerificationFailed, read_metadata
 from bridge.gateway.rollout_config import RolloutPlan
 from bridge.gateway.rollout_io import Fingerprint, SwapFailed, restore_version, spec_dicts
 from bridge.gateway.rollout_router import RolloutRouter
@@ -61,8 +70,9 @@ WITHDRAWN = (State.REJECTED, State.ROLLED_BACK)
 
 
 class RolloutController:
-    """See the module docstring. All changes run under one lock; the hot path (`acting`,
-    `stepped`, `episode_ended`) reads cached rollouts and never waits for the registry or Triton."""
+    """See the module docstring. Changes run under one lock, held only for short moves (never
+    through a gate check); the hot path (`acting`, `stepped`, `episode_ended`) reads cached
+    rollouts and never waits for the registry or Triton."""
 
     def __init__(self, *, registry: Registry, catalog: PolicyCatalog, control: PolicyClient, batcher: MicroBatcher,
                  publisher: Publisher, repository: ModelRepository | None, plan: RolloutPlan,
@@ -70,7 +80,8 @@ class RolloutController:
         self.registry, self.plan, self.gate = registry, plan, gate
         self._catalog, self._control, self._batcher = catalog, control, batcher
         self._publisher, self._repo, self._in_use, self._sessions = publisher, repository, in_use, sessions
-        self._lock = asyncio.Lock()
+        self._lock = asyncio.Lock()       # short state moves (registry, repository, Triton's loaded versions)
+        self._gate_lock = asyncio.Lock()  # one candidate in the gate at a time; operators never wait for it
         self.router = RolloutRouter(catalog=catalog, batcher=batcher, thresholds=plan.thresholds)
         self.stats, self._rollouts = self.router.stats, self.router.rollouts_now
         # sessions talk to the router directly (the VersionRouter role): no hop through the controller
@@ -78,8 +89,9 @@ class RolloutController:
         self.episode_ended = self.router.episode_ended
         self._newest: dict[str, tuple[int, int]] = {}   # policy -> (newest non-rejected version, its created_ns)
         self._gating: dict[str, int] = {}               # policy -> the version in the gate now
+        self._gate_base: dict[str, int] = {}            # policy -> the version whose architecture it builds on
         self._probation: dict[str, int] = {}            # policy -> the live version judged vs the previous one
-        self._bounds: dict[str, dict[str, tuple[Spec, ...]]] = {}  # policy -> source -> the action spec declared
+        self.bounds = DeclaredBounds()                  # the action bounds sessions declared, by who declared them
         self.evaluating: set[str] = set()               # the gate's evaluation sessions (pinned, not logged)
         self._fingerprint = Fingerprint(control)
         self._loop_task: asyncio.Task | None = None
@@ -177,39 +189,70 @@ class RolloutController:
     async def publish(self, header: policies_pb2.PublishHeader, data: bytes, *,
                       who: str | None = None) -> policies_pb2.PublishReply:
         """Register, gate, write, load, verify and roll out one new version (see the module docstring).
-        Returns the PublishReply; a version the gate refuses raises (PublishError / VerificationFailed)
-        naming the failed check, after it was withdrawn."""
+        `who`: the publisher's authenticated identity (the audit's who); the trainer name the client
+        wrote in the lineage is only a detail. Returns the PublishReply; a version the gate refuses
+        raises (PublishError / VerificationFailed / GateSuperseded) naming why, after it was withdrawn."""
         repo = self._publisher.repository()
         started = time.monotonic()
         current = await self._current(header)
         name = current.name if current is not None else header.policy
-        who = who or f"trainer:{header.lineage.trainer or 'unknown'}"
-        async with self._lock:
-            rollout = self._rollout(name)
-            base = rollout.live if rollout.live is not None else current.version if current is not None else None
-            known = [r.version for r in self.registry.versions(name)]
-            version = max([0, *repo.versions(name), *repo.retired_versions(name), *known, base or 0]) + 1
-            inputs, outputs = (current.inputs, current.outputs) if current is not None else _header_specs(header)
-            await self._write(self.registry.add, name, version, sha256=_hex(header.sha256),
-                              format=header.format or "safetensors",
-                              lineage=json_format.MessageToDict(header.lineage, preserving_proto_field_name=True),
-                              inputs=spec_dicts(inputs), outputs=spec_dicts(outputs), who=who)
-            self._newest[name] = (version, time.time_ns())
-            self._gating[name] = version
+        claimed = header.lineage.trainer
+        why = "published" + (f" (the client names its trainer {claimed[:128]!r})" if claimed else "")
+        who = who or "trainer:unknown"
+        async with self._gate_lock:
+            async with self._lock:  # short: number the version and register it
+                rollout = self._rollout(name)
+                base = rollout.live if rollout.live is not None else current.version if current is not None else None
+                known = [r.version for r in self.registry.versions(name)]
+                version = max([0, *repo.versions(name), *repo.retired_versions(name), *known, base or 0]) + 1
+                inputs, outputs = (current.inputs, current.outputs) if current is not None else _header_specs(header)
+                await self._write(self.registry.add, name, version, sha256=_hex(header.sha256),
+                                  format=header.format or "safetensors",
+                                  lineage=json_format.MessageToDict(header.lineage, preserving_proto_field_name=True),
+                                  inputs=spec_dicts(inputs), outputs=spec_dicts(outputs), who=who, why=why)
+                self._newest[name] = (version, time.time_ns())
+                self._gating[name] = version
+                if base is not None:
+                    self._gate_base[name] = base  # kept on disk (not retired) until the publish ends
             try:
-                reply = await self._gate_and_load(name, version, base, header, data)
+                reply, incumbent, passed = await self._gate_and_load(name, version, base, header, data)
+                async with self._lock:  # short: re-check what the gate judged against, then enter the plan
+                    note = self._still_valid(name, version, incumbent)
+                    await self._write(self.registry.move, name, version, State.GATED, who="gate",
+                                      why="passed: " + ", ".join(passed) + note)
+                    self._gating.pop(name, None)
+                    self._gate_base.pop(name, None)
+                    await self._enter_plan(name, version)
+                    await self._reconcile(name)
             except BaseException as exc:
-                await self._reject(name, version, exc)
-                raise
-            finally:
                 self._gating.pop(name, None)
-            await self._enter_plan(name, version)
-            await self._reconcile(name)
+                self._gate_base.pop(name, None)
+                async with self._lock:
+                    await self._reject(name, version, exc)
+                raise
         reply.load_seconds = time.monotonic() - started
         log.info("policy %s v%d published by %s (parent v%d, trainer step %d): %s, %.2f s", name, version, who,
                  header.lineage.parent_version, header.lineage.trainer_step,
                  self.registry.get(name, version).state, reply.load_seconds)
         return reply
+
+    def _still_valid(self, name: str, version: int, incumbent: int | None) -> str:
+        """After the gate (run without the rollout lock): the candidate must still be a candidate, and the
+        version it was judged against must not have been withdrawn meanwhile (rolled back by an operator or
+        by the judging loop): GateSuperseded otherwise. Returns a note when the live version moved on in an
+        ordinary way (a canary went live): the candidate goes on, its plan judges it against the new one."""
+        record = self.registry.get(name, version)
+        if record.state is not State.CANDIDATE:
+            raise GateSuperseded(f"policy {name!r} v{version} became {record.state} during its gate: not promoted")
+        live = self._refresh(name).live
+        if live == incumbent:
+            return ""
+        moved = self.registry.get(name, incumbent).state if incumbent is not None else None
+        if moved in WITHDRAWN:
+            raise GateSuperseded(
+                f"policy {name!r} v{version} was judged against v{incumbent}, which was {moved} during its gate "
+                f"(live now: v{live}); it is not promoted: publish again to be judged against the live version")
+        return f"; judged against v{incumbent}, live now v{live}"
 
     async def _current(self, header: policies_pb2.PublishHeader) -> ServedPolicy | None:
         """The policy a publish adds a version to; None for an imported file that creates a new policy."""
@@ -221,7 +264,10 @@ class RolloutController:
             raise
 
     async def _gate_and_load(self, name: str, version: int, base: int | None, header: policies_pb2.PublishHeader,
-                             data: bytes) -> policies_pb2.PublishReply:
+                             data: bytes) -> tuple[policies_pb2.PublishReply, int | None, list[str]]:
+        """Integrity, then (under the rollout lock, short) the version folder written and loaded, then the
+        served checks (consistency, action sanity, evaluation) without the lock. Returns the reply, the
+        incumbent the checks judged against, and the names of the checks passed."""
         repo = self._publisher.repository()
         weights, architecture = await asyncio.to_thread(self._publisher.decode, header, data, name, base)
         artifact = await asyncio.to_thread(self.gate.check_artifact, weights, architecture, sha256=header.sha256,
@@ -229,26 +275,31 @@ class RolloutController:
         await self._write(self.registry.record_gate, name, version, [artifact.to_dict()])
         if not artifact.passed:
             raise PublishError(f"policy {name!r} v{version} rejected by the gate: integrity: {artifact.detail}")
-        keep = self._needed(name, self._rollout(name)) | self._in_use(name) | {base}
-        # the write step is one call (Publisher.write): safetensors over the base's architecture, or an imported file
-        self._retire(repo, name, keep)  # one load_model below unloads these and loads the new one
-        await self._publisher.write(name, version, header, weights, base)
-        ready = await self._publisher.load(name, version)
-        await self._verify_ready(name)  # the unloads took effect too
-        served = await self._catalog.ensure(name, version)
-        rollout = self._rollout(name)
-        checks = await self.gate.check_served(policy=name, version=version, incumbent=rollout.live, header=header,
-                                              action_spec=self.action_spec(name, served))
+        async with self._lock:  # the swap: what is on disk and what Triton serves change together
+            keep = self._needed(name, self._rollout(name)) | self._in_use(name) | {base}
+            # the write step is one call (Publisher.write): safetensors over the base's architecture, or an imported
+            # file; folder and tether.json fsynced before any registry state depends on them
+            self._retire(repo, name, keep)  # one load_model below unloads these and loads the new one
+            await self._publisher.write(name, version, header, weights, base)
+            ready = await self._publisher.load(name, version)
+            await self._verify_ready(name)  # the unloads took effect too
+            served = await self._catalog.ensure(name, version)
+            incumbent = self._rollout(name).live
+            action_spec = self.action_spec(name, served)
+        # the gate's checks without the rollout lock (an evaluation in simulation takes tens of seconds)
+        checks = await self.gate.check_served(policy=name, version=version, incumbent=incumbent, header=header,
+                                              action_spec=action_spec)
         await self._write(self.registry.record_gate, name, version, [c.to_dict() for c in checks])
         failed = [c for c in checks if not c.passed]
         if failed:
+            async with self._lock:  # a check that failed because its incumbent was withdrawn meanwhile: say so
+                self._still_valid(name, version, incumbent)
             first = failed[0]
             raise VerificationFailed(f"policy {name!r} v{version} rejected by the gate: {first.name}: {first.detail}")
-        await self._write(self.registry.move, name, version, State.GATED, who="gate",
-                          why="passed: " + ", ".join(c.name for c in (artifact, *checks)))
         error = next((c.figures.get("max_abs_error", 0.0) for c in checks if c.name == "consistency"), 0.0)
-        return policies_pb2.PublishReply(policy=name, version=version, sha256=header.sha256, ready_versions=ready,
-                                         max_abs_error=float(error))
+        reply = policies_pb2.PublishReply(policy=name, version=version, sha256=header.sha256, ready_versions=ready,
+                                          max_abs_error=float(error))
+        return reply, incumbent, [c.name for c in (artifact, *checks)]
 
     async def _reject(self, name: str, version: int, exc: BaseException) -> None:
         """Withdraw a version the gate (or anything on the way) refused; the live one keeps serving."""
@@ -348,33 +399,31 @@ class RolloutController:
         Its transitions are not logged: a candidate's evaluation episodes are no training data."""
         policy = self._gating_policy()
         self.evaluating.add(session_id)
-        await self._pin(policy, f"session={session_id}", version, who="gate", why="evaluation in simulation")
+        async with self._lock:  # the gate runs without the lock: its pins take it like any other move
+            await self._pin(policy, f"session={session_id}", version, who="gate", why="evaluation in simulation")
 
     async def unpin_session(self, session_id: str) -> None:
         policy = self._gating_policy()
         self.evaluating.discard(session_id)
-        if f"session={session_id}" in self._rollout(policy).pins:
-            await self._pin(policy, f"session={session_id}", None, who="gate", why="evaluation done")
+        async with self._lock:
+            if f"session={session_id}" in self._rollout(policy).pins:
+                await self._pin(policy, f"session={session_id}", None, who="gate", why="evaluation done")
 
     def _format_on_disk(self, name: str, version: int) -> str:
         imported = self._repo.imported_format(name, version) if self._repo is not None else None
         return imported or "torchscript"
 
-    def declared(self, policy: str, source: str, action_spec: tuple[Spec, ...]) -> None:
-        """A session's declared action spec (with its bounds): the gate's action sanity checks against the
-        tightest bounds of every source that acted with the policy (the newest 64 sources)."""
-        known = self._bounds.setdefault(policy, {})
-        known.pop(source, None)
-        known[source] = action_spec
-        while len(known) > 64:
-            known.pop(next(iter(known)))
+    def declared(self, policy: str, action_spec: tuple[Spec, ...], *, identity: str | None, source: str = "") -> None:
+        """A session's declared action spec (with its bounds), under its proven identity (else its peer and
+        source): the gate's action sanity checks against the tightest of them (bridge.gateway.declared_bounds)."""
+        self.bounds.declare(policy, action_spec, identity=identity, source=source)
 
     def action_spec(self, policy: str, served: ServedPolicy) -> tuple[Spec, ...]:
         """What the gate judges actions against: the served outputs with the bounds sessions declared."""
         from bridge.gate import with_bounds
 
         outputs = tuple(s for s in served.outputs if s.name != LOG_PROB)
-        return with_bounds(outputs, self._bounds.get(policy, {}).values())
+        return with_bounds(outputs, self.bounds.specs(policy))
 
     def _gating_policy(self) -> str:
         if len(self._gating) != 1:
@@ -452,7 +501,7 @@ class RolloutController:
 
     def _needed(self, name: str, rollout: Rollout) -> set[int]:
         return {v for v in (rollout.live, rollout.previous_live, rollout.canary, rollout.shadow,
-                            *rollout.pins.values(), self._gating.get(name)) if v is not None}
+                            *rollout.pins.values(), self._gating.get(name), self._gate_base.get(name)) if v is not None}
 
     def _retire(self, repo: ModelRepository, name: str, keep: set[int]) -> list[int]:
         retired = [v for v in repo.versions(name) if v not in keep]

@@ -11,6 +11,10 @@ service, in front of a Triton server.
 
 Services: `tether.v1.Bridge` (sessions), `tether.v1.Policies` (publish, list, fetch versions),
 `tether.v1.Experience` (the log, when there is one), and gRPC health.
+
+Health stays SERVING while the experience log is degraded (a disk that refuses writes): sessions
+still act, only logging waits. `gateway.logging_state()` ("ok", "off", "degraded: <why>") is what
+FleetStatus.logging, the console and the `tether_experience_degraded` gauge show instead.
 """
 
 from __future__ import annotations
@@ -78,6 +82,10 @@ class GatewayConfig:
     model_repository: Path | None = None  # Triton's repository (same host): needed to publish versions
     experience_dir: Path | None = None    # the experience log; None = no logging
     fsync_interval_ms: float = 5.0        # group commit: the longest a transition waits to be on disk
+    log_max_pending: int = 100_000        # the log's bound: transitions not yet on disk (bridge.experience.log)
+    log_max_pending_mb: float = 1024.0    # ... and their serialized size; beyond either, LogFull
+    log_retention_mb: float | None = None     # delete finished segments, oldest first, past this total; None = keep
+    log_retention_hours: float | None = None  # ... and those last written longer ago than this; None = keep
     rewards: Mapping[str, Path] = field(default_factory=dict)  # policy -> reward config YAML
     switch: str = "episode"          # when sessions move to a new version: "episode" or "step"
     rollout: RolloutPlan = field(default_factory=RolloutPlan)  # direct, or staged shadow -> canary -> live
@@ -109,6 +117,13 @@ class GatewayConfig:
             raise ValueError(f"switch must be 'episode' or 'step', got {self.switch!r}")
         if self.fsync_interval_ms < 0:
             raise ValueError(f"fsync_interval_ms must be >= 0, got {self.fsync_interval_ms}")
+        if self.log_max_pending < 1 or not self.log_max_pending_mb > 0:
+            raise ValueError(f"log_max_pending ({self.log_max_pending}) and log_max_pending_mb "
+                             f"({self.log_max_pending_mb}) must be positive")
+        if self.log_retention_mb is not None and not self.log_retention_mb > 0:
+            raise ValueError(f"log_retention_mb must be > 0, got {self.log_retention_mb}")
+        if self.log_retention_hours is not None and not self.log_retention_hours > 0:
+            raise ValueError(f"log_retention_hours must be > 0, got {self.log_retention_hours}")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError(f"TLS needs both tls_cert and tls_key, got cert={self.tls_cert} key={self.tls_key}")
         if self.tls_client_ca is not None and self.tls_cert is None:
@@ -185,8 +200,12 @@ class Gateway:
             from bridge.experience.service import ExperienceService
             from protos import experience_pb2_grpc
 
-            self.experience = ExperienceLog(self.config.experience_dir,
-                                            fsync_interval_s=self.config.fsync_interval_ms / 1e3)
+            mb, hours = c.log_retention_mb, c.log_retention_hours
+            self.experience = ExperienceLog(
+                self.config.experience_dir, fsync_interval_s=self.config.fsync_interval_ms / 1e3,
+                max_pending=c.log_max_pending, max_pending_bytes=int(c.log_max_pending_mb * (1 << 20)),
+                retention_bytes=None if mb is None else int(mb * (1 << 20)),
+                retention_s=None if hours is None else hours * 3600)
             await self.experience.start()
             experience_pb2_grpc.add_ExperienceServicer_to_server(ExperienceService(
                 self.experience, authorize=lambda context: self.auth.require(context, "trainer")), self._server)
@@ -278,7 +297,7 @@ class Gateway:
             log.warning("session %s: labels of %s do not route (not an operator, not in --route-labels-from): "
                         "canary membership and label pins ignored for it", session_id, identity)
         policy = self.rollout.acting(policy.name, session_id, route) or policy  # pins, canary, live
-        self.rollout.declared(policy.name, hello.source or session_id, action)
+        self.rollout.declared(policy.name, action, identity=identity, source=f"{peer} {hello.source or session_id}")
         experience = None if session_id in self.rollout.evaluating else self.experience  # the gate's: not data
         if hello.num_envs > 1 or hello.batched:
             num_envs = max(1, hello.num_envs)
@@ -305,6 +324,14 @@ class Gateway:
         self.sessions[session_id] = session
         log.info("session %s from %s on %s v%d", session_id, hello.source or "?", policy.name, policy.version)
         return session
+
+    def logging_state(self) -> str:
+        """FleetStatus.logging: "off" (no experience log), "ok", or "degraded: <why>" (the disk refuses
+        writes: sessions go on acting, durable_through stands still, the writer retries)."""
+        if self.experience is None:
+            return "off"
+        why = self.experience.degraded
+        return "ok" if why is None else f"degraded: {why}"
 
     def new_session_id(self) -> str:
         """An id for a client that names none: `session-<boot>-<n>`, with a random boot component of
@@ -366,6 +393,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model-repository", type=Path, help="Triton's model repository (to publish new versions)")
     p.add_argument("--experience-dir", type=Path, help="log every transition here (MCAP segments)")
     p.add_argument("--fsync-interval-ms", type=float, default=5.0, help="group commit interval of the log")
+    p.add_argument("--log-max-pending", type=int, default=100_000,
+                   help="the log's bound: transitions not yet on disk; beyond it a session's transitions are not "
+                        "logged until it reconnects and replays them (counted: tether_experience_refused)")
+    p.add_argument("--log-max-pending-mb", type=float, default=1024.0, help="the same bound in MB")
+    p.add_argument("--log-retention-mb", type=float, help="delete the oldest finished segments past this total "
+                   "(default: keep all)")
+    p.add_argument("--log-retention-hours", type=float, help="delete finished segments last written longer ago "
+                   "(default: keep all)")
     p.add_argument("--rewards", action="append", default=[], metavar="POLICY=YAML",
                    help="reward config of a policy (repeatable); default: the simulator's reward")
     p.add_argument("--switch", choices=("episode", "step"), default="episode",
@@ -492,6 +527,8 @@ def main(argv: list[str] | None = None) -> None:
                            deadline_ms=a.deadline_ms, max_batch=a.max_batch, max_inflight=a.max_inflight,
                            triton_timeout_s=a.triton_timeout, model_repository=a.model_repository,
                            experience_dir=a.experience_dir, fsync_interval_ms=a.fsync_interval_ms,
+                           log_max_pending=a.log_max_pending, log_max_pending_mb=a.log_max_pending_mb,
+                           log_retention_mb=a.log_retention_mb, log_retention_hours=a.log_retention_hours,
                            rewards=_reward_configs(a.rewards), switch=a.switch, **_security_kwargs(a),
                            console_port=a.console_port, console_host=a.console_host,
                            console_allowed_hosts=tuple(a.console_allowed_host), **rollout_settings(a))
