@@ -22,7 +22,7 @@ def labelled(session_id: str, **labels) -> bridge_pb2.Hello:
                             observation_spec=[s.to_proto() for s in OBS], action_spec=[s.to_proto() for s in ACT])
 
 
-async def act(s: RawSession, rng, triton, *, held: bool) -> None:
+async def act(s: RawSession, rng, triton, *, held: bool) -> bridge_pb2.Action:
     """One step: held -> the safe action (zeros: inside ACT's [-1, 1]) with estop; else the policy's action."""
     obs = rng.standard_normal(11).astype(np.float32)
     reply = await s.step(obs, step_type=bridge_pb2.FIRST if s.step_index == 0 else bridge_pb2.MID)
@@ -31,6 +31,8 @@ async def act(s: RawSession, rng, triton, *, held: bool) -> None:
     assert a.estop is held, (s.hello.session_id, a.estop)
     expected = np.zeros(3, np.float32) if held else triton.expected_action(obs)
     np.testing.assert_allclose(decode(a.tensors[0]), expected, rtol=1e-5, atol=1e-5)
+    assert bool(a.estop_id) is held
+    return a
 
 
 async def run_cli(command: str, *args: str) -> tuple[int, str]:
@@ -61,11 +63,12 @@ def test_status_estop_release_round_trip(triton, capsys):
                 rc, out = await run_cli("estop", *addr, "--robot", "arm_1", "--reason", "person in the cell")
                 assert rc == 0 and "held now: arm-a" in out and "operator:ada" in out, out
                 for _ in range(3):
-                    await act(a, rng, triton, held=True)   # held: safe action, estop=true
+                    held_by = (await act(a, rng, triton, held=True)).estop_id   # held: safe action, estop=true
                     await act(b, rng, triton, held=False)  # the other robot goes on
                 status = gw.fleet.status()
                 held = {s.session_id: s.estopped for s in status.sessions}
                 assert held == {"arm-a": True, "arm-b": False}
+                assert [(e.robot, e.id) for e in status.estops] == [("arm_1", held_by)]  # the durable id
                 rc, out = await run_cli("status", *addr)
                 assert "E-STOP latched: robot arm_1 by operator:ada (person in the cell)" in out, out
                 rc, out = await run_cli("release", *addr, "--robot", "arm_1", "--reason", "clear")
@@ -149,6 +152,7 @@ def test_vector_session_held_rows_and_guard_reports_counted(triton):
                     rows = decode(reply.tensors[0])
                     assert rows.shape == (n, 3)
                     held.append(reply.estop)
+                    assert reply.estop_id == (gw.fleet.estops["robot=rack"].id if reply.estop else "")
                     if reply.estop:
                         assert not rows.any()
                     else:
@@ -178,8 +182,12 @@ def test_estop_needs_an_operator_token_when_tokens_are_configured(triton, tmp_pa
             assert rc == 1 and not gw.fleet.estops
             rc, out = await run_cli("status", "--gateway", gw.address, "--token", bob)  # a viewer may look
             assert rc == 0 and "0 sessions" in out, out
-            rc, out = await run_cli("estop", *target, "--token", alice, "--reason", "drill")
+            # the audit records who the token proves, never a name the client writes (x-tether-operator)
+            rc, out = await run_cli("estop", *target, "--token", alice, "--operator", "mallory", "--reason", "drill")
             assert rc == 0 and "by operator:alice" in out and "robot=arm_1" in gw.fleet.estops, out
+            assert gw.fleet.estops["robot=arm_1"].who == "operator:alice"
+            rc, out = await run_cli("release", *target, "--token", alice, "--operator", "mallory")
+            assert rc == 0 and "released by operator:alice" in out, out
             return [(e["kind"], e["who"], e["why"]) for e in gw.fleet.audit_events()]
 
-    assert asyncio.run(scenario()) == [("estop", "operator:alice", "drill")]
+    assert asyncio.run(scenario()) == [("estop", "operator:alice", "drill"), ("release", "operator:alice", "")]

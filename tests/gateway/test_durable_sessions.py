@@ -16,6 +16,7 @@ import pytest
 from mcap.reader import make_reader
 
 from bridge.experience import read_transitions
+from bridge.experience.segment import TOPIC
 from sim.client import run_sessions
 from sim.mujoco import make_env
 from tether.topology import gateway_process
@@ -23,9 +24,10 @@ from tether.topology import gateway_process
 pytestmark = pytest.mark.slow
 
 
-def start_gateway(triton_url: str, port: int, log_dir, log_path) -> subprocess.Popen:
+def start_gateway(triton_url: str, port: int, log_dir, log_path, *extra_args: str) -> subprocess.Popen:
+    """`tether gateway` as a process (to kill -9), once it serves; `extra_args` go on its command line."""
     cmd = [sys.executable, "-m", "tether", "gateway", "--triton", triton_url, "--policy", "tiny",
-           "--port", str(port), "--experience-dir", str(log_dir), "--deadline-ms", "2000"]
+           "--port", str(port), "--experience-dir", str(log_dir), "--deadline-ms", "2000", *extra_args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(log_path, "a"), text=True,  # noqa: SIM115
                             start_new_session=True)
     line = proc.stdout.readline()
@@ -49,9 +51,13 @@ def check_log_is_every_answered_step_once(log_dir, sessions: int) -> dict[str, l
         for a, b in zip(logged, logged[1:], strict=False):
             # the next logged step follows at once, or after the LAST observation that ended the episode
             assert b == a + (2 if ended[(session, a)] else 1), f"{session}: step {a} -> {b} lost something"
+    messages = 0
     for segment in sorted(log_dir.glob("*.mcap")):
-        with open(segment, "rb") as f:  # every file is a complete, readable MCAP file
-            assert sum(1 for _ in make_reader(f).iter_messages()) >= 0
+        with open(segment, "rb") as f:  # every file is a complete, readable MCAP file of transitions
+            topics = [channel.topic for _, channel, _ in make_reader(f).iter_messages()]
+        assert set(topics) <= {TOPIC}, (segment, set(topics))
+        messages += len(topics)
+    assert messages == len(offsets), "every message in the files is one transition the reader returns"
     return steps
 
 
