@@ -25,7 +25,7 @@ from bridge.gateway.policies import LOG_PROB, ServedPolicy
 from bridge.gateway.recorder import Recorder, RecorderGroup, RewardOutcome
 from bridge.rewards import RewardFunction
 from protos import bridge_pb2
-from protos.codec import Spec, TensorError, check_all, decode_all, encode
+from protos.codec import Spec, TensorError, check_all, encode
 
 Code = bridge_pb2.StepError.Code
 
@@ -141,9 +141,7 @@ class Session(SessionBase):
         if (out_of_order := self._out_of_order(obs.step)) is not None:
             return out_of_order
         try:
-            arrays = check_all(self.observation_spec, obs.tensors)
-            if not math.isfinite(obs.reward):
-                raise TensorError("reward", f"non-finite reward {obs.reward}")
+            arrays = self._checked(obs)
         except TensorError as exc:
             return self._error(obs.step, Code.INVALID_OBSERVATION, exc.field, str(exc))
         if obs.HasField("guard"):
@@ -169,9 +167,13 @@ class Session(SessionBase):
             return error
         if obs.HasField("guard"):
             self.stats.guard = obs.guard
+        self.drop_pending()
+        return None
+
+    def drop_pending(self) -> None:
+        """Forget the last action taken (its transition is never logged): an e-stop holds what follows it."""
         self._acted = None
         self.recorder.abandon()
-        return None
 
     def _track_episode(self, obs: bridge_pb2.Observation, arrays: dict[str, np.ndarray]) -> str:
         """Reward the previous action; returns why the episode ends here ("" = it goes on,
@@ -245,17 +247,29 @@ class Session(SessionBase):
         pending, self._guard_pending = self._guard_pending, 0
         return pending
 
+    def _checked(self, obs: bridge_pb2.Observation, prefix: str = "") -> dict[str, np.ndarray]:
+        """An observation's arrays, checked against the session's specs: its tensors (names, dtypes,
+        shapes, finite), its reward (finite) and the `applied_action` it reports (as an action). TensorError
+        names the field (`prefix.` first: "next.applied_action.action")."""
+        arrays = _checked_tensors(self.observation_spec, obs.tensors, prefix)
+        if not math.isfinite(obs.reward):
+            raise TensorError(f"{prefix}.reward" if prefix else "reward", f"non-finite reward {obs.reward}")
+        if obs.applied_action:  # what the edge really applied: logged, and trained on by BC
+            _checked_tensors(self.action_spec, obs.applied_action, f"{prefix}.applied_action" if prefix
+                             else "applied_action")
+        return arrays
+
     def replay(self, replay: bridge_pb2.Replay) -> bridge_pb2.ServerMessage:
         """A step answered before a reconnect, resent for the log (no inference)."""
         obs, action = replay.observation, replay.action
         if self._last_step is not None and obs.step <= self._last_step:
             self.recorder.duplicates += 1
             return bridge_pb2.ServerMessage(replayed=bridge_pb2.Replayed(step=obs.step, duplicate=True))
-        try:
-            arrays = check_all(self.observation_spec, obs.tensors)
-            actions = decode_all(action.tensors)
-            following = replay.next if replay.HasField("next") else None
-            after = check_all(self.observation_spec, following.tensors) if following is not None else None
+        following = replay.next if replay.HasField("next") else None
+        try:  # every check a live observation gets, and the action against the action spec: nothing bad is logged
+            arrays = self._checked(obs, "observation")
+            actions = _checked_tensors(self.action_spec, action.tensors, "action")
+            after = self._checked(following, "next") if following is not None else None
         except TensorError as exc:
             return self._error(obs.step, Code.INVALID_OBSERVATION, exc.field, f"replay: {exc}")
         self._last_step = obs.step
@@ -268,6 +282,16 @@ class Session(SessionBase):
             self.recorder.completed(following, outcome, ended=ended or bool(outcome.end_reason))
         return bridge_pb2.ServerMessage(replayed=bridge_pb2.Replayed(step=obs.step))
 
+
+
+def _checked_tensors(specs: tuple[Spec, ...], tensors, prefix: str) -> dict[str, np.ndarray]:
+    """`check_all`, with the field the tensor came in named in the error ("applied_action.action")."""
+    try:
+        return check_all(specs, tensors)
+    except TensorError as exc:
+        if not prefix:
+            raise
+        raise TensorError(f"{prefix}.{exc.field}", str(exc).removeprefix(f"{exc.field}: ")) from None
 
 
 def step_error(stats: SessionStats, step: int, code: int, field_name: str, message: str) -> bridge_pb2.ServerMessage:
