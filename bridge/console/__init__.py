@@ -1,6 +1,7 @@
 """The operator's view of a gateway: the web console, the fleet's figures and e-stops, metrics, JSON logs.
 
-    gateway.fleet            # bridge.console.fleet.Fleet: per-session figures, e-stops, operator audit
+    gateway.fleet            # bridge.console.fleet.Fleet: displays gateway.figures and gateway.estops, forwards
+                             # operators' e-stops and releases (bridge.gateway.figures, bridge.gateway.holds)
     gateway.console          # bridge.console.server.Console: HTTP (page, JSON API, /metrics), when enabled
     tether status | estop | release     # bridge.console.cli, through tether.v1.Fleet
 """

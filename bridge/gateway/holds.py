@@ -175,9 +175,16 @@ class EStops:
         holder = self.holder(session)
         if holder is not None:
             return await self.held(session, obs, holder)
+        received = time.time_ns()
         reply = await session.handle(obs)
+        if reply.WhichOneof("kind") != "action":
+            return reply
         latched = obs.guard.gateway_estop if obs.HasField("guard") else ""
-        if latched and reply.WhichOneof("kind") == "action" and await self.is_released(latched):
+        released = bool(latched) and await self.is_released(latched)
+        if (holder := self.holder(session)) is not None:  # latched meanwhile: this step is held too, none of it logged
+            session.drop_pending()
+            return self._held_reply(session, obs, holder, received)
+        if released:
             reply.action.released_estop = latched
         return reply
 
@@ -185,6 +192,10 @@ class EStops:
         received = time.time_ns()
         if (reply := await session.held_step(obs)) is not None:
             return reply
+        return self._held_reply(session, obs, estop, received)
+
+    def _held_reply(self, session, obs: bridge_pb2.Observation, estop: EStopRecord,
+                    received: int) -> bridge_pb2.ServerMessage:
         safe = self._safe.get(session)
         if safe is None:
             vector = hasattr(session, "num_envs")

@@ -90,6 +90,7 @@ class GatewayConfig:
     switch: str = "episode"          # when sessions move to a new version: "episode" or "step"
     rollout: RolloutPlan = field(default_factory=RolloutPlan)  # direct, or staged shadow -> canary -> live
     registry: Path | None = None     # default: <model_repository>/.tether/registry.sqlite; no repository: in memory
+    #                                  (e-stops then go to <experience_dir>/.tether/estops.sqlite: bridge.gateway.holds)
     gate: GateConfig = field(default_factory=GateConfig)  # what a candidate version must pass (bridge.gate)
     # bridge.security: TLS (mTLS with tls_client_ca), the --insecure rule, tokens; bridge.gateway.limits
     tls_cert: Path | None = None     # server certificate (PEM); with tls_key, gRPC serves TLS only
@@ -391,7 +392,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--triton-timeout", type=float, default=10.0, help="seconds to wait for Triton at start")
     p.add_argument("--max-inflight", type=int, default=1, help="concurrent Triton batches per policy version")
     p.add_argument("--model-repository", type=Path, help="Triton's model repository (to publish new versions)")
-    p.add_argument("--experience-dir", type=Path, help="log every transition here (MCAP segments)")
+    p.add_argument("--experience-dir", type=Path, help="log every transition here (MCAP segments); without a "
+                   "registry file, operators' e-stops are kept here too (.tether/estops.sqlite)")
     p.add_argument("--fsync-interval-ms", type=float, default=5.0, help="group commit interval of the log")
     p.add_argument("--log-max-pending", type=int, default=100_000,
                    help="the log's bound: transitions not yet on disk; beyond it a session's transitions are not "

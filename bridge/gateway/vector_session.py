@@ -103,10 +103,14 @@ class VectorSession(SessionBase):
             return error
         if obs.HasField("guard"):
             self.stats.guard = obs.guard
+        self.drop_pending()
+        return None
+
+    def drop_pending(self) -> None:
+        """Forget every env's last action (their transitions are never logged): an e-stop holds what follows."""
         self._acted[:] = False
         for recorder in self.recorder.recorders:
             recorder.abandon()
-        return None
 
     def _track_episodes(self, obs: bridge_pb2.Observation, batch: _Batch) -> list[bridge_pb2.EpisodeEnd]:
         """Reward the envs' previous actions, count steps, and end the episodes that ended here."""

@@ -114,3 +114,28 @@ def test_bad_reasons_are_refused_before_anything_changes(triton):
                 assert (gw.fleet.estops, gw.registry.events()) == before
 
     asyncio.run(scenario())
+
+
+def test_a_step_inferred_while_an_estop_is_latched_is_held_too(triton):
+    async def scenario():
+        async with running_gateway(triton.url, policy="tiny") as gw, \
+                grpc.aio.insecure_channel(gw.address) as channel, \
+                RawSession(gw.address, robot_hello("arm", robot="arm_1")) as arm:
+            fleet = fleet_pb2_grpc.FleetStub(channel)
+            assert not (await step(arm)).estop
+            inferring, go_on, infer = asyncio.Event(), asyncio.Event(), gw.batcher.infer
+
+            async def held_back(*args, **kwargs):  # the step's inference waits until the e-stop is latched
+                inferring.set()
+                await go_on.wait()
+                return await infer(*args, **kwargs)
+
+            gw.batcher.infer = held_back
+            stepping = asyncio.create_task(step(arm))
+            await asyncio.wait_for(inferring.wait(), 30)
+            await call(fleet, "EStop", robot="arm_1", reason="during inference")
+            go_on.set()
+            a = await stepping
+            assert a.estop and a.estop_id == gw.fleet.estops["robot=arm_1"].id and not decode(a.tensors[0]).any()
+
+    asyncio.run(scenario())
