@@ -7,7 +7,9 @@
     root/<model>/<version>/artifact.json an imported version's format and sha256
 
 A version folder is built beside its final place and renamed into it, so a running Triton
-never sees half a version. Usage (plain text: writing a version TorchScripts the module):
+never sees half a version; its files and the folder are fsynced before the rename, the model
+folder after it (`retire` fsyncs both folders), so a version a caller goes on to record survives a power cut.
+Usage (plain text: writing a version TorchScripts the module):
 
     repo = ModelRepository(Path("runs/triton"))
     repo.write_version("policy", 1, mlp, obs_spec, action_spec)   # -> runs/triton/policy/1
@@ -110,7 +112,7 @@ class ModelRepository:
             os.chmod(staging, 0o755)
             if not config_path.exists() or config_path.read_text() != config:
                 _write_atomically(config_path, config)  # an unchanged config is left as it is
-            os.rename(staging, final)
+            _install(staging, final)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
@@ -143,7 +145,7 @@ class ModelRepository:
             os.chmod(staging, 0o755)
             if not config_path.exists() or config_path.read_text() != config:
                 _write_atomically(config_path, config)
-            os.rename(staging, final)
+            _install(staging, final)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
@@ -212,7 +214,7 @@ class ModelRepository:
                 (staging / "policy.onnx").write_bytes(exported)
             _install_wrapper(_WRAPPERS["onnx" if exported is not None else "torchscript"], staging)
             os.chmod(staging, 0o755)
-            os.rename(staging, final)
+            _install(staging, final)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
@@ -241,6 +243,8 @@ class ModelRepository:
         target = self.root / ".retired" / model / str(version)
         target.parent.mkdir(parents=True, exist_ok=True)
         os.rename(source, target)
+        fsync_dir(source.parent)
+        fsync_dir(target.parent)
 
 
 def check_weights(expected: Mapping[str, torch.Tensor], weights: Mapping[str, torch.Tensor]) -> None:
@@ -375,8 +379,44 @@ def _write_atomically(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
+        fsync_dir(path.parent)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _install(staging: Path, final: Path) -> None:
+    """A finished staging folder into its final place, durably: its files and itself fsynced, renamed,
+    then the model folder fsynced (the rename survives a power cut)."""
+    fsync_tree(staging)
+    os.rename(staging, final)
+    fsync_dir(final.parent)
+    fsync_dir(final.parent.parent)  # a new model's folder
+
+
+def fsync_tree(folder: Path) -> None:
+    """fsync every file under `folder`, then every folder (deepest first), `folder` last."""
+    folders = []
+    for here, _, files in os.walk(folder):
+        for name in files:
+            fd = os.open(os.path.join(here, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        folders.append(here)
+    for here in reversed(folders):
+        fsync_dir(Path(here))
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the entries of folder `path` (a rename, a new file) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -2,10 +2,16 @@
 rollout controller; List and Fetch read what the catalog, registry and repository hold; the
 rollout RPCs (RolloutStatus, Promote, Rollback, Pin, SetCanary) call the controller as the caller
 the authorizer names (viewer to read, operator to change). Typed errors become gRPC statuses here.
+
+Publish is admitted against the publisher's caps (publishes in flight, bytes held: RESOURCE_EXHAUSTED
+past them) and audited under the caller's authenticated identity. Nothing here blocks the event loop:
+Fetch's model load and the registry reads behind the replies run in threads, and the audit events a
+reply carries are the newest N (one indexed read), never the whole log.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
@@ -28,22 +34,25 @@ class PoliciesService(policies_pb2_grpc.PoliciesServicer):
     async def Publish(self, request_iterator: AsyncIterator[policies_pb2.PublishChunk],
                       context: grpc.aio.ServicerContext) -> policies_pb2.PublishReply:
         try:
-            await self._gateway.auth.require(context, "trainer")  # bridge.security: a trainer or operator
+            who = await self._gateway.auth.require(context, "trainer")  # bridge.security: a trainer or operator
             first = await anext(request_iterator, None)
             if first is None or first.WhichOneof("kind") != "header":
                 raise PublishError("the first PublishChunk must be a header")
             header = first.header
             if header.size > MAX_WEIGHTS_BYTES:
                 raise PublishError(f"size {header.size} exceeds the {MAX_WEIGHTS_BYTES >> 30} GiB limit")
-            parts, received = [], 0
-            async for chunk in request_iterator:
-                if chunk.WhichOneof("kind") != "data":
-                    raise PublishError("after the header, a Publish stream carries only data chunks")
-                parts.append(chunk.data)
-                received += len(chunk.data)
-                if received > header.size:
-                    raise PublishError(f"more than the {header.size} bytes the header announced")
-            return await self._gateway.rollout.publish(header, b"".join(parts))  # one copy of the weights
+            async with self._gateway.publisher.admission.hold(header.size):  # PublishRefused past the caps
+                parts, received = [], 0
+                async for chunk in request_iterator:
+                    if chunk.WhichOneof("kind") != "data":
+                        raise PublishError("after the header, a Publish stream carries only data chunks")
+                    parts.append(chunk.data)
+                    received += len(chunk.data)
+                    if received > header.size:
+                        raise PublishError(f"more than the {header.size} bytes the header announced")
+                data = b"".join(parts)  # one copy of the weights
+                del parts
+                return await self._gateway.rollout.publish(header, data, who=who)  # the audit names `who`
         except GatewayError as exc:
             await context.abort(exc.status, str(exc))
 
@@ -61,10 +70,9 @@ class PoliciesService(policies_pb2_grpc.PoliciesServicer):
         reply = policies_pb2.PolicyList(policy=policy.name, newest=newest,
                                         inputs=[s.to_proto() for s in policy.inputs],
                                         outputs=[s.to_proto() for s in policy.outputs])
-        records = {r.version: r for r in self._gateway.registry.versions(policy.name)}
-        repo = self._gateway.repository
+        records, metas = await asyncio.to_thread(self._listing, policy.name, ready)
         for version in ready:
-            meta = read_metadata(repo, policy.name, version) if repo is not None else None
+            meta = metas.get(version)
             entry = reply.versions.add(version=version, sessions=acting.get(version, 0))
             if meta is not None:
                 entry.sha256, entry.published_unix_ns = meta.sha256, meta.published_unix_ns
@@ -78,7 +86,8 @@ class PoliciesService(policies_pb2_grpc.PoliciesServicer):
         try:
             await self._gateway.auth.require(context, "trainer")  # the weights themselves
             policy = await self._gateway.catalog.resolve(request.policy)
-            header, data = self._gateway.publisher.fetch(policy.name, request.version or policy.version)
+            header, data = await asyncio.to_thread(self._gateway.publisher.fetch, policy.name,
+                                                   request.version or policy.version)  # a model load: off the loop
         except GatewayError as exc:
             await context.abort(exc.status, str(exc))
         yield policies_pb2.PublishChunk(header=header)
@@ -145,6 +154,13 @@ class PoliciesService(policies_pb2_grpc.PoliciesServicer):
         except GatewayError as exc:
             await context.abort(exc.status, str(exc))
 
+    def _listing(self, name: str, ready: list[int]) -> tuple[dict[int, VersionRecord], dict]:
+        """The registry's records and the versions' tether.json (a thread: both read files)."""
+        repo = self._gateway.repository
+        records = {r.version: r for r in self._gateway.registry.versions(name)}
+        metas = {v: read_metadata(repo, name, v) for v in ready} if repo is not None else {}
+        return records, metas
+
     async def _policy(self, name: str) -> str:
         policy = await self._gateway.catalog.resolve(name)
         await self._gateway.rollout.track(policy.name)
@@ -163,10 +179,12 @@ class PoliciesService(policies_pb2_grpc.PoliciesServicer):
         r.canary_labels.update(rollout.canary_labels)
         r.pins.update(rollout.pins)
         r.mode = gw.rollout.plan.mode
-        for record in gw.registry.versions(name):
+        records, recent = await asyncio.to_thread(
+            lambda: (gw.registry.versions(name), recent_events(gw.registry, name, events)))  # reads: off the loop
+        for record in records:
             version_proto(record, reply.versions.add(), sessions=acting.get(record.version, 0),
                           stats=stats.get(record.version))
-        reply.events.extend(event_proto(e) for e in recent_events(gw.registry, name, events))
+        reply.events.extend(event_proto(e) for e in recent)
         fresh = gw.rollout.freshness()["policies"].get(name)
         if fresh is not None:
             reply.freshness.CopyFrom(policies_pb2.Freshness(
@@ -200,17 +218,10 @@ def event_proto(e: Event) -> policies_pb2.AuditEvent:
                                    figures={k: float(v) for k, v in e.figures.items()}, detail=e.detail)
 
 
-def recent_events(registry, policy: str, count: int) -> list[Event]:
-    """The last `count` audit events of `policy`, oldest first (pages through the log, bounded)."""
-    kept: list[Event] = []
-    since = 0
-    for _ in range(1000):
-        page = registry.events(policy, since_id=since, limit=1000)
-        kept = (kept + page)[-count:]
-        if len(page) < 1000:
-            break
-        since = page[-1].id
-    return kept
+def recent_events(registry, policy: str, count: int, *, before_id: int | None = None) -> list[Event]:
+    """The newest `count` audit events of `policy` (older than `before_id`), oldest first: one indexed read of
+    the registry (`Registry.latest_events`), whatever the length of the log."""
+    return registry.latest_events(policy, limit=count, before_id=before_id)
 
 
 def _state(text: str) -> State:

@@ -7,14 +7,24 @@ The flow (registry, gate, rollout) is `bridge.gateway.rollout.RolloutController.
     ready = await publisher.load("pendulum", 4)     # load_model; VerificationFailed unless v4 is READY
     await publisher.withdraw("pendulum", 4)         # retired again and unloaded (a refused version)
     header, data = publisher.fetch("pendulum", 4)   # a version's weights, as published
+    async with publisher.admission.hold(header.size):  # PublishRefused (RESOURCE_EXHAUSTED) past the caps
+        ...                                            # receive the chunks, publish
+
+Durability: the version folder (its files, the folder, the model folder) and its tether.json are
+fsynced before `write` returns, so no registry state that names the version is committed before the
+bytes it names are on disk.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
+import os
 import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import grpc
 import safetensors.torch
@@ -23,6 +33,7 @@ from google.protobuf import json_format
 from bridge.gateway.errors import GatewayError
 from inference_server import ModelRepository, PolicyClient
 from inference_server.artifact import ARTIFACT_FILES, ArtifactError, ImportedFile, imported_file
+from inference_server.repository import fsync_dir
 from protos import policies_pb2
 from protos.codec import TensorError, specs_from_proto
 
@@ -39,10 +50,74 @@ class VerificationFailed(PublishError):
     status = grpc.StatusCode.FAILED_PRECONDITION
 
 
+class GateSuperseded(PublishError):
+    """The version the candidate was judged against was withdrawn during its gate: not promoted."""
+
+    status = grpc.StatusCode.ABORTED
+
+
+class PublishRefused(GatewayError):
+    """Too many publishes in flight, or too many of their bytes held in memory: try again later."""
+
+    status = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+@dataclass(frozen=True, kw_only=True)
+class PublishLimits:
+    """Publishes in flight at once (receiving, waiting for the gate, gated) and the bytes they may hold
+    together (each counts the size its header announces, from the header to its reply)."""
+
+    max_inflight: int = 4
+    max_bytes: int = 4 << 30
+
+    def __post_init__(self):
+        for name in ("max_inflight", "max_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"PublishLimits.{name} must be an integer >= 1, got {value!r}")
+
+
+class PublishAdmission:
+    """Counts publishes and their bytes; `hold(size)` refuses past the caps (PublishRefused).
+
+    >>> admission = PublishAdmission(PublishLimits(max_inflight=1, max_bytes=10))
+    >>> admission.inflight, admission.bytes_held
+    (0, 0)
+    """
+
+    def __init__(self, limits: PublishLimits | None = None):
+        self.limits = limits or PublishLimits()
+        self.inflight = 0
+        self.bytes_held = 0
+        self.refused = 0
+
+    @contextlib.asynccontextmanager
+    async def hold(self, size: int) -> AsyncIterator[None]:
+        limits = self.limits
+        if self.inflight >= limits.max_inflight:
+            self.refused += 1
+            raise PublishRefused(f"{self.inflight} publishes are in flight, the gateway's cap is "
+                                 f"{limits.max_inflight}: try again when one has finished")
+        if self.bytes_held + size > limits.max_bytes:
+            self.refused += 1
+            raise PublishRefused(f"this publish announces {size} bytes; with the {self.bytes_held} bytes that the "
+                                 f"{self.inflight} publishes in flight hold, that is more than the gateway's cap of "
+                                 f"{limits.max_bytes} bytes: try again when one has finished")
+        self.inflight += 1
+        self.bytes_held += size
+        try:
+            yield
+        finally:
+            self.inflight -= 1
+            self.bytes_held -= size
+
+
 class Publisher:
-    def __init__(self, *, repository: ModelRepository | None, client: PolicyClient):
+    def __init__(self, *, repository: ModelRepository | None, client: PolicyClient,
+                 limits: PublishLimits | None = None):
         self._repo = repository
         self._client = client
+        self.admission = PublishAdmission(limits)
 
     def repository(self) -> ModelRepository:
         if self._repo is None:
@@ -64,7 +139,8 @@ class Publisher:
 
     async def write(self, name: str, version: int, header: policies_pb2.PublishHeader, weights: dict,
                     base: int) -> None:
-        """The version folder (base's architecture with `weights`) and its tether.json, atomically."""
+        """The version folder (base's architecture with `weights`) and its tether.json, atomically,
+        fsynced (files and folders) before it returns."""
         repo = self.repository()
         try:
             if isinstance(weights, ImportedFile):  # `tether policy import`: the file as it is, never run here
@@ -74,7 +150,7 @@ class Publisher:
                 await asyncio.to_thread(repo.write_weights, name, version, weights, base_version=base)
         except ValueError as exc:
             raise PublishError(f"policy {name!r}: {exc}") from exc
-        _write_metadata(repo, name, version, header)
+        await asyncio.to_thread(_write_metadata, repo, name, version, header)
 
     async def load(self, name: str, version: int) -> list[int]:
         await self._client.load_model(name)
@@ -135,8 +211,12 @@ def _write_metadata(repo: ModelRepository, name: str, version: int, header: poli
                                       published_unix_ns=time.time_ns())
     path = repo.root / name / str(version) / "tether.json"
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json_format.MessageToJson(meta))
+    with open(tmp, "w") as f:
+        f.write(json_format.MessageToJson(meta))
+        f.flush()
+        os.fsync(f.fileno())
     tmp.replace(path)
+    fsync_dir(path.parent)
 
 
 def read_metadata(repo: ModelRepository, name: str, version: int) -> policies_pb2.PolicyVersion | None:

@@ -24,6 +24,7 @@ import torch
 from bridge.gateway.errors import GatewayError
 from bridge.gateway.policies import ServedPolicy
 from inference_server import ModelRepository, PolicyClient
+from inference_server.repository import fsync_dir
 from protos.codec import Spec
 
 PROBE_ROWS = 4
@@ -48,6 +49,8 @@ def restore_version(repo: ModelRepository, name: str, version: int) -> None:
     if not source.is_dir():
         raise SwapFailed(f"policy {name!r} v{version} is neither in the repository nor retired under {source.parent}")
     os.rename(source, repo.root / name / str(version))
+    fsync_dir(source.parent)
+    fsync_dir(repo.root / name)
 
 
 class Fingerprint:

@@ -37,7 +37,7 @@ def variant(module: MLPPolicy, *, scale: float = 1.0, flip: bool = False) -> dic
     return {k: v.contiguous() for k, v in state.items()}
 
 
-async def publish(stub, policy: str, weights: dict[str, torch.Tensor], *, chunk: int = 1 << 16):
+async def publish(stub, policy: str, weights: dict[str, torch.Tensor], *, chunk: int = 1 << 16, metadata=None):
     module = MLPPolicy(OBS[0], ACT[0])
     module.load_state_dict(weights, strict=False)
     probe = np.random.default_rng(0).standard_normal((4, 11)).astype(np.float32)
@@ -50,7 +50,7 @@ async def publish(stub, policy: str, weights: dict[str, torch.Tensor], *, chunk:
         probe_inputs=[encode("observation", probe)], probe_outputs=[encode("action", reference)])
     chunks = [policies_pb2.PublishChunk(header=header)]
     chunks += [policies_pb2.PublishChunk(data=data[i:i + chunk]) for i in range(0, len(data), chunk)]
-    return await stub.Publish(iter(chunks))
+    return await stub.Publish(iter(chunks), metadata=metadata)
 
 
 class Fleet:
@@ -65,7 +65,7 @@ class Fleet:
         self.per_episode = gateway.config.switch == "episode"  # a version holds for the whole episode
         rng = np.random.default_rng(1)
         self.obs = [rng.standard_normal(11).astype(np.float32) for _ in labels]
-        self.direction: list[np.ndarray] = []
+        self.direction: dict[int, np.ndarray] = {}  # per session: the sign of its first action (v1's)
         self.versions: list[list[int]] = [[] for _ in labels]   # per session, per acted step
         self.errors: list[str] = []
         self.sessions: list[RawSession] = []
@@ -112,8 +112,8 @@ class Fleet:
             self.versions[i].append(version)
             self.clamped[i] += version == self.clamped_by
             action = decode(reply.action.tensors[0])
-            if len(self.direction) <= i:
-                self.direction.append(np.sign(action))
+            if i not in self.direction:  # keyed by session: sessions finish their first step in any order
+                self.direction[i] = np.sign(action)
             reward = float(np.dot(action, self.direction[i]))
 
     async def round(self) -> None:
