@@ -65,7 +65,8 @@ def test_a_poisoned_replay_or_applied_action_is_a_step_error_and_never_logged(tr
                 live["act"] = await send(s, observation(2, reward=0.0))
                 live["last"] = await send(s, observation(3, reward=0.0, step_type=bridge_pb2.LAST,
                                                          applied=np.full(3, 0.5, np.float32)))
-            return errors, good, live, dict(gw.closed_stats[-1].errors)
+                counted = dict(gw.sessions["p1"].stats.errors)
+            return errors, good, live, counted
 
     errors, good, live, counted = asyncio.run(scenario())  # the gateway stopped: its log is closed and complete
     for what, error in errors.items():
