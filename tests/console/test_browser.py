@@ -1,7 +1,9 @@
 """The console in a real headless Chromium (Debian's, driven by Playwright) against a live gateway with
 `tether sim` processes running: it shows the sessions; an operator's click is refused without a token and
 done with one (what the gRPC API reports changes, the audit trail shows who): an e-stop of one robot, and
-(with the rollout controller) a rollback of the live version; a screenshot for the README.
+(with the rollout controller) a rollback of the live version; a screenshot for the README. And a page on
+another site (evil.example, resolved to loopback by Chromium's host rules: no traffic leaves the machine)
+cannot e-stop an open-access console, nor read it through DNS rebinding, while the console's own button works.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import hashlib
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import grpc
@@ -32,6 +35,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 FLAGS = ["--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync"]  # headless, no sandbox and a fresh profile: Playwright's
+EVIL = "evil.example"  # another site; Chromium resolves it to 127.0.0.1 (--host-resolver-rules)
+EVIL_FLAGS = [f"--host-resolver-rules=MAP {EVIL} 127.0.0.1", "--disable-features=HttpsUpgrades"]
 SCREENSHOT = ROOT / "docs" / "console.png"  # the README's; refreshed with TETHER_UPDATE_SCREENSHOT=1
 GATEWAY_FIELDS = {f.name for f in dataclasses.fields(GatewayConfig)}
 
@@ -74,22 +79,24 @@ async def live_version(address: str) -> int:
     return reply.rollout.live
 
 
-def token_auth(tmp_path: Path):
-    """An Authorizer that checks hashed tokens (bridge.security), and an operator token for alice."""
-    try:
-        from bridge.security import Authorizer
-        from bridge.security.tokens import TokenStore
-    except ImportError as exc:
-        pytest.skip(f"bridge.security has no token store yet: {exc}")
+def tokens_file(tmp_path: Path) -> tuple[Path, str, str]:
+    """A hashed tokens file (`tether token add`) the gateway checks: alice's operator token and a robot token."""
+    from bridge.security.tokens import TokenStore
+
     store = TokenStore(tmp_path / "tokens.json")
-    return Authorizer(tokens=store), store.add("alice", role="operator")
+    return store.path, store.add("alice", role="operator"), store.add("cell", role="robot")
 
 
-async def start_sim(address: str, robot: str) -> asyncio.subprocess.Process:
+async def start_sim(address: str, robot: str, token: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         sys.executable, "-m", "tether", "sim", "--gateway", address, "--env", "Hopper-v5", "--envs", "1",
         "--seconds", "120", "--label", f"robot={robot}", "--session-id", robot, "--status-every", "100",
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+        "--token", token, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+
+
+async def standing_estops(address: str) -> list[fleet_pb2.EStop]:
+    async with grpc.aio.insecure_channel(address) as channel:
+        return list((await fleet_pb2_grpc.FleetStub(channel).Status(fleet_pb2.StatusRequest())).estops)
 
 
 async def fleet_status(address: str) -> dict[str, fleet_pb2.SessionStatus]:
@@ -110,18 +117,20 @@ async def click_and_confirm(page, selector: str, why: str) -> str:
 
 
 def test_console_shows_the_fleet_and_operator_clicks_need_a_token(served, tmp_path):
+    """The gateway checks tokens (--tokens): the page's clicks carry alice's token, the console header and
+    JSON from the console's own origin, and are done under her name."""
     server, repo = served
-    auth, token = token_auth(tmp_path)
+    tokens, token, robot_token = tokens_file(tmp_path)
 
     async def scenario():
         extra = {"registry": tmp_path / "registry.sqlite"} if "registry" in GATEWAY_FIELDS else {}
         async with running_gateway(server.grpc_url, policy="walker", console_port=0, model_repository=repo.root,
-                                   **extra) as gw:
-            gw.auth = auth
+                                   tokens=tokens, **extra) as gw:
+            assert not gw.auth.open_access
             rollout = getattr(gw, "rollout", None)
             if rollout is not None:
                 assert await publish_v2(gw.address, token) == 2 and await live_version(gw.address) == 2
-            sims = [await start_sim(gw.address, robot) for robot in ("hopper_1", "hopper_2")]
+            sims = [await start_sim(gw.address, robot, robot_token) for robot in ("hopper_1", "hopper_2")]
             try:
                 async with playwright_api.async_playwright() as p:
                     browser = await p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
@@ -136,7 +145,8 @@ def test_console_shows_the_fleet_and_operator_clicks_need_a_token(served, tmp_pa
                     # no token: refused, nothing changes
                     text = await click_and_confirm(page, f'{row} button[data-action="estop"]', "no token")
                     assert "refused (401)" in text, text
-                    assert not gw.fleet.estops and not (await fleet_status(gw.address))["hopper_1-0"].estopped
+                    assert not await standing_estops(gw.address)
+                    assert not (await fleet_status(gw.address))["hopper_1-0"].estopped
                     assert not gw.fleet.audit_events()
 
                     # with alice's operator token: done, under her name
@@ -156,7 +166,13 @@ def test_console_shows_the_fleet_and_operator_clicks_need_a_token(served, tmp_pa
                         await asyncio.sleep(0.1)
                     assert held["hopper_1-0"] > 10 and held["hopper_2-0"] == 0, held
                     await page.wait_for_function("document.body.dataset.updated > 0")
-                    await asyncio.sleep(2.5)  # a few chart points (the page polls once a second)
+                    for _ in range(300):  # a few chart points for the screenshot (one a second; bounded: 30 s)
+                        if len(gw.console.history["steps_per_s"]) >= 3:
+                            break
+                        await asyncio.sleep(0.1)
+                    since = len(gw.console.history["steps_per_s"])
+                    await page.wait_for_function(f"(document.body.dataset.updated || 0) > {time.time()}")
+                    assert since >= 3, since
                     if rollout is not None:  # rollback of the live version: v1 is live again
                         text = await click_and_confirm(page, 'button[data-action="rollback"][data-policy="walker"]',
                                                        "v2 walks worse")
@@ -192,3 +208,61 @@ def test_console_shows_the_fleet_and_operator_clicks_need_a_token(served, tmp_pa
 
     asyncio.run(scenario())
     assert SCREENSHOT.stat().st_size > 10_000
+
+
+EVIL_PAGE = """<!doctype html><title>cat pictures</title><p>nothing to see</p>"""
+
+
+def test_a_page_on_another_site_cannot_steer_an_open_console_in_the_browser(triton):
+    """Open access on loopback (what `tether demo` runs). A page on evil.example, open in the operator's
+    Chromium: a no-CORS text/plain POST (the request no preflight stops) reaches the console and changes
+    nothing; a JSON POST with the console header is stopped at its preflight; DNS rebinding (evil.example
+    resolving to the console) gets 421. The console's own E-STOP ALL button then works."""
+    from aiohttp import web
+
+    async def scenario():
+        evil_app = web.Application()
+        async def evil_page(_request):
+            return web.Response(text=EVIL_PAGE, content_type="text/html")
+
+        evil_app.router.add_get("/", evil_page)
+        evil_runner = web.AppRunner(evil_app, access_log=None)
+        await evil_runner.setup()
+        evil_site = web.TCPSite(evil_runner, "127.0.0.1", 0)
+        await evil_site.start()
+        evil_port = evil_site._server.sockets[0].getsockname()[1]
+        try:
+            async with running_gateway(triton.url, policy="tiny", console_port=0) as gw, \
+                    playwright_api.async_playwright() as p:
+                assert gw.auth.open_access
+                console = f"http://127.0.0.1:{gw.console.port}/"
+                browser = await p.chromium.launch(executable_path=CHROMIUM, args=FLAGS + EVIL_FLAGS)
+                page = await browser.new_page()
+                await page.goto(f"http://{EVIL}:{evil_port}/")
+                assert await page.title() == "cat pictures"
+                body = '{"target": {"all": true}, "why": "drive-by"}'
+                for name in ("estop", "release"):  # answered (opaque to the page): the console has decided
+                    kind = await page.evaluate(
+                        "([url, body]) => fetch(url, {method: 'POST', mode: 'no-cors', body,"
+                        " headers: {'Content-Type': 'text/plain'}}).then(r => r.type)", [console + "api/" + name, body])
+                    assert kind == "opaque"
+                    assert not await standing_estops(gw.address), name
+                refused = await page.evaluate(
+                    "([url, body]) => fetch(url, {method: 'POST', body, headers: {'Content-Type': 'application/json',"
+                    " 'X-Tether-Console': '1'}}).then(r => 'answered ' + r.status, e => 'refused: ' + e)",
+                    [console + "api/estop", body])
+                assert refused.startswith("refused: TypeError"), refused
+                rebound = await page.goto(f"http://{EVIL}:{gw.console.port}/api/state")
+                assert rebound.status == 421 and "is not this console's" in await rebound.text()
+                assert not await standing_estops(gw.address) and not gw.fleet.audit_events()
+
+                await page.goto(console)  # the console's own page: its button works (open access)
+                await page.wait_for_function("document.body.dataset.updated > 0")
+                text = await click_and_confirm(page, "#estop-all", "drill")
+                assert "estop done by operator:anonymous" in text, text
+                assert [e.all for e in await standing_estops(gw.address)] == [True]
+                await browser.close()
+        finally:
+            await evil_runner.cleanup()
+
+    asyncio.run(scenario())

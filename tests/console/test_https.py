@@ -27,7 +27,8 @@ def test_console_https_with_client_certificates(triton, tmp_path):
 
     async def post(url: str, ctx: ssl.SSLContext) -> tuple[int, dict]:
         async with aiohttp.ClientSession() as http, http.post(
-                url + "api/estop", json={"target": {"robot": "arm_1"}, "why": "test"}, ssl=ctx) as reply:
+                url + "api/estop", json={"target": {"robot": "arm_1"}, "why": "test"}, ssl=ctx,
+                headers={"X-Tether-Console": "1"}) as reply:  # what the console page sends with every action
             return reply.status, await reply.json()
 
     async def scenario():

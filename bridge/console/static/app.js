@@ -1,5 +1,7 @@
-// Tether console: polls GET /api/state once a second and redraws; actions POST /api/<name> after a
-// confirmation. No libraries, nothing from the internet: tables from the DOM, charts on canvas.
+// Tether console: polls GET /api/state once a second and redraws; actions POST /api/<name> (a JSON body
+// and the header X-Tether-Console: 1, which the server asks of every state-changing call: a cross-site page
+// cannot send it) after a confirmation. No libraries, nothing from the internet: tables from the DOM, charts
+// on canvas.
 "use strict";
 
 const $ = (sel) => document.querySelector(sel);
@@ -14,7 +16,7 @@ for (const id of ["operator", "token"]) {
 }
 
 function headers() {
-  const h = { "Content-Type": "application/json" };
+  const h = { "Content-Type": "application/json", "X-Tether-Console": "1" };
   const token = $("#token").value.trim(), operator = $("#operator").value.trim();
   if (token) h["Authorization"] = "Bearer " + token;
   if (operator) h["X-Tether-Operator"] = operator;
