@@ -189,6 +189,16 @@ class _GatewayState(Collector):
             stats = experience.stats  # a property: LogStats
             yield _gauge("tether_log_bytes", "Experience log message bytes written since start", stats.bytes)
             yield _gauge("tether_log_transitions", "Transitions appended to the experience log", stats.appended)
+            yield _gauge("tether_experience_degraded", "1 while the experience log's disk refuses writes (sessions "
+                         "act on; nothing becomes durable; the writer retries)", 1 if stats.degraded else 0)
+            yield _gauge("tether_experience_pending", "Transitions accepted by the log, not yet on disk", stats.pending)
+            yield _gauge("tether_experience_pending_bytes", "Their serialized size", stats.pending_bytes)
+            yield CounterMetricFamily("tether_experience_refused", "Transitions not logged: the log's bound "
+                                      "(--log-max-pending), or their session past a refused one", value=stats.refused)
+            yield CounterMetricFamily("tether_experience_write_errors", "Failed writes/fsyncs of the log (each "
+                                      "retried)", value=stats.write_errors)
+            yield CounterMetricFamily("tether_experience_pruned_segments", "Segments deleted by retention",
+                                      value=stats.pruned)
         throughput = GaugeMetricFamily("tether_trainer_steps_per_second",
                                        "Trainer optimiser steps per second, from the lineage of published versions",
                                        labels=["policy"])

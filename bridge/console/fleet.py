@@ -131,4 +131,5 @@ class Fleet:
         for row in self.versions():
             out.versions.append(fleet_pb2.VersionStatus(**row))
         out.estops.extend(selector(r) for r in self.holds.standing())
+        out.logging = self._gw.logging_state()  # "ok", "off", "degraded: <why>" (bridge.gateway.server)
         return out

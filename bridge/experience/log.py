@@ -8,16 +8,39 @@ one writer thread in group commits, acknowledged only once on disk.
         offset = await fut                 # resolves once fsynced (never blocks the loop on disk)
     log.last_step("robot-1")               # highest step appended for a session (survives restarts)
     log.durable_step("robot-1")            # highest step of it fsynced (what `durable_through` reports)
+    log.degraded                           # None, or why the disk refuses writes (the writer retries)
     await log.close()                      # flush, fsync, finish the open segment
 
 The log owns a transition once it is appended: do not change it afterwards.
+
+Disk faults degrade, never abort. When a write, fsync, segment creation or finish fails with an
+OSError (ENOSPC, EIO, ...), the writer cuts the open segment back to its last fsynced size (a
+half-written record never stays in a segment), keeps every transition it had not made durable,
+reports `degraded`, and retries with backoff (`retry_min_s` doubling to `retry_max_s`); when the
+disk takes writes again it writes what it kept, in offset order, and `degraded` clears. Meanwhile
+`append` goes on accepting (the sessions keep acting) and nothing becomes durable: clients keep their
+unacknowledged steps for Replay.
+
+The bound. Transitions accepted but not yet durable are at most `max_pending` (count) and about
+`max_pending_bytes` (serialized size). At the bound `append` raises `LogFull`, counted in
+`stats.refused`, and from then on refuses every later transition of that session too (a session's
+steps are logged in order, with no holes) until `resume(session)`, which the gateway calls when the
+session connects again: its `durable_through` stays at the first refused step, so its client keeps
+that step and everything after, and replays them after the reconnect. The event loop never waits.
+
+Retention (`retention_bytes`, `retention_s`; off by default): finished segments are deleted,
+oldest first, while all segments together exceed `retention_bytes` or when a segment's last write
+is older than `retention_s`. The open segment and the newest finished one (which carries every
+session's last step) are never deleted. Counted in `stats.pruned`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
+import logging
 import os
 import threading
 import time
@@ -27,6 +50,8 @@ from pathlib import Path
 
 from bridge.experience.segment import (
     SegmentWriter,
+    fsync_dir,
+    is_finished,
     list_segments,
     repair_segment,
     scan_segment,
@@ -34,9 +59,16 @@ from bridge.experience.segment import (
 )
 from protos import experience_pb2
 
+log = logging.getLogger("tether.experience")
+
 
 class LogError(RuntimeError):
     """The log cannot accept transitions (not started, closed, or its writer failed)."""
+
+
+class LogFull(LogError):
+    """The log holds as many transitions not yet on disk as it may (`max_pending`, `max_pending_bytes`),
+    or the session already had one refused (until `resume`): this one is not logged."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +84,12 @@ class LogStats:
     next_offset: int
     durable_offset: int
     recovered: int           # transitions found on disk at start
+    refused: int = 0         # not accepted: at the bound, or their session past a refused one (LogFull)
+    write_errors: int = 0    # failed writes/fsyncs (each retried)
+    pruned: int = 0          # segments deleted by retention
+    pruned_bytes: int = 0
+    pending_bytes: int = 0   # serialized size of the transitions not yet durable
+    degraded: str = ""       # why the disk refuses writes now ("" = it does not)
 
 
 def _lock(directory: Path) -> int:
@@ -65,6 +103,11 @@ def _lock(directory: Path) -> int:
     return fd
 
 
+def _describe(error: OSError) -> str:
+    name = errno.errorcode.get(error.errno or 0, "") if error.errno else ""
+    return f"{name}: {error.strerror or error}" if name else str(error)
+
+
 class ExperienceLog:
     """Appends `tether.v1.Transition`s to MCAP segments in `directory` (see module docstring).
 
@@ -76,34 +119,60 @@ class ExperienceLog:
     """
 
     def __init__(self, directory: str | Path, *, segment_bytes: int = 256 << 20, segment_seconds: float = 600.0,
-                 fsync_interval_s: float = 0.005, fsync: bool = True):
+                 fsync_interval_s: float = 0.005, fsync: bool = True, max_pending: int = 100_000,
+                 max_pending_bytes: int = 1 << 30, retry_min_s: float = 0.05, retry_max_s: float = 5.0,
+                 retention_bytes: int | None = None, retention_s: float | None = None):
         if segment_bytes < 4096:
             raise ValueError(f"segment_bytes: {segment_bytes} is below 4096")
         if not segment_seconds > 0:
             raise ValueError(f"segment_seconds: {segment_seconds} must be > 0")
         if not 0 <= fsync_interval_s <= 10:
             raise ValueError(f"fsync_interval_s: {fsync_interval_s} must be within [0, 10]")
+        if max_pending < 1 or max_pending_bytes < 1:
+            raise ValueError(f"max_pending ({max_pending}) and max_pending_bytes ({max_pending_bytes}) must be >= 1")
+        if not 0 < retry_min_s <= retry_max_s:
+            raise ValueError(f"retry_min_s ({retry_min_s}) must be > 0 and <= retry_max_s ({retry_max_s})")
+        if retention_bytes is not None and retention_bytes < 0:
+            raise ValueError(f"retention_bytes: {retention_bytes} must be >= 0 (None = no size limit)")
+        if retention_s is not None and not retention_s > 0:
+            raise ValueError(f"retention_s: {retention_s} must be > 0 (None = no age limit)")
         self.directory = Path(directory)
         self.segment_bytes, self.segment_seconds = segment_bytes, segment_seconds
         self.fsync_interval_s, self.fsync = fsync_interval_s, fsync
-        self._last_step: dict[str, int] = {}     # highest step appended per session (the event loop's)
+        self.max_pending, self.max_pending_bytes = max_pending, max_pending_bytes
+        self.retry_min_s, self.retry_max_s = retry_min_s, retry_max_s
+        self.retention_bytes, self.retention_s = retention_bytes, retention_s
+        # the event loop's
+        self._last_step: dict[str, int] = {}     # highest step appended per session
         self._durable_step: dict[str, int] = {}  # highest step acknowledged (fsynced) per session
+        self._refusing: dict[str, int] = {}      # session -> its first step refused at the bound (until resume)
         self._next_offset = 0
         self._durable_offset = 0
+        self._pending_bytes = 0
+        self._waiters: list[tuple[int, asyncio.Future]] = []
+        # shared (deque appends/pops are atomic; the condition wakes the writer)
         self._cond = threading.Condition()
-        self._queue: deque[tuple[experience_pb2.Transition, int, asyncio.Future | None]] = deque()
+        self._queue: deque[tuple[experience_pb2.Transition, int, asyncio.Future | None, int]] = deque()
         self._closing = False
         self._writer_idle = False  # set by the writer before it checks the queue and sleeps
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._failed: BaseException | None = None
-        self._waiters: list[tuple[int, asyncio.Future]] = []
+        self._degraded: str | None = None  # written by the writer thread (a str assignment), read anywhere
+        # the writer thread's
+        self._backlog: list[tuple[experience_pb2.Transition, int, asyncio.Future | None, int]] = []
+        self._written = 0              # backlog items written into the open segment since its last sync
+        self._needs_rollback = False   # a failed write left the open segment past its last synced size
+        self._retry_at = 0.0
+        self._backoff = retry_min_s
         self._segment: SegmentWriter | None = None
         self._segment_index = 0
         self._segment_started = 0.0
-        self._disk_sessions: dict[str, int] = {}  # last steps written to disk (writer thread)
+        self._disk_sessions: dict[str, int] = {}    # last steps written to disk
+        self._synced_sessions: dict[str, int] = {}  # last steps made durable
+        self._prune_at = 0.0
         self._counts = dict(appended=0, duplicates=0, durable=0, bytes=0, segments=0, fsyncs=0, max_group=0,
-                            recovered=0)
+                            recovered=0, refused=0, write_errors=0, pruned=0, pruned_bytes=0)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -122,7 +191,8 @@ class ExperienceLog:
         self._thread.start()
 
     async def close(self) -> None:
-        """Writes and fsyncs everything appended, finishes the open segment, stops the writer."""
+        """Writes and fsyncs everything appended, finishes the open segment, stops the writer. With the
+        disk still refusing writes it tries once more, then gives up on what it could not write (logged)."""
         if self._thread is None:
             return
         with self._cond:
@@ -144,7 +214,8 @@ class ExperienceLog:
     # -- the hot path (event loop) ---------------------------------------------------------
     def append(self, transition: experience_pb2.Transition) -> asyncio.Future | None:
         """Assigns `transition.offset` and queues it; returns a Future of the offset that resolves once
-        it is on disk, or None (and counts it) when its step is not above the session's last one."""
+        it is on disk, or None (and counts it) when its step is not above the session's last one.
+        Raises LogFull at the bound (see module docstring), LogError when the log is not running."""
         if self._thread is None or self._closing:
             raise LogError("experience log is not running (call start(), and not after close())")
         if self._failed is not None:
@@ -154,16 +225,30 @@ class ExperienceLog:
         if last is not None and step <= last:
             self._counts["duplicates"] += 1
             return None
+        size = transition.ByteSize()
+        if session in self._refusing or (self._next_offset - self._durable_offset >= self.max_pending
+                                         or self._pending_bytes + size > self.max_pending_bytes):
+            self._counts["refused"] += 1
+            first = self._refusing.setdefault(session, step)
+            raise LogFull(f"experience log full ({self._next_offset - self._durable_offset} transitions, "
+                          f"{self._pending_bytes} bytes not yet on disk): session {session!r} is not logged "
+                          f"from step {first} until it connects again and replays")
         self._last_step[session] = step
         transition.offset = self._next_offset
         self._next_offset += 1
+        self._pending_bytes += size
         self._counts["appended"] += 1
         fut = self._loop.create_future()
-        self._queue.append((transition, time.time_ns(), fut))  # deque.append is atomic: no lock on the hot path
+        self._queue.append((transition, time.time_ns(), fut, size))  # deque.append is atomic: no lock
         if self._writer_idle:
             with self._cond:
                 self._cond.notify()
         return fut
+
+    def resume(self, session: str) -> None:
+        """The session connected again: after a refusal at the bound its transitions are taken again
+        (from the step after its last appended one: the client replays the refused ones)."""
+        self._refusing.pop(session, None)
 
     def last_step(self, session: str) -> int | None:
         """The highest step appended for `session` (on disk or queued), None if it has none."""
@@ -173,6 +258,11 @@ class ExperienceLog:
         """The highest step of `session` that is on disk (fsynced; written with fsync=False): every
         step of it below is too, since a session's steps are appended in order and written in order."""
         return self._durable_step.get(session)
+
+    @property
+    def degraded(self) -> str | None:
+        """None while the disk takes writes; else why not (the writer keeps retrying)."""
+        return self._degraded
 
     @property
     def durable_offset(self) -> int:
@@ -190,7 +280,9 @@ class ExperienceLog:
                         pending=self._next_offset - self._durable_offset, bytes=c["bytes"],
                         segments=c["segments"], fsyncs=c["fsyncs"], max_group=c["max_group"],
                         next_offset=self._next_offset, durable_offset=self._durable_offset,
-                        recovered=c["recovered"])
+                        recovered=c["recovered"], refused=c["refused"], write_errors=c["write_errors"],
+                        pruned=c["pruned"], pruned_bytes=c["pruned_bytes"], pending_bytes=self._pending_bytes,
+                        degraded=self._degraded or "")
 
     async def wait_durable(self, offset: int, timeout: float | None = None) -> int:
         """Waits until `durable_offset > offset` (or the timeout); returns durable_offset."""
@@ -208,11 +300,12 @@ class ExperienceLog:
                     self._waiters.remove((offset, fut))
         return self._durable_offset
 
-    def _resolve(self, batch: list[tuple[int, asyncio.Future | None, str, int]], durable: int) -> None:
+    def _resolve(self, batch: list[tuple[int, asyncio.Future | None, str, int, int]], durable: int) -> None:
         self._durable_offset = max(self._durable_offset, durable)
         self._counts["durable"] += len(batch)
         steps = self._durable_step
-        for offset, fut, session, step in batch:
+        for offset, fut, session, step, size in batch:
+            self._pending_bytes -= size
             if step > steps.get(session, -1):
                 steps[session] = step
             if fut is not None and not fut.done():
@@ -227,8 +320,9 @@ class ExperienceLog:
                 still.append((offset, fut))
         self._waiters = still
 
-    def _fail(self, error: BaseException, batch: list[tuple[int, asyncio.Future | None, str, int]]) -> None:
-        for _, fut, _, _ in batch:
+    def _fail(self, error: BaseException, batch: list[tuple[int, asyncio.Future | None, str, int, int]]) -> None:
+        for _, fut, _, _, size in batch:
+            self._pending_bytes -= size
             if fut is not None and not fut.done():
                 fut.set_exception(LogError(f"experience log writer failed: {error!r}"))
         for _, fut in self._waiters:
@@ -255,6 +349,7 @@ class ExperienceLog:
         self._last_step = dict(sessions)
         self._durable_step = dict(sessions)
         self._disk_sessions = dict(sessions)
+        self._synced_sessions = dict(sessions)
         self._next_offset = self._durable_offset = next_offset
         self._segment_index = segments[-1][0] if segments else 0
         self._counts["segments"] = len(list_segments(self.directory))
@@ -262,47 +357,142 @@ class ExperienceLog:
 
     # -- the writer thread -----------------------------------------------------------------
     def _run(self) -> None:
-        last_sync = 0.0
-        taken: list = []  # drained from the queue, not yet acknowledged
         try:
+            last_sync = 0.0
             while True:
                 with self._cond:
                     self._writer_idle = True
-                    while not self._queue and not self._closing:
-                        if not self._cond.wait(timeout=self._age_timeout()):
+                    while not (self._closing or self._queue or (self._degraded is not None and self._retry_due())):
+                        if not self._cond.wait(timeout=self._wait_timeout()):
                             break
                     self._writer_idle = False
-                    closing = self._closing and not self._queue
-                taken = self._drain()
-                if taken:
-                    self._write(taken)
-                    wait = last_sync + self.fsync_interval_s - time.monotonic()
-                    if wait > 0 and not self._closing:
-                        time.sleep(wait)  # group commit: more appends may queue meanwhile
-                        more = self._drain()
-                        taken += more
-                        self._write(more)
-                    if self.fsync and self._segment is not None:
-                        self._segment.sync()
-                        self._counts["fsyncs"] += 1
-                    last_sync = time.monotonic()
-                    self._counts["max_group"] = max(self._counts["max_group"], len(taken))
-                    done = [(t.offset, fut, t.session, t.step) for t, _, fut in taken]
-                    taken = []
-                    self._loop.call_soon_threadsafe(self._resolve, done, done[-1][0] + 1)
-                if self._segment is not None and self._segment.count and self._segment_aged():
-                    self._finish_segment()
-                if closing:
+                    closing = self._closing
+                self._backlog += self._drain()
+                if (self._backlog or self._degraded is not None) and (self._retry_due() or closing):
+                    wait = 0.0 if closing else last_sync + self.fsync_interval_s - time.monotonic()
+                    if self._commit(group_wait=wait):
+                        last_sync = time.monotonic()
+                if self._degraded is None and self._segment is not None and self._segment.count \
+                        and self._segment_aged() and not self._backlog:
+                    self._guarded(self._finish_segment)
+                if self._degraded is None and self._prune_due():
+                    self._guarded(self._prune)
+                if closing and (not self._queue or self._degraded is not None):
                     break
-            if self._segment is not None:
-                self._finish_segment()
-        except BaseException as e:  # noqa: BLE001 - reported to every waiting append and on close
+            if self._backlog and self._degraded is None:
+                self._commit(group_wait=0.0)
+            if self._degraded is None and self._segment is not None:
+                self._guarded(self._finish_segment)
+            if self._backlog or self._degraded is not None:
+                self._give_up()
+        except BaseException as e:  # noqa: BLE001 - a bug, not a disk fault: reported to every waiting append
             self._failed = e
-            lost = [(t.offset, fut, t.session, t.step) for t, _, fut in taken + self._drain()]
-            if self._segment is not None:
-                self._segment.abandon()
-                self._segment = None
-            self._loop.call_soon_threadsafe(self._fail, e, lost)
+            self._degraded = f"writer failed: {e!r}"
+            log.exception("experience log %s: the writer failed", self.directory)
+            self._give_up(e)
+
+    def _give_up(self, error: BaseException | None = None) -> None:
+        lost = self._backlog + self._drain()
+        self._backlog = []
+        if lost:
+            log.error("experience log %s: %d transitions (offsets %d..%d) were not written: %s", self.directory,
+                      len(lost), lost[0][0].offset, lost[-1][0].offset, self._degraded or error)
+        if self._segment is not None:
+            with contextlib.suppress(OSError):
+                if self._needs_rollback:
+                    self._segment.rollback()
+            self._segment.abandon()
+            self._segment = None
+        error = error or LogError(f"closed while the disk refused writes: {self._degraded}")
+        self._loop.call_soon_threadsafe(self._fail, error, [self._done_item(i) for i in lost])
+
+    @staticmethod
+    def _done_item(item) -> tuple[int, asyncio.Future | None, str, int, int]:
+        t, _, fut, size = item
+        return t.offset, fut, t.session, t.step, size
+
+    def _retry_due(self) -> bool:
+        return self._degraded is None or time.monotonic() >= self._retry_at
+
+    def _wait_timeout(self) -> float | None:
+        waits = []
+        if self._degraded is not None:
+            waits.append(self._retry_at - time.monotonic())
+        if self._segment is not None and self._segment.count:
+            waits.append(self._segment_started + self.segment_seconds - time.monotonic())
+        if self.retention_bytes is not None or self.retention_s is not None:
+            waits.append(self._prune_at - time.monotonic())
+        return max(0.0, min(waits)) + 0.001 if waits else None
+
+    def _prune_due(self) -> bool:
+        return (self.retention_bytes is not None or self.retention_s is not None) and time.monotonic() >= self._prune_at
+
+    def _commit(self, *, group_wait: float) -> bool:
+        """Writes the backlog, waits out the group-commit interval (more may queue), fsyncs, and
+        acknowledges. On an OSError: degraded, the segment cut back, a retry scheduled; returns False."""
+        try:
+            if self._needs_rollback:
+                self._segment.rollback()
+                self._needs_rollback = False
+            self._write_backlog()
+            if group_wait > 0 and self._degraded is None:
+                time.sleep(group_wait)  # group commit: more appends may queue meanwhile
+                self._backlog += self._drain()
+                self._write_backlog()
+            if self._segment is not None and self._written:
+                if self.fsync:
+                    self._segment.sync()
+                    self._counts["fsyncs"] += 1
+                self._segment.mark_synced()
+            acked = len(self._backlog)
+        except OSError as e:
+            self._on_error(e)
+            return False
+        if self._degraded is not None:  # cleared before the acks: whoever sees them durable sees it clear
+            log.warning("experience log %s: the disk takes writes again (was: %s); writing resumed", self.directory,
+                        self._degraded)
+            self._degraded = None
+            if acked:
+                self._backoff = self.retry_min_s
+        self._counts["max_group"] = max(self._counts["max_group"], acked)
+        self._ack(acked)
+        return True
+
+    def _guarded(self, fn) -> None:
+        try:
+            fn()
+        except OSError as e:
+            self._on_error(e)
+
+    def _on_error(self, error: OSError) -> None:
+        self._counts["write_errors"] += 1
+        first = self._degraded is None
+        self._degraded = (f"{_describe(error)} (writing {self.directory}; {len(self._backlog)} transitions kept, "
+                          f"retrying every {self._backoff:.2g} s)")
+        if first:
+            log.error("experience log %s: %s: logging degraded, sessions go on, nothing becomes durable until "
+                      "the disk takes writes again", self.directory, _describe(error))
+        if self._segment is not None:
+            self._needs_rollback = True
+            with contextlib.suppress(OSError):
+                self._segment.rollback()  # cut what the failed write may have left (retried first if this fails)
+                self._needs_rollback = False
+        self._written = 0
+        self._disk_sessions = dict(self._synced_sessions)
+        self._retry_at = time.monotonic() + self._backoff
+        self._backoff = min(self._backoff * 2, self.retry_max_s)
+
+    def _ack(self, n: int) -> None:
+        """The first n backlog items are on disk: acknowledge them on the event loop."""
+        if n <= 0:
+            return
+        done, self._backlog = self._backlog[:n], self._backlog[n:]
+        self._written = max(0, self._written - n)
+        synced = self._synced_sessions
+        for t, _, _, _ in done:
+            if t.step > synced.get(t.session, -1):
+                synced[t.session] = t.step
+        self._loop.call_soon_threadsafe(self._resolve, [self._done_item(i) for i in done], done[-1][0].offset + 1)
 
     def _drain(self) -> list:
         items = []
@@ -311,18 +501,16 @@ class ExperienceLog:
                 items.append(self._queue.popleft())
         return items
 
-    def _age_timeout(self) -> float | None:
-        if self._segment is None or not self._segment.count:
-            return None
-        return max(0.0, self._segment_started + self.segment_seconds - time.monotonic()) + 0.001
-
     def _segment_aged(self) -> bool:
         return time.monotonic() - self._segment_started >= self.segment_seconds
 
-    def _write(self, items: list) -> None:
-        """Writes queued transitions, rotating segments by size and age (not yet fsynced)."""
+    def _write_backlog(self) -> None:
+        """Writes the backlog items not yet in the open segment, rotating segments by size and age;
+        items in a segment that is finished (fsynced) here are acknowledged. Not yet fsynced."""
         run, run_bytes = [], 0
-        for transition, log_time, _fut in items:
+        i = self._written
+        while i < len(self._backlog):
+            transition, log_time, _fut, _size = self._backlog[i]
             data = transition.SerializeToString()
             size = SegmentWriter.record_size(data)
             seg = self._segment
@@ -330,26 +518,71 @@ class ExperienceLog:
                     seg.size + run_bytes + size > self.segment_bytes or self._segment_aged()):
                 self._flush_run(run)
                 run, run_bytes = [], 0
+                self._written = i
                 self._finish_segment()
+                self._ack(self._written)  # durable in the finished segment
+                i = 0
+                continue
             if self._segment is None:
                 self._open_segment(transition.offset)
             run.append((log_time, data))
             run_bytes += size
             if transition.step > self._disk_sessions.get(transition.session, -1):
                 self._disk_sessions[transition.session] = transition.step
+            i += 1
         self._flush_run(run)
+        self._written = len(self._backlog)
 
     def _flush_run(self, run: list[tuple[int, bytes]]) -> None:
         if run:
             self._counts["bytes"] += self._segment.append_many(run)
 
     def _open_segment(self, first_offset: int) -> None:
-        self._segment_index += 1
-        path = self.directory / segment_name(self._segment_index)
-        self._segment = SegmentWriter.create(path, first_offset=first_offset)
+        index = self._segment_index + 1
+        path = self.directory / segment_name(index)
+        try:
+            self._segment = SegmentWriter.create(path, first_offset=first_offset)
+        finally:
+            if self._segment is not None or path.exists():
+                self._segment_index = index  # created, or a remnant (recovery removes it) that keeps its name
         self._segment_started = time.monotonic()
         self._counts["segments"] += 1
 
     def _finish_segment(self) -> None:
-        seg, self._segment = self._segment, None
-        seg.finish(dict(self._disk_sessions), fsync=self.fsync)
+        """Finishes the open segment (fsynced); on an OSError it stays open, to be cut back and retried."""
+        self._segment.finish(dict(self._disk_sessions), fsync=self.fsync)
+        self._segment = None
+        self._prune_at = 0.0  # retention looks again (from the writer's loop: an error there loses nothing)
+
+    def _prune(self) -> None:
+        """Retention: deletes finished segments, oldest first (see module docstring)."""
+        if self.retention_bytes is None and self.retention_s is None:
+            return
+        self._prune_at = time.monotonic() + min(60.0, self.retention_s / 10 if self.retention_s else 60.0)
+        segments = list_segments(self.directory)
+        open_path = self._segment.path if self._segment is not None else None
+        sizes = {}
+        for _, p in segments:
+            with contextlib.suppress(FileNotFoundError):
+                sizes[p] = p.stat()
+        total = sum(st.st_size for st in sizes.values())
+        finished = [p for _, p in segments if p != open_path and p in sizes and is_finished(p)]
+        removed = 0
+        for p in finished[:-1]:  # the newest finished segment carries every session's last step: kept
+            st = sizes[p]
+            too_big = self.retention_bytes is not None and total > self.retention_bytes
+            too_old = self.retention_s is not None and time.time() - st.st_mtime > self.retention_s
+            if not (too_big or too_old):
+                if self.retention_s is None:
+                    break  # by size only: the rest is newer and fits
+                continue
+            p.unlink()
+            total -= st.st_size
+            removed += 1
+            self._counts["pruned"] += 1
+            self._counts["pruned_bytes"] += st.st_size
+            self._counts["segments"] -= 1
+        if removed:
+            fsync_dir(self.directory)
+            log.info("experience log %s: retention deleted %d segments (%d bytes now)", self.directory, removed,
+                     total)

@@ -9,14 +9,21 @@ highest logged step, cumulative over the log), DataEnd, the summary and the foot
     w = SegmentWriter.create(path, first_offset=0)
     w.append_many([(log_time_ns, data), ...])   # writev, no copies of the payloads
     w.sync()                                    # fdatasync: the bytes covering them are durable
+    w.mark_synced()                             # what `rollback` cuts back to after a failed write
+    w.rollback()                                # truncate to the last synced size (ENOSPC mid-record)
     w.finish({"robot-1": 41})                   # summary + footer: a complete MCAP file
 
     scan = scan_segment(path)   # read-only: first offset, complete messages, where the torn tail starts
     repair_segment(path, scan, sessions)        # cut the torn tail and finish it in place
+
+Fault injection (tests): with `TETHER_LOG_FAULTS=<file>` in the environment, every write and fsync
+of a segment fails while that file exists, with the errno it names (`ENOSPC`, `EIO`; empty: EIO),
+after writing half of the first buffer (a torn record, as a full disk leaves).
 """
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import struct
@@ -54,6 +61,22 @@ _REC_HEAD = struct.Struct("<BQ")
 _FOOTER_LEN = 9 + 20 + len(MAGIC)
 _IOV_MAX = 512
 _fdatasync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
+_FAULTS = os.environ.get("TETHER_LOG_FAULTS") or None  # tests: a file whose existence fails writes (module doc)
+
+
+def _injected_fault(fd: int, bufs: Sequence[bytes] = ()) -> None:
+    """Raises the OSError that `_FAULTS` names while its file exists (after writing half a buffer)."""
+    if _FAULTS is None:
+        return
+    try:
+        with open(_FAULTS) as f:
+            name = f.read().strip() or "EIO"
+    except FileNotFoundError:
+        return
+    code = getattr(errno, name, errno.EIO)
+    if bufs and len(bufs[0]) > 1:
+        os.write(fd, bytes(bufs[0][:len(bufs[0]) // 2]))
+    raise OSError(code, f"{os.strerror(code)} (injected by TETHER_LOG_FAULTS)")
 
 
 class SegmentError(ValueError):
@@ -129,6 +152,7 @@ class SegmentWriter:
         self._fd, self.size, self._meta_at = fd, size, meta_at
         self.count = 0
         self.start_ns = self.end_ns = 0
+        self._synced = (size, 0, 0, 0)  # (size, count, start_ns, end_ns) at the last sync (create fsyncs)
 
     @classmethod
     def create(cls, path: Path, *, first_offset: int) -> SegmentWriter:
@@ -138,9 +162,16 @@ class SegmentWriter:
             head = MAGIC + _records(Header(profile="", library=LIBRARY), _SCHEMA, _CHANNEL)
             meta = _records(Metadata(name=SEGMENT_META, metadata={"first_offset": str(first_offset)}))
             _write_all(fd, [head, meta])
+            _injected_fault(fd)
+            _fdatasync(fd)
             _fsync_dir(path.parent)
         except BaseException:
             os.close(fd)
+            try:  # a half-created segment (ENOSPC) goes: a reader would wait at its incomplete opening
+                path.unlink()
+                _fsync_dir(path.parent)
+            except OSError:
+                pass  # recovery removes it (no complete opening or no message)
             raise
         return cls(path, fd, first_offset, len(head) + len(meta), (len(head), len(meta)))
 
@@ -151,30 +182,47 @@ class SegmentWriter:
     def append_many(self, items: Sequence[tuple[int, bytes]]) -> int:
         """Writes one Message per (log_time_ns, serialized Transition); returns the bytes written."""
         bufs: list[bytes] = []
+        count, start_ns, end_ns = self.count, self.start_ns, self.end_ns
         for log_time, data in items:
-            seq = (self.first_offset + self.count) & 0xFFFFFFFF
+            seq = (self.first_offset + count) & 0xFFFFFFFF
             bufs.append(_MSG_HEAD.pack(Opcode.MESSAGE, 22 + len(data), 1, seq, log_time, log_time))
             bufs.append(data)
-            if self.count == 0:
-                self.start_ns = log_time
-            self.start_ns, self.end_ns = min(self.start_ns, log_time), max(self.end_ns, log_time)
-            self.count += 1
-        n = _write_all(self._fd, bufs)
+            if count == 0:
+                start_ns = log_time
+            start_ns, end_ns = min(start_ns, log_time), max(end_ns, log_time)
+            count += 1
+        _injected_fault(self._fd, bufs)
+        n = _write_all(self._fd, bufs)  # an OSError midway: the caller rolls back (the counts are not moved)
         self.size += n
+        self.count, self.start_ns, self.end_ns = count, start_ns, end_ns
         return n
 
     def sync(self) -> None:
+        _injected_fault(self._fd)
         _fdatasync(self._fd)
 
+    def mark_synced(self) -> None:
+        """What is written now is durable: `rollback` cuts back to here."""
+        self._synced = (self.size, self.count, self.start_ns, self.end_ns)
+
+    def rollback(self) -> None:
+        """Truncates the file to its size at the last `mark_synced` (after a failed write or fsync:
+        no half-written record, and nothing whose fsync failed, stays), and resets the counts."""
+        size = self._synced[0]
+        os.ftruncate(self._fd, size)
+        os.lseek(self._fd, size, os.SEEK_SET)
+        self.size, self.count, self.start_ns, self.end_ns = self._synced
+
     def finish(self, sessions: dict[str, int], *, fsync: bool = True) -> None:
-        """Writes the closing metadata, summary and footer, and closes the file."""
-        try:
-            tail = _finish_bytes(self.size, self._meta_at, sessions, self.count, self.start_ns, self.end_ns)
-            _write_all(self._fd, [tail])
-            if fsync:
-                os.fsync(self._fd)
-        finally:
-            os.close(self._fd)
+        """Writes the closing metadata, summary and footer, and closes the file. On an OSError the
+        file stays open (with whatever part of the tail got written): `rollback`, then retry."""
+        tail = _finish_bytes(self.size, self._meta_at, sessions, self.count, self.start_ns, self.end_ns)
+        _injected_fault(self._fd, [tail])
+        _write_all(self._fd, [tail])
+        if fsync:
+            _injected_fault(self._fd)
+            os.fsync(self._fd)
+        os.close(self._fd)
 
     def abandon(self) -> None:
         os.close(self._fd)
@@ -195,12 +243,16 @@ def _write_all(fd: int, bufs: list[bytes]) -> int:
     return total
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
+    """fsync a directory (a file created, renamed or removed in it is durable)."""
     dfd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dfd)
     finally:
         os.close(dfd)
+
+
+_fsync_dir = fsync_dir
 
 
 def _finish_bytes(data_end_at: int, meta_at: tuple[int, int], sessions: dict[str, int], count: int,

@@ -15,6 +15,11 @@ reports it really applied). So step t is recorded when step t+1 arrives:
 acknowledges a transition once it is fsynced. `durable_through` is the log's fsynced step of the
 session + 1, never what is only appended: a step the log already had (a Replay after a reconnect,
 answered `duplicate`) counts once the log's copy is fsynced, not when it is refused as a duplicate.
+
+A log that cannot take a transition never ends the session: at the log's bound (`LogFull`) the
+transition is not logged (the log refuses the session's later ones too, until it connects again:
+`durable_through` stays below the refused step, so the client keeps it for Replay); a log that is
+not running (`LogError`) is counted in `failed`. Both are logged once per recorder.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from bridge.experience.log import LogError, LogFull
 from protos import bridge_pb2, experience_pb2
 
 log = logging.getLogger("tether.gateway")
@@ -38,6 +44,8 @@ class ExperienceSink(Protocol):
     def last_step(self, session: str) -> int | None: ...
 
     def durable_step(self, session: str) -> int | None: ...
+
+    def resume(self, session: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -63,7 +71,10 @@ class Recorder:
         self.pending: _Acted | None = None
         self._ready: list[experience_pb2.Transition] = []
         self.duplicates = 0
-        self.failed = 0
+        self.failed = 0      # the log was not running (LogError), or lost the transition
+        self.refused = 0     # not logged: the log was full (LogFull)
+        if log is not None:
+            log.resume(session)  # a new connection: its client replays what a refusal left out
 
     @property
     def durable_through(self) -> int:
@@ -120,7 +131,18 @@ class Recorder:
         """Append what `completed` built; called after the reply is on its way."""
         ready, self._ready = self._ready, []
         for t in ready:
-            future = self._log.append(t)
+            try:
+                future = self._log.append(t)
+            except LogFull as exc:
+                self.refused += 1
+                if self.refused == 1:
+                    log.warning("session %s: %s", self.session, exc)
+                continue
+            except LogError as exc:
+                self.failed += 1
+                if self.failed == 1:
+                    log.error("session %s: step %d was not logged: %s", self.session, t.step, exc)
+                continue
             if future is None:
                 self.duplicates += 1   # the log has it; durable_through counts it once the log's copy is fsynced
             else:

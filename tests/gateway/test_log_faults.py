@@ -1,0 +1,129 @@
+"""A disk fault under a real gateway process (issue 14, point 5): ENOSPC injected into the log's file
+layer (TETHER_LOG_FAULTS) while two sessions act over gRPC. Every step is answered, durable_through
+stands still during the fault, FleetStatus.logging says degraded, and once the disk takes writes
+again every transition is in the log, in order."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from bridge.experience import read_transitions
+from bridge.experience.segment import is_finished, list_segments
+from protos import fleet_pb2, fleet_pb2_grpc
+from tests.conftest import ACT, OBS
+from tests.gateway.helpers import RawSession, hello
+
+pytestmark = pytest.mark.slow
+
+
+def start_gateway(triton_url: str, port: int, log_dir, log_path, fault) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "tether", "gateway", "--triton", triton_url, "--policy", "tiny",
+           "--port", str(port), "--experience-dir", str(log_dir), "--deadline-ms", "2000"]
+    env = {**os.environ, "TETHER_LOG_FAULTS": str(fault)}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(log_path, "a"), text=True,  # noqa: SIM115
+                            start_new_session=True, env=env)
+    line = proc.stdout.readline()
+    assert line.startswith("gateway listening on"), (line, log_path.read_text()[-2000:])
+    return proc
+
+
+async def _until(predicate, what: str, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+def test_enospc_with_two_sessions_acting_throughout_then_logging_resumes(triton, tmp_path, unused_port):
+    log_dir, fault = tmp_path / "experience", tmp_path / "fault"
+    log_path = tmp_path / "gateway.log"
+    address = f"127.0.0.1:{unused_port}"
+    replies: dict[str, list[tuple[int, str, int]]] = {"arm-a": [], "arm-b": []}  # (step, kind, durable_through)
+
+    async def act(session: RawSession, name: str, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            reply = await session.step(np.zeros(11, np.float32))
+            replies[name].append((session.step_index - 1, reply.WhichOneof("kind"), reply.durable_through))
+            await asyncio.sleep(0.003)
+
+    async def scenario() -> dict[str, int]:
+        channel = grpc.aio.insecure_channel(address)
+        fleet = fleet_pb2_grpc.FleetStub(channel)
+
+        async def logging_is(prefix: str):
+            state = (await fleet.Status(fleet_pb2.StatusRequest(), timeout=10)).logging
+            return state if state.startswith(prefix) else None
+
+        async with RawSession(address, hello("arm-a", obs=OBS, act=ACT)) as a, \
+                RawSession(address, hello("arm-b", obs=OBS, act=ACT)) as b:
+            stop = asyncio.Event()
+            tasks = [asyncio.create_task(act(a, "arm-a", stop)), asyncio.create_task(act(b, "arm-b", stop))]
+
+            async def durable_at_least(n: int) -> bool:
+                for task in tasks:
+                    if task.done():
+                        task.result()  # a session that broke fails the test here
+                return all(r and r[-1][2] >= n for r in replies.values())
+
+            await _until(lambda: durable_at_least(5), "steps durable before the fault")
+            assert await logging_is("ok")
+            fault.write_text("ENOSPC")
+            state = await _until(lambda: logging_is("degraded: ENOSPC"), "logging degraded")
+            marks = {name: len(r) for name, r in replies.items()}
+
+            async def acted_on(n: int) -> bool:
+                await durable_at_least(0)
+                return all(len(r) >= marks[name] + n for name, r in replies.items())
+
+            await _until(lambda: acted_on(40), "sessions acting during the fault")
+            assert await logging_is("degraded: ENOSPC")  # still: the writer's retries fail too
+            during = {name: r[marks[name]:] for name, r in replies.items()}
+            fault.unlink()
+            await _until(lambda: logging_is("ok"), "logging resumed")
+            last_fault_step = {name: r[-1][0] for name, r in during.items()}
+            await _until(lambda: durable_at_least(max(last_fault_step.values()) + 1), "durable again")
+            stop.set()
+            await asyncio.gather(*tasks)
+        await channel.close()
+        for name, r in during.items():
+            frozen = {durable for _, _, durable in r}
+            assert len(frozen) == 1, f"{name}: durable_through moved during the fault: {sorted(frozen)}"
+        assert "ENOSPC" in state and "transitions kept" in state
+        return {name: r[-1][0] + 1 for name, r in replies.items()}
+
+    gateway = start_gateway(triton.url, unused_port, log_dir, log_path, fault)
+    try:
+        sent = asyncio.run(scenario())
+    finally:
+        gateway.send_signal(signal.SIGTERM)
+        try:
+            gateway.wait(30)
+        except subprocess.TimeoutExpired:
+            gateway.kill()
+    assert gateway.returncode == 0, log_path.read_text()[-3000:]
+    for name, r in replies.items():
+        kinds = {kind for _, kind, _ in r}
+        assert kinds == {"action"}, f"{name}: every step answered with an action, got {kinds}"
+        assert [step for step, _, _ in r] == list(range(len(r)))
+    logged: dict[str, list[int]] = {"arm-a": [], "arm-b": []}
+    offsets = []
+    for t in read_transitions(log_dir):
+        logged[t.session].append(t.step)
+        offsets.append(t.offset)
+    assert offsets == list(range(len(offsets)))
+    for name, steps in logged.items():  # step t is logged when t+1 arrives: all but the last sent
+        assert steps == list(range(sent[name] - 1)), f"{name}: {len(steps)} logged of {sent[name] - 1}"
+    assert all(is_finished(p) for _, p in list_segments(log_dir))
+    assert "logging degraded" in log_path.read_text() and "writing resumed" in log_path.read_text()
