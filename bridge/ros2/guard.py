@@ -314,6 +314,8 @@ class SafetyGuard:
         self._limited = bool(np.isfinite(self._bound).any()) or (self._vel is not None
                                                                   and bool(np.isfinite(self._vel).any()))
         self._lock = threading.Lock()
+        self._file_lock = threading.Lock()     # latch file writes, in order, outside `_lock`
+        self._latch_version = self._written_version = 0
         self._s = _State()
         if initial is not None:
             init = np.array(_vector("initial", initial, config.size))
@@ -495,21 +497,22 @@ class SafetyGuard:
         gateway_id = gateway_id.strip()
         if gateway_id:
             reason = GATEWAY_ESTOP
+        latched, snapshot = False, None
         with self._lock:
             s = self._s
             if s.estop_reason is None:
                 s.estop_reason, s.gateway_estop = reason, gateway_id
                 s.counts["estop"] += 1
-                self._persist()
-                return True
-            if gateway_id:
+                latched, snapshot = True, self._snapshot()
+            elif gateway_id:
                 if s.estop_reason == GATEWAY_ESTOP and s.gateway_estop != gateway_id:
                     s.gateway_estop = gateway_id
-                    self._persist()
+                    snapshot = self._snapshot()
             elif supersedes is not None and s.estop_reason == supersedes and reason != s.estop_reason:
                 s.estop_reason, s.gateway_estop = reason, ""
-                self._persist()
-            return False
+                snapshot = self._snapshot()
+        self._persist(snapshot)
+        return latched
 
     def release(self, *, operator: str) -> bool:
         """Unlatch the e-stop, whoever latched it (an operator's explicit act; who may is the
@@ -521,8 +524,9 @@ class SafetyGuard:
         with self._lock:
             if self._s.estop_reason is None:
                 return False
-            self._unlatch()
-            return True
+            snapshot = self._unlatch()
+        self._persist(snapshot)
+        return True
 
     def release_gateway(self, estop_id: str) -> bool:
         """Release the gateway's latch for e-stop `estop_id`, in one step under the guard's lock:
@@ -534,8 +538,29 @@ class SafetyGuard:
             s = self._s
             if s.estop_reason != GATEWAY_ESTOP or not s.gateway_estop or s.gateway_estop != estop_id.strip():
                 return False
-            self._unlatch()
-            return True
+            snapshot = self._unlatch()
+        self._persist(snapshot)
+        return True
+
+    # -- the latch file (called without the guard's lock: filter and tick never wait for the disk) --
+
+    def _persist(self, snapshot: tuple[int, dict] | None) -> None:
+        """Write a snapshot to `latch_file` before the latch call returns, unless a newer one was
+        written already (concurrent changes: the file ends at the newest). A write that fails is
+        logged, never raised: the latch in memory holds either way, and a release that could not be
+        written leaves the file saying latched (a restart then starts latched: the safe side)."""
+        if snapshot is None:
+            return
+        version, doc = snapshot
+        with self._file_lock:
+            if version <= self._written_version:
+                return
+            try:
+                write_durable(self.latch_file, json.dumps(doc).encode() + b"\n")
+                self._written_version = version
+            except OSError as exc:
+                log.error("cannot write the e-stop latch file %s (%s): the %s holds in memory only",
+                          self.latch_file, exc, "latch" if doc["latched"] else "release")
 
     # -- internals (called with the lock held) --
 
@@ -566,27 +591,21 @@ class SafetyGuard:
     def _gateway_id(self) -> str:
         return self._s.gateway_estop if self._s.estop_reason == GATEWAY_ESTOP else ""
 
-    def _unlatch(self) -> None:
+    def _unlatch(self) -> tuple[int, dict] | None:
         s = self._s
         s.estop_reason, s.gateway_estop = None, ""
         if s.t_fresh is not None:
             s.t_fresh, s.in_watchdog = self._now(), False
-        self._persist()
+        return self._snapshot()
 
-    def _persist(self) -> None:
-        """Write the latch to `latch_file` (if any). A write that fails is logged, never raised: the
-        latch in memory holds either way, and a release that could not be written leaves the file
-        saying latched (a restart then starts latched: the safe side)."""
+    def _snapshot(self) -> tuple[int, dict] | None:
+        """The latch as the latch file's document, numbered in the order of changes (lock held)."""
         if self.latch_file is None:
-            return
+            return None
         s = self._s
-        doc = {"format": LATCH_FORMAT, "latched": s.estop_reason is not None, "reason": s.estop_reason,
-               "gateway_estop": s.gateway_estop if s.estop_reason is not None else "", "unix": time.time()}
-        try:
-            write_durable(self.latch_file, json.dumps(doc).encode() + b"\n")
-        except OSError as exc:
-            log.error("cannot write the e-stop latch file %s (%s): the latch %s holds in memory only",
-                      self.latch_file, exc, "latched" if s.estop_reason else "release")
+        self._latch_version += 1
+        return self._latch_version, {"format": LATCH_FORMAT, "latched": s.estop_reason is not None,
+                                     "reason": s.estop_reason, "gateway_estop": s.gateway_estop, "unix": time.time()}
 
     def _safe(self) -> np.ndarray:
         safe = self.config.safe_action

@@ -550,3 +550,67 @@ def test_require_start_refuses_a_first_command_that_could_only_be_clamped():
     guard.start_from([0.1, 0.0, 0.2])
     assert guard.filter(np.array([0.5, 0.5, 0.5])).sent.tolist() == [0.5, 0.5, 0.5]
     assert SafetyGuard(cfg, now=clock, require_start=True, initial=[0.0, 0.0, 0.0]).filter(np.zeros(3)) is not None
+
+
+def test_a_slow_latch_write_never_holds_up_the_safe_action(tmp_path, monkeypatch):
+    """While estop() waits for the disk, the control thread's filter and tick go on (already
+    e-stopped); estop() returns only once the file says latched."""
+    import bridge.ros2.guard as guard_module
+
+    clock = Clock()
+    path = tmp_path / "latch.json"
+    guard = SafetyGuard(make(clock).config, now=clock, latch_file=path, initial=[0.5, 0.5, 0.5])
+    writing, proceed = threading.Event(), threading.Event()
+    real_write = guard_module.write_durable
+
+    def slow_write(p, data, **kw):
+        writing.set()
+        assert proceed.wait(10)
+        real_write(p, data, **kw)
+
+    monkeypatch.setattr(guard_module, "write_durable", slow_write)
+    latcher = threading.Thread(target=guard.estop, args=("bumper",))
+    latcher.start()
+    assert writing.wait(10)
+    clock.t = 0.01
+    d = guard.filter(np.array([1.0, 1.0, 1.0]))            # does not wait for the disk
+    assert d.estopped and d.sent.tolist() == [0.5, 0.5, 0.5] and guard.tick().estopped
+    assert latcher.is_alive() and not path.exists()         # estop() has not returned yet
+    proceed.set()
+    latcher.join(10)
+    assert json.loads(path.read_text())["latched"] is True
+
+
+def test_concurrent_latch_changes_leave_the_file_at_the_newest_state(tmp_path):
+    path = tmp_path / "latch.json"
+    cfg = make(Clock()).config
+    guard = SafetyGuard(cfg, now=Clock(), latch_file=path)
+
+    def churn(k):
+        for i in range(40):
+            guard.estop(GATEWAY_ESTOP, gateway_id=f"es-{k}-{i}")
+            guard.release_gateway(f"es-{k}-{i}")
+            guard.estop(f"local {k}")
+            guard.release(operator="ada")
+
+    threads = [threading.Thread(target=churn, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    guard.estop(GATEWAY_ESTOP, gateway_id="es-final")
+    again = SafetyGuard(cfg, now=Clock(), latch_file=path)
+    assert again.gateway_estop == "es-final"
+    assert [p.name for p in tmp_path.iterdir()] == ["latch.json"]
+
+
+def test_a_latch_file_that_cannot_be_written_is_logged_and_the_latch_holds(tmp_path, caplog):
+    folder = tmp_path / "state"
+    folder.mkdir()
+    guard = SafetyGuard(make(Clock()).config, now=Clock(), latch_file=folder / "latch.json")
+    folder.rmdir()
+    folder.write_text("")                                   # the folder is now a file: every write fails
+    assert guard.estop("bumper") and guard.estopped
+    assert "cannot write the e-stop latch file" in caplog.text and "the latch holds in memory only" in caplog.text
+    assert guard.release(operator="ada") and not guard.estopped
+    assert SafetyGuard(guard.config, now=Clock(), latch_file=folder / "latch.json").estopped  # unreadable: latched
