@@ -7,7 +7,9 @@
 
 Credentials (bridge.security.channel): `--token NAME.SECRET` (or $TETHER_TOKEN), TLS with `--tls-ca`,
 a client certificate with `--tls-cert/--tls-key`; `--operator NAME` (or $TETHER_OPERATOR) names you
-where the gateway allows open access.
+where the gateway allows open access (with credentials the audit records who they prove, never this name).
+E-stops are durable in the gateway's registry and survive its restart; each has an id (`tether status` shows it,
+Action.estop_id carries it); only `tether release` of that target releases it.
 Exit status: 0 done, 1 refused or failed (the reason on stderr), 2 bad arguments.
 """
 
@@ -70,7 +72,8 @@ def render(status: fleet_pb2.FleetStatus) -> str:
            "", table(versions, ["policy", "version", "state", "sessions"])]
     for e in status.estops:
         target = "all" if e.all else f"session {e.session_id}" if e.session_id else f"robot {e.robot}"
-        out.append(f"E-STOP latched: {target} by {e.who}" + (f" ({e.why})" if e.why else ""))
+        out.append(f"E-STOP latched: {target} by {e.who}" + (f" ({e.why})" if e.why else "")
+                   + (f" [{e.id}]" if e.id else ""))
     return "\n".join(out)
 
 

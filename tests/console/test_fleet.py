@@ -70,7 +70,7 @@ def test_status_estop_release_round_trip(triton, capsys):
                 assert held == {"arm-a": True, "arm-b": False}
                 assert [(e.robot, e.id) for e in status.estops] == [("arm_1", held_by)]  # the durable id
                 rc, out = await run_cli("status", *addr)
-                assert "E-STOP latched: robot arm_1 by operator:ada (person in the cell)" in out, out
+                assert f"E-STOP latched: robot arm_1 by operator:ada (person in the cell) [{held_by}]" in out, out
                 rc, out = await run_cli("release", *addr, "--robot", "arm_1", "--reason", "clear")
                 assert rc == 0 and "held now: none" in out, out
                 for _ in range(3):
