@@ -40,7 +40,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)/ros && \
 	$(VENV)/ros/bin/python -m pip install -q 'ros-jazzy-rclpy[fastrtps]==7.1.6' ros-jazzy-std-msgs ros-jazzy-sensor-msgs \
 	  ros-jazzy-geometry-msgs ros-jazzy-nav-msgs 'grpcio==1.85.1' 'protobuf>=6.33.5,<7' 'rosbags==0.11.9' \
-	  pyyaml osrf-pycommon lark catkin-pkg argcomplete psutil packaging && \
+	  pyyaml osrf-pycommon lark catkin-pkg argcomplete psutil packaging 'cryptography>=42' && \
 	$(VENV)/ros/bin/python -m pip install -q --no-deps -e . || { rm -rf $(VENV)/ros; \
 	  echo "WARNING: rclpy (ros-jazzy-* wheels) not installed: the rclpy tests will skip" >&2; }
 	@if [ -x $(VENV)/ros/bin/python ] && ls ../shared/ros2-launch/*.whl >/dev/null 2>&1; then \

@@ -2,7 +2,8 @@
 
     ros2 launch tether robot.launch.py gateway:=10.0.0.5:50051
     ros2 launch tether robot.launch.py gateway:=10.0.0.5:50051 topic_map:=/etc/tether/arm.yaml rate:=200
-    ros2 launch tether robot.launch.py gateway:=10.0.0.5:50051 operators:=ada,bob chunk:=20
+    ros2 launch tether robot.launch.py gateway:=10.0.0.5:50051 release_tokens:=/etc/tether/release_tokens.json \
+        chunk:=20
 
 Declares only: every argument maps onto a flag of `tether edge` (which runs the same node outside
 ROS 2). With rclpy importable the node speaks through rclpy (`transport:=auto`).
@@ -30,8 +31,14 @@ def generate_launch_description():
         DeclareLaunchArgument("deadline_ms", default_value="50.0",
                               description="watchdog: no fresh action this long -> safe action"),
         DeclareLaunchArgument("safe_action", default_value="hold", description="hold | zero | values"),
-        DeclareLaunchArgument("operators", default_value="",
-                              description="comma-separated names allowed to release the e-stop"),
+        DeclareLaunchArgument("release_tokens", default_value="",
+                              description="the node's release tokens file (tether edge token add NAME --tokens "
+                                          "FILE); empty: every local e-stop release is refused"),
+        DeclareLaunchArgument("latch_file", default_value="",
+                              description="the e-stop latch kept across restarts; empty: "
+                                          "$XDG_STATE_HOME/tether/<node_name>.json (~/.local/state)"),
+        DeclareLaunchArgument("session_id", default_value="",
+                              description="gateway session id, stable across restarts; empty: <node_name>@<host>"),
         DeclareLaunchArgument("chunk", default_value="0",
                               description="action chunk horizon H (0: one action per observation)"),
         DeclareLaunchArgument("chunk_merge", default_value="newest", description="newest | ensemble"),
@@ -48,7 +55,9 @@ def generate_launch_description():
                  "--node-name", LaunchConfiguration("node_name"),
                  "--deadline-ms", LaunchConfiguration("deadline_ms"),
                  "--safe-action", LaunchConfiguration("safe_action"),
-                 "--operators", LaunchConfiguration("operators"),
+                 "--release-tokens", LaunchConfiguration("release_tokens"),
+                 "--latch-file", LaunchConfiguration("latch_file"),
+                 "--session-id", LaunchConfiguration("session_id"),
                  "--chunk", LaunchConfiguration("chunk"),
                  "--chunk-merge", LaunchConfiguration("chunk_merge")],
             output="screen",

@@ -2,7 +2,8 @@
 
     tether edge --gateway 127.0.0.1:50051 --topic-map launch/config/topic_map.yaml --transport dds \\
                 --rate 100 --domain-id 0 --policy arm --node-name tether_edge --deadline-ms 50 \\
-                --operators ada,bob [--chunk 20 --chunk-threshold 10 --chunk-merge ensemble]
+                --release-tokens /etc/tether/release_tokens.json [--latch-file PATH --session-id ID] \
+                [--chunk 20 --chunk-threshold 10 --chunk-merge ensemble]
     tether edge estop --operator ada --reason "person in the cell" --domain-id 0
     tether edge release --operator ada --token-file ada.token --node tether_edge --reason "cell clear" --domain-id 0
     tether edge token add ada --tokens release_tokens.json    # the node's --release-tokens; prints ada's token once
@@ -72,9 +73,14 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--domain-id", type=int, default=_domain_default(), help="ROS 2 domain (default $ROS_DOMAIN_ID)")
 
 
+def _optional_path(text: str) -> Path | None:
+    """A path flag where "" means "not given" (a launch argument left empty)."""
+    return Path(text) if text.strip() else None
+
+
 def _node_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tether edge", description="ROS 2 edge node: robot topics <-> gateway, "
-                                "through the local safety guard. Subcommands: estop, release.")
+                                "through the local safety guard. Subcommands: estop, release, token.")
     p.add_argument("--gateway", required=True, help="gateway address HOST:PORT")
     _common(p)
     p.add_argument("--rate", type=float, default=100.0, help="control rate in Hz")
@@ -85,8 +91,7 @@ def _node_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-delta", help="largest command change per step (one value or one per joint)")
     p.add_argument("--velocity-limit", help="largest command change per second (one value or one per joint); "
                    "default: the topic map's velocity_limit, else 0.5")
-    p.add_argument("--operators", default="", help="comma-separated names allowed to release the e-stop "
-                   "(default: nobody)")
+    p.add_argument("--operators", help=argparse.SUPPRESS)   # replaced by --release-tokens: refused, saying so
     p.add_argument("--chunk", type=int, default=0, help="action chunks: the policy returns H actions per "
                    "observation, executed one per period (0: one action per observation)")
     p.add_argument("--chunk-threshold", type=int, help="request the next chunk with this many actions left "
@@ -102,11 +107,11 @@ def _node_parser() -> argparse.ArgumentParser:
                    "produced it (policy version, chunk, index) to this JSON file")
     p.add_argument("--session-id", default="", help="the gateway session id, stable across restarts (default "
                    "NODE_NAME@HOSTNAME); the node continues its steps where the gateway's log is")
-    p.add_argument("--latch-file", type=Path, help="the e-stop latch, kept across restarts (fsynced): a node that "
-                   "stopped e-stopped starts e-stopped (default $XDG_STATE_HOME/tether/NODE_NAME.json, "
-                   "~/.local/state without it)")
-    p.add_argument("--release-tokens", type=Path, help="hashed release credentials (tether edge tokens); "
-                   "without it every local release is refused")
+    p.add_argument("--latch-file", type=_optional_path, help="the e-stop latch, kept across restarts "
+                   "(fsynced): a node that stopped e-stopped starts e-stopped (default "
+                   "$XDG_STATE_HOME/tether/NODE_NAME.json, ~/.local/state without it)")
+    p.add_argument("--release-tokens", type=_optional_path, help="the node's release tokens file (`tether edge "
+                   "token add NAME --tokens FILE`); without it every local release is refused")
     return p
 
 
@@ -151,7 +156,6 @@ def main(argv: list[str] | None = None) -> None:
             max_delta=None if a.max_delta is None else parse_vector("--max-delta", a.max_delta),
             velocity_limit=None if a.velocity_limit is None else parse_vector("--velocity-limit", a.velocity_limit))
         config = EdgeConfig(gateway=a.gateway, rate_hz=a.rate, policy=a.policy, node_name=a.node_name,
-                            operators=tuple(o.strip() for o in a.operators.split(",") if o.strip()),
                             chunk=a.chunk, chunk_threshold=a.chunk_threshold, chunk_merge=a.chunk_merge,
                             ensemble_decay=a.ensemble_decay, tls_ca=a.tls_ca, tls_cert=a.tls_cert,
                             tls_key=a.tls_key, session_id=a.session_id,
@@ -159,6 +163,10 @@ def main(argv: list[str] | None = None) -> None:
                             release_tokens=a.release_tokens)
         if not a.status_s > 0:
             raise EdgeConfigError(f"--status-s: expected seconds > 0, got {a.status_s}")
+        if a.operators is not None:
+            raise EdgeConfigError("--operators: a name no longer releases the e-stop; releases need an operator's "
+                                  "token: create them with `tether edge token add NAME --tokens FILE` and start the "
+                                  "node with --release-tokens FILE")
     except (TopicMapError, ValueError) as exc:
         parser.error(str(exc))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -174,7 +182,9 @@ def main(argv: list[str] | None = None) -> None:
         node.start()
         print(f"edge node {a.node_name}: {type(transport).__name__} on domain {a.domain_id}, gateway {a.gateway}, "
               f"{a.rate:g} Hz, deadline {a.deadline_ms:g} ms, safe action {a.safe_action}, velocity limit "
-              f"{list(guard.velocity_limit)}, chunk {a.chunk or 'off'}, operators {list(config.operators)}", flush=True)
+              f"{list(guard.velocity_limit)}, chunk {a.chunk or 'off'}, session {config.session_id}, latch file "
+              f"{config.latch_file}{f' (E-STOPPED: {node.guard.estop_reason})' if node.guard.estopped else ''}, "
+              f"release tokens {config.release_tokens or 'none (local releases refused)'}", flush=True)
         next_status = time.monotonic() + a.status_s
         while not stop.wait(0.05) and node.running:
             if time.monotonic() >= next_status:

@@ -63,7 +63,6 @@ class EdgeConfig:
     reply_timeout_s: float = 1.0               # no reply for this long: the stream is reset
     connect_timeout_s: float = 2.0
     backoff_s: tuple[float, float] = (0.1, 2.0)  # reconnect delay: initial, doubling up to max
-    operators: tuple[str, ...] = ()            # who may release the e-stop (nobody if empty)
     chunk: int = 0                             # 0: one action per reply; H: chunks of H actions
     chunk_threshold: int | None = None         # ask for the next chunk with this many left (H // 2)
     chunk_merge: str = "newest"                # overlapping chunks: newest | ensemble (ACT)
@@ -78,11 +77,6 @@ class EdgeConfig:
                                                # local release is refused
 
     def __post_init__(self) -> None:
-        ops = self.operators
-        if isinstance(ops, str) or not all(isinstance(o, str) and o.strip() and o == o.strip() and ":" not in o
-                                           for o in ops):
-            raise EdgeConfigError(f"operators: expected names (no ':', no surrounding spaces), got {ops!r}")
-        object.__setattr__(self, "operators", tuple(ops))
         chunk = self.chunk
         if isinstance(chunk, bool) or not isinstance(chunk, int) or not 0 <= chunk <= 10_000:
             raise EdgeConfigError(f"chunk: expected 0 (no chunks) or a horizon H in [1, 10000], got {chunk!r}")

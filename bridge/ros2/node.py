@@ -31,7 +31,8 @@ chunk stays on the wall clock). Either way every period also runs `SafetyGuard.t
 publishes the safe action once no fresh action came within the guard's deadline, gateway or no
 gateway, and every command is kept in `node.command_log` with what produced it (policy version,
 chunk id = the step of the observation it answers, index in the chunk). Each observation carries
-`applied_action` (what went out last, after the guard) and the guard's cumulative `GuardReport`.
+the guard's cumulative `GuardReport` and, per step, `applied_action` (what went out last, after the
+guard; not with chunks: the gateway checks it against the declared action, which is the chunk).
 The session id is stable (`EdgeConfig.session_id`, default `<node_name>@<host name>`), and steps
 increase across reconnects and restarts: a Welcome's `next_step` (or `durable_through`) above the
 node's counter moves it there, so a restarted node or gateway serves it at once. The first
@@ -73,20 +74,25 @@ twice the back-to-back round trip; the node's own share is the assembly before t
 and the thread hops between the control thread and gRPC (~0.1-0.3 ms).
 
 E-stop (see `bridge.ros2.estop`): True on the topic map's e-stop topic latches the guard, False
-does not release it; a `std_msgs/String` "name: why" on `release_topic` does, if `name` is one of
-`EdgeConfig.operators` (otherwise it is refused). Every latch, release and refusal is logged with
-who and why. The node reports its latch on `state_topic`. The e-stop topic is read twice: reliable
-and transient-local (a node that starts late still sees a standing e-stop from a live durable
-publisher, as `tether edge estop` is) and with the topic map's QoS, volatile (so any publisher
-matches). An operator's e-stop through the gateway (`tether estop`, the console) arrives as
-`Action.estop` with its id (`estop_id`): the guard latches as the gateway's latch for that id
-(reason `GATEWAY_ESTOP`), and every observation reports the id it holds
-(`GuardReport.gateway_estop`). Only an action whose `released_estop` names exactly that id releases
-it (`SafetyGuard.release_gateway`: check and release in one step), never an action without `estop`;
-a local e-stop taken over it needs a local release. With `EdgeConfig.latch_file` the latch (reason,
-gateway id) is kept on disk, fsynced, and a node that stopped latched starts latched; the node's
-own latch on a clean stop is not carried over (a restarted node starts released unless an
-operator's or a failure's latch was holding).
+does not release it; a release on `release_topic` does if it verifies against the node's release
+tokens (`EdgeConfig.release_tokens`, `bridge.ros2.release_auth`: signed with an operator's token,
+for this node, fresh, never replayed); every other one is refused, and without a tokens file every
+one is. Every latch, release and refusal is logged with who and why. The node reports its latch
+on `state_topic`. The e-stop topic is read twice: reliable and transient-local (a node that starts
+late still sees a standing e-stop from a live durable publisher) and with the topic map's QoS,
+volatile (so any publisher matches).
+
+An operator's e-stop through the gateway (`tether estop`, the console) arrives as `Action.estop`
+with its id (`estop_id`): the guard latches as the gateway's latch for that id (reason
+`GATEWAY_ESTOP`), and every observation reports the id it holds (`GuardReport.gateway_estop`).
+Only an action whose `released_estop` names exactly that id releases it
+(`SafetyGuard.release_gateway`: check and release in one step), never an action without `estop`;
+a local e-stop taken over it needs a local release.
+
+With `EdgeConfig.latch_file` the latch (reason, gateway id) is kept on disk, fsynced, and a node
+that stopped latched starts latched (kill -9 included); the node's own latch on a clean stop is
+not carried over (a restarted node starts released unless an operator's or a failure's latch was
+holding).
 
 Beside it: `bridge.ros2.edge_config` (EdgeConfig, guard_config: the settings, checked up front),
 `bridge.ros2.edge_stats` (EdgeStats: what the node counts and times) and
@@ -109,9 +115,10 @@ from bridge.ros2 import messages
 from bridge.ros2.chunks import ActionQueue, CommandSource
 from bridge.ros2.edge_config import EdgeConfig, EdgeConfigError, unmeasured_commands
 from bridge.ros2.edge_stats import EdgeStats
-from bridge.ros2.estop import ESTOP_TOPIC, parse_release
+from bridge.ros2.estop import ESTOP_TOPIC
 from bridge.ros2.guard import GATEWAY_ESTOP, GuardConfig, GuardDecision, GuardError, SafetyGuard
 from bridge.ros2.link import GatewayLink, LinkDown, LinkReply, LinkUp
+from bridge.ros2.release_auth import ReleaseAuthority, ReleaseError
 from bridge.ros2.tensor_layout import TensorLayout
 from bridge.ros2.topic_map import MissingMessageError, TopicMap
 from bridge.ros2.transport import Transport, TransportError
@@ -129,6 +136,7 @@ Code = bridge_pb2.StepError.Code
 _STATE_PERIOD_S = 1.0
 _STATE = object()                  # event: a new state arrived while the node wants one
 _LOG_EVERY_S = 5.0
+_SETTLE_S = 3.0                    # on stop or failure: the longest ramp to the safe action the node waits out
 
 
 class EdgeError(RuntimeError):
@@ -147,8 +155,8 @@ class _Operator:                   # an e-stop (latch=True/False on the e-stop t
     latch: bool | None
     operator: str = ""
     why: str = ""
-    released: bool = False         # a release by an allowed operator that unlatched the guard
-    refused: bool = False          # a release by a name not in the node's operators
+    released: bool = False         # a verified release that unlatched the guard
+    refused: str = ""              # why a release was refused (ReleaseError), "" if it was not
 
 
 @dataclass(frozen=True)
@@ -184,6 +192,10 @@ class EdgeNode:
         if self._action_layout.size != guard.size:
             raise EdgeConfigError(f"guard: limits for {guard.size} values, but the topic map's action "
                                   f"tensors have {self._action_layout.size}")
+        try:
+            self._releases = ReleaseAuthority.load(config.release_tokens)
+        except ReleaseError as exc:
+            raise EdgeConfigError(f"release_tokens: {exc}") from None
         if unmeasured := unmeasured_commands(topic_map):
             raise EdgeConfigError("the first command must start from the robot's measured pose, but the topic "
                                   "map's " + "; ".join(unmeasured))
@@ -191,8 +203,12 @@ class EdgeNode:
         self._queue: ActionQueue | None = None
         self._reply_layout = self._action_layout
         if horizon:
-            self._reply_layout = TensorLayout(tuple(Spec(s.name, s.dtype, (horizon, *s.shape), s.low, s.high)
-                                                    for s in self._action_layout.specs))
+            # a chunk's bounds: one for all, or the action's per-element bounds once per chunk row
+            # (the gateway takes one bound or one per element)
+            def rows(bounds: tuple[float, ...]) -> tuple[float, ...]:
+                return bounds if len(bounds) <= 1 else bounds * horizon
+            self._reply_layout = TensorLayout(tuple(Spec(s.name, s.dtype, (horizon, *s.shape), rows(s.low),
+                                                         rows(s.high)) for s in self._action_layout.specs))
             self._queue = ActionQueue(horizon=horizon, size=guard.size, merge=config.chunk_merge,
                                       decay=config.ensemble_decay)
         self.command_log: deque[CommandRecord] = deque(maxlen=100_000)
@@ -315,14 +331,13 @@ class EdgeNode:
         self._events.put(_Operator(latch=bool(msg.data)))
 
     def _on_release(self, msg: object) -> None:
-        operator, why = parse_release(msg.data)
-        if not operator:
-            self._events.put(_Operator(latch=None))
-        elif operator not in self.config.operators:
-            self._events.put(_Operator(latch=None, operator=operator, why=why, refused=True))
-        else:
-            released = self.guard.release(operator=operator)
-            self._events.put(_Operator(latch=None, operator=operator, why=why, released=released))
+        try:
+            operator, why = self._releases.verify(msg.data, node=self.config.node_name)
+        except ReleaseError as exc:
+            self._events.put(_Operator(latch=None, operator=msg.data.partition("|")[0][:64], refused=str(exc)))
+            return
+        released = self.guard.release(operator=operator)
+        self._events.put(_Operator(latch=None, operator=operator, why=why, released=released))
 
     # -- the control thread ---------------------------------------------------------------------
 
@@ -367,10 +382,8 @@ class EdgeNode:
                   exc)
         try:
             self.guard.estop(f"control loop of {self.config.node_name} failed: {exc!r}", supersedes=GATEWAY_ESTOP)
-            decision = self.guard.tick()
-            if decision is not None:
-                self._publish(decision, None)
             self._publish_state()
+            self._settle()
         except Exception as inner:  # the transport itself is gone: nothing more can be sent
             log.error("edge node %s: could not publish the safe action: %r", self.config.node_name, inner)
 
@@ -470,14 +483,11 @@ class EdgeNode:
                      "latched" if self.guard.estopped else "released", self.config.release_topic)
         elif event.refused:
             self.stats.errors["RELEASE_REFUSED"] += 1
-            log.warning("e-stop release by %r (%s) refused: not one of this node's operators %s; the e-stop "
-                        "stays %s", event.operator, event.why or "no reason given", list(self.config.operators),
+            log.warning("e-stop release by %r refused (%s); the e-stop stays %s", event.operator, event.refused,
                         "latched" if self.guard.estopped else "released")
-        elif event.operator:
+        else:
             log.warning("e-stop %s by %s: %s", "released" if event.released else "release (not latched)",
                         event.operator, event.why or "no reason given")
-        else:
-            log.warning("ignored a release without an operator name on %s", self.config.release_topic)
         if self.guard.estopped and (decision := self.guard.tick()) is not None:
             self._publish(decision, None)
         self._publish_state()
@@ -516,7 +526,7 @@ class EdgeNode:
         obs = msg.observation
         obs.step, obs.t_sent_ns, obs.step_type = self._step, time.time_ns(), step_type
         self._obs_layout.fill(obs.tensors, arrays)
-        if self._applied is not None:
+        if self._applied is not None and self._queue is None:   # a chunk session's action is the chunk
             obs.applied_action.extend(self._action_layout.encode(self._applied))
         obs.guard.CopyFrom(report)
         return msg
@@ -645,10 +655,23 @@ class EdgeNode:
             self._drain(lambda: self._in_flight is None, 0.5)
         if self.guard.estop(self._stop_reason):
             log.info("e-stop latched by the node itself: it stopped")
-        decision = self.guard.tick()
-        if decision is not None:
-            self._publish(decision, None)
         self._publish_state()
+        self._settle()
+
+    def _settle(self) -> None:
+        """The loop is ending, latched: publish the guard's safe command every period until it is the
+        safe action itself (a "zero" or explicit one is reached by a ramp at the velocity limit) or
+        `_SETTLE_S` passed; at least once."""
+        end = time.monotonic() + _SETTLE_S
+        while (decision := self.guard.tick()) is not None:
+            self._publish(decision, None)
+            if not decision.ramping:
+                return
+            if time.monotonic() >= end:
+                log.error("edge node %s: stopped %.1f s into the ramp to the safe action, at %s", self.config.node_name,
+                          _SETTLE_S, np.round(decision.sent, 4).tolist())
+                return
+            time.sleep(self._period)
 
     def _drain(self, done, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

@@ -23,6 +23,7 @@ from bridge.gateway import Gateway, GatewayConfig
 from bridge.ros2.dds import DdsTransport
 from bridge.ros2.edge_config import EdgeConfig, guard_config
 from bridge.ros2.node import EdgeNode
+from bridge.ros2.release_auth import add_operator
 from protos.codec import Spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,17 +157,24 @@ class Robot:
         assert self.proc.returncode == 0, self.proc.stderr.read()
 
 
+def release_token(folder: Path, operator: str = "ada") -> tuple[Path, str]:
+    """A node's release tokens file in `folder` giving `operator` a token: (the file, the token)."""
+    path = folder / "release_tokens.json"
+    return path, add_operator(path, operator)
+
+
 @contextlib.contextmanager
 def running_edge(domain: int, address: str, topic_map, *, policy: str, rate_hz: float = 100.0,
                  transport=None, config: dict | None = None, **guard):
-    """An `EdgeNode` on its own DDS participant (or the given transport), started and stopped.
-    Operator "ada" may release; no velocity limit unless the test sets one (these tests check the
-    pipeline; test_guard.py and test_edge_guard.py check the limits)."""
+    """An `EdgeNode` named "edge_under_test" on its own DDS participant (or the given transport),
+    started and stopped. No local release unless `config` names `release_tokens` (see
+    `release_token`); no velocity limit unless the test sets one (these tests check the pipeline;
+    test_guard.py and test_edge_guard.py check the limits)."""
     guard.setdefault("deadline_s", 0.05)
     guard.setdefault("velocity_limit", math.inf)
     own = transport is None
     transport = DdsTransport(domain_id=domain, node_name="edge_under_test") if own else transport
-    settings = {"operators": ("ada",), "backoff_s": (0.05, 0.5), **(config or {})}
+    settings = {"backoff_s": (0.05, 0.5), **(config or {})}
     node = EdgeNode(config=EdgeConfig(gateway=address, rate_hz=rate_hz, policy=policy, node_name="edge_under_test",
                                       **settings),
                     topic_map=topic_map, transport=transport, guard=guard_config(topic_map, **guard))

@@ -39,7 +39,8 @@ class EdgeProcess:
         self.report_path = tmp_path / f"edge_report_{domain}.json"
         self.argv = [str(python), "-m", "bridge.ros2.edge", "--gateway", gateway, "--transport", transport,
                      "--domain-id", str(domain), "--node-name", "tether_edge", "--status-s", "1",
-                     "--report", str(self.report_path), *flags]
+                     "--report", str(self.report_path), "--latch-file", str(tmp_path / f"latch_{domain}.json"),
+                     *flags]
         self.env = ros_env(domain)
         self.report: dict | None = None
         self.output: list[str] = []

@@ -23,6 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from bridge.gateway import session as gateway_session
 from bridge.ros2 import messages
 from bridge.ros2.dds import DdsTransport
+from bridge.ros2.release_auth import make_release
 from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, load_topic_map, parse_topic_map
 from bridge.ros2.transport import wait_for_subscribers
 from inference_server import ModelRepository, TritonServer
@@ -35,6 +36,7 @@ from tests.ros2.edge_support import (
     GatewayThread,
     Robot,
     joint_specs,
+    release_token,
     running_edge,
     wait_until,
 )
@@ -171,9 +173,9 @@ def test_watchdog_on_a_dead_gateway_then_reconnect(ros_domain, robot, triton, ga
                                         what="the watchdog's safe action")
             last_policy = max(c["t"] for c in robot.commands if c["t"] < first_safe["t"] and c["data"][0] == 0.5)
             silence = first_safe["t"] - last_policy
-            time.sleep(0.3)
-            later = robot.since(first_safe["t"])
-            assert len(later) >= 15 and all(c["data"] == [0.0] * 6 for c in later)  # repeated every period
+            later = wait_until(lambda: c if len(c := robot.since(first_safe["t"])) >= 15 else None, timeout=10,
+                               what="15 commands after the first safe one")  # a wait on state, not a sleep
+            assert all(c["data"] == [0.0] * 6 for c in later)  # repeated every period
             assert node.guard.counts.watchdog == watchdogs + 1 and not node.connected
             t_restart = time.monotonic()
             gw.start()                                                        # same port
@@ -235,8 +237,10 @@ def test_a_frozen_gateway_process_is_survived(ros_domain, robot, triton, unused_
             stop_process(gw)
 
 
-def test_estop_latches_until_released_by_name(ros_domain, robot, gateway):
-    with running_edge(ros_domain, gateway, TMAP, policy="echo6", safe_action="zero") as node, \
+def test_estop_latches_until_an_operator_releases_with_a_credential(ros_domain, robot, gateway, tmp_path):
+    tokens, token = release_token(tmp_path)
+    with running_edge(ros_domain, gateway, TMAP, policy="echo6", safe_action="zero",
+                      config={"release_tokens": tokens}) as node, \
             DdsTransport(domain_id=ros_domain, node_name="operator") as operator:
         estop = operator.publisher("/tether/estop", messages.BOOL)
         release = operator.publisher("/tether/estop_release", messages.STRING)
@@ -246,12 +250,14 @@ def test_estop_latches_until_released_by_name(ros_domain, robot, gateway):
         estop(messages.bool_msg(True))
         stopped = robot.wait_for(lambda d: np.allclose(d, 0.0), after=t_estop, timeout=5, what="the e-stop")
         estop(messages.bool_msg(False))                                        # does not release
-        release(messages.string_msg("  "))                                     # no name: ignored
-        time.sleep(0.3)
+        release(messages.string_msg("ada"))                                    # a name is no credential
+        signed = make_release("ada", token, node="edge_under_test", why="cell clear")
+        release(messages.string_msg(signed.replace("|edge_under_test|", "|another_node|")))   # not for this node
+        wait_until(lambda: node.stats.errors["RELEASE_REFUSED"] >= 2, timeout=5, what="the refusals")
         held = robot.since(stopped["t"])
         assert len(held) >= 15 and all(c["data"] == [0.0] * 6 for c in held) and node.guard.estopped
         t_release = time.monotonic()
-        release(messages.string_msg("ada"))
+        release(messages.string_msg(signed))
         robot.wait_for(lambda d: np.allclose(d, 0.5), after=t_release, timeout=5, what="actions after release")
         counts = node.guard.counts
         assert counts.estop == 1 and not counts.estopped
@@ -259,10 +265,11 @@ def test_estop_latches_until_released_by_name(ros_domain, robot, gateway):
     assert stopped["t"] - t_estop < 0.2
 
 
-def test_tether_edge_command_runs_and_stops_on_sigterm(ros_domain, robot, gateway):
+def test_tether_edge_command_runs_and_stops_on_sigterm(ros_domain, robot, gateway, tmp_path):
     cmd = [sys.executable, "-m", "tether", "edge", "--gateway", gateway, "--transport", "dds",
            "--domain-id", str(ros_domain), "--policy", "echo6", "--node-name", "edge_cli",
-           "--safe-action", "zero", "--status-s", "0.3", "--deadline-ms", "50"]
+           "--safe-action", "zero", "--status-s", "0.3", "--deadline-ms", "50",
+           "--latch-file", str(tmp_path / "latch.json")]
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

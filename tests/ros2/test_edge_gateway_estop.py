@@ -11,11 +11,19 @@ import grpc
 import numpy as np
 import pytest
 
-from bridge.ros2.node import GATEWAY_ESTOP
+from bridge.ros2.guard import GATEWAY_ESTOP
 from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, load_topic_map
 from inference_server import ModelRepository, TritonServer
 from protos import fleet_pb2, fleet_pb2_grpc
-from tests.ros2.edge_support import EchoVelocity, GatewayThread, Robot, joint_specs, running_edge
+from tests.ros2.edge_support import (
+    EchoVelocity,
+    GatewayThread,
+    Robot,
+    joint_specs,
+    release_token,
+    running_edge,
+    wait_until,
+)
 
 TMAP = load_topic_map(DEFAULT_TOPIC_MAP)
 JOINTS = TMAP.observation[0].joints
@@ -63,9 +71,9 @@ def test_gateway_estop_latches_the_edge_guard_until_the_gateway_releases(ros_dom
             time.sleep(0.01)
         t_latched = time.monotonic()
         stopped = robot.wait_for(lambda d: np.allclose(d, 0.0), after=t_latched, timeout=5, what="the e-stop")
-        time.sleep(0.3)
-        held = robot.since(t_latched)
-        assert len(held) >= 15 and all(c["data"] == [0.0] * 6 for c in held), [c for c in held if any(c["data"])][:3]
+        held = wait_until(lambda: c if len(c := robot.since(t_latched)) >= 15 else None, timeout=10,
+                          what="15 commands after the latch")  # a wait on state, not a sleep
+        assert all(c["data"] == [0.0] * 6 for c in held), [c for c in held if any(c["data"])][:3]
         assert node.guard.estopped and node.guard.estop_reason == GATEWAY_ESTOP
         for _ in range(500):  # the edge reports its latch in its next observation's GuardReport (bounded: 5 s)
             session = fleet.Status(fleet_pb2.StatusRequest()).sessions[0]
@@ -80,13 +88,15 @@ def test_gateway_estop_latches_the_edge_guard_until_the_gateway_releases(ros_dom
     print(f"\ngateway e-stop -> safe command on the robot: {(stopped['t'] - t_estop) * 1e3:.1f} ms")
 
 
-def test_a_local_estop_outlives_the_gateways_release(ros_domain, robot, gateway):
+def test_a_local_estop_outlives_the_gateways_release(ros_domain, robot, gateway, tmp_path):
     """A local e-stop (True on /tether/estop) taken while the gateway's latch holds needs a local
     release: the gateway's release must not lift it."""
     from bridge.ros2.edge import main as edge_cli
 
     operator = [("x-tether-operator", "ada")]
-    with running_edge(ros_domain, gateway, TMAP, policy="echo6", safe_action="zero") as node, \
+    tokens, token = release_token(tmp_path)
+    with running_edge(ros_domain, gateway, TMAP, policy="echo6", safe_action="zero",
+                      config={"release_tokens": tokens}) as node, \
             grpc.insecure_channel(gateway) as channel:
         fleet = fleet_pb2_grpc.FleetStub(channel)
         const(robot, 0.5)
@@ -100,11 +110,13 @@ def test_a_local_estop_outlives_the_gateways_release(ros_domain, robot, gateway)
         assert node.guard.estopped and node.guard.estop_reason != GATEWAY_ESTOP  # the local latch took over
         assert fleet.Release(fleet_pb2.EStopRequest(robot="edge_under_test", reason="drill over"),
                              metadata=operator).changed
-        t_release = time.monotonic()
-        time.sleep(0.5)  # actions without estop arrive; the local latch must hold through them
+        t_release, actions = time.monotonic(), node.stats.actions
+        # actions without estop arrive (a wait on state: 20 more reach the guard); the local latch holds through them
+        wait_until(lambda: node.stats.actions >= actions + 20, timeout=10, what="20 actions after the release")
         assert node.guard.estopped
         assert all(c["data"] == [0.0] * 6 for c in robot.since(t_release))
-        edge_cli(["release", "--operator", "ada", "--domain-id", str(ros_domain), "--transport", "dds"])
+        edge_cli(["release", "--operator", "ada", "--token", token, "--node", "edge_under_test",
+                  "--domain-id", str(ros_domain), "--transport", "dds"])
         robot.wait_for(lambda d: np.allclose(d, 0.5), after=time.monotonic(), timeout=5, what="actions after the "
                        "local release")
         assert not node.guard.estopped

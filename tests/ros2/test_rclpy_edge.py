@@ -18,10 +18,19 @@ import torch
 
 from bridge.gateway import session as gateway_session
 from bridge.ros2.edge_config import DEFAULT_VELOCITY_LIMIT
+from bridge.ros2.release_auth import make_release
 from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, load_topic_map
 from inference_server import ModelRepository, TritonServer
 from protos.codec import Spec
-from tests.ros2.edge_support import EchoVelocity, GatewayThread, Robot, joint_specs, running_edge, wait_until
+from tests.ros2.edge_support import (
+    EchoVelocity,
+    GatewayThread,
+    Robot,
+    joint_specs,
+    release_token,
+    running_edge,
+    wait_until,
+)
 from tests.ros2.rclpy_support import EdgeProcess, rclpy_robot
 from tests.ros2.ros_env import needs_launch, needs_rclpy, ros_env
 from tests.ros2.test_edge_estop import dead_address
@@ -163,27 +172,31 @@ def test_first_command_is_rate_limited_from_the_measured_pose(ros_domain, gatewa
 
 
 @needs_rclpy
-def test_release_by_a_name_not_in_the_allowlist_is_refused_and_logged(ros_domain, tmp_path):
+def test_a_release_without_a_valid_credential_is_refused_and_logged(ros_domain, tmp_path):
+    tokens, token = release_token(tmp_path)
+    _, other = release_token(tmp_path / "other", "mallory")        # a token this node's file does not know
     robot = rclpy_robot(ros_domain, JOINTS, hz=100)
     try:
-        with EdgeProcess(ros_domain, dead_address(), tmp_path, "--operators", "ada,bob",
+        with EdgeProcess(ros_domain, dead_address(), tmp_path, "--release-tokens", str(tokens),
                          "--safe-action", "zero") as edge:
             robot.send("matched")
             robot.wait_event("matched")
             robot.send("estop")
             robot.wait_event("estop_state True", timeout=10)
-            robot.send("release mallory: let me through")
-            robot.wait_event("estop_state True", timeout=10)                 # answered, still latched
-            robot.send("release ada: cell is clear")
+            robot.send("release ada: cell is clear")                  # the old form: a name, no credential
+            robot.wait_event("estop_state True", timeout=10)          # answered, still latched
+            robot.send(f"release {make_release('mallory', other, node='tether_edge', why='let me through')}")
+            robot.wait_event("estop_state True", timeout=10)
+            robot.send(f"release {make_release('ada', token, node='tether_edge', why='cell is clear')}")
             robot.wait_event("estop_state False", timeout=10)
             edge.stop()
     finally:
         robot.close()
-    assert "e-stop release by 'mallory' (let me through) refused: not one of this node's operators ['ada', 'bob']" \
-        in edge.text
+    assert "e-stop release by 'ada: cell is clear' refused (malformed:" in edge.text
+    assert "e-stop release by 'mallory' refused (unknown operator:" in edge.text
     assert "e-stop released by ada: cell is clear" in edge.text
     assert "e-stop latched by a True on /tether/estop" in edge.text
-    assert edge.report["stats"]["errors"]["RELEASE_REFUSED"] == 1
+    assert edge.report["stats"]["errors"]["RELEASE_REFUSED"] == 2
 
 
 @needs_rclpy
@@ -225,12 +238,13 @@ def test_chunks_keep_a_1khz_robot_commanded_through_30ms_inference(ros_domain, g
 
 
 @needs_launch
-def test_ros2_launch_runs_the_edge_and_drives_a_robot(ros_domain, gateway):
+def test_ros2_launch_runs_the_edge_and_drives_a_robot(ros_domain, gateway, tmp_path):
     """`ros2 launch tether robot.launch.py ...` as a robot's operator types it; Ctrl-C stops it cleanly."""
     robot = rclpy_robot(ros_domain, JOINTS, hz=100)
     launch = subprocess.Popen(
         ["ros2", "launch", "tether", "robot.launch.py", f"gateway:={gateway}", f"domain_id:={ros_domain}",
-         "transport:=rclpy", "policy:=echo6", "operators:=ada", "node_name:=tether_edge_launched"],
+         "transport:=rclpy", "policy:=echo6", "node_name:=tether_edge_launched",
+         f"latch_file:={tmp_path / 'latch.json'}"],
         env=ros_env(ros_domain), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_until(lambda: sum(c["lat_ms"] is not None for c in robot.commands) >= 50 or launch.poll() is not None,
