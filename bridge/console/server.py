@@ -4,7 +4,7 @@
     await console.start(); console.url                       # http://127.0.0.1:PORT/
     await console.stop()
 
-Routes (reads need the "viewer" role, actions "operator": `gateway.auth.require_http`; a refusal is
+Routes (reads need the "viewer" role, actions "operator": `gateway.auth.check_http`; a refusal is
 HTTP 401/403 with the reason):
     GET  /                  the page (HTML + JS + CSS from bridge/console/static, nothing from the internet)
     GET  /api/state         fleet, versions, rollout, e-stops, audit trail, chart series (the page polls it)
@@ -223,12 +223,12 @@ class Console:
         return web.FileResponse(STATIC / name, headers=_NO_CACHE)
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        if (refused := self._refused(request, "viewer")) is not None:
+        if (refused := await self._refused(request, "viewer")) is not None:
             return refused
         return web.Response(body=self._gw.fleet.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
 
     async def _state(self, request: web.Request) -> web.Response:
-        if (refused := self._refused(request, "viewer")) is not None:
+        if (refused := await self._refused(request, "viewer")) is not None:
             return refused
         now = time.monotonic()
         if self._cached is None or now - self._cached[0] > STATE_MAX_AGE_S:  # many viewers: one computation
@@ -295,6 +295,10 @@ class Console:
         """The registry's events and the fleet's operator actions, newest first."""
         registry = getattr(self._gw, "registry", None)
         if registry is not None:  # registry.events pages oldest first: follow it with a cursor, keep the newest
+            if self._event_id == 0:  # at first, the newest page only (one indexed read), never the whole log
+                first = _safe(lambda: registry.latest_events(limit=self._events.maxlen)) or []
+                self._events.extend({**_shallow(e), "source": "registry"} for e in first)
+                self._event_id = first[-1].id if first else 0
             while batch := _safe(lambda: registry.events(since_id=self._event_id, limit=1000)) or []:
                 for e in batch:
                     self._events.append({**_shallow(e), "source": "registry"})
@@ -323,15 +327,16 @@ class Console:
 
     # -- actions ----------------------------------------------------------------------------------
 
-    def _refused(self, request: web.Request, role: str) -> web.Response | None:
+    async def _refused(self, request: web.Request, role: str) -> web.Response | None:
         try:
-            self._who(request, role)
+            await self._who(request, role)
         except GatewayError as exc:
             return _error(exc)
         return None
 
-    def _who(self, request: web.Request, role: str) -> str:
-        """The caller's identity for `role` (tokens, or a verified client certificate over HTTPS)."""
+    async def _who(self, request: web.Request, role: str) -> str:
+        """The caller's identity for `role` (tokens, or a verified client certificate over HTTPS); a token's
+        scrypt check runs off the event loop (`Authorizer.check_http`)."""
         peer_cert = None
         if self.ssl_context is not None and request.transport is not None:
             ssl_object = request.transport.get_extra_info("ssl_object")
@@ -340,12 +345,12 @@ class Console:
         if auth.open_access and not is_loopback(self.host):
             raise _Refused(f"this console is bound to {self.host!r}, not loopback: open access is off here; "
                            f"the gateway needs --tokens or --tls-client-ca")
-        return auth.require_http(request.headers, role, peer_cert=peer_cert or None)
+        return await auth.check_http(request.headers, role, peer_cert=peer_cert or None)
 
     def _action(self, name: str):
         async def handler(request: web.Request) -> web.Response:
             try:
-                who = self._who(request, "operator")
+                who = await self._who(request, "operator")
                 try:
                     body = await request.json()
                 except (ValueError, UnicodeDecodeError) as exc:

@@ -4,12 +4,18 @@ results (good and bad) are cached, bounded, expire, and shared by concurrent che
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
+from bridge.gateway.errors import GatewayError
+from bridge.security import Authorizer
 from bridge.security.tokens import TokenStore
 
 RACERS = 6
@@ -72,3 +78,27 @@ def test_the_cache_is_bounded_expires_and_empties_when_the_file_changes(tmp_path
     short.verify(token)
     short.verify(token)
     assert short.scrypt_calls == 2  # a result past its TTL is not reused
+
+
+def test_token_checks_run_on_the_authorizers_own_threads_never_the_event_loop(tmp_path):
+    store = TokenStore(tmp_path / "tokens.json")
+    alice = store.add("alice", role="operator")
+    auth = Authorizer(tokens=store)
+    threads: list[str] = []
+    verify = store.verify
+
+    def recording(token):
+        threads.append(threading.current_thread().name)
+        return verify(token)
+
+    store.verify = recording
+
+    async def scenario():
+        assert await auth.check_http({"Authorization": f"Bearer {alice}"}, "operator") == "operator:alice"
+        with pytest.raises(GatewayError, match="does not verify"):
+            await auth.check_http({"Authorization": "Bearer alice.wrong"}, "viewer")
+        return threading.current_thread().name
+
+    loop_thread = asyncio.run(scenario())
+    assert len(threads) == 2 and all(name.startswith("tether-tokens") for name in threads), threads
+    assert loop_thread not in threads
