@@ -41,7 +41,7 @@ from bridge.gateway.holds import EStops, open_estop_registry
 from bridge.gateway.limits import Admission, Limits, check_hello, may_route
 from bridge.gateway.policies import PolicyCatalog, check_compatible
 from bridge.gateway.policies_service import PoliciesService
-from bridge.gateway.publisher import Publisher
+from bridge.gateway.publisher import Publisher, PublishLimits
 from bridge.gateway.recorder import Recorder, RecorderGroup
 from bridge.gateway.rollout import RolloutController
 from bridge.gateway.rollout_config import RolloutPlan, open_registry
@@ -100,6 +100,7 @@ class GatewayConfig:
     tokens: Path | None = None       # operator/trainer tokens file (`tether token add`)
     anonymous_viewers: bool = True   # read-only viewing without credentials
     limits: Limits = field(default_factory=Limits)  # session caps, idle timeout, Hello string bounds
+    publish_limits: PublishLimits = field(default_factory=PublishLimits)  # publishes in flight, bytes they hold
     gate_tls_ca: Path | None = None    # what the gate's `tether sim` sessions verify the gateway with (default:
     gate_tls_cert: Path | None = None  # tls_client_ca); under mTLS, the certificate + key they present
     gate_tls_key: Path | None = None
@@ -140,7 +141,7 @@ class Gateway:
         self.batcher = MicroBatcher(self._client, max_batch=config.max_batch,
                                     max_inflight=config.max_inflight)
         self.repository = ModelRepository(config.model_repository) if config.model_repository else None
-        self.publisher = Publisher(repository=self.repository, client=self.control)
+        self.publisher = Publisher(repository=self.repository, client=self.control, limits=config.publish_limits)
         self.registry = open_registry(config.registry, self.repository)
         self.rollout = RolloutController(
             registry=self.registry, catalog=self.catalog, control=self.control, batcher=self.batcher,
@@ -441,6 +442,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     s.add_argument("--max-message-mb", type=int, default=Limits.max_message_mb,
                    help="largest message a client may send (a 1080p RGB frame is 6 MB; parsing one stalls the "
                         "event loop about 1-3 ms per MB)")
+    s.add_argument("--max-publishes", type=int, default=PublishLimits.max_inflight,
+                   help="publishes in flight at once (receiving, waiting for the gate, gated); more are "
+                        "refused with RESOURCE_EXHAUSTED")
+    s.add_argument("--max-publish-mb", type=int, default=PublishLimits.max_bytes >> 20,
+                   help="MB of weights the publishes in flight may hold together (each counts its announced size)")
     return p.parse_args(argv)
 
 
@@ -456,10 +462,12 @@ def _console_allowed_host(value: str) -> str:
 def _security_kwargs(a: argparse.Namespace) -> dict:
     try:
         limits = _limits(a)
+        publish_limits = PublishLimits(max_inflight=a.max_publishes, max_bytes=a.max_publish_mb << 20)
     except ValueError as exc:
         raise SystemExit(f"tether gateway: {exc}") from None
     return {"tls_cert": a.tls_cert, "tls_key": a.tls_key, "tls_client_ca": a.tls_client_ca, "insecure": a.insecure,
             "tokens": a.tokens, "anonymous_viewers": a.anonymous_viewers, "limits": limits,
+            "publish_limits": publish_limits,
             "gate_tls_ca": a.gate_tls_ca, "gate_tls_cert": a.gate_tls_cert, "gate_tls_key": a.gate_tls_key}
 
 

@@ -191,3 +191,12 @@ def test_publish_audits_the_authenticated_identity_and_bad_tokens_cost_one_scryp
             assert tokens.scrypt_calls - before == len(bad) + 1
 
     asyncio.run(scenario())
+
+
+def test_the_publish_caps_are_gateway_flags_and_bad_ones_are_named():
+    from bridge.gateway.server import _security_kwargs, parse_args
+
+    limits = _security_kwargs(parse_args(["--triton", "x:1", "--max-publishes", "2", "--max-publish-mb", "100"]))
+    assert limits["publish_limits"] == PublishLimits(max_inflight=2, max_bytes=100 << 20)
+    with pytest.raises(SystemExit, match="max_inflight must be an integer >= 1, got 0"):
+        _security_kwargs(parse_args(["--triton", "x:1", "--max-publishes", "0"]))
