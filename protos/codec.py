@@ -163,3 +163,42 @@ def check_all(specs: Sequence[Spec], tensors: Sequence[tensor_pb2.Tensor]) -> di
             raise TensorError(spec.name, "missing")
         spec.check(arrays[spec.name])
     return arrays
+
+
+TRANSITION_TENSORS = ("observation", "action", "applied_action", "next_observation")
+
+
+def transition_problem(t) -> str | None:
+    """Why a logged `tether.v1.Transition` cannot be learned from, or None: a tensor that does not decode
+    (bytes that do not fit its dtype and shape, an unknown dtype), a name sent twice, a NaN/inf value,
+    no observation or no action, a non-finite reward or log-probability. Readers (BC, PPO, `tether log
+    export`) skip such a record and count it instead of crashing on it at every resume.
+
+    >>> from protos import experience_pb2
+    >>> ok = experience_pb2.Transition(observation=[encode("obs", np.zeros(2, np.float32))],
+    ...                                action=[encode("action", np.ones(1, np.float32))], reward=1.0)
+    >>> transition_problem(ok) is None
+    True
+    >>> bad = experience_pb2.Transition(); bad.CopyFrom(ok); bad.action[0].data = np.float32("nan").tobytes()
+    >>> transition_problem(bad)
+    'action.action: contains NaN or infinite values'
+    """
+    for group in TRANSITION_TENSORS:
+        seen = set()
+        for tensor in getattr(t, group):
+            if tensor.name in seen:
+                return f"{group}.{tensor.name}: sent twice"
+            seen.add(tensor.name)
+            try:
+                array = decode(tensor)
+            except (TensorError, ValueError) as exc:
+                return f"{group}.{exc}"
+            if array.dtype.kind == "f" and not np.isfinite(array).all():
+                return f"{group}.{tensor.name}: contains NaN or infinite values"
+    if not t.observation or not t.action:
+        return "no observation" if not t.observation else "no action"
+    if not math.isfinite(t.reward):
+        return f"reward: non-finite {t.reward}"
+    if t.has_log_prob and not math.isfinite(t.log_prob):
+        return f"log_prob: non-finite {t.log_prob}"
+    return None

@@ -75,8 +75,9 @@ def run_bc(args: argparse.Namespace) -> dict:
         learner.optimizer.load_state_dict(ckpt.optimizer)
         learner.steps = ckpt.step
         restore_rng(ckpt.rng)
-    status(f"bc: {len(dataset)} transitions in {len(dataset.segments)} segment(s), {dataset.per_rank()} per rank, "
-           f"batch {batch}, {per_epoch} steps/epoch, from step {learner.steps}")
+    status(f"bc: {len(dataset)} transitions in {len(dataset.segments)} segment(s) ({dataset.skipped} unusable "
+           f"skipped), {dataset.per_rank()} per rank, batch {batch}, {per_epoch} steps/epoch, "
+           f"from step {learner.steps}")
     started = last_status = time.monotonic()
     loss, samples = float("nan"), 0
     while True:
@@ -100,6 +101,7 @@ def run_bc(args: argparse.Namespace) -> dict:
                    f"{samples * world / max(now - started, 1e-9):.0f} samples/s")
     digests = param_digests(learner.model)
     summary = {"steps": learner.steps, "loss": loss, "param_sha256": digests, "parent_version": parent,
+               "skipped": dataset.skipped,  # unusable transitions left out (trainer.sources)
                "samples_per_s": samples * world / max(time.monotonic() - started, 1e-9)}
     if args.out and rank == 0:
         write_weights(args.out, policy.state_dict())

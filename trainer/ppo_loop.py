@@ -81,7 +81,7 @@ def run_ppo(args: argparse.Namespace) -> dict:
            f"max-lag={config.max_version_lag}")
     publisher = BackgroundPublisher(client, served.policy)
     source = StreamSource(args.gateway, from_offset=offset, shard=rank, num_shards=world, policy=served.policy,
-                          window=max(4 * batch, 4096))
+                          window=max(4 * batch, 4096), expect=(*served.inputs, *served.outputs))
     assembler = TrajectoryAssembler()
     consumed, dropped, last_return, best_return = offset, 0, float("nan"), float("-inf")
     probe: np.ndarray | None = None
@@ -185,7 +185,7 @@ def run_ppo(args: argparse.Namespace) -> dict:
     summary = {"steps": learner.steps, "iterations": iteration, "samples": samples, "final_version": version,
                "parent_version": parent, "published_versions": published, "mean_return": _finite(last_return),
                "best_return": _finite(best_return), "param_sha256": param_digests(learner.model),
-               "reconnects": source.reconnects}
+               "reconnects": source.reconnects, "skipped": source.skipped}  # unusable transitions (sources)
     summary.update({k: v for k, v in stats.items() if k.startswith("lag_") or k in ("stale", "approx_kl")})
     if args.out and rank == 0:
         write_weights(args.out, learner.policy.state_dict())

@@ -15,12 +15,20 @@ was consumed, and reconnects with backoff where it left off. The call loop (need
 `tether.v1.Transition`), shuffles with a seeded generator and shards across ranks:
 
     >>> import tempfile
-    >>> from protos import experience_pb2
+    >>> from protos import codec, experience_pb2
     >>> d = tempfile.mkdtemp()
-    >>> write_transitions(f"{d}/seg-0.mcap", [experience_pb2.Transition(offset=i) for i in range(10)])
+    >>> def t(i, value=0.0):
+    ...     return experience_pb2.Transition(offset=i, observation=[codec.encode("obs", np.zeros(2, np.float32))],
+    ...                                      action=[codec.encode("action", np.full(1, value, np.float32))])
+    >>> write_transitions(f"{d}/seg-0.mcap", [t(i) for i in range(10)] + [t(10, float("nan"))])
     >>> ds = LogDataset(d, rank=1, world_size=2, seed=0)
-    >>> len(ds), [len(b) for b in ds.batches(2, epoch=0)]
-    (10, [2, 2, 1])
+    >>> len(ds), [len(b) for b in ds.batches(2, epoch=0)], ds.skipped
+    (10, [2, 2, 1], 1)
+
+Both skip and count a transition they cannot learn from (`protos.codec.transition_problem`: a tensor
+that does not decode, NaN/inf, a non-finite reward; for `LogDataset` also tensors shaped unlike the
+log's first usable transition) instead of crashing on it: `source.skipped`, `dataset.skipped`, and a
+warning naming the first problem.
 """
 
 from __future__ import annotations
@@ -28,13 +36,14 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import grpc
 import numpy as np
 
-from protos import experience_pb2, experience_pb2_grpc
+from protos import codec, experience_pb2, experience_pb2_grpc
+from protos.codec import TRANSITION_TENSORS, Spec, transition_problem
 from trainer.channel import gateway_channel
 
 __all__ = ["LogDataset", "StreamError", "StreamSource", "TRANSITION_SCHEMA", "read_segment", "write_transitions"]
@@ -56,12 +65,14 @@ class StreamSource:
 
     `from_offset`: first transition wanted; `window`: unacknowledged transitions the gateway may
     send ahead; `shard`/`num_shards`: this rank's sessions; `policy`: only this policy's
-    transitions (empty = all). Reconnects resume at the batch after the last one received.
+    transitions (empty = all). Reconnects resume at the batch after the last one received. `expect`:
+    specs (the policy's inputs and outputs) a transition's tensors of the same name must fit; a transition
+    that does not, or cannot be learned from (`transition_problem`), is skipped and counted (`skipped`).
     """
 
     def __init__(self, address: str, *, from_offset: int = 0, window: int = 4096, max_batch: int = 256,
                  shard: int = 0, num_shards: int = 1, policy: str = "",
-                 backoff_s: tuple[float, float] = (0.05, 2.0)):
+                 backoff_s: tuple[float, float] = (0.05, 2.0), expect: Sequence[Spec] = ()):
         if not address or ":" not in address:
             raise ValueError(f"gateway address {address!r} must be HOST:PORT")
         if from_offset < 0:
@@ -75,10 +86,12 @@ class StreamSource:
         self.address = address
         self._start = dict(window=window, max_batch=max_batch, shard=shard, num_shards=num_shards, policy=policy)
         self._backoff = backoff_s
+        self._expect = {s.name: s for s in expect}
         self._resume = from_offset
         self._acked = from_offset
         self.log_end = 0
         self.reconnects = 0
+        self.skipped = 0  # transitions received that cannot be learned from (transition_problem): never polled
         self._out: queue.Queue[list[experience_pb2.Transition]] = queue.Queue()
         self._pending: list[experience_pb2.Transition] = []
         self._requests: queue.Queue | None = None
@@ -140,6 +153,16 @@ class StreamSource:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _usable(self, t: experience_pb2.Transition) -> bool:
+        problem = transition_problem(t) or _misfit(t, self._expect)
+        if problem is None:
+            return True
+        self.skipped += 1
+        if self.skipped == 1 or self.skipped % 1000 == 0:
+            log.warning("experience stream %s: skipped %d unusable transition(s); offset %d: %s", self.address,
+                        self.skipped, t.offset, problem)
+        return False
+
     def _run(self) -> None:
         delay = self._backoff[0]
         while not self._closed.is_set():
@@ -152,8 +175,9 @@ class StreamSource:
             try:
                 for batch in call:
                     self.log_end = batch.log_end
-                    if batch.transitions:
-                        self._out.put(list(batch.transitions))
+                    usable = [t for t in batch.transitions if self._usable(t)]
+                    if usable:
+                        self._out.put(usable)
                     self._resume = max(self._resume, batch.next_offset)
                     delay = self._backoff[0]
             except grpc.RpcError as e:
@@ -210,11 +234,13 @@ def write_transitions(path: str | Path, transitions: Iterable[experience_pb2.Tra
         writer.finish()
 
 
-def read_segment(path: str | Path) -> list[experience_pb2.Transition]:
+def read_segment(path: str | Path, *, on_skip=None) -> list[experience_pb2.Transition]:
     """The complete `tether.v1.Transition` messages of one MCAP file, in file order.
 
-    A segment still being written (or torn) is read up to its last complete record.
+    A segment still being written (or torn) is read up to its last complete record. A complete message
+    that does not parse as a Transition is skipped: `on_skip(why)` (and a warning), then reading goes on.
     """
+    from google.protobuf.message import DecodeError
     from mcap.exceptions import McapError
     from mcap.records import Channel, Message, Schema
     from mcap.stream_reader import StreamReader
@@ -231,12 +257,43 @@ def read_segment(path: str | Path) -> list[experience_pb2.Transition]:
                     if schemas.get(record.schema_id) == TRANSITION_SCHEMA:
                         channels.add(record.id)
                 elif isinstance(record, Message) and record.channel_id in channels:
-                    out.append(experience_pb2.Transition.FromString(record.data))
+                    try:
+                        out.append(experience_pb2.Transition.FromString(record.data))
+                    except DecodeError as e:
+                        why = f"{path}: message {record.sequence} is not a tether.v1.Transition ({e})"
+                        log.warning("%s", why)
+                        if on_skip is not None:
+                            on_skip(why)
         except (McapError, EOFError, ValueError, OSError) as e:  # an unfinished tail: keep what is complete
             log.debug("%s: stopped at an incomplete record (%s)", path, e)
         except Exception as e:  # zstd/lz4 errors on a torn chunk, struct errors on a torn header
             log.debug("%s: stopped at an unreadable record (%s: %s)", path, type(e).__name__, e)
     return out
+
+
+def _misfit(t: experience_pb2.Transition, expect: dict[str, Spec]) -> str | None:
+    """Why a tensor of `t` does not fit the spec of the same name in `expect`, or None."""
+    for group in TRANSITION_TENSORS if expect else ():
+        for x in getattr(t, group):
+            spec = expect.get(x.name)
+            if spec is not None and (codec.dtype_to_numpy(x.dtype) != spec.dtype or tuple(x.shape) != spec.shape):
+                return f"{group}.{x.name}: {list(x.shape)}, the policy's spec is {spec.dtype.name}{list(spec.shape)}"
+    return None
+
+
+def _misshapen(t: experience_pb2.Transition, shapes: dict) -> str | None:
+    """Why `t`'s tensors do not stack with the first usable transition's (a name's dtype or shape differs)."""
+    for group in ("observation", "action"):  # the same tensor names as the first (applied_action may be absent)
+        names = shapes.setdefault((group, ""), sorted(x.name for x in getattr(t, group)))
+        if names != sorted(x.name for x in getattr(t, group)):
+            return f"{group}: tensors {sorted(x.name for x in getattr(t, group))}, the log's first has {names}"
+    for group in TRANSITION_TENSORS:
+        for x in getattr(t, group):
+            seen = shapes.setdefault((group, x.name), (x.dtype, tuple(x.shape)))
+            if seen != (x.dtype, tuple(x.shape)):
+                return f"{group}.{x.name}: shape {list(x.shape)} / dtype {x.dtype}, the log's first has " \
+                       f"{list(seen[1])} / {seen[0]}"
+    return None
 
 
 class LogDataset:
@@ -258,10 +315,25 @@ class LogDataset:
         if not segments:
             raise FileNotFoundError(f"no *.mcap segments under {str(root)!r}")
         by_offset: dict[int, experience_pb2.Transition] = {}
+        self.skipped, first_problem = 0, ""
+        shapes: dict[tuple[str, str], tuple[int, tuple[int, ...]]] = {}  # (group, tensor) -> the log's dtype, shape
+
+        def undecodable(why: str) -> None:
+            nonlocal first_problem
+            self.skipped += 1
+            first_problem = first_problem or why
+
         for seg in segments:
-            for t in read_segment(seg):
-                if policy is None or t.policy == policy:
-                    by_offset.setdefault(t.offset, t)
+            for t in read_segment(seg, on_skip=undecodable):
+                if (policy is None or t.policy == policy) and t.offset not in by_offset:
+                    problem = transition_problem(t) or _misshapen(t, shapes)
+                    if problem is None:
+                        by_offset[t.offset] = t
+                    else:
+                        self.skipped += 1
+                        first_problem = first_problem or f"offset {t.offset} in {seg.name}: {problem}"
+        if self.skipped:
+            log.warning("%s: skipped %d unusable transition(s) (first: %s)", root, self.skipped, first_problem)
         if not by_offset:
             raise ValueError(f"no tether.v1.Transition messages{f' of policy {policy!r}' if policy else ''} "
                              f"in {len(segments)} segment(s) under {str(root)!r}")

@@ -8,20 +8,27 @@
     more = cursor.read(max_count=256, end_offset=log.durable_offset)   # continues where it stopped
 
 Only complete records are read: the open segment's last, partly written record (or a torn tail
-after a crash) is where reading stops, and the next call resumes from there.
+after a crash) is where reading stops, and the next call resumes from there. A complete record that
+does not parse as a `tether.v1.Transition`, or carries another offset than its place, is skipped and
+counted (`cursor.skipped`, `on_skip(offset, why)`, a warning): it never stops a reader at the same
+place on every resume. (Whether a parsed transition is fit to learn from is the readers' own check:
+`protos.codec.transition_problem`.)
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from google.protobuf.message import DecodeError
 from mcap.opcode import Opcode
 
-from bridge.experience.segment import SegmentError, iter_records, list_segments, read_opening
+from bridge.experience.segment import iter_records, list_segments, read_opening
 from protos import experience_pb2
 
+log = logging.getLogger("tether.experience")
 _REC = 9
 _MSG_FIELDS = 22
 
@@ -30,8 +37,11 @@ class LogCursor:
     """A resumable position in the log (see module docstring). Not thread-safe: one reader thread
     at a time (the Subscribe stream calls it through `asyncio.to_thread`, one call at a time)."""
 
-    def __init__(self, directory: str | Path, from_offset: int = 0):
+    def __init__(self, directory: str | Path, from_offset: int = 0,
+                 on_skip: Callable[[int, str], None] | None = None):
         self.directory = Path(directory)
+        self.skipped = 0                 # complete records that are not a transition at their offset
+        self._on_skip = on_skip
         self.next_offset = from_offset   # the next offset to look at
         self._file = None
         self._index = 0                  # the open segment's index
@@ -77,16 +87,22 @@ class LogCursor:
                 if offset >= self.next_offset:
                     f.seek(start + _REC + _MSG_FIELDS)
                     data = f.read(end - start - _REC - _MSG_FIELDS)
-                    if into:
-                        t = out.add()
-                        t.ParseFromString(data)
-                    else:
-                        t = experience_pb2.Transition.FromString(data)
-                    if t.offset != offset:
-                        raise SegmentError(f"{f.name}: message {self._count} has offset {t.offset}, expected {offset}")
+                    try:
+                        if into:
+                            t = out.add()
+                            t.ParseFromString(data)
+                        else:
+                            t = experience_pb2.Transition.FromString(data)
+                        why = None if t.offset == offset else f"message {self._count} has offset {t.offset}"
+                    except DecodeError as exc:
+                        why = f"message {self._count} does not parse as tether.v1.Transition ({exc})"
                     scanned += len(data)
                     self.next_offset = offset + 1
-                    if keep is not None and not keep(t):
+                    if why is not None:
+                        if into:
+                            del out[-1]
+                        self._skip(offset, f"{f.name}: {why}")
+                    elif keep is not None and not keep(t):
                         if into:
                             del out[-1]
                     elif not into:
@@ -109,6 +125,12 @@ class LogCursor:
                 continue
             break
         return out
+
+    def _skip(self, offset: int, why: str) -> None:
+        self.skipped += 1
+        log.warning("experience log: skipped the record at offset %d (%d so far): %s", offset, self.skipped, why)
+        if self._on_skip is not None:
+            self._on_skip(offset, why)
 
     def _later_segment_exists(self) -> bool:
         return any(i > self._index for i, _ in list_segments(self.directory))
@@ -148,9 +170,11 @@ class LogCursor:
         self.close()
 
 
-def read_transitions(directory: str | Path, from_offset: int = 0) -> Iterator[experience_pb2.Transition]:
-    """Every complete transition in `directory` with offset >= from_offset, in offset order."""
-    cursor = LogCursor(directory, from_offset)
+def read_transitions(directory: str | Path, from_offset: int = 0, *,
+                     on_skip: Callable[[int, str], None] | None = None) -> Iterator[experience_pb2.Transition]:
+    """Every complete transition in `directory` with offset >= from_offset, in offset order (a record that
+    is not one is skipped: `on_skip(offset, why)`)."""
+    cursor = LogCursor(directory, from_offset, on_skip=on_skip)
     try:
         while True:
             batch = cursor.read(max_count=256, follow=False)

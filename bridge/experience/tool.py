@@ -9,7 +9,9 @@ The export is LeRobotDataset-like without parquet: one `.npz` per episode,
 `policy_version`, `log_prob` (NaN when not stochastic), `frame_index`, `episode_index`; plus
 `meta/info.json` (features with dtype and shape, totals) and `meta/episodes.jsonl`. Read it with
 `np.load(path)`: no Tether needed. Reading the log never changes it (a torn tail is read up to its
-last complete record).
+last complete record). A record that cannot be used (not a transition, a tensor that does not decode,
+NaN/inf, a non-finite reward, a tensor shaped unlike the log's earlier ones) is skipped and counted:
+`skipped` in the summary and in info.json (with the first one's offset and problem), never a crash.
 """
 
 from __future__ import annotations
@@ -27,8 +29,34 @@ import numpy as np
 from bridge.experience.reader import read_transitions
 from bridge.experience.segment import list_segments, scan_segment
 from protos import codec, experience_pb2
+from protos.codec import TRANSITION_TENSORS, transition_problem
 
 CHUNK_EPISODES = 1000
+
+
+class _Skips:
+    """Unusable records: counted, the first one named."""
+
+    def __init__(self):
+        self.count, self.first = 0, None
+        self._shapes: dict[str, tuple[int, tuple[int, ...]]] = {}
+
+    def record(self, offset: int, why: str) -> None:
+        self.count += 1
+        if self.first is None or offset < self.first["offset"]:  # the reader reports ahead of what it yields
+            self.first = {"offset": offset, "problem": why}
+
+    def usable(self, t: experience_pb2.Transition) -> bool:
+        """Whether `t` can be used (else it is recorded): decodes, finite, shaped as the earlier ones."""
+        problem = transition_problem(t)
+        for group in TRANSITION_TENSORS if problem is None else ():
+            for x in getattr(t, group):
+                seen = self._shapes.setdefault(f"{group}.{x.name}", (x.dtype, tuple(x.shape)))
+                if seen != (x.dtype, tuple(x.shape)) and problem is None:
+                    problem = f"{group}.{x.name}: shape {list(x.shape)}, earlier transitions {list(seen[1])}"
+        if problem is not None:
+            self.record(t.offset, problem)
+        return problem is None
 
 
 def find_log_dir(path: str | Path) -> Path:
@@ -62,7 +90,10 @@ def inspect(path: str | Path) -> dict:
     episodes: dict[tuple[str, int], dict] = {}
     versions: Counter[str] = Counter()
     rewards: Counter[str] = Counter()
-    for t in read_transitions(log_dir):
+    skips = _Skips()
+    for t in read_transitions(log_dir, on_skip=skips.record):
+        if not skips.usable(t):
+            continue
         n += 1
         first = t.offset if first is None else first
         last = t.offset
@@ -90,6 +121,8 @@ def inspect(path: str | Path) -> dict:
         "policy_versions": dict(sorted(versions.items())),
         "reward_versions": dict(sorted(rewards.items())),
         "time_span_s": (max(ends) - min(starts)) / 1e9 if starts else 0.0,
+        "skipped": skips.count,
+        "first_skipped": skips.first,
     }
 
 
@@ -110,6 +143,9 @@ def print_summary(s: dict, out=None) -> None:
     row("bytes", f"{s['bytes']} ({s['bytes'] / 1e6:.1f} MB)")
     row("time span", f"{s['time_span_s']:.1f} s")
     row("reward versions", ", ".join(f"{k} ({v})" for k, v in s["reward_versions"].items()) or "-")
+    if s.get("skipped"):
+        first = s["first_skipped"]
+        row("skipped", f"{s['skipped']} unusable record(s) (first: offset {first['offset']}: {first['problem']})")
     print(f"\n{'policy:version':<30}{'transitions':>12}", file=out)
     for k, v in s["policy_versions"].items():
         print(f"{k:<30}{v:>12}", file=out)
@@ -198,7 +234,10 @@ def export(log_dir: str | Path, out_dir: str | Path, *, complete_only: bool = Fa
 
     try:
         frames, policies, reward_versions = 0, Counter(), Counter()
-        for t in read_transitions(log_dir):
+        skips = _Skips()
+        for t in read_transitions(log_dir, on_skip=skips.record):
+            if not skips.usable(t):
+                continue
             key = (t.session, t.episode)
             if key not in open_eps:
                 for other in [k for k in open_eps if k[0] == t.session]:  # a new episode ends the session's last
@@ -217,7 +256,8 @@ def export(log_dir: str | Path, out_dir: str | Path, *, complete_only: bool = Fa
                 "source": str(log_dir), "total_episodes": len(written),
                 "total_frames": sum(e["length"] for e in written), "transitions_read": frames,
                 "chunks_size": CHUNK_EPISODES, "data_path": "data/chunk-{chunk:03d}/episode_{episode_index:06d}.npz",
-                "features": features, "policies": dict(policies), "reward_versions": dict(reward_versions)}
+                "features": features, "policies": dict(policies), "reward_versions": dict(reward_versions),
+                "skipped": skips.count, "first_skipped": skips.first}
         (tmp / "meta" / "info.json").write_text(json.dumps(info, indent=2) + "\n")
         (tmp / "meta" / "episodes.jsonl").write_text("".join(json.dumps(e) + "\n" for e in written))
         if out_dir.exists():
@@ -249,7 +289,10 @@ def main(argv: list[str] | None = None) -> None:
                 print_summary(summary)
         else:
             info = export(a.log_dir, a.out_dir, complete_only=a.complete_only)
-            print(f"wrote {info['total_episodes']} episodes, {info['total_frames']} frames to {a.out_dir}")
+            first = info["first_skipped"]
+            print(f"wrote {info['total_episodes']} episodes, {info['total_frames']} frames to {a.out_dir}"
+                  + (f" ({info['skipped']} unusable record(s) skipped, first at offset {first['offset']}: "
+                     f"{first['problem']})" if info["skipped"] else ""))
     except (OSError, ValueError) as exc:
         raise SystemExit(f"tether log {a.command}: {exc}") from None
 
