@@ -22,7 +22,8 @@ disk takes writes again it writes what it kept, in offset order, and `degraded` 
 unacknowledged steps for Replay.
 
 The bound. Transitions accepted but not yet durable are at most `max_pending` (count) and about
-`max_pending_bytes` (serialized size). At the bound `append` raises `LogFull`, counted in
+`max_pending_bytes` (serialized, as the writer thread measures it: it serializes a transition when
+it takes it from the queue, so the event loop never pays for it). At the bound `append` raises `LogFull`, counted in
 `stats.refused`, and from then on refuses every later transition of that session too (a session's
 steps are logged in order, with no holes) until `resume(session)`, which the gateway calls when the
 session connects again: its `durable_through` stays at the first refused step, so its client keeps
@@ -60,6 +61,7 @@ from bridge.experience.segment import (
 from protos import experience_pb2
 
 log = logging.getLogger("tether.experience")
+_RUN_BYTES = 8 << 20  # the most one writev carries
 
 
 class LogError(RuntimeError):
@@ -148,11 +150,10 @@ class ExperienceLog:
         self._refusing: dict[str, int] = {}      # session -> its first step refused at the bound (until resume)
         self._next_offset = 0
         self._durable_offset = 0
-        self._pending_bytes = 0
         self._waiters: list[tuple[int, asyncio.Future]] = []
         # shared (deque appends/pops are atomic; the condition wakes the writer)
         self._cond = threading.Condition()
-        self._queue: deque[tuple[experience_pb2.Transition, int, asyncio.Future | None, int]] = deque()
+        self._queue: deque[tuple[experience_pb2.Transition, int, asyncio.Future | None]] = deque()
         self._closing = False
         self._writer_idle = False  # set by the writer before it checks the queue and sleeps
         self._thread: threading.Thread | None = None
@@ -160,7 +161,9 @@ class ExperienceLog:
         self._failed: BaseException | None = None
         self._degraded: str | None = None  # written by the writer thread (a str assignment), read anywhere
         # the writer thread's
-        self._backlog: list[tuple[experience_pb2.Transition, int, asyncio.Future | None, int]] = []
+        # (offset, session, step, log_time_ns, serialized, future): taken from the queue, not yet durable
+        self._backlog: list[tuple[int, str, int, int, bytes, asyncio.Future | None]] = []
+        self._backlog_bytes = 0        # their serialized size (read by append for the bound)
         self._written = 0              # backlog items written into the open segment since its last sync
         self._needs_rollback = False   # a failed write left the open segment past its last synced size
         self._retry_at = 0.0
@@ -225,21 +228,19 @@ class ExperienceLog:
         if last is not None and step <= last:
             self._counts["duplicates"] += 1
             return None
-        size = transition.ByteSize()
         if session in self._refusing or (self._next_offset - self._durable_offset >= self.max_pending
-                                         or self._pending_bytes + size > self.max_pending_bytes):
+                                         or self._backlog_bytes >= self.max_pending_bytes):
             self._counts["refused"] += 1
             first = self._refusing.setdefault(session, step)
             raise LogFull(f"experience log full ({self._next_offset - self._durable_offset} transitions, "
-                          f"{self._pending_bytes} bytes not yet on disk): session {session!r} is not logged "
+                          f"{self._backlog_bytes} bytes not yet on disk): session {session!r} is not logged "
                           f"from step {first} until it connects again and replays")
         self._last_step[session] = step
         transition.offset = self._next_offset
         self._next_offset += 1
-        self._pending_bytes += size
         self._counts["appended"] += 1
         fut = self._loop.create_future()
-        self._queue.append((transition, time.time_ns(), fut, size))  # deque.append is atomic: no lock
+        self._queue.append((transition, time.time_ns(), fut))  # deque.append is atomic: no lock
         if self._writer_idle:
             with self._cond:
                 self._cond.notify()
@@ -281,7 +282,7 @@ class ExperienceLog:
                         segments=c["segments"], fsyncs=c["fsyncs"], max_group=c["max_group"],
                         next_offset=self._next_offset, durable_offset=self._durable_offset,
                         recovered=c["recovered"], refused=c["refused"], write_errors=c["write_errors"],
-                        pruned=c["pruned"], pruned_bytes=c["pruned_bytes"], pending_bytes=self._pending_bytes,
+                        pruned=c["pruned"], pruned_bytes=c["pruned_bytes"], pending_bytes=self._backlog_bytes,
                         degraded=self._degraded or "")
 
     async def wait_durable(self, offset: int, timeout: float | None = None) -> int:
@@ -300,12 +301,11 @@ class ExperienceLog:
                     self._waiters.remove((offset, fut))
         return self._durable_offset
 
-    def _resolve(self, batch: list[tuple[int, asyncio.Future | None, str, int, int]], durable: int) -> None:
+    def _resolve(self, batch: list[tuple[int, asyncio.Future | None, str, int]], durable: int) -> None:
         self._durable_offset = max(self._durable_offset, durable)
         self._counts["durable"] += len(batch)
         steps = self._durable_step
-        for offset, fut, session, step, size in batch:
-            self._pending_bytes -= size
+        for offset, fut, session, step in batch:
             if step > steps.get(session, -1):
                 steps[session] = step
             if fut is not None and not fut.done():
@@ -320,9 +320,8 @@ class ExperienceLog:
                 still.append((offset, fut))
         self._waiters = still
 
-    def _fail(self, error: BaseException, batch: list[tuple[int, asyncio.Future | None, str, int, int]]) -> None:
-        for _, fut, _, _, size in batch:
-            self._pending_bytes -= size
+    def _fail(self, error: BaseException, batch: list[tuple[int, asyncio.Future | None, str, int]]) -> None:
+        for _, fut, _, _ in batch:
             if fut is not None and not fut.done():
                 fut.set_exception(LogError(f"experience log writer failed: {error!r}"))
         for _, fut in self._waiters:
@@ -367,7 +366,7 @@ class ExperienceLog:
                             break
                     self._writer_idle = False
                     closing = self._closing
-                self._backlog += self._drain()
+                self._take()
                 if (self._backlog or self._degraded is not None) and (self._retry_due() or closing):
                     wait = 0.0 if closing else last_sync + self.fsync_interval_s - time.monotonic()
                     if self._commit(group_wait=wait):
@@ -392,11 +391,11 @@ class ExperienceLog:
             self._give_up(e)
 
     def _give_up(self, error: BaseException | None = None) -> None:
-        lost = self._backlog + self._drain()
-        self._backlog = []
+        self._take()
+        lost, self._backlog, self._backlog_bytes = self._backlog, [], 0
         if lost:
             log.error("experience log %s: %d transitions (offsets %d..%d) were not written: %s", self.directory,
-                      len(lost), lost[0][0].offset, lost[-1][0].offset, self._degraded or error)
+                      len(lost), lost[0][0], lost[-1][0], self._degraded or error)
         if self._segment is not None:
             with contextlib.suppress(OSError):
                 if self._needs_rollback:
@@ -407,9 +406,9 @@ class ExperienceLog:
         self._loop.call_soon_threadsafe(self._fail, error, [self._done_item(i) for i in lost])
 
     @staticmethod
-    def _done_item(item) -> tuple[int, asyncio.Future | None, str, int, int]:
-        t, _, fut, size = item
-        return t.offset, fut, t.session, t.step, size
+    def _done_item(item) -> tuple[int, asyncio.Future | None, str, int]:
+        offset, session, step, _, _, fut = item
+        return offset, fut, session, step
 
     def _retry_due(self) -> bool:
         return self._degraded is None or time.monotonic() >= self._retry_at
@@ -437,7 +436,7 @@ class ExperienceLog:
             self._write_backlog()
             if group_wait > 0 and self._degraded is None:
                 time.sleep(group_wait)  # group commit: more appends may queue meanwhile
-                self._backlog += self._drain()
+                self._take()
                 self._write_backlog()
             if self._segment is not None and self._written:
                 if self.fsync:
@@ -489,17 +488,20 @@ class ExperienceLog:
         done, self._backlog = self._backlog[:n], self._backlog[n:]
         self._written = max(0, self._written - n)
         synced = self._synced_sessions
-        for t, _, _, _ in done:
-            if t.step > synced.get(t.session, -1):
-                synced[t.session] = t.step
-        self._loop.call_soon_threadsafe(self._resolve, [self._done_item(i) for i in done], done[-1][0].offset + 1)
+        for _, session, step, _, data, _ in done:
+            self._backlog_bytes -= len(data)
+            if step > synced.get(session, -1):
+                synced[session] = step
+        self._loop.call_soon_threadsafe(self._resolve, [self._done_item(i) for i in done], done[-1][0] + 1)
 
-    def _drain(self) -> list:
-        items = []
+    def _take(self) -> None:
+        """Moves what the queue holds to the backlog, serialized (here, off the event loop)."""
         with contextlib.suppress(IndexError):
             while True:
-                items.append(self._queue.popleft())
-        return items
+                t, log_time, fut = self._queue.popleft()
+                data = t.SerializeToString()
+                self._backlog.append((t.offset, t.session, t.step, log_time, data, fut))
+                self._backlog_bytes += len(data)
 
     def _segment_aged(self) -> bool:
         return time.monotonic() - self._segment_started >= self.segment_seconds
@@ -510,10 +512,13 @@ class ExperienceLog:
         run, run_bytes = [], 0
         i = self._written
         while i < len(self._backlog):
-            transition, log_time, _fut, _size = self._backlog[i]
-            data = transition.SerializeToString()
+            offset, session, step, log_time, data, _fut = self._backlog[i]
             size = SegmentWriter.record_size(data)
             seg = self._segment
+            if run_bytes >= _RUN_BYTES:  # one writev at a time: a failing retry stops at the first
+                self._flush_run(run)
+                run, run_bytes = [], 0
+                seg = self._segment
             if seg is not None and seg.count + len(run) and (
                     seg.size + run_bytes + size > self.segment_bytes or self._segment_aged()):
                 self._flush_run(run)
@@ -524,11 +529,11 @@ class ExperienceLog:
                 i = 0
                 continue
             if self._segment is None:
-                self._open_segment(transition.offset)
+                self._open_segment(offset)
             run.append((log_time, data))
             run_bytes += size
-            if transition.step > self._disk_sessions.get(transition.session, -1):
-                self._disk_sessions[transition.session] = transition.step
+            if step > self._disk_sessions.get(session, -1):
+                self._disk_sessions[session] = step
             i += 1
         self._flush_run(run)
         self._written = len(self._backlog)

@@ -151,8 +151,9 @@ class Recorder:
     def _acked(self, future: asyncio.Future, step: int) -> None:
         if future.cancelled() or future.exception() is not None:
             self.failed += 1
-            log.error("session %s: step %d was not logged: %s", self.session, step,
-                      "cancelled" if future.cancelled() else future.exception())
+            if self.failed == 1:  # once per recorder (a log closed under a disk fault fails them all)
+                log.error("session %s: step %d was not logged: %s", self.session, step,
+                          "cancelled" if future.cancelled() else future.exception())
 
 
 class RecorderGroup:
