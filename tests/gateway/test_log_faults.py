@@ -25,9 +25,9 @@ from tests.gateway.helpers import RawSession, hello
 pytestmark = pytest.mark.slow
 
 
-def start_gateway(triton_url: str, port: int, log_dir, log_path, fault) -> subprocess.Popen:
+def start_gateway(triton_url: str, port: int, log_dir, log_path, fault, *extra: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "tether", "gateway", "--triton", triton_url, "--policy", "tiny",
-           "--port", str(port), "--experience-dir", str(log_dir), "--deadline-ms", "2000"]
+           "--port", str(port), "--experience-dir", str(log_dir), "--deadline-ms", "2000", *extra]
     env = {**os.environ, "TETHER_LOG_FAULTS": str(fault)}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(log_path, "a"), text=True,  # noqa: SIM115
                             start_new_session=True, env=env)
@@ -127,3 +127,33 @@ def test_enospc_with_two_sessions_acting_throughout_then_logging_resumes(triton,
         assert steps == list(range(sent[name] - 1)), f"{name}: {len(steps)} logged of {sent[name] - 1}"
     assert all(is_finished(p) for _, p in list_segments(log_dir))
     assert "logging degraded" in log_path.read_text() and "writing resumed" in log_path.read_text()
+
+
+def test_tether_gateway_log_retention_flags_prune_the_oldest_finished_segments(triton, tmp_path, unused_port):
+    from bridge.experience import ExperienceLog
+    from tests.experience.helpers import transition
+
+    log_dir = tmp_path / "experience"
+
+    async def fill():
+        async with ExperienceLog(log_dir, segment_bytes=64 << 10) as log:
+            await asyncio.gather(*[log.append(transition("old", i, obs_dim=2000)) for i in range(200)])
+
+    asyncio.run(fill())
+    before = [p for _, p in list_segments(log_dir)]
+    assert sum(p.stat().st_size for p in before) > 1 << 20 and len(before) > 12
+    gateway = start_gateway(triton.url, unused_port, log_dir, tmp_path / "gateway.log", tmp_path / "no-fault",
+                            "--log-retention-mb", "0.5", "--log-retention-hours", "48")
+    try:
+        deadline = time.monotonic() + 30
+        while sum(p.stat().st_size for _, p in list_segments(log_dir)) > 600 << 10:
+            assert time.monotonic() < deadline and gateway.poll() is None, (tmp_path / "gateway.log").read_text()
+            time.sleep(0.05)
+        after = [p for _, p in list_segments(log_dir)]
+        assert after == before[len(before) - len(after):] and before[-1] in after  # oldest first, newest kept
+        steps = [t.step for t in read_transitions(log_dir)]
+        assert steps == list(range(steps[0], 200)) and steps[0] > 0
+    finally:
+        gateway.send_signal(signal.SIGTERM)
+        gateway.wait(30)
+    assert "retention deleted" in (tmp_path / "gateway.log").read_text()
