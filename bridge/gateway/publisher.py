@@ -165,7 +165,7 @@ class Publisher:
         repo = self._repo
         if repo is None or version not in repo.versions(name):
             return
-        repo.retire(name, version)
+        await asyncio.to_thread(repo.retire, name, version)  # a rename, fsynced: off the loop
         try:
             await self._client.load_model(name)  # unloads it
         except Exception as exc:

@@ -279,7 +279,7 @@ class RolloutController:
             keep = self._needed(name, self._rollout(name)) | self._in_use(name) | {base}
             # the write step is one call (Publisher.write): safetensors over the base's architecture, or an imported
             # file; folder and tether.json fsynced before any registry state depends on them
-            self._retire(repo, name, keep)  # one load_model below unloads these and loads the new one
+            await asyncio.to_thread(self._retire, repo, name, keep)  # one load_model below unloads these, loads it
             await self._publisher.write(name, version, header, weights, base)
             ready = await self._publisher.load(name, version)
             await self._verify_ready(name)  # the unloads took effect too
@@ -516,7 +516,7 @@ class RolloutController:
         if self._repo is None:
             return
         keep = self._needed(name, self._rollout(name)) | self._in_use(name)
-        if not self._retire(self._repo, name, keep):
+        if not await asyncio.to_thread(self._retire, self._repo, name, keep):  # renames + fsyncs: off the loop
             return
         await self._control.load_model(name)
         await self._verify_ready(name)
@@ -536,7 +536,7 @@ class RolloutController:
             if self._repo is None:
                 raise SwapFailed(f"policy {name!r} v{version} is not served by Triton (ready: {ready}) and this "
                                  "gateway has no model repository to load it from")
-            restore_version(self._repo, name, version)
+            await asyncio.to_thread(restore_version, self._repo, name, version)
             await self._control.load_model(name)
             ready = await self._verify_ready(name)
             if version not in ready:
