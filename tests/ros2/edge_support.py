@@ -28,6 +28,7 @@ from protos.codec import Spec
 
 ROOT = Path(__file__).resolve().parents[2]
 ROBOT = Path(__file__).with_name("edge_robot.py")
+FASTDDS_PEER = ROOT / "tests" / "peers" / "build" / "fastdds_peer"
 
 
 class EchoVelocity(torch.nn.Module):
@@ -155,6 +156,46 @@ class Robot:
             self.proc.kill()
             self.proc.wait()
         assert self.proc.returncode == 0, self.proc.stderr.read()
+
+
+class FastDdsRobot:
+    """The C++ robot on Fast DDS 2.9 (tests/peers/fastdds_peer, interop mode) as a process: JointStates
+    at `hz` (joints shoulder, elbow, wrist; position [0.5, -1.25, 0.001 * i]), and every command it
+    receives, with its arrival time here (time.monotonic()), in `commands` as (t, data)."""
+
+    def __init__(self, domain: int, *, hz: float = 100.0, timeout_s: float = 600.0):
+        self.proc = subprocess.Popen([str(FASTDDS_PEER), "--domain", str(domain), "--count", "100000000",
+                                      "--timeout", str(timeout_s), "--hz", str(hz)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.commands: list[tuple[float, list[float]]] = []
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            record = json.loads(line)
+            if "data" in record:
+                self.commands.append((time.monotonic(), record["data"]))
+
+    def since(self, t: float) -> list[list[float]]:
+        return [data for ts, data in list(self.commands) if ts >= t]
+
+    def wait_moving(self, *, after: float, n: int = 20, timeout: float = 30.0) -> float:
+        """Wait for `n` commands after `after` that each differ from the one before (the robot moves);
+        returns the arrival time of the last of them."""
+        def moving():
+            recent = [(ts, data) for ts, data in list(self.commands) if ts >= after]
+            moves = [ts for (_, a), (ts, b) in zip(recent, recent[1:], strict=False) if a != b]
+            return moves[n - 1] if len(moves) >= n else None
+        return wait_until(moving, timeout=timeout, what=f"{n} moving commands on the Fast DDS robot")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
 def release_token(folder: Path, operator: str = "ada") -> tuple[Path, str]:
