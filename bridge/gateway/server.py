@@ -295,10 +295,14 @@ class Gateway:
             raise DuplicateSession(f"session {session_id!r} is already connected")
         route = dict(hello.labels) if may_route(self.config.limits, identity or "", open_access=identity is None
                                                 or self.auth.open_access) else {}
-        if hello.labels and not route:
-            log.warning("session %s: labels of %s do not route (not an operator, not in --route-labels-from): "
-                        "canary membership and label pins ignored for it", session_id, identity)
+        labelled = self.rollout.acting(policy.name, session_id, dict(hello.labels)) if hello.labels and not route \
+            else None
         policy = self.rollout.acting(policy.name, session_id, route) or policy  # pins, canary, live
+        if hello.labels and not route:
+            (log.warning if labelled is not None and labelled is not policy else log.info)(
+                "session %s: labels of %s do not route (not an operator, not in --route-labels-from): they "
+                "would have chosen %s, it acts with v%d", session_id, identity,
+                f"v{labelled.version}" if labelled is not None else "nothing", policy.version)
         self.rollout.declared(policy.name, action, identity=identity, source=f"{peer} {hello.source or session_id}")
         experience = None if session_id in self.rollout.evaluating else self.experience  # the gate's: not data
         if hello.num_envs > 1 or hello.batched:

@@ -270,6 +270,9 @@ class Session(SessionBase):
             arrays = self._checked(obs, "observation")
             actions = _checked_tensors(self.action_spec, action.tensors, "action")
             after = self._checked(following, "next") if following is not None else None
+            if action.policy != self.policy.name:  # the log's lineage: only what this session's policy answered
+                raise TensorError("action.policy", f"{action.policy[:64]!r} is not this session's policy "
+                                                   f"{self.policy.name!r}")
         except TensorError as exc:
             return self._error(obs.step, Code.INVALID_OBSERVATION, exc.field, f"replay: {exc}")
         self._last_step = obs.step

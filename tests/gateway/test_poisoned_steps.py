@@ -50,7 +50,9 @@ def test_a_poisoned_replay_or_applied_action_is_a_step_error_and_never_logged(tr
         "next.applied_action.action": replay(0, nxt=observation(1, applied=NAN3)),
         "next.observation": replay(0, nxt=observation(1, obs=np.full(11, np.inf, np.float32))),
         "observation.observation": replay(0, obs=np.full(11, np.nan, np.float32)),
+        "action.policy": replay(0),
     }
+    poisoned["action.policy"].action.policy = "someone-else"
 
     async def scenario():
         async with running_gateway(triton.url, policy="tiny", experience_dir=log_dir) as gw:

@@ -134,7 +134,7 @@ def test_labels_route_only_from_identities_allowed_to_route(triton, tokens, tmp_
             await wait_closed(gw)
             return seen
 
-    with caplog.at_level(logging.WARNING, logger="tether.gateway"):
+    with caplog.at_level(logging.INFO, logger="tether.gateway"):
         seen = asyncio.run(scenario())
     routed = {"robot": "arm_9", "canary": "yes"}
     assert seen == {"s-arm_1": {}, "s-arm_2": routed, "s-alice": routed}, seen
