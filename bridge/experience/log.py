@@ -46,8 +46,10 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 from bridge.experience.segment import (
     SegmentWriter,
@@ -259,6 +261,11 @@ class ExperienceLog:
         """The highest step of `session` that is on disk (fsynced; written with fsync=False): every
         step of it below is too, since a session's steps are appended in order and written in order."""
         return self._durable_step.get(session)
+
+    @property
+    def durable_steps(self) -> Mapping[str, int]:
+        """Every session's `durable_step` (read-only view; a vector session's envs read it in one pass)."""
+        return MappingProxyType(self._durable_step)
 
     @property
     def degraded(self) -> str | None:

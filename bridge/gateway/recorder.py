@@ -28,6 +28,7 @@ import asyncio
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Protocol
 
 from bridge.experience.log import LogError, LogFull
@@ -167,6 +168,8 @@ class RecorderGroup:
         self.recorders = [Recorder(session=f"{session}/{i}", source=source, log=log, reward_version=reward_version)
                           for i in range(num_envs)]
         self._log = log
+        self._keys = [r.session for r in self.recorders]
+        self._steps = getattr(log, "durable_steps", None)  # a live mapping: one C-level pass per reply
 
     @property
     def logging(self) -> bool:
@@ -174,7 +177,9 @@ class RecorderGroup:
 
     @property
     def durable_through(self) -> int:
-        return min(r.durable_through for r in self.recorders)
+        if self._steps is None:
+            return min(r.durable_through for r in self.recorders)
+        return min(map(self._steps.get, self._keys, repeat(-1, len(self._keys)))) + 1
 
     @property
     def next_step(self) -> int:
