@@ -100,6 +100,7 @@ class Subscription:
         self._reading: concurrent.futures.Future | None = None
         self.error: SubscribeError | None = None
         self.sent = 0
+        self.credit_waits = 0  # times it stopped at a full window (sends nothing more until an ack)
         self._told = time.monotonic()  # when the subscriber last got a batch
 
     @property
@@ -143,6 +144,7 @@ class Subscription:
                 raise self.error
             if self.inflight >= self.window:
                 self._wake.clear()
+                self.credit_waits += 1
                 await self._wake.wait()
                 continue
             durable = self.log.durable_offset

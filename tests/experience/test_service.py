@@ -91,13 +91,14 @@ def test_ack_window_stops_sending_until_acked(tmp_path):
             first = await receive(call, 8, acking=False)
             assert len(first) == 8
             (sub,) = service.subscriptions
-            await asyncio.sleep(0.3)  # room to send more if it wrongly would
+            # it stopped at the full window: from there only an ack lets it send (a wait on state, no sleep)
+            await until(lambda: sub.credit_waits == 1, "the subscription to stop at its window")
             assert (sub.sent, sub.inflight) == (8, 8)
             await call.write(ack(3))  # frees offsets 0, 1, 2
             more = await receive(call, 3, acking=False)
             assert [t.offset for t in more] == [8, 9, 10]
-            await asyncio.sleep(0.3)
-            assert sub.sent == 11
+            await until(lambda: sub.credit_waits == 2, "the subscription to stop at its window again")
+            assert (sub.sent, sub.inflight) == (11, 8)
             await call.write(ack(11))
             rest = await receive(call, 29)
             assert [t.offset for t in first + more + rest] == list(range(40))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 
@@ -63,3 +64,16 @@ def hello(session_id: str = "", *, obs, act, policy: str = "") -> bridge_pb2.Hel
     return bridge_pb2.Hello(session_id=session_id, policy=policy, source="test",
                             observation_spec=[s.to_proto() for s in obs],
                             action_spec=[s.to_proto() for s in act])
+
+
+async def until(predicate, what: str, *, timeout_s: float = 30.0, period_s: float = 0.02) -> None:
+    """Polls `predicate()` until it is true: a wait on state, never a sleep-then-assert. AssertionError
+    naming `what` after `timeout_s` (generous: this shared machine stalls).
+
+        await until(lambda: len(gw.closed_stats) == 3, "the gateway closed the 3 streams")
+    """
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        await asyncio.sleep(period_s)

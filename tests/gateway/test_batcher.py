@@ -12,20 +12,25 @@ from bridge.gateway.policies import ServedPolicy
 from bridge.gateway.session import Session
 from protos import bridge_pb2
 from protos.codec import Spec, decode, encode
+from tests.gateway.helpers import until
 
 OBS = (Spec("obs", np.float32, (2,)),)
 ACT = (Spec("act", np.float32, (2,)),)
 
 
 class SlowDoubler:
-    """Doubles its input after `delay` seconds; records each batch size; fails on a negative input."""
+    """Doubles its input after `delay` seconds; records each batch size (and counts the batches that
+    finished); fails on a negative input."""
 
     def __init__(self, delay: float):
-        self.delay, self.batches = delay, []
+        self.delay, self.batches, self.finished = delay, [], 0
 
     async def infer(self, model, version, inputs, outputs):
         self.batches.append(len(inputs["obs"]))
-        await asyncio.sleep(self.delay)
+        try:
+            await asyncio.sleep(self.delay)
+        finally:
+            self.finished += 1
         if (inputs["obs"] < 0).any():
             raise RuntimeError("negative input")
         return {"act": inputs["obs"] * 2}
@@ -93,7 +98,7 @@ def test_a_step_past_its_deadline_is_an_error_and_the_session_goes_on():
     async def scenario():
         late = await session.handle(obs(0))
         backend.delay = 0.0
-        await asyncio.sleep(0.2)  # let the abandoned request finish
+        await until(lambda: backend.finished == 1, "the abandoned request to finish")
         on_time = await session.handle(obs(1))
         return late, on_time
 

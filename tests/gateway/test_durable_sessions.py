@@ -104,7 +104,7 @@ def test_replay_logs_what_the_log_lacks_once_and_completes_the_pending_step(trit
     from protos import bridge_pb2
     from protos.codec import encode
     from tests.conftest import ACT, OBS
-    from tests.gateway.helpers import RawSession, hello, running_gateway
+    from tests.gateway.helpers import RawSession, hello, running_gateway, until
 
     log_dir = tmp_path / "experience"
 
@@ -137,7 +137,7 @@ def test_replay_logs_what_the_log_lacks_once_and_completes_the_pending_step(trit
                 assert live.WhichOneof("kind") == "action"
                 await s.send([encode("observation", np.zeros(11, np.float32))], step=4, reward=13.0,
                              step_type=bridge_pb2.LAST)
-            await asyncio.sleep(0.1)
+            await until(lambda: not gw.sessions, "the gateway closed r1's stream")
         logged = list(read_transitions(log_dir))
         assert [(t.step, t.env_reward) for t in logged] == [(0, 10.0), (1, 11.0), (2, 12.0), (3, 13.0)]
         assert logged[2].action[0].data == action(2).tensors[0].data   # the replayed action, not a new one

@@ -14,7 +14,7 @@ from bridge.rewards import RewardFunction
 from protos import bridge_pb2
 from protos.codec import decode
 from tests.conftest import ACT, OBS
-from tests.gateway.helpers import RawSession, hello, running_gateway
+from tests.gateway.helpers import RawSession, hello, running_gateway, until
 
 CONFIG = """
 reward:
@@ -45,7 +45,7 @@ def test_rewards_are_computed_logged_and_end_the_episode(triton, tmp_path):
                 assert abs(end.episode_end.episode_return - (r0 + r1)) < 1e-5
                 again = await s.step(far, step_type=bridge_pb2.FIRST)   # the client starts a new episode
                 assert again.WhichOneof("kind") == "action"
-            await asyncio.sleep(0.1)
+            await until(lambda: not gw.sessions, "the gateway closed the stream")  # its last transition logged
         return a0, a1
 
     a0, a1 = asyncio.run(scenario())

@@ -13,7 +13,7 @@ from protos import bridge_pb2, bridge_pb2_grpc
 from protos.codec import decode_all, encode
 from sim.client import run_vector_sessions, vector_observation
 from sim.gym_vector import GymnasiumVectorEnv
-from tests.gateway.helpers import running_gateway
+from tests.gateway.helpers import running_gateway, until
 
 
 class VectorStream:
@@ -78,7 +78,7 @@ def test_vector_session_matches_the_same_envs_stepped_locally(triton):
                     assert all(e.step == step and e.reason == "" for e in reply.action.episode_ends)
                     actions.append(action)
                     ts = env.step({"action": action})
-            await asyncio.sleep(0.1)
+            await until(lambda: len(gw.closed_stats) == 1 and not gw.sessions, "the gateway closed the stream")
             closed = list(gw.closed_stats)
             batches = gw.batcher.stats
         env.close()
@@ -186,7 +186,7 @@ def test_sim_client_runs_vector_sessions(triton, capsys):
             stats = await run_vector_sessions(
                 gw.address, lambda i: make_vector_env("Hopper-v5", num_envs=8, seed=10 * i, max_episode_steps=10),
                 sessions=2, steps=320)
-            await asyncio.sleep(0.1)
+            await until(lambda: len(gw.closed_stats) == 2 and not gw.sessions, "the gateway closed both streams")
             closed = list(gw.closed_stats)
             rc = await asyncio.to_thread(main, ["--gateway", gw.address, "--env", "Hopper-v5", "--sessions", "2",
                                                 "--envs", "4", "--steps", "80", "--max-episode-steps", "5"])

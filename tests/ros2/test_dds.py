@@ -102,8 +102,10 @@ def test_best_effort_subscriber_hears_a_reliable_publisher_not_the_reverse(ros_d
         assert wait_until(lambda: len(sensor) == 1)
         transport.subscribe("/odd", messages.BOOL, strict.append, reliable=True)
         lossy = transport.publisher("/odd", messages.BOOL, reliable=False)
-        time.sleep(0.2)
-        assert lossy.subscriber_count() == 0  # incompatible QoS, exactly as between ROS 2 nodes
+        # a wait on state, not a sleep: a best-effort reader of /odd matches it; the reliable one never does
+        transport.subscribe("/odd", messages.BOOL, lambda _: None, reliable=False)
+        assert wait_until(lambda: lossy.subscriber_count() >= 1)
+        assert lossy.subscriber_count() == 1  # incompatible QoS, exactly as between ROS 2 nodes
     assert messages.twist_array(sensor[0]).tolist() == list(range(6))
 
 
@@ -176,7 +178,7 @@ def test_two_processes_joint_states_and_echoed_commands(ros_domain):
             assert wait_for_subscribers(command, timeout=10)
 
             first = len(stamps)
-            time.sleep(0.5)
+            assert wait_until(lambda: len(stamps) >= first + 20, timeout=20)  # a window of messages, not of time
             window = stamps[first:]
             sent = round((window[-1] - window[0]) * 100) + 1  # stamps count the robot's messages
             assert len(window) >= 10 and len(window) >= 0.5 * sent, (len(window), sent)  # best effort
@@ -194,8 +196,10 @@ def test_two_processes_joint_states_and_echoed_commands(ros_domain):
                 command(msg)
                 time.sleep(0.002)
             assert wait_until(lambda: len(echoes) >= 50, timeout=10), len(echoes)
-            time.sleep(0.1)
-        assert [e.data.tolist() for e in echoes] == [[float(n)] * 6 for n in range(50)]
+            (_, last), = tmap.commands({"action": np.full(6, 1000, np.float32)})  # a last command: once its
+            command(last)                                                         # echo is back, nothing else
+            assert wait_until(lambda: echoes[-1].data.tolist() == [1000.0] * 6, timeout=10)  # is on the way
+        assert [e.data.tolist() for e in echoes] == [[float(n)] * 6 for n in (*range(50), 1000)]
     finally:
         try:
             out, err = robot.communicate(timeout=10)  # closing its stdin stops the robot

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import time
 
 import numpy as np
 import pytest
@@ -54,8 +53,9 @@ def test_cli_estop_and_release_confirmed_by_the_node(ros_domain, tokens, capsys)
         robot.subscribe("/tether/estop_release", messages.STRING, lambda m: wire.append(m.data), reliable=True)
         command_publisher = node._publishers["/policy_controller/commands"]
         wait_until(lambda: command_publisher.subscriber_count() >= 1, timeout=10, what="the robot's subscription")
-        time.sleep(0.2)                             # matched: a command in these 0.2 s would have arrived
-        assert commands == []                       # never commanded: nothing to make safe
+        ticks = node.stats.ticks                    # matched: wait on state, 20 control periods, not a sleep
+        wait_until(lambda: node.stats.ticks >= ticks + 20, timeout=10, what="20 control periods")
+        assert node.stats.commands == 0 and commands == []  # never commanded: nothing to make safe
         cli("estop", "--operator", "ada", domain=ros_domain)
         assert node.guard.estopped                  # main returned: the node confirmed the latch
         assert "e-stop latched by ada" in capsys.readouterr().out
@@ -65,9 +65,11 @@ def test_cli_estop_and_release_confirmed_by_the_node(ros_domain, tokens, capsys)
             domain=ros_domain)
         assert not node.guard.estopped and node.guard.counts.estop == 1
         assert "e-stop released by ada" in capsys.readouterr().out
-        n = len(commands)
-        time.sleep(0.1)
-        assert len(commands) == n                   # released, no policy: the node stays silent
+        ticks = node.stats.ticks                    # a period that began latched has ended once 2 more began
+        wait_until(lambda: node.stats.ticks >= ticks + 2, timeout=10, what="2 control periods")
+        published, ticks = node.stats.commands, node.stats.ticks
+        wait_until(lambda: node.stats.ticks >= ticks + 20, timeout=10, what="20 control periods after the release")
+        assert node.stats.commands == published     # released, no policy: the node stays silent
     token = token_file.read_text().strip()
     assert wire and all(token not in text and token.split(".", 1)[1] not in text for text in wire)
     assert all(text.startswith(f"ada|{NODE}|") and "|cell clear|" in text for text in wire)

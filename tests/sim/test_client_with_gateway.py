@@ -9,7 +9,7 @@ import asyncio
 
 from sim.client import run_sessions
 from sim.mujoco import make_env
-from tests.gateway.helpers import running_gateway
+from tests.gateway.helpers import running_gateway, until
 
 
 def test_hopper_sessions_through_the_real_gateway(triton):
@@ -17,7 +17,7 @@ def test_hopper_sessions_through_the_real_gateway(triton):
     async def scenario():
         async with running_gateway(triton.url, policy="tiny") as gw:
             stats = await run_sessions(gw.address, lambda i: make_env("Hopper-v5", seed=i), envs=3, steps=600)
-            await asyncio.sleep(0.2)  # let the gateway close the streams
+            await until(lambda: len(gw.closed_stats) == 3 and not gw.sessions, "the gateway closed the 3 streams")
             return stats, list(gw.closed_stats), gw.batcher.stats
 
     stats, closed, batches = asyncio.run(scenario())

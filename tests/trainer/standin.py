@@ -38,6 +38,7 @@ class StandIn(experience_pb2_grpc.ExperienceServicer, policies_pb2_grpc.Policies
         self.modules: dict[int, GaussianPolicy] = {}
         self.publishes: list[policies_pb2.PublishHeader] = []
         self.subscriptions: list[experience_pb2.SubscribeStart] = []
+        self.acks: list[int] = []  # every ack's through_offset, in the order they arrived
         self.max_error = 0.0
         self.publish_delay_s = 0.0  # a slow gateway: Publish takes this long before it answers
         self.fail_after_batches = 0  # > 0: the next stream is cut (UNAVAILABLE) after this many batches
@@ -73,6 +74,7 @@ class StandIn(experience_pb2_grpc.ExperienceServicer, policies_pb2_grpc.Policies
                 for req in request_iterator:
                     if req.HasField("ack"):
                         with self.cond:
+                            self.acks.append(req.ack.through_offset)
                             acked[0] = max(acked[0], req.ack.through_offset)
                             self.cond.notify_all()
             except grpc.RpcError:

@@ -105,10 +105,14 @@ def test_stream_source_respects_the_window_until_acked():
             gw.append(transition(i))
         with StreamSource(gw.address, window=10, max_batch=4) as source:
             got = poll_until(source, 10)
-            time.sleep(0.3)  # more would have arrived by now without back-pressure
-            got += source.poll(timeout=0.0)
-            assert len(got) == 10
+            assert [t.offset for t in got] == list(range(10)) and gw.subscriptions[-1].window == 10
             source.ack(10)
+            deadline = time.monotonic() + 20
+            while not gw.acks and time.monotonic() < deadline:  # a wait on state: the stand-in got an ack
+                time.sleep(0.01)
+            # the first ack it got is ours: the source acknowledged nothing by itself, so the stand-in (which,
+            # like the gateway, sends at most `window` unacknowledged) could not send more than 10 before it
+            assert gw.acks == [10]
             assert [t.offset for t in got + poll_until(source, 10)] == list(range(20))
 
 
