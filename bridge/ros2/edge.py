@@ -103,6 +103,8 @@ def _node_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-ca", type=Path, help="CA of the gateway's certificate (turns TLS on)")
     p.add_argument("--tls-cert", type=Path, help="this robot's certificate, its identity (mTLS; tether certs init)")
     p.add_argument("--tls-key", type=Path, help="the certificate's private key")
+    p.add_argument("--token", default=os.environ.get("TETHER_TOKEN") or None,
+                   help="robot token NAME.SECRET for a gateway that checks tokens (default: $TETHER_TOKEN)")
     p.add_argument("--report", type=Path, help="on stop, write the node's counts and every command with what "
                    "produced it (policy version, chunk, index) to this JSON file")
     p.add_argument("--session-id", default="", help="the gateway session id, stable across restarts (default "
@@ -158,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
         config = EdgeConfig(gateway=a.gateway, rate_hz=a.rate, policy=a.policy, node_name=a.node_name,
                             chunk=a.chunk, chunk_threshold=a.chunk_threshold, chunk_merge=a.chunk_merge,
                             ensemble_decay=a.ensemble_decay, tls_ca=a.tls_ca, tls_cert=a.tls_cert,
-                            tls_key=a.tls_key, session_id=a.session_id,
+                            tls_key=a.tls_key, token=a.token, session_id=a.session_id,
                             latch_file=a.latch_file or default_latch_file(a.node_name),
                             release_tokens=a.release_tokens)
         if not a.status_s > 0:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bridge.ros2 import messages
@@ -70,6 +70,9 @@ class EdgeConfig:
     tls_ca: Path | None = None                 # TLS to the gateway: the CA of its certificate
     tls_cert: Path | None = None               # mTLS: this robot's certificate (its identity, OU=robot)
     tls_key: Path | None = None                # ... and its private key
+    token: str | None = field(default=None, repr=False)  # a robot token NAME.SECRET (tether token add NAME
+                                               # --role robot) for a gateway that checks tokens; in plaintext
+                                               # only to a loopback gateway
     session_id: str = ""                       # stable across restarts; "" = "<node_name>@<host name>"
     latch_file: Path | None = None             # the guard's e-stop latch, kept across restarts (fsynced);
                                                # None = in memory only (`tether edge`: default_latch_file)
@@ -108,6 +111,12 @@ class EdgeConfig:
         if (self.tls_cert is None) != (self.tls_key is None) or (self.tls_cert is not None and self.tls_ca is None):
             raise EdgeConfigError(f"tls: a client certificate needs tls_cert, tls_key and tls_ca, got "
                                   f"cert={self.tls_cert} key={self.tls_key} ca={self.tls_ca}")
+        if self.token is not None:
+            host = self.gateway.rpartition(":")[0].strip("[]")
+            if not isinstance(self.token, str) or not self.token.isprintable() or "." not in self.token:
+                raise EdgeConfigError("token: expected NAME.SECRET (tether token add NAME --role robot)")
+            if self.tls_ca is None and not (host in ("localhost", "::1") or host.startswith("127.")):
+                raise EdgeConfigError(f"token: refusing to send it in plaintext to {self.gateway}: give tls_ca")
         for name in ("tls_ca", "tls_cert", "tls_key", "release_tokens"):
             if getattr(self, name) is not None and not Path(getattr(self, name)).is_file():
                 raise EdgeConfigError(f"{name}: no such file {getattr(self, name)}")
@@ -120,6 +129,10 @@ class EdgeConfig:
             if latch.is_dir():
                 raise EdgeConfigError(f"latch_file: {latch} is a directory, expected a file path")
             object.__setattr__(self, "latch_file", latch)
+
+    def call_metadata(self) -> tuple[tuple[str, str], ...] | None:
+        """The Connect stream's metadata: the robot token as `authorization: Bearer`, or None."""
+        return (("authorization", f"Bearer {self.token}"),) if self.token else None
 
     def credentials(self):
         """`grpc.ChannelCredentials` for TLS (mTLS with a certificate), or None for plaintext."""

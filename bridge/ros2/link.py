@@ -85,7 +85,8 @@ class GatewayLink:
 
     def __init__(self, target: str, hello: bridge_pb2.Hello, events: queue.SimpleQueue, *,
                  connect_timeout_s: float = 2.0, backoff_s: tuple[float, float] = (0.1, 2.0),
-                 credentials: grpc.ChannelCredentials | None = None):
+                 credentials: grpc.ChannelCredentials | None = None,
+                 metadata: tuple[tuple[str, str], ...] | None = None):
         if not isinstance(target, str) or not target.rpartition(":")[2].isdigit():
             raise ValueError(f"target: expected HOST:PORT, got {target!r}")
         self.connect_timeout_s = _positive("connect_timeout_s", connect_timeout_s)
@@ -95,6 +96,7 @@ class GatewayLink:
             raise ValueError(f"backoff_s: expected (initial, max) with 0 < initial <= max, got {backoff_s!r}")
         self.target, self.hello, self.backoff_s = target, hello, (float(backoff_s[0]), float(backoff_s[1]))
         self._credentials = credentials  # TLS (EdgeConfig.credentials()); None = plaintext
+        self._metadata = metadata        # on every Connect: the robot token (EdgeConfig.call_metadata())
         self._events = events
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -167,7 +169,7 @@ class GatewayLink:
         try:
             if not self._wait_ready(channel):
                 return False, f"not reachable within {self.connect_timeout_s:g} s"
-            call = bridge_pb2_grpc.BridgeStub(channel).Connect(_requests(self.hello, outbox))
+            call = bridge_pb2_grpc.BridgeStub(channel).Connect(_requests(self.hello, outbox), metadata=self._metadata)
             with self._lock:
                 self._call = call
             if self._stop.is_set():

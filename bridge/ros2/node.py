@@ -229,7 +229,8 @@ class EdgeNode:
             action_spec=[s.to_proto() for s in self._reply_layout.specs],
             labels={"node": config.node_name, "rate_hz": f"{config.rate_hz:g}", "chunk": str(horizon)})
         self._link = GatewayLink(config.gateway, hello, self._events, connect_timeout_s=config.connect_timeout_s,
-                                 backoff_s=config.backoff_s, credentials=config.credentials())
+                                 backoff_s=config.backoff_s, credentials=config.credentials(),
+                                 metadata=config.call_metadata())
         self._thread = threading.Thread(target=self._run, name=f"edge-control-{config.node_name}", daemon=True)
         self._transport_failed = getattr(transport, "raise_if_failed", None)
         self._stopping = threading.Event()
