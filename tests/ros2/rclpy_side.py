@@ -6,6 +6,11 @@
 `selftest`: `open_transport("auto")` is an RclpyTransport; 20 JointStates published and taken in
 order on one transport; wrong types are refused, naming the topic; prints one JSON line and exits 0.
 
+`failsafe`: an `EdgeNode` on a `RclpyTransport` (no gateway reachable), e-stopped and holding a
+zero safe action, whose e-stop state publisher rclpy then destroys: the next publish on it raises
+rclpy's own error. Prints {"failure": ..., "estopped": ..., "reason": ..., "commands": [...]} with the
+commands a subscription on the same transport received, once the node's loop has ended.
+
 `relay`: a `RclpyTransport` that answers every JointState on /joint_states with a
 Float64MultiArray on /policy_controller/commands holding its positions (in --joints order),
 and prints each state it got as {"stamp": s, "position": [...]}. It prints {"event": "ready"} once
@@ -71,14 +76,51 @@ def relay(domain: int, joints: list[str]) -> None:
         stop.wait(60)
 
 
+def failsafe(domain: int) -> dict:
+    import math
+    import socket
+
+    from bridge.ros2.edge_config import EdgeConfig, guard_config
+    from bridge.ros2.node import EdgeNode
+    from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, load_topic_map
+
+    tmap = load_topic_map(DEFAULT_TOPIC_MAP)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    commands: list = []
+    with RclpyTransport(domain_id=domain, node_name="tether_failsafe") as transport:
+        transport.subscribe("/policy_controller/commands", messages.FLOAT64_ARRAY,
+                            lambda m: commands.append(m.data.tolist()), reliable=True)
+        node = EdgeNode(config=EdgeConfig(gateway=dead, node_name="tether_failsafe"), topic_map=tmap,
+                        transport=transport, guard=guard_config(tmap, deadline_s=0.05, safe_action="zero",
+                                                                velocity_limit=math.inf))
+        node.start()
+        transport.publisher("/tether/estop", messages.BOOL)(messages.bool_msg(True))
+        deadline = time.monotonic() + 20
+        while not commands and time.monotonic() < deadline:          # e-stopped: zeros every period
+            time.sleep(0.01)
+        held = len(commands)
+        transport._node.destroy_publisher(node._state_publisher._publisher)   # rclpy's own failure from now on
+        while node.running and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        failure = repr(node._failure)
+        reason = node.guard.estop_reason
+        return {"failure": failure, "running": node.running, "estopped": node.guard.estopped, "reason": reason,
+                "held": held, "commands": commands}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=("selftest", "relay"))
+    parser.add_argument("mode", choices=("selftest", "relay", "failsafe"))
     parser.add_argument("--domain", type=int, required=True)
     parser.add_argument("--joints", default="")
     args = parser.parse_args()
     if args.mode == "selftest":
         print(json.dumps(selftest(args.domain)), flush=True)
+    elif args.mode == "failsafe":
+        print(json.dumps(failsafe(args.domain)), flush=True)
     else:
         relay(args.domain, args.joints.split(","))
     return 0

@@ -271,3 +271,62 @@ def test_a_command_without_a_measured_pose_is_refused_at_start():
     with pytest.raises(EdgeConfigError, match=r"joints \['gripper_joint'\] are in no sensor_msgs/msg/JointState"):
         EdgeNode(config=EdgeConfig(gateway="127.0.0.1:1"), topic_map=tmap, transport=None,
                  guard=guard_config(tmap, deadline_s=0.05))
+
+
+def test_a_node_that_starts_late_still_sees_a_standing_estop(ros_domain, scripted, robot):
+    """The e-stop topic is also read reliable + transient-local: True written by a live durable publisher
+    before the node existed latches it at start; a volatile publisher (any ROS 2 tool) still matches."""
+    fake, address = scripted
+    with DdsTransport(domain_id=ros_domain, node_name="estop_button") as button:
+        durable = button.publisher("/tether/estop", messages.BOOL, durable=True, depth=1)
+        durable(messages.bool_msg(True))                  # nobody subscribed yet
+        node, transport = make_node(ros_domain, address)
+        node.start()
+        try:
+            wait_until(lambda: node.guard.estopped, timeout=10, what="the standing e-stop at start")
+            assert node.guard.estop_reason == "True on /tether/estop"
+            n = len(fake.observations)
+            observations_after(fake, n, 10)
+            assert all(r.estopped for r in fake.reports_after(n)) and node.stats.actions >= 10
+            assert not [data for _, data in robot.commands if data != robot.commands[0][1]]   # never moved
+        finally:
+            node.stop()
+            transport.close()
+        durable(messages.bool_msg(False))                 # the button let go: what a late node sees now
+        volatile = button.publisher("/tether/estop", messages.BOOL)           # volatile: the node's other reader
+        node, transport = make_node(ros_domain, address)
+        node.start()
+        try:
+            robot.wait_for(0.5, after=time.monotonic())       # not latched: the standing value is False
+            wait_until(lambda: volatile.subscriber_count() >= 1, timeout=10, what="the node's volatile reader")
+            volatile(messages.bool_msg(True))
+            wait_until(lambda: node.guard.estopped, timeout=10, what="an e-stop from a volatile publisher")
+        finally:
+            node.stop()
+            transport.close()
+
+
+def test_a_failed_publish_latches_and_the_safe_action_goes_out(ros_domain, scripted, robot, monkeypatch):
+    fake, address = scripted
+    write = dds.ddspy_write
+    failures = []
+
+    def failing_write(writer, data):
+        if not failures and b"\x00\x00\x00\x00\x00\x00\xe0?" in bytes(data):   # the first command of 0.5
+            failures.append(True)
+            raise OSError("injected: the command writer failed")
+        return write(writer, data)
+
+    fake.value = 0.5
+    node, transport = make_node(ros_domain, address)
+    monkeypatch.setattr(dds, "ddspy_write", failing_write)
+    node.start()
+    try:
+        wait_until(lambda: not node.running, timeout=10, what="the control loop to fail safe")
+        assert failures and node.guard.estopped and "injected" in node.guard.estop_reason
+        robot.wait_for(0.0, after=0.0)                       # the safe action reached the robot
+        assert all(data == [0.0] * 6 for _, data in robot.commands)   # and nothing else did
+        with pytest.raises(EdgeError, match="write on /policy_controller/commands failed"):
+            node.stop()
+    finally:
+        transport.close()

@@ -76,6 +76,21 @@ def test_rclpy_auto_round_trip_in_order_and_errors(ros_domain):
 
 
 @needs_rclpy
+def test_an_rclpy_publish_error_latches_the_guard_and_the_safe_action_goes_out(ros_domain):
+    """rclpy itself refuses a publish (the publisher was destroyed under the node): the edge node's loop
+    ends latched, and its safe action still reaches a subscriber (before this, rclpy's error was only
+    counted and the loop went on)."""
+    proc = subprocess.run([str(ROS_PYTHON), str(SIDE), "failsafe", "--domain", str(ros_domain)],
+                          env=ros_env(ros_domain), capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "publish on /tether/estop_state failed" in result["failure"], result["failure"]
+    assert not result["running"] and result["estopped"]          # the loop ended, latched (still the e-stop's)
+    assert result["held"] >= 1 and len(result["commands"]) > result["held"]
+    assert all(c == [0.0] * 6 for c in result["commands"])
+
+
+@needs_rclpy
 def test_rclpy_transport_and_cyclone_transport_talk_both_ways(ros_domain):
     """rclpy (Fast DDS 2.14) relays each JointState from Cyclone DDS back as a command."""
     relay = Lines([str(ROS_PYTHON), str(SIDE), "relay", "--domain", str(ros_domain), "--joints", "b,a"],
