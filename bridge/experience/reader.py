@@ -128,7 +128,8 @@ class LogCursor:
 
     def _skip(self, offset: int, why: str) -> None:
         self.skipped += 1
-        log.warning("experience log: skipped the record at offset %d (%d so far): %s", offset, self.skipped, why)
+        (log.warning if self.skipped == 1 or self.skipped % 1000 == 0 else log.debug)(
+            "experience log: skipped the record at offset %d (%d so far by this reader): %s", offset, self.skipped, why)
         if self._on_skip is not None:
             self._on_skip(offset, why)
 
