@@ -82,8 +82,9 @@ def parse_release(text: str) -> tuple[str, str]:
 
 def request_estop(transport: Transport, *, estop_topic: str = ESTOP_TOPIC, state_topic: str = STATE_TOPIC,
                   reliable: bool = True, timeout_s: float = 5.0, resend_s: float = 0.2) -> None:
-    """Publish True on `estop_topic` until an edge node reports its guard latched."""
-    publish = transport.publisher(estop_topic, messages.BOOL, reliable=reliable)
+    """Publish True on `estop_topic` until an edge node reports its guard latched. The writer is
+    transient-local (depth 1): a node that starts while this runs gets the True at once."""
+    publish = transport.publisher(estop_topic, messages.BOOL, reliable=reliable, durable=True, depth=1)
     _until_state(transport, publish, messages.bool_msg(True), latched=True, state_topic=state_topic,
                  what=f"an e-stop on {estop_topic}", timeout_s=timeout_s, resend_s=resend_s)
 
