@@ -430,7 +430,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     s.add_argument("--no-anonymous-viewers", dest="anonymous_viewers", action="store_false",
                    help="viewing (read-only RPCs, console) also needs a token or certificate")
     s.add_argument("--max-sessions", type=int, default=Limits.max_sessions, help="0 = no cap")
-    s.add_argument("--max-sessions-per-source", type=int, default=Limits.max_sessions_per_source,
+    s.add_argument("--max-sessions-per-source", "--max-sessions-per-identity", dest="max_sessions_per_source",
+                   type=int, default=Limits.max_sessions_per_source,
                    help="per identity (token or client certificate), else per address (0 = no cap)")
     s.add_argument("--max-envs", type=int, default=Limits.max_envs,
                    help="the most envs one vectorised session (Hello.num_envs) may declare")
