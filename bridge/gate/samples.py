@@ -52,6 +52,8 @@ def _fits(t: experience_pb2.Transition, inputs: Sequence[Spec]) -> dict[str, np.
         a = arrays.get(spec.name)
         if a is None or a.dtype != spec.dtype or a.shape != spec.shape:
             return None
+        if a.dtype.kind == "f" and not np.isfinite(a).all():  # a poisoned record never judges a candidate
+            return None
         out[spec.name] = a
     return out
 

@@ -108,3 +108,22 @@ def test_ppos_stream_source_skips_and_counts_unusable_transitions():
                 got += source.poll(timeout=0.2)
             got += source.poll(timeout=0.2)
             assert [t.step for t in got] == GOOD and source.skipped == UNUSABLE - 1
+
+
+def test_the_gates_recorded_observations_leave_out_non_finite_ones(tmp_path):
+    from bridge.gate.samples import recent_observations
+
+    records = []
+    for step in range(6):
+        t = transition("s", step)
+        if step in (2, 4):
+            t.observation[0].data = np.full(11, np.nan if step == 2 else np.inf, np.float32).tobytes()
+        t.offset = step
+        records.append(t)
+    (tmp_path / "log").mkdir()
+    writer = SegmentWriter.create(tmp_path / "log" / segment_name(1), first_offset=0)
+    writer.append_many([(1_000 + t.offset, t.SerializeToString()) for t in records])
+    writer.finish({"s": 5})
+    batch = recent_observations(tmp_path / "log", policy="pi", inputs=(Spec("observation", np.float32, (11,)),),
+                                count=10)
+    assert [key[2] for key in batch.keys] == [0, 1, 3, 5] and np.isfinite(batch.inputs["observation"]).all()
