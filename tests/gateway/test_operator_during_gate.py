@@ -1,8 +1,9 @@
 """No lock or blocking call stands between an operator and the fleet (issue 14, point 6): a real
 gateway on a real Triton, over real gRPC, whose gate evaluation is held on an event the test
 controls (a stand-in for tens of seconds of simulation). While it is held, Rollback, Pin, SetCanary,
-RolloutStatus and the fleet's e-stop answer within a second; afterwards the publish does not promote
-a version judged against one that was rolled back meanwhile. Publishes past the caps are refused
+RolloutStatus and the fleet's e-stop answer within a second, and the judging loop rolls back a
+regressing canary; afterwards the publish does not promote a version judged against one that was
+rolled back meanwhile. Publishes past the caps are refused
 with RESOURCE_EXHAUSTED; a flood of bad tokens costs one scrypt per distinct token."""
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ import pytest
 
 from bridge.gate import GateConfig
 from bridge.gateway.publisher import PublishLimits
+from bridge.gateway.rollout_config import RolloutPlan
+from bridge.registry import Thresholds
 from bridge.security.tokens import TokenStore
 from protos import fleet_pb2, fleet_pb2_grpc, policies_pb2, policies_pb2_grpc
 from tests.gateway.helpers import running_gateway
-from tests.gateway.rollout_helpers import new_policy, publish, variant
+from tests.gateway.rollout_helpers import Fleet, new_policy, publish, variant
 
 ANSWER_S = 1.0  # each call also has a 30 s deadline: behind the old lock it would wait for the whole gate
 HELD = GateConfig(eval_env="Held-v0", eval_episodes=2)  # evaluation runs (the evaluator is the stand-in below)
@@ -189,6 +192,44 @@ def test_publish_audits_the_authenticated_identity_and_bad_tokens_cost_one_scryp
             tokens.add("other", role="viewer")  # a change of the file empties the cache: hashed once again
             assert await status(trainer) == grpc.StatusCode.OK and await status(trainer) == grpc.StatusCode.OK
             assert tokens.scrypt_calls - before == len(bad) + 1
+
+    asyncio.run(scenario())
+
+
+def test_a_regressing_canary_is_rolled_back_automatically_while_a_publish_is_gated(triton):
+    """The judging loop takes the rollout lock every tick: it rolls back a canary whose sessions earn
+    negative returns while another version's evaluation is held; the held version then goes on."""
+    module = new_policy(triton.server, triton.repo, "autoback")
+    plan = RolloutPlan(mode="staged", shadow_steps=10**6, canary_episodes=10**6, tick_s=0.05,
+                       thresholds=Thresholds(min_episodes=3, min_steps=12, max_latency_p99_ratio=1e6))
+    labels = [{"robot": "a"}, {"robot": "a"}, {"robot": "b"}, {"robot": "b"}]
+
+    async def scenario():
+        async with gateway(triton, "autoback", rollout=plan, switch="episode") as gw, \
+                grpc.aio.insecure_channel(gw.address) as channel:
+            evaluator = gw.rollout.gate.evaluator = HeldEvaluator(gw.rollout)
+            stub = policies_pb2_grpc.PoliciesStub(channel)
+            async with Fleet(gw, "autoback", labels) as fleet:
+                await fleet.round()
+                evaluator.release.set()
+                assert (await publish(stub, "autoback", variant(module, flip=True))).version == 2  # shadow
+                await stub.Promote(policies_pb2.PromoteRequest(policy="autoback", version=2, to="canary",
+                                                               canary_labels={"robot": "a"}, why="try"))
+                evaluator.release.clear()
+                task = await held_publish(gw, stub, evaluator, module, 3)
+                for _ in range(60):  # episodes until the judging loop rolls the canary back (bounded)
+                    await fleet.round()
+                    assert not fleet.errors, fleet.errors[:3]
+                    if gw.registry.get("autoback", 2).state.value == "rolled_back":
+                        break
+                assert gw.registry.get("autoback", 2).state.value == "rolled_back", "no automatic rollback"
+                assert not task.done(), "the rollback came only after the gate: it waited for the gate"
+                event = gw.registry.latest_events("autoback", limit=50)
+                assert any(e.version == 2 and e.to_state == "rolled_back" and e.who == "auto" for e in event)
+                evaluator.release.set()
+                assert (await asyncio.wait_for(task, 120)).version == 3  # judged against v1, still live
+                rollout = gw.rollout.rollouts()["autoback"]
+                assert (rollout.live, rollout.shadow, rollout.canary) == (1, 3, None)
 
     asyncio.run(scenario())
 
