@@ -1,10 +1,10 @@
 """No lock or blocking call stands between an operator and the fleet (issue 14, point 6): a real
 gateway on a real Triton, over real gRPC, whose gate evaluation is held on an event the test
-controls (a stand-in for tens of seconds of simulation). While it is held, Rollback, Pin, SetCanary,
-RolloutStatus and the fleet's e-stop answer within a second, and the judging loop rolls back a
-regressing canary; afterwards the publish does not promote a version judged against one that was
-rolled back meanwhile. Publishes past the caps are refused
-with RESOURCE_EXHAUSTED; a flood of bad tokens costs one scrypt per distinct token."""
+controls (a stand-in for tens of seconds of simulation). While it is held, Rollback, Promote, Pin,
+SetCanary, RolloutStatus and the fleet's e-stop and release answer within a second, and the judging
+loop rolls back a regressing canary; afterwards the publish does not promote a version judged
+against one that was rolled back meanwhile. Publishes past the caps are refused with
+RESOURCE_EXHAUSTED; a flood of bad tokens costs one scrypt per distinct token."""
 
 from __future__ import annotations
 
@@ -213,10 +213,11 @@ def test_a_regressing_canary_is_rolled_back_automatically_while_a_publish_is_gat
                 await fleet.round()
                 evaluator.release.set()
                 assert (await publish(stub, "autoback", variant(module, flip=True))).version == 2  # shadow
-                await stub.Promote(policies_pb2.PromoteRequest(policy="autoback", version=2, to="canary",
-                                                               canary_labels={"robot": "a"}, why="try"))
                 evaluator.release.clear()
                 task = await held_publish(gw, stub, evaluator, module, 3)
+                seconds, status = await timed(stub.Promote(policies_pb2.PromoteRequest(
+                    policy="autoback", version=2, to="canary", canary_labels={"robot": "a"}, why="try"), timeout=30))
+                assert status.rollout.canary == 2 and seconds < ANSWER_S, seconds  # promoted during the gate
                 for _ in range(60):  # episodes until the judging loop rolls the canary back (bounded)
                     await fleet.round()
                     assert not fleet.errors, fleet.errors[:3]
