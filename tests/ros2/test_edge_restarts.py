@@ -219,5 +219,7 @@ def test_a_local_estop_holds_the_robot_through_kill_9_of_the_edge_node_until_rel
         robot.close()
     assert not [data for ts, data in list(robot.commands) if t_back <= ts < t_release and data != after_restart[0]]
     assert not json.loads(procs.latch.read_text())["latched"]
+    log = procs.edge_log()                                   # the same session id, its steps where the log left off
+    assert f"session {NODE}@" in log and "continues at step" in log and "OUT_OF_ORDER" not in log, log[-3000:]
     print(f"\nlocal e-stop: {len(before)} commands held before kill -9 of the edge node, {len(after_restart)} held "
           f"by the restarted node (identical, no policy action) until the release; then moving again")
