@@ -4,12 +4,15 @@ From Python (plain text: it needs a gateway and a robot; `tether edge` wraps exa
 
     tmap = load_topic_map(DEFAULT_TOPIC_MAP)
     with open_transport("dds", domain_id=0, node_name="tether_edge") as transport:
-        node = EdgeNode(config=EdgeConfig(gateway="127.0.0.1:50051", rate_hz=100.0),
+        node = EdgeNode(config=EdgeConfig(gateway="127.0.0.1:50051", rate_hz=100.0,
+                                          latch_file=default_latch_file("tether_edge"),
+                                          release_tokens=Path("/etc/tether/release_tokens.json")),
                         topic_map=tmap, transport=transport,
                         guard=guard_config(tmap, deadline_s=0.05, safe_action="hold"))
         node.start()
         ...                        # node.stats, node.guard.counts, print(node.status_line())
-        node.stop()                # LAST observation, safe action, e-stop latched; raises EdgeError
+        node.stop()                # LAST observation, e-stop latched, safe action (a zero or explicit
+                                   # one reached at the velocity limit, within 3 s); raises EdgeError
                                    # if the control loop failed
 
 When an observation goes out. Event-driven: the moment the robot's state arrives on an
