@@ -244,7 +244,8 @@ class Console:
         return {
             "t": time.time(),
             "gateway": {"address": gw.address, "triton": gw.server_version, "default_policy": gw.config.policy,
-                        "console": self.url, "switch": gw.config.switch, "rollout": _rollout_mode(gw)},
+                        "console": self.url, "switch": gw.config.switch, "rollout": _rollout_mode(gw),
+                        "logging": gw.logging_state()},  # "ok", "off", "degraded: <why>"
             "sessions": self._sessions(),
             "versions": self._versions(),
             "estops": [{"target": key, "who": e.who, "why": e.why, "t_ns": e.t_ns} for key, e in fleet.estops.items()],

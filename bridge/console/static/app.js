@@ -87,7 +87,9 @@ $("#release-all").addEventListener("click", () => act("release", { target: { all
 
 function renderFleet(s) {
   const g = s.gateway;
-  $("#gateway").textContent = `gateway ${g.address} · Triton ${g.triton}` + (g.rollout ? ` · rollout ${g.rollout}` : "");
+  $("#gateway").textContent = `gateway ${g.address} · Triton ${g.triton}` + (g.rollout ? ` · rollout ${g.rollout}` : "")
+    + (g.logging && g.logging !== "ok" ? ` · logging ${g.logging}` : "");
+  $("#gateway").classList.toggle("held", (g.logging || "").startsWith("degraded"));
   const rate = s.sessions.reduce((a, r) => a + r.steps_per_s, 0);
   $("#fleet-summary").textContent = `${s.sessions.length} sessions · ${fmt(rate, 0)} steps/s`;
   const estops = $("#estops");
