@@ -11,7 +11,10 @@ arrives as events on the caller's queue, in order:
 Every stream has its own `generation`; `send(msg, generation=...)` refuses a stale one, so an
 observation meant for a dead stream never lands on its successor. After a failure the link
 waits `retry_in_s` (doubling from `backoff_s[0]` up to `backoff_s[1]`, back to the start after a
-Welcome) and connects again, until `close()`.
+Welcome) and connects again, until `close()`. While nothing answers at all, that wait is spent
+listening for the gateway (the channel connects the moment it serves, gRPC retrying at most every
+second), so a restarted gateway is reached at once; a gateway that answers and then fails the
+stream (refuses the Hello, ends it) is waited for in full.
 
 Threads: the link's own thread connects, reads replies and posts events; gRPC's request thread
 consumes the outbox. The caller only calls `send`, `reset` and `close`, from any thread.
@@ -50,6 +53,7 @@ log = logging.getLogger("tether.edge.link")
 
 __all__ = ["GatewayLink", "LinkDown", "LinkReply", "LinkUp"]
 
+_UNREACHABLE = "not reachable"
 _CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
                     ("grpc.max_reconnect_backoff_ms", 1000), ("grpc.enable_retries", 0),
                     ("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000)]
@@ -145,30 +149,37 @@ class GatewayLink:
     # -- the link thread ------------------------------------------------------------------------
 
     def _run(self) -> None:
-        delay = self.backoff_s[0]
+        delay, patience = self.backoff_s[0], 0.0
         while not self._stop.is_set():
             with self._lock:
                 self._generation += 1
                 generation = self._generation
-            welcomed, reason = self._stream(generation)
+            welcomed, reason = self._stream(generation, patience)
             if self._stop.is_set():
                 return
             if welcomed:
                 delay = self.backoff_s[0]
             self._events.put(LinkDown(generation, reason, delay))
             log.warning("gateway %s: %s; reconnecting in %.2f s", self.target, reason, delay)
-            self._stop.wait(delay)
+            if reason.startswith(_UNREACHABLE):
+                # nothing answered: the next attempt listens for the gateway `delay` longer instead of
+                # sleeping, so a gateway that (re)starts meanwhile is connected to at once
+                patience = delay
+            else:
+                patience = 0.0
+                self._stop.wait(delay)
             delay = min(2 * delay, self.backoff_s[1])
 
-    def _stream(self, generation: int) -> tuple[bool, str]:
-        """One stream from connect to end: (whether it was welcomed, why it ended)."""
+    def _stream(self, generation: int, patience: float = 0.0) -> tuple[bool, str]:
+        """One stream from connect to end: (whether it was welcomed, why it ended). It waits up to
+        `connect_timeout_s + patience` for the channel to connect."""
         channel = (grpc.secure_channel(self.target, self._credentials, options=_CHANNEL_OPTIONS)
                    if self._credentials is not None else grpc.insecure_channel(self.target, options=_CHANNEL_OPTIONS))
         outbox: queue.SimpleQueue = queue.SimpleQueue()
         welcomed = False
         try:
-            if not self._wait_ready(channel):
-                return False, f"not reachable within {self.connect_timeout_s:g} s"
+            if not self._wait_ready(channel, self.connect_timeout_s + patience):
+                return False, f"{_UNREACHABLE} within {self.connect_timeout_s + patience:g} s"
             call = bridge_pb2_grpc.BridgeStub(channel).Connect(_requests(self.hello, outbox), metadata=self._metadata)
             with self._lock:
                 self._call = call
@@ -204,9 +215,9 @@ class GatewayLink:
             outbox.put(None)
             channel.close()
 
-    def _wait_ready(self, channel: grpc.Channel) -> bool:
+    def _wait_ready(self, channel: grpc.Channel, timeout_s: float) -> bool:
         ready = grpc.channel_ready_future(channel)
-        deadline = time.monotonic() + self.connect_timeout_s
+        deadline = time.monotonic() + timeout_s
         try:
             while not self._stop.is_set() and time.monotonic() < deadline:
                 try:

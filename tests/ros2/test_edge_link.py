@@ -18,7 +18,7 @@ import pytest
 from bridge.ros2 import messages
 from bridge.ros2.dds import DdsTransport
 from bridge.ros2.edge_config import EdgeConfig, EdgeConfigError, guard_config
-from bridge.ros2.link import GatewayLink, LinkDown
+from bridge.ros2.link import GatewayLink, LinkDown, LinkUp
 from bridge.ros2.node import EdgeNode
 from bridge.ros2.tensor_layout import TensorLayout
 from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, load_topic_map, parse_topic_map
@@ -71,6 +71,30 @@ def test_unreachable_gateway_is_retried_with_bounded_backoff(unused_port):
     assert [d.retry_in_s for d in downs] == [0.02, 0.04, 0.08, 0.08, 0.08, 0.08]
     assert [d.generation for d in downs] == list(range(1, 7))
     assert not link.send(bridge_pb2.ClientMessage(observation=bridge_pb2.Observation()), generation=6)
+
+
+def test_a_gateway_that_starts_during_the_backoff_is_reached_at_once(unused_port):
+    """Nothing answering: the backoff is spent listening, so the link connects as soon as the gateway
+    serves (gRPC retries the channel at most every second), not after the 4 s backoff."""
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    link = GatewayLink(f"127.0.0.1:{unused_port}", bridge_pb2.Hello(), events, connect_timeout_s=0.5,
+                       backoff_s=(4.0, 8.0))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    bridge_pb2_grpc.add_BridgeServicer_to_server(HangingGateway(answers=0), server)
+    server.add_insecure_port(f"127.0.0.1:{unused_port}")
+    link.start()
+    try:
+        down = events.get(timeout=10)
+        assert isinstance(down, LinkDown) and "not reachable" in down.reason and down.retry_in_s == 4.0
+        server.start()                                    # the gateway comes (back) up during the backoff
+        t = time.monotonic()
+        up = events.get(timeout=10)
+        waited = time.monotonic() - t
+    finally:
+        link.close()
+        server.stop(0)
+    assert isinstance(up, LinkUp) and up.welcome.policy == "fake"
+    assert waited < 3.0, f"reached {waited:.2f} s after the gateway started (the backoff was 4 s)"
 
 
 def test_hung_gateway_is_reset_while_the_watchdog_holds_the_robot_safe(ros_domain, unused_port):
