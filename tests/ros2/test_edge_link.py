@@ -10,6 +10,7 @@ import queue
 import threading
 import time
 from concurrent import futures
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -17,6 +18,7 @@ import pytest
 
 from bridge.ros2 import messages
 from bridge.ros2.dds import DdsTransport
+from bridge.ros2.edge import main as edge_main
 from bridge.ros2.edge_config import EdgeConfig, EdgeConfigError, guard_config
 from bridge.ros2.link import GatewayLink, LinkDown, LinkUp
 from bridge.ros2.node import EdgeNode
@@ -151,10 +153,20 @@ def test_configuration_errors_name_the_value():
     for kwargs, message in [({"reply_timeout_s": 0}, "reply_timeout_s: expected a finite number of seconds > 0"),
                             ({"node_name": "a b"}, "node_name: expected a ROS 2 node name, got 'a b'"),
                             ({"state_topic": "/bad topic"}, "state_topic: topic '/bad topic' is not a valid"),
-                            ({"backoff_s": (1.0, 0.5)}, r"backoff_s: expected \(initial, max\)")]:
+                            ({"backoff_s": (1.0, 0.5)}, r"backoff_s: expected \(initial, max\)"),
+                            ({"session_id": "arm 1"}, "session_id: expected up to 128 printable characters"),
+                            ({"release_tokens": Path("/nonexistent/tokens.json")},
+                             "release_tokens: no such file /nonexistent/tokens.json"),
+                            ({"latch_file": Path(__file__).parent}, "latch_file: .* is a directory")]:
         with pytest.raises(ValueError, match=message):
             EdgeNode(config=EdgeConfig(gateway="127.0.0.1:1", **kwargs), topic_map=TMAP, transport=None,
                      guard=guard_config(TMAP, deadline_s=0.05))
+
+
+def test_the_command_refuses_the_old_operators_flag_and_says_what_replaced_it(capsys):
+    with pytest.raises(SystemExit):
+        edge_main(["--gateway", "127.0.0.1:1", "--operators", "ada,bob"])
+    assert "--operators: a name no longer releases the e-stop" in capsys.readouterr().err
 
 
 def test_an_action_is_checked_against_the_spec_and_put_in_its_order():
