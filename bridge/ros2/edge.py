@@ -129,7 +129,8 @@ def write_report(node: EdgeNode, path: Path) -> None:
                   "policy_version": s.policy_version,
                   "undelivered": {} if errors is None else errors.counts},
         "guard": {"clamped": g.clamped, "rate_limited": g.rate_limited, "watchdog": g.watchdog, "estop": g.estop,
-                  "estopped": g.estopped, "velocity_limit": list(node.guard.config.velocity_limit or ())},
+                  "estopped": g.estopped, "estop_reason": node.guard.estop_reason, "gateway_estop": g.gateway_estop,
+                  "velocity_limit": list(node.guard.config.velocity_limit or ())},
         "commands": [{"t": r.t, "tick": r.tick, "sent": r.sent.tolist(), "limited": r.limited,
                       **({"chunk": r.source.chunk, "index": r.source.index, "policy_version": r.source.policy_version,
                           "ensembled": r.source.ensembled} if r.source else {"safe": True})}

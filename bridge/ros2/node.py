@@ -312,7 +312,8 @@ class EdgeNode:
                 f"{f'starved {s.starved}/{s.ticks}  ' if self._queue is not None else ''}"
                 f"errors {dict(s.errors)}  undelivered {self._delivery_errors()}  "
                 f"guard clamped={g.clamped} rate_limited={g.rate_limited} "
-                f"watchdog={g.watchdog} estop={g.estop}{'  ESTOPPED' if g.estopped else ''}")
+                f"watchdog={g.watchdog} estop={g.estop}{'  ESTOPPED' if g.estopped else ''}"
+                f"{f' (gateway e-stop {g.gateway_estop})' if g.gateway_estop else ''}")
 
     def _delivery_errors(self) -> dict[str, int]:
         errors = getattr(self.transport, "delivery_errors", None)

@@ -179,6 +179,7 @@ def test_a_gateway_estop_holds_the_robot_through_kill_9_of_the_gateway_until_rel
     log = procs.edge_log()
     assert "e-stop latched: the gateway says an operator e-stopped this robot (e-stop estop-" in log, log[-3000:]
     assert "released through the gateway" in log
+    assert "ESTOPPED (gateway e-stop estop-" in log                 # the status line names the e-stop it holds for
     print(f"\ngateway e-stop: {len(held)} of {len(held)} commands held (identical) over "
           f"{t_release - t_held:.1f} s, through kill -9 of the gateway ({t_back - t_kill:.1f} s down) and its "
           f"restart; released {t_moved - t_release:.2f} s after `tether release`, then {moves} of the next "
