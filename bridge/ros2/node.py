@@ -589,19 +589,23 @@ class EdgeNode:
         gateway latch for exactly that id, in one step of the guard (a local e-stop that came in
         between stays latched). It is applied before a latch in the same action, so a release of
         e-stop A that arrives with e-stop B leaves B latched."""
+        changed = False
         if action.released_estop:
             if self.guard.release_gateway(action.released_estop):
+                changed = True
                 log.warning("e-stop %s released through the gateway", action.released_estop)
             elif self.guard.estopped:
-                log.info("the gateway released e-stop %s; this node's latch (%s) stays", action.released_estop,
-                         self.guard.gateway_estop or self.guard.estop_reason)
+                self._log_every("gateway-release", "the gateway released e-stop %s; this node's latch (%s) stays",
+                                action.released_estop, self.guard.gateway_estop or self.guard.estop_reason)
         if action.estop:
             estop_id = action.estop_id or _UNNAMED_GATEWAY_ESTOP
             if self.guard.estop(GATEWAY_ESTOP, gateway_id=estop_id):
+                changed = True
                 log.warning("e-stop latched: the gateway says an operator e-stopped this robot (e-stop %s)", estop_id)
                 if self._queue is not None:
                     self._queue.clear()
-        self._publish_state()
+        if changed:                      # the state topic hears of every change at once (and once a second)
+            self._publish_state()
 
     def _filter(self, vector: np.ndarray) -> GuardDecision | None:
         """The guard's command for a policy action; the very first starts from the measured pose."""
