@@ -254,8 +254,9 @@ def test_estop_latches_until_an_operator_releases_with_a_credential(ros_domain, 
         signed = make_release("ada", token, node="edge_under_test", why="cell clear")
         release(messages.string_msg(signed.replace("|edge_under_test|", "|another_node|")))   # not for this node
         wait_until(lambda: node.stats.errors["RELEASE_REFUSED"] >= 2, timeout=5, what="the refusals")
+        wait_until(lambda: len(robot.since(stopped["t"])) >= 15, timeout=5, what="15 commands while latched")
         held = robot.since(stopped["t"])
-        assert len(held) >= 15 and all(c["data"] == [0.0] * 6 for c in held) and node.guard.estopped
+        assert all(c["data"] == [0.0] * 6 for c in held) and node.guard.estopped
         t_release = time.monotonic()
         release(messages.string_msg(signed))
         robot.wait_for(lambda d: np.allclose(d, 0.5), after=t_release, timeout=5, what="actions after release")

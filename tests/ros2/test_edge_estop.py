@@ -103,7 +103,8 @@ def test_release_needs_a_valid_fresh_credential_for_this_node(ros_domain, tokens
         cli("estop", "--operator", "ada", domain=ros_domain)
         refused = node.stats.errors["RELEASE_REFUSED"]
         replay = sniffer.publisher("/tether/estop_release", messages.STRING, reliable=True)
-        wait_until(lambda: replay.subscriber_count() >= 1, timeout=10, what="the node's release subscription")
+        # >= 2: the sniffer's own reader matches at once; the node's must match too before anything is replayed
+        wait_until(lambda: replay.subscriber_count() >= 2, timeout=10, what="the node's release subscription")
         captured = list(sniffed)                   # (the sniffer hears its own replays too)
         for text in captured:
             replay(messages.string_msg(text))
