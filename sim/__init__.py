@@ -4,7 +4,7 @@
 - `sim.mujoco`: `GymnasiumEnv` (gymnasium MuJoCo `*-v5`), `make_env(name, **kw)`.
 - `sim.toy`: `PointMass`, a pure-numpy env for tests.
 - `sim.contract`: `EnvironmentContract`, the test suite every adapter passes.
-- `sim.client`: `run_sessions(...)` and `main(argv)` for `tether sim`.
+- `sim.client`: `run_sessions(...)`; `sim.cli`: `main(argv)` for `tether sim`.
 - `sim.vector`: `VectorEnvironment` (N envs as one batch, same-step auto-reset, per-env refusal),
   `VectorTimeStep`, `BaseVectorEnvironment`, `make_vector_env("newton:ant" | "isaaclab:<task>" | "Hopper-v5", ...)`.
 - `sim.gym_vector`: `GymnasiumVectorEnv` (gymnasium `SyncVectorEnv`, e.g. over MuJoCo `*-v5`).

@@ -91,7 +91,7 @@ def _gateway(argv: list[str]) -> None:
 
 
 def _sim(argv: list[str]) -> None:
-    from sim.client import main
+    from sim.cli import main
 
     main(argv)
 
