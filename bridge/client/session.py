@@ -1,0 +1,263 @@
+"""One `tether.v1.Bridge.Connect` session over a list of gateways: Hello, steps, durability, Replay,
+failover.
+
+    async with Session(["10.0.0.1:50051", "10.0.0.2:50051"], hello, credentials=creds, reconnect_s=30) as s:
+        s.welcome                                  # the gateway's Welcome (session id, logging, next_step)
+        reply = await s.step(observation)          # ServerMessage: Action | StepError | EpisodeEnd
+        ...
+    # leaving the block half-closes the stream and checks that it ended OK
+
+A vector session is the same with `hello.batched` and N-row observations.
+
+When the gateway logs experience (`Welcome.logging`), the session keeps every step it sent until a reply
+says it is durable (`durable_through`). If the stream breaks (UNAVAILABLE, the gateway gone), the session
+moves to the next address of the list (round robin, back to the same one for a list of one), says Hello
+with the same session id and resends, as `Replay`, what was not acknowledged durable, then sends the step
+again; it keeps trying for `reconnect_s` (0: it raises `ConnectionError` at once). A single-env session
+replays; a batched one reconnects without replay (the gateway has no vector Replay).
+
+Across gateways with their own logs, what the first made durable but had not yet acknowledged when it
+died is logged again by the second: at-least-once, one (session, step) key, never a lost step
+(`failovers` records where each move happened and what was resent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from bridge.client.channel import Credentials, aio_channel
+from protos.tether.v1 import bridge_pb2, bridge_pb2_grpc
+
+__all__ = ["Broken", "Failover", "Session", "SessionError"]
+
+CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+                   ("grpc.max_reconnect_backoff_ms", 1000), ("grpc.enable_retries", 0))
+
+
+class SessionError(RuntimeError):
+    """The gateway rejected or ended the session, or broke the protocol."""
+
+
+class Broken(ConnectionError):
+    """The stream to the gateway broke (the gateway went away)."""
+
+
+@dataclass(frozen=True)
+class Failover:
+    """One move: from `source` to `target`, the lowest step not acknowledged durable, the steps resent."""
+
+    source: str
+    target: str
+    durable_through: int
+    replayed: tuple[int, ...]
+
+
+class Session:
+    """The client side of one Connect stream. Not thread-safe: one task drives it (`bridge.client.thread`
+    runs it on a thread for blocking callers)."""
+
+    def __init__(self, addresses: str | Sequence[str], hello: bridge_pb2.Hello, *,
+                 credentials: Credentials | None = None, connect_timeout_s: float = 10.0,
+                 reply_timeout_s: float = 10.0, reconnect_s: float = 0.0,
+                 channels: dict[str, grpc.aio.Channel] | None = None,
+                 on_up: Callable[[bridge_pb2.Welcome], None] | None = None,
+                 on_down: Callable[[str], None] | None = None):
+        self.addresses = [addresses] if isinstance(addresses, str) else list(addresses)
+        if not self.addresses or not all(isinstance(a, str) and a for a in self.addresses):
+            raise ValueError(f"addresses: expected HOST:PORT strings, got {addresses!r}")
+        if reconnect_s < 0 or connect_timeout_s <= 0 or reply_timeout_s <= 0:
+            raise ValueError(f"timeouts must be > 0 and reconnect_s >= 0, got connect_timeout_s={connect_timeout_s} "
+                             f"reply_timeout_s={reply_timeout_s} reconnect_s={reconnect_s}")
+        credentials = credentials or Credentials()
+        for address in self.addresses:
+            credentials.check(address)
+        self.hello_msg, self.credentials = hello, credentials
+        self.connect_timeout_s, self.reply_timeout_s, self.reconnect_s = connect_timeout_s, reply_timeout_s, reconnect_s
+        self._channels = channels if channels is not None else {}   # shared by the sessions of one runner
+        self._own_channels = channels is None
+        self._index = 0
+        self.call: grpc.aio.StreamStreamCall | None = None
+        self.welcome: bridge_pb2.Welcome | None = None
+        self.logging = False
+        self.unacked: deque[tuple[bridge_pb2.Observation, bridge_pb2.Action | None]] = deque()  # sent, not durable
+        self.durable_through = 0
+        self.reconnects = 0
+        self.replayed = 0
+        self.failovers: list[Failover] = []
+        self._on_up, self._on_down = on_up, on_down  # called on every Welcome / broken stream (from the loop)
+
+    @property
+    def id(self) -> str:
+        return self.hello_msg.session_id
+
+    @property
+    def address(self) -> str:
+        """The gateway the session talks to now."""
+        return self.addresses[self._index]
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        if address not in self._channels:
+            self._channels[address] = aio_channel(address, self.credentials, options=CHANNEL_OPTIONS)
+        return self._channels[address]
+
+    async def __aenter__(self) -> Session:
+        try:
+            await self.open()
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc_type is None:
+                await self.close()
+        finally:
+            await self.aclose()
+
+    # -- the stream ------------------------------------------------------------------------------
+
+    async def open(self) -> bridge_pb2.Welcome:
+        """Hello to the first address that welcomes us within `connect_timeout_s` (each tried in turn)."""
+        deadline = time.monotonic() + self.connect_timeout_s
+        errors = []
+        while True:
+            try:
+                return await self._hello(max(0.05, deadline - time.monotonic()), wait_for_ready=True)
+            except (TimeoutError, Broken) as e:
+                errors.append(f"{self.address}: {e}")
+                if time.monotonic() >= deadline:
+                    raise ConnectionError(f"session {self.id}: no gateway of {self.addresses} welcomed us within "
+                                          f"{self.connect_timeout_s:g} s ({'; '.join(errors[-len(self.addresses):])})"
+                                          ) from None
+                self._index = (self._index + 1) % len(self.addresses)
+
+    async def step(self, observation: bridge_pb2.Observation) -> bridge_pb2.ServerMessage:
+        """Send one observation and return the gateway's reply to it, failing over (and replaying) if the
+        stream breaks on the way."""
+        deadline = None
+        while True:
+            try:
+                await self._write(bridge_pb2.ClientMessage(observation=observation))
+                msg = await self._read(self.reply_timeout_s, f"reply to step {observation.step}")
+                break
+            except Broken as e:
+                if self._on_down is not None:
+                    self._on_down(f"{self.address}: {e}")
+                deadline = deadline or time.monotonic() + self.reconnect_s
+                if time.monotonic() >= deadline:
+                    raise Broken(f"session {self.id}: gateway {self.address} gone ({e}) and none of "
+                                 f"{self.addresses} back within {self.reconnect_s:g} s") from None
+                await self._failover(deadline)
+        if self.logging and not self.hello_msg.batched:
+            self.unacked.append((observation, msg.action if msg.WhichOneof("kind") == "action" else None))
+        self._durable(msg.durable_through)
+        return msg
+
+    async def close(self) -> None:
+        """Half-close, read to the end of the stream and check that it ended OK."""
+        if self.call is None:
+            return
+        await self.call.done_writing()
+        try:
+            while await asyncio.wait_for(self.call.read(), self.reply_timeout_s) is not grpc.aio.EOF:
+                pass
+        except TimeoutError:
+            raise TimeoutError(f"session {self.id}: {self.address} did not end the stream within "
+                               f"{self.reply_timeout_s:g} s of our half-close") from None
+        code = await self.call.code()
+        if code != grpc.StatusCode.OK:
+            raise SessionError(f"session {self.id}: stream ended with {code.name} {await self.call.details()}")
+
+    async def aclose(self) -> None:
+        """Cancel the stream (a no-op once it ended) and close the channels this session made."""
+        if self.call is not None:
+            self.call.cancel()
+        if self._own_channels:
+            for channel in self._channels.values():
+                await channel.close()
+            self._channels.clear()
+
+    # -- internals -------------------------------------------------------------------------------
+
+    async def _hello(self, timeout: float, *, wait_for_ready: bool = False) -> bridge_pb2.Welcome:
+        if self.call is not None:
+            self.call.cancel()
+        self.call = bridge_pb2_grpc.BridgeStub(self.channel(self.address)).Connect(wait_for_ready=wait_for_ready)
+        await self._write(bridge_pb2.ClientMessage(hello=self.hello_msg))
+        msg = await self._read(timeout, "Welcome")
+        if msg.WhichOneof("kind") != "welcome":
+            raise SessionError(f"session {self.id}: expected Welcome from {self.address}, got {msg.WhichOneof('kind')}")
+        self.welcome = msg.welcome
+        self.hello_msg.session_id = msg.welcome.session_id or self.id
+        self.logging = msg.welcome.logging
+        self._durable(msg.welcome.durable_through)
+        if self._on_up is not None:
+            self._on_up(msg.welcome)
+        return msg.welcome
+
+    def _durable(self, through: int) -> None:
+        self.durable_through = max(self.durable_through, through)
+        while self.unacked and self.unacked[0][0].step < through:
+            self.unacked.popleft()
+
+    async def _read(self, timeout: float, what: str) -> bridge_pb2.ServerMessage:
+        try:
+            msg = await asyncio.wait_for(self.call.read(), timeout)
+        except TimeoutError:
+            raise TimeoutError(f"session {self.id}: no {what} from {self.address} within {timeout:g} s") from None
+        except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.UNAVAILABLE:
+                raise Broken(e.details()) from None
+            raise SessionError(f"session {self.id} on {self.address}: {e.code().name}: {e.details()}") from None
+        if msg is grpc.aio.EOF:
+            code, details = await self.call.code(), await self.call.details()
+            if code == grpc.StatusCode.UNAVAILABLE:
+                raise Broken(details)
+            raise SessionError(f"session {self.id}: {self.address} ended the stream while we awaited "
+                               f"{what}: {code.name} {details}")
+        return msg
+
+    async def _write(self, message: bridge_pb2.ClientMessage) -> None:
+        try:
+            await self.call.write(message)
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as e:
+            raise Broken(str(e)) from None
+
+    async def _failover(self, deadline: float) -> None:
+        """The next address: Hello with the same id, then Replay what is not durable. Returns without a
+        stream if that gateway does not answer (the caller tries again until its deadline)."""
+        source = self.address
+        self._index = (self._index + 1) % len(self.addresses)
+        await asyncio.sleep(0.05)
+        attempt = deadline - time.monotonic()
+        if len(self.addresses) > 1:
+            attempt = min(attempt, self.connect_timeout_s, 1.0)
+        try:
+            await self._hello(max(0.1, attempt), wait_for_ready=True)
+        except (TimeoutError, Broken):
+            return
+        self.reconnects += 1
+        entries, resent = list(self.unacked), []
+        for i, (obs, action) in enumerate(entries):
+            if action is None:
+                continue  # answered by an error: no transition to log
+            replay = bridge_pb2.Replay(observation=obs, action=action)
+            if i + 1 < len(entries):
+                replay.next.CopyFrom(entries[i + 1][0])
+            await self._write(bridge_pb2.ClientMessage(replay=replay))
+            self.replayed += 1
+            resent.append(obs.step)
+            msg = await self._read(self.reply_timeout_s, f"Replayed for step {obs.step}")
+            if msg.WhichOneof("kind") == "error":
+                raise SessionError(f"session {self.id}: replay of step {obs.step} refused by {self.address}: "
+                                   f"{msg.error.message}")
+            self._durable(msg.durable_through)
+        first = entries[0][0].step if entries else self.durable_through
+        self.failovers.append(Failover(source, self.address, first, tuple(resent)))
