@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bridge.common.percentiles import p50_p99
 from bridge.security.certs import init_certs
 from bridge.security.channel import secure_channel
 from inference_server import ModelRepository, TritonServer
@@ -37,8 +38,9 @@ MODES = ("plaintext", "tls", "mtls")
 
 
 def percentiles(samples_ns: list[int]) -> dict:
-    ms = np.asarray(samples_ns) / 1e6
-    return {"p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99)), "n": len(ms)}
+    """p50/p99 in ms, nearest rank (bridge.common.percentiles: the console's and `tether sim`'s definition)."""
+    p50, p99 = p50_p99(samples_ns)
+    return {"p50": p50 / 1e6, "p99": p99 / 1e6, "n": len(samples_ns)}
 
 
 class Session:

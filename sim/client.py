@@ -40,6 +40,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 
+from bridge.common.percentiles import summary_ms
 from protos.codec import TensorError, decode_all, encode_all
 from protos.tether.v1 import bridge_pb2, bridge_pb2_grpc
 from sim.env import Environment, StepType, TimeStep, zeros
@@ -73,10 +74,7 @@ class SimStats:
     elapsed_s: float = 0.0
 
     def rtt_ms(self) -> dict[str, float | None]:
-        if not self.rtt_ns:
-            return {"p50": None, "p99": None}
-        p50, p99 = np.percentile(np.fromiter(self.rtt_ns, np.int64), [50, 99]) / 1e6
-        return {"p50": round(float(p50), 3), "p99": round(float(p99), 3)}
+        return summary_ms(self.rtt_ns)  # the console's definition (bridge.common.percentiles): same samples, same p99
 
     @property
     def newest_version(self) -> int | None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from bridge.common.percentiles import p50_p99
 from bridge.metrics import GUARD_KINDS, GatewayMetrics
 from protos import bridge_pb2
 
@@ -123,7 +124,7 @@ class FleetFigures:
             view = self._views.get(sid)
             if view is None:
                 continue
-            p50, p99 = _p50_p99(view.latency_ns)
+            p50, p99 = p50_p99(view.latency_ns)
             r = view.replies
             rate = 0.0
             if len(r) > 1 and now - r[-1] < 3.0:
@@ -145,16 +146,3 @@ class FleetFigures:
         """Recent per-step latencies (client send -> gateway reply) over all sessions, in ms."""
         parts = [np.fromiter(v.latency_ns, np.int64) for v in list(self._views.values()) if v.latency_ns]
         return np.concatenate(parts) / 1e6 if parts else np.zeros(0)
-
-
-def _p50_p99(values) -> tuple[float, float]:
-    """Nearest-rank percentiles of a small window (sorting 512 ints beats np.percentile's overhead 30x).
-
-    >>> _p50_p99(range(1, 101))
-    (50, 99)
-    """
-    if not values:
-        return 0.0, 0.0
-    ordered = sorted(values)
-    n = len(ordered)
-    return ordered[max(0, -(-50 * n // 100) - 1)], ordered[max(0, -(-99 * n // 100) - 1)]

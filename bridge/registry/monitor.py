@@ -20,6 +20,8 @@ import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field, fields
 
+from bridge.common.percentiles import percentile_sorted
+
 
 @dataclass(frozen=True, kw_only=True)
 class Thresholds:
@@ -74,8 +76,8 @@ class _Window:
             out[f"{prefix}return_mean"] = sum(self.returns) / len(self.returns)
         if steps:
             ordered = sorted(self.latency)
-            out[f"{prefix}latency_p50_s"] = _quantile(ordered, 0.50)
-            out[f"{prefix}latency_p99_s"] = _quantile(ordered, 0.99)
+            out[f"{prefix}latency_p50_s"] = percentile_sorted(ordered, 50)
+            out[f"{prefix}latency_p99_s"] = percentile_sorted(ordered, 99)
             out[f"{prefix}error_rate"] = sum(self.errors) / steps
             out[f"{prefix}guard_per_1k_steps"] = 1000.0 * sum(self.guard) / steps
         return out
@@ -156,10 +158,6 @@ class RegressionMonitor:
         else:
             self._windows.move_to_end(version)
         return w
-
-
-def _quantile(ordered: list[float], q: float) -> float:
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
 def _num(x: float) -> str:

@@ -1,13 +1,14 @@
 """What an edge node counts and times (`EdgeStats`): the control thread writes it, anyone reads it.
 
-Latencies are kept as the last 10,000 samples in nanoseconds and read as percentiles in ms:
+Latencies are kept as the last 10,000 samples in nanoseconds and read as percentiles in ms
+(nearest rank, bridge.common.percentiles: the console's and `tether sim`'s definition):
 
     >>> stats = EdgeStats()
     >>> stats.rtt_ms()
     {'p50': None, 'p99': None}
     >>> stats.rtt_ns.extend([1_000_000, 2_000_000, 3_000_000])
     >>> stats.rtt_ms()
-    {'p50': 2.0, 'p99': 2.98}
+    {'p50': 2.0, 'p99': 3.0}
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-import numpy as np
+from bridge.common.percentiles import summary_ms
 
 __all__ = ["EdgeStats"]
 
@@ -54,8 +55,4 @@ class EdgeStats:
 
 
 def _percentiles_ms(samples_ns: deque[int]) -> dict[str, float | None]:
-    ns = np.fromiter(list(samples_ns), np.int64)
-    if ns.size == 0:
-        return {"p50": None, "p99": None}
-    p50, p99 = np.percentile(ns, [50, 99]) / 1e6
-    return {"p50": round(float(p50), 3), "p99": round(float(p99), 3)}
+    return summary_ms(list(samples_ns))  # list(): one C call, safe while the control thread appends
