@@ -37,11 +37,11 @@ $(STAMP): pyproject.toml Makefile
 	# registries) and the edge node's own deps live in a second venv; the edge node and the rclpy
 	# robot processes run from it, the tests reach it through subprocesses (and skip, saying why,
 	# where it is missing). Best effort: without the wheels the rest of the setup still completes.
+	# Tether itself goes in as a robot installs it: the `edge` extra (no torch, Triton, MuJoCo).
 	$(PYTHON) -m venv $(VENV)/ros && \
 	$(VENV)/ros/bin/python -m pip install -q 'ros-jazzy-rclpy[fastrtps]==7.1.6' ros-jazzy-std-msgs ros-jazzy-sensor-msgs \
-	  ros-jazzy-geometry-msgs ros-jazzy-nav-msgs 'grpcio==1.85.1' 'protobuf>=6.33.5,<7' 'rosbags==0.11.9' \
-	  pyyaml osrf-pycommon lark catkin-pkg argcomplete psutil packaging 'cryptography>=42' && \
-	$(VENV)/ros/bin/python -m pip install -q --no-deps -e . || { rm -rf $(VENV)/ros; \
+	  ros-jazzy-geometry-msgs ros-jazzy-nav-msgs osrf-pycommon lark catkin-pkg argcomplete psutil packaging && \
+	$(VENV)/ros/bin/python -m pip install -q -e '.[edge]' || { rm -rf $(VENV)/ros; \
 	  echo "WARNING: rclpy (ros-jazzy-* wheels) not installed: the rclpy tests will skip" >&2; }
 	@if [ -x $(VENV)/ros/bin/python ] && ls ../shared/ros2-launch/*.whl >/dev/null 2>&1; then \
 	  $(VENV)/ros/bin/python -m pip install -q --no-deps ../shared/ros2-launch/*.whl; \
