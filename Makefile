@@ -23,9 +23,12 @@ $(STAMP): pyproject.toml Makefile
 	# the console's browser test: Debian's chromium, driven by Playwright (never a downloaded browser)
 	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; } || \
 	  echo "WARNING: chromium not installed: the console's browser test will skip" >&2
-	# ament index + share/tether in the venv prefix: `ros2 launch tether robot.launch.py` (editable
-	# installs skip pyproject's data-files, so link them here)
-	mkdir -p $(VENV)/share/ament_index/resource_index/packages $(VENV)/share/tether/launch $(VENV)/share/tether/config
+	# ament index + share/tether + the node executable lib/tether/edge in the venv prefix: `ros2 launch
+	# tether robot.launch.py`, `ros2 run tether edge` (editable installs skip pyproject's data-files,
+	# so link them here)
+	mkdir -p $(VENV)/share/ament_index/resource_index/packages $(VENV)/share/tether/launch $(VENV)/share/tether/config \
+	  $(VENV)/lib/tether
+	ln -sf $(CURDIR)/launch/edge $(VENV)/lib/tether/edge
 	touch $(VENV)/share/ament_index/resource_index/packages/tether
 	ln -sf $(CURDIR)/launch/robot.launch.py $(CURDIR)/launch/sim.launch.py $(VENV)/share/tether/launch/
 	ln -sf $(CURDIR)/launch/config/topic_map.yaml $(CURDIR)/launch/config/gazebo_arm.yaml \
@@ -48,7 +51,8 @@ $(STAMP): pyproject.toml Makefile
 	else echo "WARNING: no ROS 2 launch wheels in ../shared/ros2-launch: the ros2 launch test will skip" >&2; fi
 	@if [ -x $(VENV)/ros/bin/python ]; then \
 	  mkdir -p $(VENV)/ros/share/ament_index/resource_index/packages $(VENV)/ros/share/tether/launch \
-	    $(VENV)/ros/share/tether/config && \
+	    $(VENV)/ros/share/tether/config $(VENV)/ros/lib/tether && \
+	  ln -sf $(CURDIR)/launch/edge $(VENV)/ros/lib/tether/edge && \
 	  touch $(VENV)/ros/share/ament_index/resource_index/packages/tether && \
 	  ln -sf $(CURDIR)/launch/robot.launch.py $(CURDIR)/launch/sim.launch.py $(VENV)/ros/share/tether/launch/ && \
 	  ln -sf $(CURDIR)/launch/config/topic_map.yaml $(CURDIR)/launch/config/gazebo_arm.yaml \

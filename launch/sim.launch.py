@@ -8,10 +8,13 @@ ros_gz_bridge (the default), or Isaac Sim's ROS 2 bridge (which publishes /joint
         gz_bridge_config:=/path/gz_bridge.yaml topic_map:=/path/topic_map.yaml
     # Isaac Sim (no ros_gz_bridge)
     ros2 launch tether sim.launch.py gz_bridge:=false topic_map:=/path/isaac_topic_map.yaml
+    # a secured gateway on another machine (robot token from $TETHER_TOKEN, or token:=)
+    ros2 launch tether sim.launch.py gateway:=gw.lab:50051 tls_ca:=ca.pem tls_cert:=sim.pem tls_key:=sim.key
 
 Declares only: the Gazebo bridge (ros_gz_bridge's parameter_bridge with the topics listed in
 gz_bridge_config: /clock, joint states, one position command per joint; simulated time), and the
-same edge node as robot.launch.py with its arguments.
+same edge node as robot.launch.py with its arguments (the ones declared here are listed by
+`--show-args`; robot.launch.py's others, such as `chunk:=20`, pass through as well).
 """
 
 from launch import LaunchDescription
@@ -35,6 +38,11 @@ def generate_launch_description():
                               description="the node's release tokens file; empty: local e-stop releases refused"),
         DeclareLaunchArgument("latch_file", default_value="",
                               description="the e-stop latch kept across restarts; empty: under $XDG_STATE_HOME"),
+        DeclareLaunchArgument("tls_ca", default_value="",
+                              description="CA of the gateway's certificate (turns TLS on); empty: plaintext"),
+        DeclareLaunchArgument("tls_cert", default_value="", description="this client's certificate (mTLS)"),
+        DeclareLaunchArgument("tls_key", default_value="", description="the certificate's private key"),
+        DeclareLaunchArgument("token", default_value="", description="robot token NAME.SECRET; empty: $TETHER_TOKEN"),
         DeclareLaunchArgument("gz_bridge", default_value="true",
                               description="start ros_gz_bridge (false for simulators that speak ROS 2 themselves)"),
         DeclareLaunchArgument("gz_bridge_config", default_value=PathJoinSubstitution([config, "gz_bridge.yaml"]),
@@ -51,5 +59,9 @@ def generate_launch_description():
                               "rate": LaunchConfiguration("rate"),
                               "domain_id": LaunchConfiguration("domain_id"),
                               "release_tokens": LaunchConfiguration("release_tokens"),
-                              "latch_file": LaunchConfiguration("latch_file")}.items()),
+                              "latch_file": LaunchConfiguration("latch_file"),
+                              "tls_ca": LaunchConfiguration("tls_ca"),
+                              "tls_cert": LaunchConfiguration("tls_cert"),
+                              "tls_key": LaunchConfiguration("tls_key"),
+                              "token": LaunchConfiguration("token")}.items()),
     ])

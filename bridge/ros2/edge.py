@@ -8,7 +8,10 @@
     tether edge release --operator ada --token-file ada.token --node tether_edge --reason "cell clear" --domain-id 0
     tether edge token add ada --tokens release_tokens.json    # the node's --release-tokens; prints ada's token once
 
-The flags mirror the launch arguments. The node prints a status line every `--status-s` seconds
+The flags mirror the launch arguments (`launch/robot.launch.py`, a test checks every flag has one;
+an empty value means "not given"). ROS 2 finds the node as `<prefix>/lib/tether/edge`
+(`launch/edge`): `ros2 run tether edge --gateway ...` is this command, and ROS arguments
+(`--ros-args -r __node:=NAME`) are left to rclpy. The node prints a status line every `--status-s` seconds
 and stops cleanly on Ctrl-C or SIGTERM: it ends the episode, publishes the safe action and
 leaves the e-stop latched. `estop` and `release` return once an edge node on the domain reports
 the requested latch state (see `bridge.ros2.estop`), and exit 1 if none does in `--timeout`.
@@ -78,6 +81,32 @@ def _optional_path(text: str) -> Path | None:
     return Path(text) if text.strip() else None
 
 
+def _optional_int(text: str) -> int | None:
+    """An integer flag where "" means "not given" (a launch argument left empty)."""
+    return int(text) if text.strip() else None
+
+
+def split_ros_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """The node's own flags and the ROS arguments (`--ros-args ... [--]`, as `ros2 run` and
+    launch_ros's `Node` append them: rclpy reads those from `sys.argv` itself).
+
+        >>> split_ros_args(["--gateway", "h:1", "--ros-args", "-r", "__node:=arm", "--", "--rate", "50"])
+        (['--gateway', 'h:1', '--rate', '50'], ['--ros-args', '-r', '__node:=arm', '--'])
+    """
+    node: list[str] = []
+    ros: list[str] = []
+    inside = False
+    for arg in argv:
+        if arg == "--ros-args":
+            inside = True
+        if inside:
+            ros.append(arg)
+            inside = arg != "--"
+        else:
+            node.append(arg)
+    return node, ros
+
+
 def _node_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tether edge", description="ROS 2 edge node: robot topics <-> gateway, "
                                 "through the local safety guard. Subcommands: estop, release, token.")
@@ -94,18 +123,19 @@ def _node_parser() -> argparse.ArgumentParser:
     p.add_argument("--operators", help=argparse.SUPPRESS)   # replaced by --release-tokens: refused, saying so
     p.add_argument("--chunk", type=int, default=0, help="action chunks: the policy returns H actions per "
                    "observation, executed one per period (0: one action per observation)")
-    p.add_argument("--chunk-threshold", type=int, help="request the next chunk with this many actions left "
+    p.add_argument("--chunk-threshold", type=_optional_int, help="request the next chunk with this many actions left "
                    "(default H // 2)")
     p.add_argument("--chunk-merge", choices=("newest", "ensemble"), default="newest",
                    help="overlapping chunks: the newest wins, or ACT's temporal ensembling")
     p.add_argument("--ensemble-decay", type=float, default=0.01, help="ensembling weight exp(-decay * i)")
     p.add_argument("--status-s", type=float, default=5.0, help="seconds between status lines")
-    p.add_argument("--tls-ca", type=Path, help="CA of the gateway's certificate (turns TLS on)")
-    p.add_argument("--tls-cert", type=Path, help="this robot's certificate, its identity (mTLS; tether certs init)")
-    p.add_argument("--tls-key", type=Path, help="the certificate's private key")
-    p.add_argument("--token", default=os.environ.get("TETHER_TOKEN") or None,
-                   help="robot token NAME.SECRET for a gateway that checks tokens (default: $TETHER_TOKEN)")
-    p.add_argument("--report", type=Path, help="on stop, write the node's counts and every command with what "
+    p.add_argument("--tls-ca", type=_optional_path, help="CA of the gateway's certificate (turns TLS on)")
+    p.add_argument("--tls-cert", type=_optional_path,
+                   help="this robot's certificate, its identity (mTLS; tether certs init)")
+    p.add_argument("--tls-key", type=_optional_path, help="the certificate's private key")
+    p.add_argument("--token", default="", help="robot token NAME.SECRET for a gateway that checks tokens "
+                   "(default, and when empty: $TETHER_TOKEN, which keeps it out of the process list)")
+    p.add_argument("--report", type=_optional_path, help="on stop, write the node's counts and every command with what "
                    "produced it (policy version, chunk, index) to this JSON file")
     p.add_argument("--session-id", default="", help="the gateway session id, stable across restarts (default "
                    "NODE_NAME@HOSTNAME); the node continues its steps where the gateway's log is")
@@ -151,13 +181,14 @@ def main(argv: list[str] | None = None) -> None:
         release_auth.main(argv[1:])
         return
     parser = _node_parser()
-    a = parser.parse_args(argv)
+    a = parser.parse_args(split_ros_args(argv)[0])
+    a.token = a.token or os.environ.get("TETHER_TOKEN") or None
     try:
         tmap = load_topic_map(a.topic_map)
         guard = guard_config(
             tmap, deadline_s=a.deadline_ms / 1e3, safe_action=parse_vector("--safe-action", a.safe_action),
-            max_delta=None if a.max_delta is None else parse_vector("--max-delta", a.max_delta),
-            velocity_limit=None if a.velocity_limit is None else parse_vector("--velocity-limit", a.velocity_limit))
+            max_delta=parse_vector("--max-delta", a.max_delta) if a.max_delta else None,
+            velocity_limit=parse_vector("--velocity-limit", a.velocity_limit) if a.velocity_limit else None)
         config = EdgeConfig(gateway=a.gateway, rate_hz=a.rate, policy=a.policy, node_name=a.node_name,
                             chunk=a.chunk, chunk_threshold=a.chunk_threshold, chunk_merge=a.chunk_merge,
                             ensemble_decay=a.ensemble_decay, tls_ca=a.tls_ca, tls_cert=a.tls_cert,

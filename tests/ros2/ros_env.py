@@ -43,6 +43,39 @@ needs_launch = pytest.mark.skipif(_WHY_NOT_LAUNCH is not None, reason=str(_WHY_N
 FASTDDS_PROFILE = ROOT / "launch" / "config" / "fastdds_loopback.xml"
 
 
+README_LAUNCH = "AMENT_PREFIX_PATH=$PWD/.venv/ros .venv/ros/bin/ros2 launch tether robot.launch.py"
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def readme_launch() -> tuple[str, list[str]]:
+    """The robot's `ros2 launch` line as the docs write it (README.md, else docs/*.md): the shell
+    invocation up to `robot.launch.py`, and its NAME:=VALUE arguments (`[...]` optional ones too)."""
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        text = doc.read_text().replace("\\\n", " ") if doc.exists() else ""
+        for line in text.splitlines():
+            if README_LAUNCH in line:
+                rest = line[line.index(README_LAUNCH) + len(README_LAUNCH):]
+                return README_LAUNCH, [a.strip("[]") for a in rest.split() if ":=" in a]
+    raise AssertionError(f"no line `{README_LAUNCH} ...` in README.md or docs/: the robot's launch line moved")
+
+
+def fresh_shell_env(domain: int) -> dict[str, str]:
+    """A login shell's environment, nothing of Tether's on it (no .venv on PATH, no PYTHONPATH), plus
+    only what keeps a test's DDS traffic to itself: loopback discovery and the Fast DDS loopback
+    profile, and the test's domain (the launch's `domain_id:=` argument sets it for the node too)."""
+    return {"HOME": os.environ.get("HOME", "/root"), "PATH": SYSTEM_PATH, "LANG": "C.UTF-8",
+            "ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST", "FASTRTPS_DEFAULT_PROFILES_FILE": str(FASTDDS_PROFILE),
+            "ROS_LOG_DIR": os.environ.get("ROS_LOG_DIR", "/tmp/tether-ros-log"), "ROS_DOMAIN_ID": str(domain)}
+
+
+def run_readme_launch(*arguments: str, domain: int, **popen) -> subprocess.Popen:
+    """`ros2 launch tether robot.launch.py ...` exactly as the docs' line runs it, from the
+    repository root in a fresh shell (`fresh_shell_env`), with these NAME:=VALUE arguments."""
+    invocation, _ = readme_launch()
+    return subprocess.Popen(["bash", "-c", f'{invocation} "$@"', "bash", *arguments], cwd=ROOT,
+                            env=fresh_shell_env(domain), **popen)
+
+
 def ros_env(domain: int) -> dict[str, str]:
     """The environment of a ROS 2 process in a test: its domain, loopback only (UDP on 127.0.0.1,
     see fastdds_loopback.xml), Fast DDS."""

@@ -1,11 +1,16 @@
-"""Launch files declare arguments that map onto `tether edge` flags, and install where
-`ros2 launch tether ...` looks (the ROS environment .venv/ros, made by `make setup`). Running one
-against a robot is in test_rclpy_edge.py."""
+"""Launch files declare arguments that map onto `tether edge` flags (every flag has one), run the
+node as a ROS 2 user expects (`Node(package="tether", executable="edge")`), and install where
+`ros2 launch tether ...` looks (the ROS environment .venv/ros, made by `make setup`). The README's
+`ros2 launch` line runs as written, in a fresh shell; driving a robot through it is in
+test_rclpy_edge.py."""
 
 from __future__ import annotations
 
+import argparse
 import ast
+import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +18,9 @@ from pathlib import Path
 import pytest
 
 from bridge.ros2.edge import _node_parser
-from tests.ros2.ros_env import ROS_PREFIX, needs_launch, ros_env
+from tests.ros2.edge_support import release_token, wait_until
+from tests.ros2.ros_env import ROS_PREFIX, needs_launch, readme_launch, ros_env, run_readme_launch
+from tests.ros2.test_edge_estop import dead_address
 
 LAUNCH = Path(__file__).resolve().parents[2] / "launch"
 FILES = sorted(LAUNCH.glob("*.launch.py"))
@@ -52,6 +59,48 @@ def test_every_declared_robot_argument_reaches_the_edge_command():
     assert set(_declared(tree)) == flags
 
 
+def _edge_flags() -> set[str]:
+    """Every flag of `tether edge` (its argparse parser), less --help and the hidden refused ones."""
+    return {flag for action in _node_parser()._actions if action.help != argparse.SUPPRESS
+            and not isinstance(action, argparse._HelpAction) for flag in action.option_strings}
+
+
+def test_every_edge_flag_has_its_launch_argument():
+    """robot.launch.py declares NAME for each `tether edge --NAME` and passes it as that flag."""
+    tree = ast.parse((LAUNCH / "robot.launch.py").read_text())
+    flags = _edge_flags()
+    assert {"--gateway", "--tls-ca", "--tls-cert", "--tls-key", "--token"} <= flags     # the parser is read
+    missing = sorted(f for f in flags if f.removeprefix("--").replace("-", "_") not in _declared(tree))
+    assert not missing, f"`tether edge` flags without a robot.launch.py argument: {missing}"
+    assert flags <= set(_flags(tree)), f"not passed to the node: {sorted(flags - set(_flags(tree)))}"
+
+
+def test_the_edge_is_a_ros2_node_of_package_tether():
+    """Node(package="tether", executable="edge"): found by ament under <prefix>/lib/tether, no PATH."""
+    tree = ast.parse((LAUNCH / "robot.launch.py").read_text())
+    nodes = [{k.arg: k.value.value for k in call.keywords if isinstance(k.value, ast.Constant)}
+             for call in ast.walk(tree) if isinstance(call, ast.Call) and getattr(call.func, "id", "") == "Node"]
+    assert [{"package": n.get("package"), "executable": n.get("executable")} for n in nodes] == [
+        {"package": "tether", "executable": "edge"}]
+    assert not [c for c in ast.walk(tree) if isinstance(c, ast.Call) and getattr(c.func, "id", "") == "ExecuteProcess"]
+    assert os.access(LAUNCH / "edge", os.X_OK), "launch/edge (installed as lib/tether/edge) is not executable"
+
+
+def test_sim_launch_takes_the_tls_and_token_arguments_and_passes_them_on():
+    tree = ast.parse((LAUNCH / "sim.launch.py").read_text())
+    secured = {"tls_ca", "tls_cert", "tls_key", "token"}
+    assert secured <= set(_declared(tree))
+    passed = {k.value for d in ast.walk(tree) if isinstance(d, ast.Dict) for k in d.keys if isinstance(k, ast.Constant)}
+    assert secured <= passed, f"declared but not passed to robot.launch.py: {sorted(secured - passed)}"
+
+
+def test_the_readme_launch_line_uses_declared_arguments():
+    """The README's `ros2 launch` line names arguments robot.launch.py has."""
+    _, arguments = readme_launch()
+    declared = _declared(ast.parse((LAUNCH / "robot.launch.py").read_text()))
+    assert arguments and not [a for a in arguments if a.partition(":=")[0] not in declared], arguments
+
+
 @pytest.mark.parametrize("prefix", [Path(sys.prefix), ROS_PREFIX], ids=["venv", "ros"])
 def test_installed_where_ros2_launch_finds_them(prefix):
     marker = prefix / "share/ament_index/resource_index/packages/tether"
@@ -60,6 +109,7 @@ def test_installed_where_ros2_launch_finds_them(prefix):
     for name in ("launch/robot.launch.py", "launch/sim.launch.py", "config/topic_map.yaml", "config/gazebo_arm.yaml",
                  "config/gz_bridge.yaml"):
         assert (prefix / "share/tether" / name).exists(), name
+    assert os.access(prefix / "lib/tether/edge", os.X_OK), "the node executable lib/tether/edge"
 
 
 @needs_launch
@@ -70,3 +120,35 @@ def test_launch_descriptions_load_with_ros2_launch():
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr
         assert set(_declared(ast.parse(path.read_text()))) <= set(re.findall(r"^    '(\w+)':", proc.stdout, re.M))
+
+
+@needs_launch
+def test_the_readme_launch_line_starts_the_edge_in_a_fresh_shell(ros_domain, tmp_path):
+    """The README's `AMENT_PREFIX_PATH=$PWD/.venv/ros .venv/ros/bin/ros2 launch tether robot.launch.py
+    ...` from the repository root in a shell with nothing of Tether's on PATH: ament finds the node
+    (lib/tether/edge), which starts on rclpy, says so, waits for its (here: unreachable) gateway,
+    and stops cleanly on Ctrl-C. The README's arguments are used, with local values."""
+    tokens, _ = release_token(tmp_path)
+    local = {"gateway": dead_address(), "release_tokens": str(tokens), "domain_id": str(ros_domain),
+             "latch_file": str(tmp_path / "latch.json"), "node_name": "tether_edge_readme"}
+    readme = dict(a.split(":=", 1) for a in readme_launch()[1])
+    arguments = [f"{k}:={v}" for k, v in {**readme, **local}.items()]
+    launch = run_readme_launch(*arguments, domain=ros_domain, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, start_new_session=True)
+    lines: list[str] = []
+    try:
+        wait_until(lambda: (line := launch.stdout.readline()) and (lines.append(line) or "edge node " in line)
+                   or launch.poll() is not None, timeout=60, what="the launched edge node's start line")
+        assert launch.poll() is None, "".join(lines) + launch.stdout.read()
+        os.killpg(launch.pid, signal.SIGINT)             # Ctrl-C in the shell: the whole foreground group
+        out, _ = launch.communicate(timeout=30)
+    finally:
+        if launch.poll() is None:
+            os.killpg(launch.pid, signal.SIGKILL)
+            launch.wait()
+    out = "".join(lines) + out
+    assert launch.returncode == 0, out
+    start = next(line for line in out.splitlines() if "edge node " in line)
+    assert "edge node tether_edge_readme: RclpyTransport" in start, start
+    assert f"on domain {ros_domain}" in start and "chunk 20" in start and str(tokens) in start, start
+    assert "stopped" in out, out

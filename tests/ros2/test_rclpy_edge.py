@@ -8,6 +8,7 @@ Cyclone DDS (no rclpy needed).
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 import time
@@ -32,7 +33,7 @@ from tests.ros2.edge_support import (
     wait_until,
 )
 from tests.ros2.rclpy_support import EdgeProcess, rclpy_robot
-from tests.ros2.ros_env import needs_launch, needs_rclpy, ros_env
+from tests.ros2.ros_env import needs_launch, needs_rclpy, run_readme_launch
 from tests.ros2.test_edge_estop import dead_address
 
 TMAP = load_topic_map(DEFAULT_TOPIC_MAP)
@@ -239,22 +240,22 @@ def test_chunks_keep_a_1khz_robot_commanded_through_30ms_inference(ros_domain, g
 
 @needs_launch
 def test_ros2_launch_runs_the_edge_and_drives_a_robot(ros_domain, gateway, tmp_path):
-    """`ros2 launch tether robot.launch.py ...` as a robot's operator types it; Ctrl-C stops it cleanly."""
+    """`ros2 launch tether robot.launch.py ...` as the README writes it (a fresh shell: nothing of
+    Tether's on PATH, AMENT_PREFIX_PATH=$PWD/.venv/ros); Ctrl-C stops it cleanly."""
     robot = rclpy_robot(ros_domain, JOINTS, hz=100)
-    launch = subprocess.Popen(
-        ["ros2", "launch", "tether", "robot.launch.py", f"gateway:={gateway}", f"domain_id:={ros_domain}",
-         "transport:=rclpy", "policy:=echo6", "node_name:=tether_edge_launched",
-         f"latch_file:={tmp_path / 'latch.json'}"],
-        env=ros_env(ros_domain), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    launch = run_readme_launch(
+        f"gateway:={gateway}", f"domain_id:={ros_domain}", "transport:=rclpy", "policy:=echo6",
+        "node_name:=tether_edge_launched", f"latch_file:={tmp_path / 'latch.json'}", domain=ros_domain,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         wait_until(lambda: sum(c["lat_ms"] is not None for c in robot.commands) >= 50 or launch.poll() is not None,
                    timeout=60, what="50 commands from the launched edge node")
         assert launch.poll() is None, launch.stdout.read()
-        launch.send_signal(signal.SIGINT)
+        os.killpg(launch.pid, signal.SIGINT)             # Ctrl-C: the shell's foreground group
         out, _ = launch.communicate(timeout=30)
     finally:
         if launch.poll() is None:
-            launch.kill()
+            os.killpg(launch.pid, signal.SIGKILL)
             launch.wait()
         robot.close()
     assert launch.returncode == 0, out
