@@ -1,17 +1,8 @@
 """The Tether gateway: sessions, validation, micro-batching into Triton, actions with versions.
 
-    from bridge.gateway import Gateway, GatewayConfig
+    from bridge.gateway.server import Gateway, GatewayConfig
 
-`Gateway` and `GatewayConfig` load on first use, so `bridge.gateway.errors` (which the registry,
-the gate and the security package import) does not pull in the server, Triton's client and torch.
+The package itself re-exports nothing, so importing a light module (`bridge.gateway.errors`,
+`bridge.gateway.figures`) never pulls in the server, Triton's client and torch. Nothing below the
+gateway imports it (tests/common/test_layering.py), so no import cycle needs a lazy workaround.
 """
-
-__all__ = ["Gateway", "GatewayConfig"]
-
-
-def __getattr__(name: str):
-    if name in __all__:
-        from bridge.gateway import server
-
-        return getattr(server, name)
-    raise AttributeError(f"module 'bridge.gateway' has no attribute {name!r}")

@@ -1,13 +1,22 @@
 """Typed gateway errors. The servicer maps them to gRPC status codes at its edge; nothing logs
-and swallows them."""
+and swallows them.
+
+The root is `bridge.common.errors.TetherError` (`GatewayError` names it here, for the gateway's code
+and old imports), so the registry's, security's and the gateway's errors share one base without any
+package below the gateway importing it. `Unauthenticated` and `PermissionDenied` live in
+bridge.common.errors (bridge.security raises them) and are re-exported here.
+"""
 
 from __future__ import annotations
 
 import grpc
 
+from bridge.common.errors import PermissionDenied, TetherError, Unauthenticated
 
-class GatewayError(Exception):
-    status = grpc.StatusCode.INTERNAL
+GatewayError = TetherError  # one root for every typed error a servicer maps (see bridge.common.errors)
+
+__all__ = ["DuplicateSession", "GatewayError", "InvalidHello", "PermissionDenied", "PolicyUnavailable",
+           "TooManySessions", "Unauthenticated", "UnknownPolicy"]
 
 
 class InvalidHello(GatewayError):
@@ -28,18 +37,6 @@ class PolicyUnavailable(GatewayError):
     """Triton is unreachable or serves no ready version of the policy."""
 
     status = grpc.StatusCode.UNAVAILABLE
-
-
-class Unauthenticated(GatewayError):
-    """No credentials, or credentials that do not verify (bridge.security)."""
-
-    status = grpc.StatusCode.UNAUTHENTICATED
-
-
-class PermissionDenied(GatewayError):
-    """Verified credentials whose role does not allow the action (bridge.security)."""
-
-    status = grpc.StatusCode.PERMISSION_DENIED
 
 
 class TooManySessions(GatewayError):

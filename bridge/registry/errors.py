@@ -1,13 +1,16 @@
-"""Typed registry errors; the gateway's servicers map them to gRPC status codes at their edge."""
+"""Typed registry errors; the gateway's servicers map them to gRPC status codes at their edge.
+
+They subclass bridge.common.errors.TetherError (the registry is below the gateway and never imports it).
+"""
 
 from __future__ import annotations
 
 import grpc
 
-from bridge.gateway.errors import GatewayError
+from bridge.common.errors import TetherError
 
 
-class RegistryError(GatewayError):
+class RegistryError(TetherError):
     """A refused change: an illegal move, a bad argument, a pin on a withdrawn version, an unreadable file."""
 
     status = grpc.StatusCode.FAILED_PRECONDITION

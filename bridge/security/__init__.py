@@ -15,7 +15,7 @@ Open access (no tokens file, no client CA, bound to loopback or `--insecure`): e
 everything, under the name in the `x-tether-operator` header or "anonymous". Otherwise a call without
 credentials is refused with UNAUTHENTICATED (HTTP 401), except read-only viewing while
 `anonymous_viewers` holds; credentials without the role get PERMISSION_DENIED (HTTP 403). Both are
-`GatewayError`s (bridge.gateway.errors), which the servicers map to their status.
+`TetherError`s (bridge.common.errors), which the servicers map to their status.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
+from bridge.common.errors import PermissionDenied, Unauthenticated
 from bridge.security.certs import Identity, identity_from_peercert, identity_from_pem
 from bridge.security.tokens import TokenEntry, TokenStore
 
@@ -53,10 +54,8 @@ def peer_identity(context: grpc.aio.ServicerContext) -> Identity | None:
     return identity_from_pem(bytes(pems[0])) if pems else None
 
 
-def _refuse(kind: str, message: str):
-    from bridge.gateway import errors  # lazily: bridge.gateway imports this package
-
-    return (errors.Unauthenticated if kind == "unauthenticated" else errors.PermissionDenied)(message)
+def _refuse(kind: str, message: str) -> Unauthenticated | PermissionDenied:
+    return (Unauthenticated if kind == "unauthenticated" else PermissionDenied)(message)
 
 
 class Authorizer:

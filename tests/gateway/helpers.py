@@ -9,7 +9,7 @@ import time
 import grpc
 import numpy as np
 
-from bridge.gateway import Gateway, GatewayConfig
+from bridge.gateway.server import Gateway, GatewayConfig
 from protos import bridge_pb2, bridge_pb2_grpc
 from protos.codec import encode
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bridge.gateway import Gateway, GatewayConfig
+from bridge.gateway.server import Gateway, GatewayConfig
 from inference_server import TritonServer
 from protos import bridge_pb2
 from protos.codec import Spec, decode, encode

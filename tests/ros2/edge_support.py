@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bridge.gateway import Gateway, GatewayConfig
+from bridge.gateway.server import Gateway, GatewayConfig
 from bridge.ros2.dds import DdsTransport
 from bridge.ros2.edge_config import EdgeConfig, guard_config
 from bridge.ros2.node import EdgeNode

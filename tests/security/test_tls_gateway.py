@@ -14,7 +14,7 @@ import sys
 import grpc
 import pytest
 
-from bridge.gateway import Gateway, GatewayConfig
+from bridge.gateway.server import Gateway, GatewayConfig
 from bridge.gateway.limits import Limits
 from bridge.security.channel import secure_channel
 from bridge.security.tls import InsecureBind
