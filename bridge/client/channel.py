@@ -9,10 +9,10 @@ call: as call credentials over TLS; over plaintext only to a loopback gateway (1
 localhost, a unix socket), since anywhere else it would be handed to the network:
 
     >>> Credentials(token="robot.s3cret").check("127.0.0.1:50051")
-    >>> Credentials(token="robot.s3cret").check("gw.lab:50051")
+    >>> Credentials(token="robot.s3cret").check("gw.lab:50051")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: refusing to send a token in plaintext to 'gw.lab:50051' (not a loopback address): give --tls-ca
+    ValueError: refusing to send a token in plaintext to 'gw.lab:50051' (not a loopback address; ...): give --tls-ca
 """
 
 from __future__ import annotations
@@ -68,8 +68,8 @@ class Credentials:
         if self.token is not None and (not isinstance(self.token, str) or not self.token.isprintable()):
             raise ValueError("token: expected a printable NAME.SECRET")
         if self.token and self.ca is None and not is_loopback_address(address):
-            raise ValueError(f"refusing to send a token in plaintext to {address!r} (not a loopback address): "
-                             f"give --tls-ca")
+            raise ValueError(f"refusing to send a token in plaintext to {address!r} (not a loopback address; "
+                             f"a token is sent only over TLS or to loopback): give --tls-ca")
 
     @property
     def tls(self) -> bool:
