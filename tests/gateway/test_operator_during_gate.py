@@ -236,7 +236,8 @@ def test_a_regressing_canary_is_rolled_back_automatically_while_a_publish_is_gat
 
 
 def test_the_publish_caps_are_gateway_flags_and_bad_ones_are_named():
-    from bridge.gateway.server import _security_kwargs, parse_args
+    from bridge.gateway.cli import parse_args
+    from bridge.gateway.config import _security_kwargs
 
     limits = _security_kwargs(parse_args(["--triton", "x:1", "--max-publishes", "2", "--max-publish-mb", "100"]))
     assert limits["publish_limits"] == PublishLimits(max_inflight=2, max_bytes=100 << 20)

@@ -1,0 +1,205 @@
+"""The gateway's configuration: `GatewayConfig`, and its command-line flags.
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)                                   # --triton, --policy, --deadline-ms, TLS, limits, rollout
+    config = from_arguments(p.parse_args(argv))        # a GatewayConfig; a bad value exits naming it
+    config = GatewayConfig(triton_url="127.0.0.1:8001", policy="hopper")   # from Python
+
+The rollout's and gate's part (`--rollout`, `--gate-*`) is `bridge.gateway.rollout_config`'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bridge.common.kv import split_pair
+from bridge.gate import GateConfig
+from bridge.gateway.limits import Limits
+from bridge.gateway.publisher import PublishLimits
+from bridge.gateway.rollout_config import RolloutPlan
+from bridge.gateway.rollout_config import add_arguments as add_rollout_arguments
+from bridge.gateway.rollout_config import from_arguments as rollout_settings
+
+__all__ = ["GatewayConfig", "add_arguments", "from_arguments"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatewayConfig:
+    triton_url: str
+    policy: str = ""                 # default policy for sessions that name none
+    host: str = "127.0.0.1"
+    port: int = 0                    # 0 = a free port
+    deadline_ms: int = 100           # per-step inference deadline
+    max_batch: int = 64
+    max_inflight: int = 1            # concurrent Triton batches per policy version (1 = biggest batches)
+    triton_timeout_s: float = 10.0   # how long start() waits for Triton to be ready
+    model_repository: Path | None = None  # Triton's repository (same host): needed to publish versions
+    experience_dir: Path | None = None    # the experience log; None = no logging
+    fsync_interval_ms: float = 5.0        # group commit: the longest a transition waits to be on disk
+    log_max_pending: int = 100_000        # the log's bound: transitions not yet on disk (bridge.experience.log)
+    log_max_pending_mb: float = 1024.0    # ... and their serialized size; beyond either, LogFull
+    log_retention_mb: float | None = None     # delete finished segments, oldest first, past this total; None = keep
+    log_retention_hours: float | None = None  # ... and those last written longer ago than this; None = keep
+    rewards: Mapping[str, Path] = field(default_factory=dict)  # policy -> reward config YAML
+    switch: str = "episode"          # when sessions move to a new version: "episode" or "step"
+    rollout: RolloutPlan = field(default_factory=RolloutPlan)  # direct, or staged shadow -> canary -> live
+    registry: Path | None = None     # default: <model_repository>/.tether/registry.sqlite; no repository: in memory
+    #                                  (e-stops then go to <experience_dir>/.tether/estops.sqlite: bridge.gateway.holds)
+    gate: GateConfig = field(default_factory=GateConfig)  # what a candidate version must pass (bridge.gate)
+    # bridge.security: TLS (mTLS with tls_client_ca), the --insecure rule, tokens; bridge.gateway.limits
+    tls_cert: Path | None = None     # server certificate (PEM); with tls_key, gRPC serves TLS only
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None  # every client must present a certificate signed by this CA (mTLS)
+    insecure: bool = False           # allow plaintext on a non-loopback host (warned loudly)
+    tokens: Path | None = None       # operator/trainer tokens file (`tether token add`)
+    anonymous_viewers: bool = True   # read-only viewing without credentials
+    limits: Limits = field(default_factory=Limits)  # session caps, idle timeout, Hello string bounds
+    publish_limits: PublishLimits = field(default_factory=PublishLimits)  # publishes in flight, bytes they hold
+    gate_tls_ca: Path | None = None    # what the gate's `tether sim` sessions verify the gateway with (default:
+    gate_tls_cert: Path | None = None  # tls_client_ca); under mTLS, the certificate + key they present
+    gate_tls_key: Path | None = None
+    console_port: int | None = None  # the operator console + /metrics over HTTP (0 = a free port); None = off
+    console_host: str = "127.0.0.1"
+    console_allowed_hosts: tuple[str, ...] = ()  # Host names the console also answers to (behind a proxy)
+
+    def __post_init__(self):
+        if self.deadline_ms <= 0:
+            raise ValueError(f"deadline_ms must be positive, got {self.deadline_ms}")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port out of range: {self.port}")
+        if self.console_port is not None and not 0 <= self.console_port < 65536:
+            raise ValueError(f"console_port out of range: {self.console_port}")
+        if self.switch not in ("episode", "step"):
+            raise ValueError(f"switch must be 'episode' or 'step', got {self.switch!r}")
+        if self.fsync_interval_ms < 0:
+            raise ValueError(f"fsync_interval_ms must be >= 0, got {self.fsync_interval_ms}")
+        if self.log_max_pending < 1 or not self.log_max_pending_mb > 0:
+            raise ValueError(f"log_max_pending ({self.log_max_pending}) and log_max_pending_mb "
+                             f"({self.log_max_pending_mb}) must be positive")
+        if self.log_retention_mb is not None and not self.log_retention_mb > 0:
+            raise ValueError(f"log_retention_mb must be > 0, got {self.log_retention_mb}")
+        if self.log_retention_hours is not None and not self.log_retention_hours > 0:
+            raise ValueError(f"log_retention_hours must be > 0, got {self.log_retention_hours}")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError(f"TLS needs both tls_cert and tls_key, got cert={self.tls_cert} key={self.tls_key}")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("tls_client_ca (mTLS) needs tls_cert and tls_key")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The gateway's flags (`tether gateway`), read back by `from_arguments`."""
+    p.add_argument("--triton", required=True, help="Triton gRPC address HOST:PORT")
+    p.add_argument("--policy", default="", help="default policy (Triton model name)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=50051)
+    p.add_argument("--deadline-ms", type=int, default=100)
+    p.add_argument("--max-batch", type=int, default=64)
+    p.add_argument("--triton-timeout", type=float, default=10.0, help="seconds to wait for Triton at start")
+    p.add_argument("--max-inflight", type=int, default=1, help="concurrent Triton batches per policy version")
+    p.add_argument("--model-repository", type=Path, help="Triton's model repository (to publish new versions)")
+    p.add_argument("--experience-dir", type=Path, help="log every transition here (MCAP segments); without a "
+                   "registry file, operators' e-stops are kept here too (.tether/estops.sqlite)")
+    p.add_argument("--fsync-interval-ms", type=float, default=5.0, help="group commit interval of the log")
+    p.add_argument("--log-max-pending", type=int, default=100_000,
+                   help="the log's bound: transitions not yet on disk; beyond it a session's transitions are not "
+                        "logged until it reconnects and replays them (counted: tether_experience_refused)")
+    p.add_argument("--log-max-pending-mb", type=float, default=1024.0, help="the same bound in MB")
+    p.add_argument("--log-retention-mb", type=float, help="delete the oldest finished segments past this total "
+                   "(default: keep all)")
+    p.add_argument("--log-retention-hours", type=float, help="delete finished segments last written longer ago "
+                   "(default: keep all)")
+    p.add_argument("--rewards", action="append", default=[], metavar="POLICY=YAML",
+                   help="reward config of a policy (repeatable); default: the simulator's reward")
+    p.add_argument("--switch", choices=("episode", "step"), default="episode",
+                   help="when sessions move to a newly published version")
+    add_rollout_arguments(p)
+    p.add_argument("--console-port", type=int, help="serve the operator console and /metrics here (0 = a free port)")
+    p.add_argument("--console-host", default="127.0.0.1", help="the console's bind address (not loopback: the "
+                   "gateway needs --tokens or --tls-client-ca)")
+    p.add_argument("--console-allowed-host", action="append", default=[], metavar="NAME[:PORT]",
+                   type=_console_allowed_host, help="a Host name the console also answers to, e.g. behind a "
+                   "proxy (repeatable); other Hosts get 421")
+    s = p.add_argument_group("security and limits (bridge.security, bridge.gateway.limits)")
+    s.add_argument("--tls-cert", type=Path, help="server certificate (PEM): serve gRPC over TLS")
+    s.add_argument("--tls-key", type=Path, help="the server certificate's private key (PEM)")
+    s.add_argument("--tls-client-ca", type=Path, help="require client certificates signed by this CA (mTLS)")
+    s.add_argument("--insecure", action="store_true", help="allow plaintext on a non-loopback --host (loud warning)")
+    s.add_argument("--tokens", type=Path, help="operator/trainer tokens file (tether token add)")
+    s.add_argument("--no-anonymous-viewers", dest="anonymous_viewers", action="store_false",
+                   help="viewing (read-only RPCs, console) also needs a token or certificate")
+    s.add_argument("--max-sessions", type=int, default=Limits.max_sessions, help="0 = no cap")
+    s.add_argument("--max-sessions-per-source", "--max-sessions-per-identity", dest="max_sessions_per_source",
+                   type=int, default=Limits.max_sessions_per_source,
+                   help="per identity (token or client certificate), else per address (0 = no cap)")
+    s.add_argument("--max-envs", type=int, default=Limits.max_envs,
+                   help="the most envs one vectorised session (Hello.num_envs) may declare")
+    s.add_argument("--route-labels-from", action="append", default=[], metavar="IDENTITY|ROLE",
+                   help="an identity (robot:arm_2) or role (robot) whose session labels choose canary membership "
+                        "and label pins (repeatable; operators always may; open access: everyone)")
+    s.add_argument("--idle-timeout-s", type=float, default=Limits.idle_timeout_s,
+                   help="close a session silent this long (0 = never)")
+    s.add_argument("--gate-tls-ca", type=Path, help="CA the gate's simulator sessions verify a TLS gateway with "
+                   "(default: --tls-client-ca)")
+    s.add_argument("--gate-tls-cert", type=Path, help="certificate the gate's simulator sessions present (mTLS)")
+    s.add_argument("--gate-tls-key", type=Path, help="its private key")
+    s.add_argument("--max-message-mb", type=int, default=Limits.max_message_mb,
+                   help="largest message a client may send (a 1080p RGB frame is 6 MB; parsing one stalls the "
+                        "event loop about 1-3 ms per MB)")
+    s.add_argument("--max-publishes", type=int, default=PublishLimits.max_inflight,
+                   help="publishes in flight at once (receiving, waiting for the gate, gated); more are "
+                        "refused with RESOURCE_EXHAUSTED")
+    s.add_argument("--max-publish-mb", type=int, default=PublishLimits.max_bytes >> 20,
+                   help="MB of weights the publishes in flight may hold together (each counts its announced size)")
+
+
+def from_arguments(a: argparse.Namespace) -> GatewayConfig:
+    """The GatewayConfig of parsed `add_arguments` flags; a bad value raises SystemExit naming it."""
+    try:
+        return GatewayConfig(triton_url=a.triton, policy=a.policy, host=a.host, port=a.port,
+                             deadline_ms=a.deadline_ms, max_batch=a.max_batch, max_inflight=a.max_inflight,
+                             triton_timeout_s=a.triton_timeout, model_repository=a.model_repository,
+                             experience_dir=a.experience_dir, fsync_interval_ms=a.fsync_interval_ms,
+                             log_max_pending=a.log_max_pending, log_max_pending_mb=a.log_max_pending_mb,
+                             log_retention_mb=a.log_retention_mb, log_retention_hours=a.log_retention_hours,
+                             rewards=_reward_configs(a.rewards), switch=a.switch, **_security_kwargs(a),
+                             console_port=a.console_port, console_host=a.console_host,
+                             console_allowed_hosts=tuple(a.console_allowed_host), **rollout_settings(a))
+    except ValueError as exc:
+        raise SystemExit(f"tether gateway: {exc}") from None
+
+
+def _console_allowed_host(value: str) -> str:
+    from bridge.console.server import allowed_host  # lazily: bridge.console imports bridge.gateway's modules
+
+    try:
+        return allowed_host(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _security_kwargs(a: argparse.Namespace) -> dict:
+    try:
+        limits = _limits(a)
+        publish_limits = PublishLimits(max_inflight=a.max_publishes, max_bytes=a.max_publish_mb << 20)
+    except ValueError as exc:
+        raise SystemExit(f"tether gateway: {exc}") from None
+    return {"tls_cert": a.tls_cert, "tls_key": a.tls_key, "tls_client_ca": a.tls_client_ca, "insecure": a.insecure,
+            "tokens": a.tokens, "anonymous_viewers": a.anonymous_viewers, "limits": limits,
+            "publish_limits": publish_limits,
+            "gate_tls_ca": a.gate_tls_ca, "gate_tls_cert": a.gate_tls_cert, "gate_tls_key": a.gate_tls_key}
+
+
+def _limits(a: argparse.Namespace) -> Limits:
+    return Limits(max_sessions=a.max_sessions, max_sessions_per_source=a.max_sessions_per_source,
+                  idle_timeout_s=a.idle_timeout_s, max_message_mb=a.max_message_mb, max_envs=a.max_envs,
+                  route_labels_from=tuple(a.route_labels_from))
+
+
+def _reward_configs(items: list[str]) -> dict[str, Path]:
+    try:
+        return {policy: Path(path) for policy, path in (split_pair(item, what="--rewards") for item in items)}
+    except ValueError as exc:
+        raise SystemExit(f"tether gateway: {exc} (POLICY=YAML)") from None

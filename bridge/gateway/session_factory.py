@@ -1,0 +1,141 @@
+"""The session factory: a Hello in, a `Session` or `VectorSession` out, with the id and the step it resumes at.
+
+    factory = SessionFactory(limits=..., deadline_s=0.1, switch="episode", catalog=catalog, rollout=rollout,
+                             rewards={}, admission=admission, batcher=batcher, sessions=gateway.sessions,
+                             experience=lambda: gateway.experience, open_access=lambda: auth.open_access)
+    session = await factory.open(hello, peer="ipv4:10.0.0.7", identity="robot:arm_1")
+    factory.closed(session)         # remembers its last step, for Welcome.next_step of a reconnect
+
+It checks the Hello (bounded strings, specs, the policy's compatibility, the reward config), applies
+the caps (`Admission`), routes to a version (pins, canary, live: the rollout) and names sessions
+that name none: `session-<boot>-<n>`. The gateway (`bridge.gateway.server`) owns the sessions dict.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import secrets
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, MutableMapping
+
+from bridge.gateway.batcher import MicroBatcher
+from bridge.gateway.errors import DuplicateSession, InvalidHello
+from bridge.gateway.limits import Admission, Limits, check_hello, may_route
+from bridge.gateway.policies import PolicyCatalog, check_compatible
+from bridge.gateway.recorder import Recorder, RecorderGroup
+from bridge.gateway.session import Session
+from bridge.gateway.vector_session import VectorSession
+from bridge.rewards import RewardConfigError, RewardFunction
+from protos import bridge_pb2
+from protos.codec import TensorError, specs_from_proto
+
+__all__ = ["SessionFactory"]
+
+log = logging.getLogger("tether.gateway")
+REMEMBERED = 4096  # closed sessions whose last step is kept for Welcome.next_step
+
+
+class SessionFactory:
+    def __init__(self, *, limits: Limits, deadline_s: float, switch: str, catalog: PolicyCatalog, rollout,
+                 rewards: Mapping[str, RewardFunction], admission: Admission, batcher: MicroBatcher,
+                 sessions: MutableMapping[str, Session | VectorSession], experience: Callable[[], object | None],
+                 open_access: Callable[[], bool]):
+        self._limits, self._deadline_s, self._switch = limits, deadline_s, switch
+        self._catalog, self._rollout, self._rewards = catalog, rollout, rewards
+        self._admission, self._batcher, self._sessions = admission, batcher, sessions
+        self._experience, self._open_access = experience, open_access
+        self._ids = itertools.count(1)  # ids the gateway gives: session-<boot>-<n> (see new_session_id)
+        self._boot = secrets.token_hex(4)  # this start's: ids never repeat across restarts
+        self._last_seen: OrderedDict[str, int] = OrderedDict()  # closed sessions' last steps (newest REMEMBERED)
+
+    async def open(self, hello: bridge_pb2.Hello, *, peer: str = "local",
+                           identity: str | None = None) -> Session | VectorSession:
+        """`identity`: who the caller proved to be (`authorize_session`); it is the session's source for the
+        per-identity cap, for the gate's bounds, and decides whether its labels route (limits.may_route)."""
+        check_hello(hello, self._limits)  # bounded strings and spec bounds, num_envs: InvalidHello naming it
+        peer = identity or peer
+        self._admission.check(peer)  # caps: TooManySessions (RESOURCE_EXHAUSTED); counted when added below
+        try:
+            observation = specs_from_proto(hello.observation_spec)
+            action = specs_from_proto(hello.action_spec)
+        except TensorError as exc:
+            raise InvalidHello(f"bad spec in Hello: {exc}") from exc
+        if not observation or not action:
+            raise InvalidHello("Hello must declare an observation_spec and an action_spec")
+        policy = await self._catalog.resolve(hello.policy)
+        await self._rollout.track(policy.name)
+        if why := check_compatible(policy, observation, action):
+            raise InvalidHello(why)
+        rewards = self._rewards.get(policy.name) or RewardFunction.passthrough()
+        try:
+            rewards.check_specs(observation, action)
+        except RewardConfigError as exc:
+            raise InvalidHello(f"the reward config of policy {policy.name!r} does not fit this session: {exc}") from exc
+        session_id = hello.session_id or self.new_session_id()
+        if session_id in self._sessions:
+            raise DuplicateSession(f"session {session_id!r} is already connected")
+        route = dict(hello.labels) if may_route(self._limits, identity or "", open_access=identity is None
+                                                or self._open_access()) else {}
+        labelled = self._rollout.acting(policy.name, session_id, dict(hello.labels)) if hello.labels and not route \
+            else None
+        policy = self._rollout.acting(policy.name, session_id, route) or policy  # pins, canary, live
+        if hello.labels and not route:
+            (log.warning if labelled is not None and labelled is not policy else log.info)(
+                "session %s: labels of %s do not route (not an operator, not in --route-labels-from): they "
+                "would have chosen %s, it acts with v%d", session_id, identity,
+                f"v{labelled.version}" if labelled is not None else "nothing", policy.version)
+        self._rollout.declared(policy.name, action, identity=identity, source=f"{peer} {hello.source or session_id}")
+        experience = None if session_id in self._rollout.evaluating else self._experience()  # the gate's: not data
+        if hello.num_envs > 1 or hello.batched:
+            num_envs = max(1, hello.num_envs)
+            group = RecorderGroup(session=session_id, source=hello.source, log=experience,
+                                  reward_version=rewards.version, num_envs=num_envs)
+            session = VectorSession(session_id=session_id, source=hello.source, policy=policy, num_envs=num_envs,
+                                    observation_spec=observation, action_spec=action, batcher=self._batcher,
+                                    deadline_s=self._deadline_s, rewards=rewards, recorder=group,
+                                    router=self._rollout, labels=dict(hello.labels))
+            session.route_labels = route
+            self._admission.admit(session_id, peer=peer)
+            self._sessions[session_id] = session
+            log.info("vector session %s (%d envs) from %s on %s v%d", session_id, num_envs, hello.source or "?",
+                     policy.name, policy.version)
+            return session
+        recorder = Recorder(session=session_id, source=hello.source, log=experience,
+                            reward_version=rewards.version)
+        session = Session(session_id=session_id, source=hello.source, policy=policy,
+                          observation_spec=observation, action_spec=action, batcher=self._batcher,
+                          deadline_s=self._deadline_s, rewards=rewards, recorder=recorder,
+                          router=self._rollout, switch=self._switch, labels=dict(hello.labels))
+        session.route_labels = route
+        self._admission.admit(session_id, peer=peer)
+        self._sessions[session_id] = session
+        log.info("session %s from %s on %s v%d", session_id, hello.source or "?", policy.name, policy.version)
+        return session
+
+    def new_session_id(self) -> str:
+        """An id for a client that names none: `session-<boot>-<n>`, with a random boot component of
+        this gateway start, so ids never repeat across restarts (the log remembers old sessions'
+        last steps: a repeated id would make a fresh client's step 0 OUT_OF_ORDER); an id the log or
+        this gateway already knows is skipped."""
+        while True:
+            session_id = f"session-{self._boot}-{next(self._ids)}"
+            known = (log_ := self._experience()) is not None and log_.last_step(session_id) is not None
+            if not known and session_id not in self._sessions and session_id not in self._last_seen:
+                return session_id
+
+    def next_step(self, session: Session | VectorSession) -> int:
+        """Welcome.next_step: the lowest step accepted next for this id, the last step the log or this
+        gateway has seen of it + 1 (0 for a new id). A client continuing its counter from here is never
+        OUT_OF_ORDER."""
+        seen = self._last_seen.get(session.id)
+        return max(session.recorder.next_step, 0 if seen is None else seen + 1)
+
+    def closed(self, session: Session | VectorSession) -> None:
+        """Remember a closed session's last step (for Welcome.next_step of its reconnect)."""
+        last = getattr(session, "_last_step", None)
+        if last is not None:
+            self._last_seen[session.id] = last
+            self._last_seen.move_to_end(session.id)
+            while len(self._last_seen) > REMEMBERED:
+                self._last_seen.popitem(last=False)
