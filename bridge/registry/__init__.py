@@ -9,10 +9,10 @@ in one SQLite file; which version each session gets; when a canary or live versi
 
 from bridge.registry.assign import assign, in_canary, parse_labels, session_hash, shadow_of
 from bridge.registry.errors import DuplicateVersion, RegistryError, RegistryWriteFailed, UnknownVersion
-from bridge.registry.model import MOVES, EStopRecord, Event, Rollout, State, VersionRecord
+from bridge.registry.model import MOVES, WITHDRAWN, EStopRecord, Event, Rollout, State, VersionRecord, move_refused
 from bridge.registry.monitor import RegressionMonitor, Thresholds, Verdict
 from bridge.registry.store import Registry
 
 __all__ = ["MOVES", "DuplicateVersion", "EStopRecord", "Event", "RegistryError", "RegistryWriteFailed", "Registry",
            "RegressionMonitor", "Rollout", "State", "Thresholds", "UnknownVersion", "Verdict", "VersionRecord",
-           "assign", "in_canary", "parse_labels", "session_hash", "shadow_of"]
+           "WITHDRAWN", "assign", "in_canary", "move_refused", "parse_labels", "session_hash", "shadow_of"]

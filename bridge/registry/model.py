@@ -34,6 +34,25 @@ SLOTS = (S.LIVE, S.CANARY, S.SHADOW)  # at most one version of a policy in each 
 WITHDRAWN = frozenset({S.REJECTED, S.ROLLED_BACK})  # never served again, never pinned
 
 
+def move_refused(policy: str, version: int, state: State, to: State, *, previous_live: int | None) -> str | None:
+    """Why `version` (now `state`) may not move to `to`, or None when it may: the one place the rules are checked
+    (the registry's `move`, and the gateway's rollout before it loads anything). `previous_live`: the version a
+    move of the live one away would restore (a live version without one may not leave).
+
+    >>> move_refused("hopper", 4, State.REJECTED, State.LIVE, previous_live=3)
+    "policy 'hopper' v4 is rejected; it may not move to live (allowed: nothing: it is final)"
+    >>> move_refused("hopper", 4, State.CANARY, State.LIVE, previous_live=3) is None
+    True
+    """
+    if to not in MOVES[state]:
+        allowed = ", ".join(sorted(MOVES[state])) or "nothing: it is final"
+        return f"policy {policy!r} v{version} is {state}; it may not move to {to} (allowed: {allowed})"
+    if state is S.LIVE and previous_live is None:
+        return (f"policy {policy!r} v{version} is live and there is no previous live version to restore, so it may "
+                f"not move to {to}; promote another version to live instead")
+    return None
+
+
 @dataclass(frozen=True)
 class VersionRecord:
     policy: str

@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from bridge.registry.errors import DuplicateVersion, RegistryError, RegistryWriteFailed, UnknownVersion
-from bridge.registry.model import MOVES, SLOTS, WITHDRAWN, EStopRecord, Event, Rollout, State, VersionRecord
+from bridge.registry.model import SLOTS, WITHDRAWN, EStopRecord, Event, Rollout, State, VersionRecord, move_refused
 
 SCHEMA_VERSION = 1
 MAX_LABELS = 16
@@ -183,26 +183,22 @@ class Registry:
 
     def move(self, policy: str, version: int, to: State, *, who: str, why: str,
              figures: Mapping[str, float] | None = None) -> VersionRecord:
-        """Change a version's state (see model.MOVES). Entering live/canary/shadow retires the version that held
-        that slot ("replaced by vN"; the old live becomes previous_live). Moving the live version to rolled_back or
-        retired restores previous_live in the same transaction, and is refused when there is none. `figures` (e.g.
-        a Verdict's) go with the move's audit event."""
+        """Change a version's state (the rules: model.move_refused). Entering live/canary/shadow retires the version
+        that held that slot ("replaced by vN"; the old live becomes previous_live). Moving the live version to
+        rolled_back or retired restores previous_live in the same transaction, and is refused when there is none.
+        `figures` (e.g. a Verdict's) go with the move's audit event."""
         _check_who_why(who, why)
         to = _check_state(to)
         figures = _check_figures(figures or {}, f"figures of the move of {policy!r} v{version}")
         with self._write():
             record = self._get(policy, version)
-            if to not in MOVES[record.state]:
-                allowed = ", ".join(sorted(MOVES[record.state])) or "nothing: it is final"
-                raise RegistryError(f"policy {policy!r} v{version} is {record.state}; it may not move to {to} "
-                                    f"(allowed: {allowed})")
+            previous = self._previous_live(policy) if record.state is State.LIVE else None
+            if previous is not None and self._get(policy, previous).state is not State.RETIRED:
+                previous = None  # only a retired previous live version can be restored
+            if (refused := move_refused(policy, version, record.state, to, previous_live=previous)) is not None:
+                raise RegistryError(refused)
             now = time.time_ns()
             if record.state is State.LIVE:
-                previous = self._previous_live(policy)
-                if previous is None or self._get(policy, previous).state is not State.RETIRED:
-                    raise RegistryError(f"policy {policy!r} v{version} is live and there is no previous live "
-                                        f"version to restore, so it may not move to {to}; promote another version "
-                                        "to live instead")
                 self._set_state(now, policy, version, State.LIVE, to, who, why, figures)
                 self._set_state(now, policy, previous, State.RETIRED, State.LIVE, who,
                                 f"restored: v{version} {to} ({why})")
