@@ -49,6 +49,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bridge.common.files import fsync_dir as common_fsync_dir
+from bridge.common.files import write_text
 from inference_server import onnx_export
 from inference_server.artifact import ARTIFACT_FILES, ArtifactError, check_artifact, read_specs
 from protos.codec import Spec, dtype_to_proto, triton_dtype
@@ -375,18 +377,7 @@ def _install_wrapper(source: Path, folder: Path) -> None:
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text(path, text, mode=0o644)  # bridge.common.files: temp, fsync, rename, fsync folder
 
 
 def _install(staging: Path, final: Path) -> None:
@@ -414,9 +405,5 @@ def fsync_tree(folder: Path) -> None:
 
 
 def fsync_dir(path: Path) -> None:
-    """Make the entries of folder `path` (a rename, a new file) durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    """Make the entries of folder `path` (a rename, a new file) durable (bridge.common.files.fsync_dir)."""
+    common_fsync_dir(path)

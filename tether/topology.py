@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import os
 import re
 import signal
 import subprocess
@@ -30,6 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from bridge.common import files as common_files
 from inference_server import ModelRepository, TritonServer
 from sim.client import VECTOR_PREFIXES, run_sessions, run_vector_sessions
 from sim.mujoco import make_env
@@ -268,9 +267,5 @@ def print_table(summary: dict) -> None:
 
 
 def write_json(path: Path, data: dict) -> None:
-    """Atomically: a reader never sees a half-written file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    """Atomically and durably: a reader never sees a half-written file (bridge.common.files)."""
+    common_files.write_json(path, data)

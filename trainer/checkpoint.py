@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from bridge.common.files import fsync_dir, write_atomic
 from trainer import dist
 
 __all__ = ["Checkpoint", "latest", "load", "save"]
@@ -42,14 +43,6 @@ class Checkpoint:
     optimizer: dict
     meta: dict
     rng: dict[str, torch.Tensor]
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write(path: Path, data: bytes) -> None:
@@ -88,13 +81,10 @@ def save(root: str | Path, *, step: int, model: torch.nn.Module, optimizer: torc
         _write(staging / "model.safetensors", st_save(state))
         _write(staging / "optimizer.pt", _torch_bytes(optimizer.state_dict()))
         _write(staging / "meta.json", json.dumps({**meta, "step": step}, sort_keys=True).encode())
-        _fsync_dir(staging)
+        fsync_dir(staging)
         shutil.rmtree(final, ignore_errors=True)
         os.rename(staging, final)
-        tmp = root / f".latest.{os.getpid()}"
-        _write(tmp, final.name.encode())
-        os.replace(tmp, root / "latest")
-        _fsync_dir(root)
+        write_atomic(root / "latest", final.name.encode(), mode=0o644)  # fsyncs root: the rename above too
         for old in sorted(root.glob("step-*"))[:-KEEP]:
             shutil.rmtree(old, ignore_errors=True)
     dist.barrier()

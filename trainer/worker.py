@@ -4,7 +4,7 @@ Every rank runs the same loop (PPO from the experience stream, or BC from the lo
 are averaged by DDP, rank 0 publishes new versions and all ranks learn the version number.
 `trainer.main` builds the torchrun command; run one rank by hand (no process group) with:
 
-    python -m trainer.worker --algo bc --log-dir runs/x/log --steps 100 --out policy.safetensors
+    python -m trainer.worker --algo bc --experience-dir runs/x/log --steps 100 --out policy.safetensors
 
 Status lines go to stderr (rank 0); `--summary PATH` gets a JSON summary at the end.
 """
@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bridge.common.files import write_atomic, write_json
+from bridge.common.flags import deprecated_alias
 from trainer import checkpoint, dist
 from trainer.weights import ARCHS
 
@@ -56,7 +58,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", choices=ARCHS, default="gaussian")
     p.add_argument("--hidden", type=_hidden, default=(64, 64), help="hidden sizes (offline BC only; "
                    "with a gateway they must match the served architecture)")
-    p.add_argument("--log-dir", default="", help="BC: a directory of *.mcap segments")
+    p.add_argument("--experience-dir", default="", help="BC: an experience log, a directory of *.mcap segments")
+    deprecated_alias(p, "--log-dir", "--experience-dir")
     p.add_argument("--data-policy", default=None, help="BC: only transitions acted by this policy")
     p.add_argument("--checkpoint-dir", default="")
     p.add_argument("--checkpoint-every", type=_positive(int), default=0,
@@ -151,21 +154,13 @@ def param_digests(module: torch.nn.Module) -> list[str]:
 
 
 def write_json_atomically(path: str | Path, data: dict) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
-    os.replace(tmp, path)
+    write_json(path, data, indent=2, sort_keys=True)  # bridge.common.files: temp, fsync, rename, fsync folder
 
 
 def write_weights(path: str | Path, state_dict: dict[str, torch.Tensor]) -> None:
     from trainer.weights import to_safetensors
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(to_safetensors(state_dict))
-    os.replace(tmp, path)
+    write_atomic(path, to_safetensors(state_dict), mode=0o644)
 
 
 def trainer_id(algo: str) -> str:
@@ -199,8 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("tether train: --algo ppo needs --gateway HOST:PORT")
     if args.algo == "ppo" and args.arch != "gaussian":
         raise SystemExit(f"tether train: --algo ppo needs --arch gaussian (a stochastic policy), got {args.arch}")
-    if args.algo == "bc" and not args.log_dir:
-        raise SystemExit("tether train: --algo bc needs --log-dir DIR")
+    if args.algo == "bc" and not args.experience_dir:
+        raise SystemExit("tether train: --algo bc needs --experience-dir DIR (formerly --log-dir)")
     if not (args.steps or args.seconds or args.target_return is not None):
         raise SystemExit("tether train: give --steps, --seconds or --target-return")
     rank, world = dist.init()

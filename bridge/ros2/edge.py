@@ -33,7 +33,6 @@ Guard settings are parsed here; a bad one names itself:
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
@@ -42,6 +41,8 @@ import threading
 import time
 from pathlib import Path
 
+from bridge.common.files import write_json
+from bridge.common.flags import deprecated_alias
 from bridge.ros2 import release_auth
 from bridge.ros2.edge_config import EdgeConfig, EdgeConfigError, default_latch_file, guard_config
 from bridge.ros2.edge_stats import EdgeStats
@@ -72,7 +73,8 @@ def _domain_default() -> int:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topic-map", type=Path, default=DEFAULT_TOPIC_MAP, help="topic map YAML")
-    p.add_argument("--transport", choices=("auto", "rclpy", "dds"), default="auto")
+    p.add_argument("--transport", choices=("auto", "rclpy", "dds"), default="auto",
+                   help="rclpy, or DDS directly (no ROS install); auto: rclpy when it imports")
     p.add_argument("--domain-id", type=int, default=_domain_default(), help="ROS 2 domain (default $ROS_DOMAIN_ID)")
 
 
@@ -110,12 +112,14 @@ def split_ros_args(argv: list[str]) -> tuple[list[str], list[str]]:
 def _node_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tether edge", description="ROS 2 edge node: robot topics <-> gateway, "
                                 "through the local safety guard. Subcommands: estop, release, token.")
-    p.add_argument("--gateway", required=True, help="gateway address HOST:PORT")
+    p.add_argument("--gateway", required=True, action="append", help="gateway address HOST:PORT; several "
+                   "(A,B or the flag repeated): the node fails over along the list, replaying what the log lacks")
     _common(p)
     p.add_argument("--rate", type=float, default=100.0, help="control rate in Hz")
     p.add_argument("--policy", default="", help="policy (Triton model) name; default: the gateway's")
-    p.add_argument("--node-name", default="tether_edge")
-    p.add_argument("--deadline-ms", type=float, default=50.0, help="watchdog: no fresh action this long -> safe action")
+    p.add_argument("--node-name", default="tether_edge", help="the ROS 2 node's name")
+    p.add_argument("--watchdog-ms", type=float, default=50.0, help="watchdog: no fresh action this long -> safe action")
+    deprecated_alias(p, "--deadline-ms", "--watchdog-ms")  # the gateway's --deadline-ms is the inference deadline
     p.add_argument("--safe-action", default="hold", help="hold | zero | comma-separated values")
     p.add_argument("--max-delta", help="largest command change per step (one value or one per joint)")
     p.add_argument("--velocity-limit", help="largest command change per second (one value or one per joint); "
@@ -128,15 +132,17 @@ def _node_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk-merge", choices=("newest", "ensemble"), default="newest",
                    help="overlapping chunks: the newest wins, or ACT's temporal ensembling")
     p.add_argument("--ensemble-decay", type=float, default=0.01, help="ensembling weight exp(-decay * i)")
-    p.add_argument("--status-s", type=float, default=5.0, help="seconds between status lines")
+    p.add_argument("--status-every", type=float, default=5.0, metavar="SECONDS", help="seconds between status lines")
+    deprecated_alias(p, "--status-s", "--status-every")
     p.add_argument("--tls-ca", type=_optional_path, help="CA of the gateway's certificate (turns TLS on)")
     p.add_argument("--tls-cert", type=_optional_path,
                    help="this robot's certificate, its identity (mTLS; tether certs init)")
     p.add_argument("--tls-key", type=_optional_path, help="the certificate's private key")
     p.add_argument("--token", default="", help="robot token NAME.SECRET for a gateway that checks tokens "
                    "(default, and when empty: $TETHER_TOKEN, which keeps it out of the process list)")
-    p.add_argument("--report", type=_optional_path, help="on stop, write the node's counts and every command with what "
-                   "produced it (policy version, chunk, index) to this JSON file")
+    p.add_argument("--summary", type=_optional_path, metavar="PATH", help="on stop, write the node's counts and every "
+                   "command with what produced it (policy version, chunk, index) to this JSON file")
+    deprecated_alias(p, "--report", "--summary")
     p.add_argument("--session-id", default="", help="the gateway session id, stable across restarts (default "
                    "NODE_NAME@HOSTNAME); the node continues its steps where the gateway's log is")
     p.add_argument("--latch-file", type=_optional_path, help="the e-stop latch, kept across restarts "
@@ -158,6 +164,7 @@ def write_report(node: EdgeNode, path: Path) -> None:
                   "rtt_ms": s.rtt_ms(), "gateway_ms": s.gateway_ms(), "inference_ms": s.inference_ms(),
                   "policy_version": s.policy_version,
                   "undelivered": {} if errors is None else errors.counts},
+        "link": node.link_counts(),
         "guard": {"clamped": g.clamped, "rate_limited": g.rate_limited, "watchdog": g.watchdog, "estop": g.estop,
                   "estopped": g.estopped, "estop_reason": node.guard.estop_reason, "gateway_estop": g.gateway_estop,
                   "velocity_limit": list(node.guard.config.velocity_limit or ())},
@@ -166,9 +173,7 @@ def write_report(node: EdgeNode, path: Path) -> None:
                           "ensembled": r.source.ensembled} if r.source else {"safe": True})}
                      for r in list(node.command_log)],
     }
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(report))
-    os.replace(tmp, path)
+    write_json(path, report, indent=None)  # bridge.common.files: atomic and durable
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -186,17 +191,17 @@ def main(argv: list[str] | None = None) -> None:
     try:
         tmap = load_topic_map(a.topic_map)
         guard = guard_config(
-            tmap, deadline_s=a.deadline_ms / 1e3, safe_action=parse_vector("--safe-action", a.safe_action),
+            tmap, deadline_s=a.watchdog_ms / 1e3, safe_action=parse_vector("--safe-action", a.safe_action),
             max_delta=parse_vector("--max-delta", a.max_delta) if a.max_delta else None,
             velocity_limit=parse_vector("--velocity-limit", a.velocity_limit) if a.velocity_limit else None)
-        config = EdgeConfig(gateway=a.gateway, rate_hz=a.rate, policy=a.policy, node_name=a.node_name,
+        config = EdgeConfig(gateway=",".join(a.gateway), rate_hz=a.rate, policy=a.policy, node_name=a.node_name,
                             chunk=a.chunk, chunk_threshold=a.chunk_threshold, chunk_merge=a.chunk_merge,
                             ensemble_decay=a.ensemble_decay, tls_ca=a.tls_ca, tls_cert=a.tls_cert,
                             tls_key=a.tls_key, token=a.token, session_id=a.session_id,
                             latch_file=a.latch_file or default_latch_file(a.node_name),
                             release_tokens=a.release_tokens)
-        if not a.status_s > 0:
-            raise EdgeConfigError(f"--status-s: expected seconds > 0, got {a.status_s}")
+        if not a.status_every > 0:
+            raise EdgeConfigError(f"--status-every: expected seconds > 0, got {a.status_every}")
         if a.operators is not None:
             raise EdgeConfigError("--operators: a name no longer releases the e-stop; releases need an operator's "
                                   "token: create them with `tether edge token add NAME --tokens FILE` and start the "
@@ -214,21 +219,21 @@ def main(argv: list[str] | None = None) -> None:
     try:
         node = EdgeNode(config=config, topic_map=tmap, transport=transport, guard=guard)
         node.start()
-        print(f"edge node {a.node_name}: {type(transport).__name__} on domain {a.domain_id}, gateway {a.gateway}, "
-              f"{a.rate:g} Hz, deadline {a.deadline_ms:g} ms, safe action {a.safe_action}, velocity limit "
+        print(f"edge node {a.node_name}: {type(transport).__name__} on domain {a.domain_id}, gateway {config.gateway}, "
+              f"{a.rate:g} Hz, watchdog {a.watchdog_ms:g} ms, safe action {a.safe_action}, velocity limit "
               f"{list(guard.velocity_limit)}, chunk {a.chunk or 'off'}, session {config.session_id}, latch file "
               f"{config.latch_file}{f' (E-STOPPED: {node.guard.estop_reason})' if node.guard.estopped else ''}, "
               f"release tokens {config.release_tokens or 'none (local releases refused)'}", flush=True)
-        next_status = time.monotonic() + a.status_s
+        next_status = time.monotonic() + a.status_every
         while not stop.wait(0.05) and node.running:
             if time.monotonic() >= next_status:
                 print(node.status_line(), flush=True)
-                next_status += a.status_s
+                next_status += a.status_every
         try:
             node.stop()
         finally:
-            if a.report is not None:
-                write_report(node, a.report)
+            if a.summary is not None:
+                write_report(node, a.summary)
         print(f"{node.status_line()}  stopped", flush=True)
     except (EdgeError, TransportError) as exc:
         raise SystemExit(f"tether edge: {exc}") from None
@@ -236,20 +241,31 @@ def main(argv: list[str] | None = None) -> None:
         transport.close()
 
 
-def _operator(command: str, argv: list[str]) -> None:
+def parsers() -> dict[str, argparse.ArgumentParser]:
+    """Every parser of `tether edge` by prog (the CLI reference and tests/test_cli.py read them)."""
+    return {"tether edge": _node_parser(), "tether edge estop": _operator_parser("estop"),
+            "tether edge release": _operator_parser("release"), "tether edge token": release_auth.parser()}
+
+
+def _operator_parser(command: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"tether edge {command}",
                                 description="Latch the edge nodes' e-stop" if command == "estop" else
                                 "Release the edge nodes' e-stop (an operator's explicit act)")
     p.add_argument("--operator", required=True, help="who does this (logged; the release carries it)")
     p.add_argument("--reason", default="", help="why (logged by the node with the release)")
     _common(p)
-    p.add_argument("--release-topic", default=RELEASE_TOPIC)
-    p.add_argument("--state-topic", default=STATE_TOPIC)
+    p.add_argument("--release-topic", default=RELEASE_TOPIC, help="the release topic the nodes listen on")
+    p.add_argument("--state-topic", default=STATE_TOPIC, help="the e-stop state topic the nodes publish")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an edge node to confirm")
     if command == "release":
         p.add_argument("--node", default=DEFAULT_NODE, help="the edge node to release (its --node-name)")
         p.add_argument("--token", help=f"the operator's release token (better: --token-file or ${TOKEN_ENV})")
         p.add_argument("--token-file", type=Path, help="a file holding the operator's release token")
+    return p
+
+
+def _operator(command: str, argv: list[str]) -> None:
+    p = _operator_parser(command)
     a = p.parse_args(argv)
     if not a.operator.strip() or ":" in a.operator:
         p.error(f"--operator: expected a non-empty name without ':', got {a.operator!r}")

@@ -52,13 +52,10 @@ cannot read makes it start latched too (fail safe).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
 import math
-import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -68,6 +65,7 @@ from typing import Literal
 
 import numpy as np
 
+from bridge.common.files import write_atomic
 from protos.tether.v1 import bridge_pb2
 
 __all__ = ["GATEWAY_ESTOP", "GuardConfig", "GuardCounts", "GuardDecision", "GuardError", "SafetyGuard",
@@ -204,28 +202,9 @@ class GuardCounts:
 
 
 def write_durable(path: Path, data: bytes, *, mode: int = 0o600) -> None:
-    """Replace `path` by `data` atomically and durably: a temp file in the same folder, fsynced,
-    renamed over `path`, then the folder fsynced (so the rename survives a power cut). A crash at any
-    point leaves the old file or the new one, never a mix."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    """Replace `path` by `data` atomically and durably (bridge.common.files.write_atomic: a temp file,
+    fsynced, renamed over `path`, the folder fsynced). A crash leaves the old file or the new one."""
+    write_atomic(path, data, mode=mode)
 
 
 def _read_latch(path: Path) -> tuple[str | None, str]:

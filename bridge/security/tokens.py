@@ -27,12 +27,13 @@ import json
 import os
 import re
 import secrets
-import tempfile
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
+
+from bridge.common.files import write_atomic
 
 ROLES = ("viewer", "trainer", "operator", "robot")  # what a token may be issued for (robot: run sessions)
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -220,21 +221,4 @@ class TokenStore:
 
 def write_private(path: Path, data: bytes) -> None:
     """Write `data` to `path` atomically and durably (file and folder fsynced), readable by its owner only."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)  # the rename survives a power cut
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, data, mode=0o600)
