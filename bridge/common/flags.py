@@ -1,0 +1,108 @@
+"""Command-line flags every `tether` command spells the same way, and old spellings that still work.
+
+    p = argparse.ArgumentParser(prog="tether status")
+    gateway_flags(p)                     # --gateway HOST:PORT, --tls-ca/--tls-cert/--tls-key, --token
+    policy_flag(p)                       # --policy NAME
+    output_flags(p, summary=True)        # --summary PATH (JSON), and/or --json (print JSON)
+    p.add_argument("--reason", default="", help="why (audit log)")
+    deprecated_alias(p, "--why", "--reason")   # accepted, with a warning on stderr naming --reason
+
+`CONCEPTS` is the table of one spelling per concept (tests/test_cli.py checks every parser against it).
+A deprecated alias shares its flag's dest, type and action; using it prints
+`<prog>: warning: --why is deprecated, use --reason` and otherwise behaves the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+__all__ = ["CONCEPTS", "TOKEN_ENV", "deprecated_alias", "deprecated_aliases", "gateway_flags", "output_flags",
+           "policy_flag"]
+
+TOKEN_ENV = "TETHER_TOKEN"
+
+# concept -> the one spelling, and the spellings it replaced (accepted with a warning for one release)
+CONCEPTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "gateway address": ("--gateway", ()),
+    "inference deadline (gateway)": ("--deadline-ms", ()),
+    "edge watchdog": ("--watchdog-ms", ("--deadline-ms",)),
+    "why an operator acts": ("--reason", ("--why",)),
+    "session labels": ("--label", ("--labels",)),
+    "status line interval": ("--status-every", ("--status-s",)),
+    "experience log directory": ("--experience-dir", ("--log-dir",)),
+    "Triton model repository": ("--model-repository", ("--repository",)),
+    "result JSON file": ("--summary", ("--report",)),
+    "print JSON to stdout": ("--json", ()),
+    "policy name": ("--policy", ("--name",)),
+}
+
+
+class _Deprecated(argparse.Action):
+    """Warns that `option_string` is deprecated, then does what the new flag's action does."""
+
+    def __init__(self, option_strings, dest, *, target: argparse.Action, new: str, **kwargs):
+        super().__init__(option_strings, dest, nargs=target.nargs, type=target.type, metavar=target.metavar,
+                         help=argparse.SUPPRESS, default=argparse.SUPPRESS, **kwargs)
+        self.target, self.new = target, new
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"{parser.prog}: warning: {option_string} is deprecated, use {self.new}", file=sys.stderr)
+        self.target(parser, namespace, values, self.new)
+
+
+def deprecated_alias(parser: argparse.ArgumentParser, old: str, new: str) -> None:
+    """Accept `old` for the already added flag `new` (same dest, type and action), warning on use."""
+    target = next((a for a in parser._actions if new in a.option_strings), None)
+    if target is None:
+        raise ValueError(f"{parser.prog}: no flag {new} to alias {old} to")
+    parser.add_argument(old, dest=target.dest, action=_Deprecated, target=target, new=new)
+    if target.required:  # either spelling satisfies it: argparse's own check would refuse the old one
+        target.required, target.default = False, None
+        target.help = f"{target.help} (required)" if target.help else "(required)"
+        parse_known_args = parser.parse_known_args
+
+        def checked(args=None, namespace=None):
+            ns, extras = parse_known_args(args, namespace)
+            if getattr(ns, target.dest, None) is None:
+                parser.error(f"the following arguments are required: {new}")
+            return ns, extras
+
+        parser.parse_known_args = checked
+
+
+def deprecated_aliases(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """old -> new for every deprecated alias of `parser` (not its subparsers)."""
+    return {s: a.new for a in parser._actions if isinstance(a, _Deprecated) for s in a.option_strings}
+
+
+def gateway_flags(parser: argparse.ArgumentParser, *, required: bool = False, default: str = "127.0.0.1:50051",
+                  token: bool = True, token_help: str = "token NAME.SECRET") -> argparse._ArgumentGroup:
+    """--gateway HOST:PORT with TLS (--tls-ca, --tls-cert, --tls-key) and --token (default $TETHER_TOKEN)."""
+    g = parser.add_argument_group("gateway address and credentials")
+    g.add_argument("--gateway", metavar="HOST:PORT", required=required, default=None if required else default,
+                   help="the gateway's gRPC address" + ("" if required else f" (default {default})"))
+    g.add_argument("--tls-ca", type=Path, help="CA certificate to verify the gateway with (turns TLS on)")
+    g.add_argument("--tls-cert", type=Path, help="client certificate, for a gateway that requires one (mTLS; with "
+                   "--tls-key)")
+    g.add_argument("--tls-key", type=Path, help="the client certificate's private key")
+    if token:
+        g.add_argument("--token", default=os.environ.get(TOKEN_ENV) or None,
+                       help=f"{token_help} for a gateway that checks tokens (default: ${TOKEN_ENV})")
+    return g
+
+
+def policy_flag(parser: argparse.ArgumentParser, *, required: bool = False,
+                help: str = "policy (Triton model) name; default: the gateway's") -> None:
+    parser.add_argument("--policy", required=required, default=None if required else "", help=help)
+
+
+def output_flags(parser: argparse.ArgumentParser, *, summary: bool = False, json: bool = False,
+                 summary_help: str = "also write the summary as JSON here") -> None:
+    """--summary PATH (a JSON file, written atomically) and/or --json (print JSON to stdout)."""
+    if summary:
+        parser.add_argument("--summary", type=Path, metavar="PATH", help=summary_help)
+    if json:
+        parser.add_argument("--json", action="store_true", help="print the result as JSON")
