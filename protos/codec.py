@@ -111,6 +111,45 @@ class Spec:
             raise TensorError(self.name, f"negative dimension in spec shape {list(self.shape)}")
         dtype_to_proto(self.dtype)
 
+    @property
+    def bounded(self) -> bool:
+        """Whether the spec declares any bound (an empty side is unbounded)."""
+        return bool(self.low or self.high)
+
+    def bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """(low, high) as float64 arrays of the spec's shape: one value for all or one per element (see
+        tensor.proto), -inf/+inf on a side it leaves empty. The one reading of low/high (sim, gate, gateway).
+
+        >>> low, high = Spec("a", np.float32, (2, 2), low=(0.0, 1.0, 2.0, 3.0), high=(5.0,)).bounds()
+        >>> low.tolist(), high.tolist()
+        ([[0.0, 1.0], [2.0, 3.0]], [[5.0, 5.0], [5.0, 5.0]])
+        >>> Spec("a", np.float32, (3,), low=(0.0, 1.0)).bounds()
+        Traceback (most recent call last):
+        ...
+        protos.codec.TensorError: a: 2 low bounds for shape [3]
+        """
+        size = math.prod(self.shape)
+        sides = []
+        for side, values, fill in (("low", self.low, -np.inf), ("high", self.high, np.inf)):
+            if len(values) not in (0, 1, size):
+                raise TensorError(self.name, f"{len(values)} {side} bounds for shape {list(self.shape)}")
+            sides.append(np.full(self.shape, fill) if not values else np.broadcast_to(
+                np.asarray(values, dtype=np.float64).reshape(self.shape if len(values) == size else ()),
+                self.shape))
+        low, high = sides
+        if (low > high).any():
+            raise TensorError(self.name, "low bound above high bound")
+        return low, high
+
+    def safe_value(self) -> np.ndarray:
+        """The action a refused or held env gets for this tensor: zero, clipped into the bounds, in its dtype.
+
+        >>> Spec("a", np.float32, (2,), low=(0.5, -1.0), high=(1.0, 1.0)).safe_value().tolist()
+        [0.5, 0.0]
+        """
+        value = np.zeros(self.shape, self.dtype)
+        return np.clip(value, *self.bounds()).astype(self.dtype) if self.bounded else value
+
     def to_proto(self) -> tensor_pb2.TensorSpec:
         return tensor_pb2.TensorSpec(name=self.name, dtype=dtype_to_proto(self.dtype), shape=self.shape,
                                      low=self.low, high=self.high)

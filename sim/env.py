@@ -90,26 +90,12 @@ class ResetRequired(RuntimeError):
 
 
 def bounds(spec: Spec) -> tuple[np.ndarray, np.ndarray] | None:
-    """`spec`'s (low, high) broadcast to its shape and dtype, or None when it declares none.
+    """`spec`'s (low, high) broadcast to its shape (`Spec.bounds`), or None when it declares none.
 
     Bounds are given per element or as one value for all (see tensor.proto); an empty side
     is unbounded.
     """
-    if not spec.low and not spec.high:
-        return None
-    size = int(np.prod(spec.shape, dtype=np.int64))
-    sides = []
-    for side, values, fill in (("low", spec.low, -np.inf), ("high", spec.high, np.inf)):
-        if len(values) not in (0, 1, size):
-            raise TensorError(spec.name, f"{len(values)} {side} bounds for shape {list(spec.shape)}")
-        array = np.full(spec.shape, fill) if not values else np.broadcast_to(
-            np.asarray(values, dtype=np.float64).reshape(spec.shape if len(values) == size else ()),
-            spec.shape)
-        sides.append(array)
-    low, high = sides
-    if (low > high).any():
-        raise TensorError(spec.name, "low bound above high bound")
-    return low, high
+    return spec.bounds() if spec.bounded else None
 
 
 def zeros(specs: Sequence[Spec]) -> dict[str, np.ndarray]:

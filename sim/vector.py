@@ -113,20 +113,13 @@ class VectorEnvironment(Protocol):
 
 
 def safe_action(specs: Sequence[Spec], num_envs: int) -> dict[str, np.ndarray]:
-    """The action a refused env gets: zero, clipped into the declared bounds, batched.
+    """The action a refused env gets: zero, clipped into the declared bounds (`Spec.safe_value`), batched.
 
     >>> spec = Spec("a", np.float32, (2,), low=(0.5, -1.0), high=(1.0, 1.0))
     >>> safe_action([spec], 2)["a"].tolist()
     [[0.5, 0.0], [0.5, 0.0]]
     """
-    out = {}
-    for spec in specs:
-        value = np.zeros(spec.shape, spec.dtype)
-        limits = bounds(spec)
-        if limits is not None:
-            value = np.clip(value, *limits).astype(spec.dtype)
-        out[spec.name] = np.broadcast_to(value, (num_envs, *spec.shape)).copy()
-    return out
+    return {spec.name: np.broadcast_to(spec.safe_value(), (num_envs, *spec.shape)).copy() for spec in specs}
 
 
 class BatchActionChecker:

@@ -218,10 +218,8 @@ def compare_outputs(served: Mapping[str, np.ndarray], expected: Mapping[str, np.
 
 
 def _bounds(spec: Spec) -> tuple[np.ndarray, np.ndarray]:
-    """Broadcast low/high of `spec` to its shape (-inf/+inf where it declares none)."""
-    low = np.broadcast_to(np.asarray(spec.low, np.float64) if spec.low else -np.inf, spec.shape)
-    high = np.broadcast_to(np.asarray(spec.high, np.float64) if spec.high else np.inf, spec.shape)
-    return low, high
+    """Low/high of `spec` broadcast to its shape (-inf/+inf where it declares none): `Spec.bounds`."""
+    return spec.bounds()
 
 
 def with_bounds(outputs: Sequence[Spec], declared: Iterable[Sequence[Spec]]) -> tuple[Spec, ...]:

@@ -41,9 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import numpy as np
 
 from bridge.gateway.errors import GatewayError
-from bridge.gateway.vector_session import _safe_rows
 from bridge.registry import EStopRecord, Registry, RegistryError, RegistryWriteFailed
 from bridge.registry.store import MAX_ESTOP_WHY
 from protos import bridge_pb2, fleet_pb2
@@ -198,9 +198,10 @@ class EStops:
                     received: int) -> bridge_pb2.ServerMessage:
         safe = self._safe.get(session)
         if safe is None:
-            vector = hasattr(session, "num_envs")
-            rows = _safe_rows(session.action_spec, session.num_envs if vector else 1)
-            safe = self._safe[session] = [encode(name, value if vector else value[0]) for name, value in rows.items()]
+            vector = hasattr(session, "num_envs")  # a vector session's rows, or one env's action (Spec.safe_value)
+            safe = self._safe[session] = [
+                encode(s.name, np.tile(s.safe_value(), (session.num_envs, *[1] * len(s.shape))) if vector
+                       else s.safe_value()) for s in session.action_spec]
         now = time.time_ns()
         timing = bridge_pb2.Timing(t_sent_ns=obs.t_sent_ns, gateway_recv_ns=received, infer_start_ns=now,
                                    infer_end_ns=now, gateway_send_ns=now)

@@ -85,6 +85,8 @@ class VectorSession(SessionBase):
 
     async def handle(self, obs: bridge_pb2.Observation) -> bridge_pb2.ServerMessage:
         received = time.time_ns()
+        if self._report is not None:  # used without flush: the last step's outcome first
+            self.settle()
         if (out_of_order := self._out_of_order(obs.step)) is not None:
             return out_of_order
         try:
@@ -109,8 +111,7 @@ class VectorSession(SessionBase):
     def drop_pending(self) -> None:
         """Forget every env's last action (their transitions are never logged): an e-stop holds what follows."""
         self._acted[:] = False
-        for recorder in self.recorder.recorders:
-            recorder.abandon()
+        self.recorder.abandon()
 
     def _track_episodes(self, obs: bridge_pb2.Observation, batch: _Batch) -> list[bridge_pb2.EpisodeEnd]:
         """Reward the envs' previous actions, count steps, and end the episodes that ended here."""
@@ -149,15 +150,12 @@ class VectorSession(SessionBase):
         ends = []
         for i in np.flatnonzero(ended).tolist():
             self._episodes[i] += 1
-            if self._router is not None:
-                self._router.episode_ended(self.policy, float(self._return[i]))
-            ends.append(bridge_pb2.EpisodeEnd(step=obs.step, episode=int(self._episodes[i]),
-                                              length=int(self._length[i]), episode_return=float(self._return[i]),
-                                              reason="" if last[i] else reasons.get(int(i), ""), env=int(i)))
+            ends.append(self._episode_ended(obs.step, episode=int(self._episodes[i]), length=int(self._length[i]),
+                                            episode_return=float(self._return[i]),
+                                            reason="" if last[i] else reasons.get(i, ""), env=i))
         restart = ended | first
         if restart.any():
             self._return[restart], self._length[restart], self._has_previous[restart] = 0.0, 0, False
-        self.stats.episodes += len(ends)
         return ends
 
     def _log_completed(self, obs, batch: _Batch, idx: np.ndarray, result, last: np.ndarray,
@@ -169,8 +167,7 @@ class VectorSession(SessionBase):
                                          episode=int(self._episodes[i]))
             if ended and batch.has_final:
                 row.tensors.extend(encode(name, value[i]) for name, value in following.items())
-            terms = {name: float(value[j]) for name, value in result.terms.items()}
-            outcome = RewardOutcome(float(result.reward[j]), terms, reasons.get(i, "") if not last[i] else "")
+            outcome = RewardOutcome.of_row(result, j, end_reason=reasons.get(i, "") if not last[i] else "")
             self.recorder.recorders[i].completed(row, outcome, ended=ended)
 
     async def _act(self, obs: bridge_pb2.Observation, batch: _Batch, ends: list[bridge_pb2.EpisodeEnd],
@@ -185,11 +182,8 @@ class VectorSession(SessionBase):
                                                                  outputs=self._outputs),
                                         deadline_s=self._deadline_s, policy=self.policy)
         except InferenceFailed as exc:
-            if self._router is not None:
-                self._router.stepped(self.policy, latency_s=(time.time_ns() - received) / 1e9, error=True, guard=0)
-            self._acted[:] = False
-            for r in self.recorder.recorders:
-                r.abandon()
+            self._tell_router((time.time_ns() - received) / 1e9, error=True, guard=0)
+            self.drop_pending()
             return self._error(obs.step, exc.code, "", str(exc))
         finished = time.time_ns()
         actions = {name: result[name].astype(dtype, copy=False) for name, dtype in self._action_dtypes.items()}
@@ -197,10 +191,9 @@ class VectorSession(SessionBase):
             actions = {name: np.where(_rows(batch.bad, value), self._safe[name], value)
                        for name, value in actions.items()}
         good = ~batch.bad
-        if self._router is not None:  # per-version figures and the shadow (one version per session, all rows)
-            self._router.stepped(self.policy, latency_s=(finished - received) / 1e9, error=False, guard=0,
-                                 inputs=None if batch.bad.any() else inputs, actions=actions,
-                                 deadline_s=self._deadline_s, rows=True)
+        # per-version figures and the shadow (one version per session, all rows), told after the reply
+        self._tell_router((finished - received) / 1e9, error=False, guard=0,
+                          inputs=None if batch.bad.any() else inputs, actions=actions, rows=True)
         self.stats.steps += int(good.sum())
         timing = bridge_pb2.Timing(t_sent_ns=obs.t_sent_ns, gateway_recv_ns=received, infer_start_ns=started,
                                    infer_end_ns=finished, gateway_send_ns=time.time_ns())
@@ -321,18 +314,5 @@ def _rows(mask: np.ndarray, like: np.ndarray) -> np.ndarray:
 
 
 def _safe_rows(specs: tuple[Spec, ...], n: int) -> dict[str, np.ndarray]:
-    """Zero clipped into each spec's bounds, (N, ...) (as sim.vector.safe_action; bridge does not import sim)."""
-    out = {}
-    for s in specs:
-        value = np.zeros(s.shape, s.dtype)
-        if s.low or s.high:
-            low, high = (_side(side, fill, s.shape) for side, fill in ((s.low, -np.inf), (s.high, np.inf)))
-            value = np.clip(value, low, high).astype(s.dtype)
-        out[s.name] = np.broadcast_to(value, (n, *s.shape)).copy()
-    return out
-
-
-def _side(values: tuple[float, ...], fill: float, shape: tuple[int, ...]) -> np.ndarray:
-    """One side of a spec's bounds (per element, one for all, or none) broadcast to its shape."""
-    array = np.asarray(values or (fill,), np.float64)
-    return np.broadcast_to(array.reshape(shape if array.size > 1 else ()), shape)
+    """Zero clipped into each spec's bounds (`Spec.safe_value`, as sim.vector.safe_action), (N, ...)."""
+    return {s.name: np.broadcast_to(s.safe_value(), (n, *s.shape)).copy() for s in specs}
