@@ -190,8 +190,12 @@ class Session:
         if self.call is not None:
             self.call.cancel()
         self.call = bridge_pb2_grpc.BridgeStub(self.channel(self.address)).Connect(wait_for_ready=wait_for_ready)
-        await self._write(bridge_pb2.ClientMessage(hello=self.hello_msg))
-        msg = await self._read(timeout, "Welcome")
+        deadline = time.monotonic() + timeout
+        try:  # with wait_for_ready the write itself waits for the channel: bound it too (an unreachable address)
+            await asyncio.wait_for(self._write(bridge_pb2.ClientMessage(hello=self.hello_msg)), timeout)
+        except TimeoutError:
+            raise TimeoutError(f"session {self.id}: {self.address} not reachable within {timeout:g} s") from None
+        msg = await self._read(max(0.05, deadline - time.monotonic()), "Welcome")
         if msg.WhichOneof("kind") != "welcome":
             raise SessionError(f"session {self.id}: expected Welcome from {self.address}, got {msg.WhichOneof('kind')}")
         self.welcome = msg.welcome
