@@ -24,14 +24,15 @@ import tempfile
 import time
 from pathlib import Path
 
-import grpc
 import numpy as np
 import tritonclient.grpc as triton_grpc
 from svgplot import cdf, line_plot
 
+from bridge.client import Credentials
+from bridge.client import Session as ClientSession
 from bridge.common.percentiles import p50_p99
 from inference_server import ModelRepository, TritonServer
-from protos import bridge_pb2, bridge_pb2_grpc
+from protos import bridge_pb2
 from protos.codec import Spec, encode
 from tether.topology import gateway_process, write_json
 from trainer.policy import MLPPolicy
@@ -63,25 +64,23 @@ def raw_round_trips(url: str, n: int) -> list[int]:
 
 
 class Session:
-    """One Bridge.Connect stream stepping a fixed observation."""
+    """One Bridge.Connect stream stepping a fixed observation, through `bridge.client.Session` (what
+    `tether sim` and the edge use, so the figures include the client's own bookkeeping); `credentials`
+    (`bridge.client.Credentials`) for TLS (benchmarks/tls.py)."""
 
-    def __init__(self, address: str, name: str, *, vector: bool = False):
-        self.address, self.name, self.step, self.vector = address, name, 0, vector
+    def __init__(self, address: str, name: str, *, vector: bool = False, credentials: Credentials | None = None):
+        self.address, self.name, self.step, self.vector, self.credentials = address, name, 0, vector, credentials
 
     async def __aenter__(self):
-        self.channel = grpc.aio.insecure_channel(self.address)
-        self.call = bridge_pb2_grpc.BridgeStub(self.channel).Connect()
         spec = dict(observation_spec=[s.to_proto() for s in OBS], action_spec=[s.to_proto() for s in ACT])
         hello = bridge_pb2.Hello(session_id=self.name, batched=self.vector, num_envs=1 if self.vector else 0, **spec)
-        await self.call.write(bridge_pb2.ClientMessage(hello=hello))
-        await self.call.read()
+        self.session = await ClientSession(self.address, hello, credentials=self.credentials).__aenter__()
         row = np.random.default_rng(1).standard_normal(11).astype(np.float32)
         self.tensors = [encode("observation", row[None] if self.vector else row)]
         return self
 
     async def __aexit__(self, *exc):
-        await self.call.done_writing()
-        await self.channel.close()
+        await self.session.__aexit__(*exc)
 
     async def round_trip(self) -> int:
         t0 = time.perf_counter_ns()
@@ -90,8 +89,7 @@ class Session:
         if self.vector:
             obs.env_step_types.append(bridge_pb2.MID)
         self.step += 1
-        await self.call.write(bridge_pb2.ClientMessage(observation=obs))
-        reply = await self.call.read()
+        reply = await self.session.step(obs)
         if reply.WhichOneof("kind") != "action":
             raise RuntimeError(f"step {obs.step}: {reply}")
         return time.perf_counter_ns() - t0

@@ -21,13 +21,13 @@ import time
 from pathlib import Path
 
 import numpy as np
+from loop_latency import Session as LoopSession
 
+from bridge.client import Credentials
 from bridge.common.percentiles import p50_p99
 from bridge.security.certs import init_certs
-from bridge.security.channel import secure_channel
 from inference_server import ModelRepository, TritonServer
-from protos import bridge_pb2, bridge_pb2_grpc
-from protos.codec import Spec, encode
+from protos.codec import Spec
 from tether.topology import gateway_process, write_json
 from trainer.policy import MLPPolicy
 
@@ -43,37 +43,10 @@ def percentiles(samples_ns: list[int]) -> dict:
     return {"p50": p50 / 1e6, "p99": p99 / 1e6, "n": len(samples_ns)}
 
 
-class Session:
-    """One Bridge.Connect stream stepping a fixed observation over a channel with `files` (TLS or not)."""
-
-    def __init__(self, address: str, name: str, files: dict):
-        self.address, self.name, self.files, self.step = address, name, files, 0
-
-    async def __aenter__(self):
-        self.channel = secure_channel(self.address, **self.files)
-        self.call = bridge_pb2_grpc.BridgeStub(self.channel).Connect()
-        spec = dict(observation_spec=[s.to_proto() for s in OBS], action_spec=[s.to_proto() for s in ACT])
-        await self.call.write(bridge_pb2.ClientMessage(hello=bridge_pb2.Hello(session_id=self.name, **spec)))
-        welcome = await self.call.read()
-        if welcome.WhichOneof("kind") != "welcome":
-            raise RuntimeError(f"{self.name}: {welcome}")
-        self.tensors = [encode("observation", np.random.default_rng(1).standard_normal(11).astype(np.float32))]
-        return self
-
-    async def __aexit__(self, *exc):
-        await self.call.done_writing()
-        await self.channel.close()
-
-    async def round_trip(self) -> int:
-        t0 = time.perf_counter_ns()
-        obs = bridge_pb2.Observation(step=self.step, t_sent_ns=time.time_ns(), step_type=bridge_pb2.MID,
-                                     tensors=self.tensors)
-        self.step += 1
-        await self.call.write(bridge_pb2.ClientMessage(observation=obs))
-        reply = await self.call.read()
-        if reply.WhichOneof("kind") != "action":
-            raise RuntimeError(f"step {obs.step}: {reply}")
-        return time.perf_counter_ns() - t0
+def Session(address: str, name: str, files: dict) -> LoopSession:  # noqa: N802 (used as a class)
+    """One Bridge.Connect stream stepping a fixed observation over a channel with `files` (TLS or not):
+    loop_latency's session (`bridge.client.Session`) with these credentials."""
+    return LoopSession(address, name, credentials=Credentials(**files))
 
 
 async def round_trips(address: str, files: dict, n: int, name: str) -> list[int]:

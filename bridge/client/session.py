@@ -213,7 +213,8 @@ class Session:
 
     async def _read(self, timeout: float, what: str) -> bridge_pb2.ServerMessage:
         try:
-            msg = await asyncio.wait_for(self.call.read(), timeout)
+            async with asyncio.timeout(timeout):  # no task per read (wait_for makes one): this is the step path
+                msg = await self.call.read()
         except TimeoutError:
             raise TimeoutError(f"session {self.id}: no {what} from {self.address} within {timeout:g} s") from None
         except grpc.aio.AioRpcError as e:
