@@ -17,7 +17,9 @@ import hashlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # pure: this file needs nothing at run time but the standard library
+from bridge.common.kv import parse_pairs  # pure too: the standard library only
+
+if TYPE_CHECKING:  # pure: this file needs nothing at run time but the standard library and bridge.common
     from bridge.registry.model import Rollout
 
 
@@ -59,15 +61,9 @@ def shadow_of(rollout: Rollout) -> int | None:
 
 
 def parse_labels(text: str) -> dict[str, str]:
-    """Labels as the command line writes them, K=V[,K=V] (canary labels, label pins).
+    """Labels as the command line writes them, K=V[,K=V] (canary labels, label pins): bridge.common.kv.
 
     >>> parse_labels("robot=arm_2,site=lab")
     {'robot': 'arm_2', 'site': 'lab'}
     """
-    labels = {}
-    for item in filter(None, text.split(",")):
-        key, sep, value = item.partition("=")
-        if not sep or not key or not value:
-            raise ValueError(f"label {item!r} must be KEY=VALUE")
-        labels[key] = value
-    return labels
+    return parse_pairs(text, what="label")
