@@ -57,6 +57,12 @@ class RewardOutcome:
     terms: Mapping[str, float]
     end_reason: str = ""
 
+    @classmethod
+    def of_row(cls, result, row: int, *, end_reason: str = "") -> RewardOutcome:
+        """Row `row` of a batch's `RewardResult` (bridge.rewards): single-env and vectorised sessions alike."""
+        return cls(float(result.reward[row]), {name: float(value[row]) for name, value in result.terms.items()},
+                   end_reason)
+
 
 @dataclass
 class _Acted:
@@ -103,10 +109,20 @@ class Recorder:
         """The pending step will get no successor (a new episode began without a LAST)."""
         self.pending = None
 
+    def take(self) -> _Acted | None:
+        """The pending step, now no longer pending (for `complete` later: a session settling a reward after
+        the reply went out)."""
+        acted, self.pending = self.pending, None
+        return acted
+
     def completed(self, following: bridge_pb2.Observation, outcome: RewardOutcome, *, ended: bool) -> None:
         """`following` answered the pending step: its reward, applied action, and, when the episode
         `ended` there, whether by termination (MDP end) or truncation."""
-        acted, self.pending = self.pending, None
+        self.complete(self.take(), following, outcome, ended=ended)
+
+    def complete(self, acted: _Acted | None, following: bridge_pb2.Observation, outcome: RewardOutcome, *,
+                 ended: bool) -> None:
+        """`completed` for a step taken with `take` before."""
         if acted is None or self._log is None:
             return
         obs, action = acted.observation, acted.action
@@ -160,7 +176,7 @@ class Recorder:
 class RecorderGroup:
     """The recorders of a vectorised session's envs, one per env, logged as sessions "<id>/<i>".
 
-    It answers what the servicer asks of a session's recorder: `logging`, `flush()`, and
+    It answers what the servicer asks of a session's recorder: `logging`, `flush()`, `abandon()`, and
     `durable_through` (the lowest over the envs: every env's steps below it are on disk).
     """
 
@@ -185,6 +201,11 @@ class RecorderGroup:
     def next_step(self) -> int:
         """The vector session's step after the newest any env has logged (0 if none)."""
         return max(r.next_step for r in self.recorders)
+
+    def abandon(self) -> None:
+        """No env's pending step gets a successor (an e-stop holds the session, or its inference failed)."""
+        for r in self.recorders:
+            r.pending = None
 
     def flush(self) -> None:
         for r in self.recorders:

@@ -40,15 +40,18 @@ class BridgeService(bridge_pb2_grpc.BridgeServicer):
                 if kind == "observation":
                     obs = msg.observation
                     reply = await estops.answer(session, obs)  # held by an operator's e-stop, or the session's
-                    figures.observed(session, obs, reply)
                 elif kind == "replay":
-                    reply = session.replay(msg.replay)
+                    obs, reply = None, session.replay(msg.replay)
                 else:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                         "after the Hello, a Connect stream carries only observations and replays")
                 reply.durable_through = session.recorder.durable_through
                 yield reply
-                session.flush()  # log what this step completed, now that the reply is on its way
+                # the reply is on its way: the bookkeeping it did not need (figures and metrics, the router's
+                # per-version stats, deferred rewards), then the log appends what this step completed
+                if obs is not None:
+                    figures.observed(session, obs, reply)
+                session.flush()
         except (IdleTimeout, Undecodable) as exc:
             await context.abort(exc.status, str(exc))
         finally:

@@ -2,11 +2,14 @@
 
 `Session.handle(observation)` turns one observation into exactly one reply: an `Action`, a
 `StepError` (the session goes on), or an `EpisodeEnd` for a LAST step (or when a reward term's
-condition ends the episode). The servicer calls `session.flush()` after each reply, which logs
-the completed transitions off the critical path. Which policy version acts follows the router
-(the rollout controller: live, canary, pins) at each episode start (`switch="episode"`) or at
-every step (`switch="step"`); the router also hears every step's outcome and episode return (the
-per-version statistics that judge a canary) and runs the shadow version off the critical path.
+condition ends the episode). The servicer calls `session.flush()` after each reply: what the reply
+does not need happens there, off the critical path (`settle`: the router hears the step's outcome,
+and a MID step's reward is computed when no reward term can end the episode; then the log appends
+the completed transitions). A session used without `flush` settles at its next step. Which policy
+version acts follows the router (the rollout controller: live, canary, pins) at each episode start
+(`switch="episode"`) or at every step (`switch="step"`); the router also hears every step's outcome
+and episode return (the per-version statistics that judge a canary) and runs the shadow version off
+the critical path.
 """
 
 from __future__ import annotations
@@ -60,7 +63,8 @@ def guard_total(report: bridge_pb2.GuardReport) -> int:
 
 
 class Rewards(Protocol):
-    """What a session needs from a reward function (bridge.rewards.RewardFunction fits)."""
+    """What a session needs from a reward function (bridge.rewards.RewardFunction fits; without
+    `can_terminate`, every reward is computed before the reply)."""
 
     version: str
 
@@ -78,6 +82,8 @@ class SessionBase:
     _router: VersionRouter | None = None
     labels: Mapping[str, str]
     route_labels: Mapping[str, str] | None = None  # the labels the router sees (None: `labels`); see limits.may_route
+    _deadline_s: float
+    _report: tuple | None = None  # the last step's outcome for the router, told by `settle` after the reply
 
     def _use(self, policy: ServedPolicy) -> None:
         self.policy = policy
@@ -101,8 +107,34 @@ class SessionBase:
     def _error(self, step: int, code: int, field_name: str, message: str) -> bridge_pb2.ServerMessage:
         return step_error(self.stats, step, code, field_name, message)
 
+    def _episode_ended(self, step: int, *, episode: int, length: int, episode_return: float, reason: str,
+                       env: int = 0) -> bridge_pb2.EpisodeEnd:
+        """An episode over (of env `env` in a vectorised session): counted, its return told to the router (the
+        acting version's returns; not for an episode without a policy step), and its `EpisodeEnd`."""
+        self.stats.episodes += 1
+        if self._router is not None and length:
+            self._router.episode_ended(self.policy, episode_return)
+        return bridge_pb2.EpisodeEnd(step=step, episode=episode, length=length, episode_return=episode_return,
+                                     reason=reason, env=env)
+
+    def _tell_router(self, latency_s: float, *, error: bool, guard: int, inputs=None, actions=None,
+                     rows: bool = False) -> None:
+        """Keep a step's outcome for the router (per-version figures, the canary's monitor, the shadow):
+        `settle` tells it once the reply is sent."""
+        if self._router is not None:
+            self._report = (self.policy, latency_s, error, guard, inputs, actions, rows)
+
+    def settle(self) -> None:
+        """The last step's bookkeeping that its reply did not need (idempotent; `flush` and the next step call it)."""
+        report, self._report = self._report, None
+        if report is not None:
+            policy, latency_s, error, guard, inputs, actions, rows = report
+            self._router.stepped(policy, latency_s=latency_s, error=error, guard=guard, inputs=inputs,
+                                 actions=actions, deadline_s=self._deadline_s, rows=rows)
+
     def flush(self) -> None:
-        """Log what the last reply completed (the servicer calls it once the reply is sent)."""
+        """Settle and log what the last reply completed (the servicer calls it once the reply is sent)."""
+        self.settle()
         self.recorder.flush()
 
 
@@ -132,12 +164,26 @@ class Session(SessionBase):
         self._episode_length = 0
         self._acted: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None = None  # obs, action of the last step
         self._previous_action: dict[str, np.ndarray] | None = None
+        self._reward_later = not getattr(self.rewards, "can_terminate", True)  # a MID step's reward: in settle
+        self._unsettled: tuple | None = None  # a MID step's reward inputs, and its taken recorder step
         self._action_dtypes = {s.name: s.dtype for s in action_spec}
         self.stats = SessionStats()
         self._use(policy)
 
+    def settle(self) -> None:
+        """Reward the last MID step (when no term can end the episode, after the reply), then tell the router."""
+        if (unsettled := self._unsettled) is not None:
+            self._unsettled = None
+            obs, arrays, observation, action, previous, acted = unsettled
+            outcome = self._outcome(obs, arrays, observation, action, previous)
+            self._episode_return += outcome.reward
+            self.recorder.complete(acted, obs, outcome, ended=False)
+        super().settle()
+
     async def handle(self, obs: bridge_pb2.Observation) -> bridge_pb2.ServerMessage:
         received = time.time_ns()
+        if self._unsettled is not None or self._report is not None:
+            self.settle()
         if (out_of_order := self._out_of_order(obs.step)) is not None:
             return out_of_order
         try:
@@ -159,6 +205,7 @@ class Session(SessionBase):
         pending transition is dropped: no transition spans the hold), the edge's guard report kept without counting
         it against the acting version. Returns the reply when the step gets no safe action: an OUT_OF_ORDER error,
         or a LAST step's EpisodeEnd; None: the caller answers with the safe action."""
+        self.settle()
         if obs.step_type == bridge_pb2.LAST:
             self._acted = None
             self.recorder.abandon()
@@ -173,7 +220,7 @@ class Session(SessionBase):
     def drop_pending(self) -> None:
         """Forget the last action taken (its transition is never logged): an e-stop holds what follows it."""
         self._acted = None
-        self.recorder.abandon()
+        self.recorder.abandon()  # RecorderGroup.abandon: every env's
 
     def _track_episode(self, obs: bridge_pb2.Observation, arrays: dict[str, np.ndarray]) -> str:
         """Reward the previous action; returns why the episode ends here ("" = it goes on,
@@ -186,29 +233,33 @@ class Session(SessionBase):
         self._episode_length += 1
         if self._acted is None:  # the previous step got no action: nothing to reward
             return "last" if obs.step_type == bridge_pb2.LAST else ""
+        last = obs.step_type == bridge_pb2.LAST
+        if self._reward_later and not last:  # the reward cannot change this reply: `settle` computes it
+            (observation, action), previous = self._acted, self._previous_action
+            self._previous_action, self._acted = action, None
+            self._unsettled = (obs, arrays, observation, action, previous, self.recorder.take())
+            return ""
         outcome = self._reward(obs, arrays)
         self._episode_return += outcome.reward
-        last = obs.step_type == bridge_pb2.LAST
         self.recorder.completed(obs, outcome, ended=last or bool(outcome.end_reason))
         return outcome.end_reason or ("last" if last else "")
 
     def _reward(self, obs: bridge_pb2.Observation, arrays: dict[str, np.ndarray]) -> RewardOutcome:
         (observation, action), previous = self._acted, self._previous_action
         self._previous_action, self._acted = action, None
+        return self._outcome(obs, arrays, observation, action, previous)
+
+    def _outcome(self, obs: bridge_pb2.Observation, arrays: dict[str, np.ndarray], observation: dict[str, np.ndarray],
+                 action: dict[str, np.ndarray], previous: dict[str, np.ndarray] | None) -> RewardOutcome:
         result = self.rewards.compute(_batch(observation), _batch(action), _batch(arrays),
                                       np.array([obs.reward]), None if previous is None else _batch(previous))
-        terms = {name: float(value[0]) for name, value in result.terms.items()}
         ended_by = result.ended_by(0) if result.terminate[0] else None
-        return RewardOutcome(float(result.reward[0]), terms, f"reward:{ended_by}" if ended_by else "")
+        return RewardOutcome.of_row(result, 0, end_reason=f"reward:{ended_by}" if ended_by else "")
 
     def _end_episode(self, step: int, reason: str) -> bridge_pb2.ServerMessage:
-        self.stats.episodes += 1
-        if self._router is not None and self._episode_length:
-            self._router.episode_ended(self.policy, self._episode_return)
         self._acted = None
-        end = bridge_pb2.EpisodeEnd(step=step, episode=self.stats.episodes, length=self._episode_length,
-                                    episode_return=self._episode_return,
-                                    reason="" if reason == "last" else reason)
+        end = self._episode_ended(step, episode=self.stats.episodes + 1, length=self._episode_length,
+                                  episode_return=self._episode_return, reason="" if reason == "last" else reason)
         return bridge_pb2.ServerMessage(episode_end=end)
 
     async def _act(self, obs: bridge_pb2.Observation, arrays: dict[str, np.ndarray],
@@ -220,16 +271,12 @@ class Session(SessionBase):
                                                             outputs=self._outputs),
                                         deadline_s=self._deadline_s, policy=self.policy)
         except InferenceFailed as exc:
-            if self._router is not None:
-                self._router.stepped(self.policy, latency_s=(time.time_ns() - received) / 1e9, error=True,
-                                     guard=self._take_guard())
+            self._tell_router((time.time_ns() - received) / 1e9, error=True, guard=self._take_guard())
             return self._error(obs.step, exc.code, "", str(exc))
         finished = time.time_ns()
         actions = {name: result[name].astype(dtype, copy=False) for name, dtype in self._action_dtypes.items()}
-        if self._router is not None:
-            self._router.stepped(self.policy, latency_s=(finished - received) / 1e9, error=False,
-                                 guard=self._take_guard(), inputs=inputs, actions=actions,
-                                 deadline_s=self._deadline_s)
+        self._tell_router((finished - received) / 1e9, error=False, guard=self._take_guard(), inputs=inputs,
+                          actions=actions)
         tensors = [encode(name, value) for name, value in actions.items()]
         self.stats.steps += 1
         timing = bridge_pb2.Timing(t_sent_ns=obs.t_sent_ns, gateway_recv_ns=received,
@@ -261,6 +308,7 @@ class Session(SessionBase):
 
     def replay(self, replay: bridge_pb2.Replay) -> bridge_pb2.ServerMessage:
         """A step answered before a reconnect, resent for the log (no inference)."""
+        self.settle()
         obs, action = replay.observation, replay.action
         if self._last_step is not None and obs.step <= self._last_step:
             self.recorder.duplicates += 1

@@ -74,6 +74,12 @@ class RewardFunction:
         self._terminating = tuple(t.name for t in self._conditions if t.spec.terminate)
         self._local = threading.local()   # a Scratch per thread
 
+    @property
+    def can_terminate(self) -> bool:
+        """Whether a term may end an episode (a condition with `terminate: true`): without one, a step's reward
+        never changes the reply, and the gateway computes it after the reply is sent."""
+        return bool(self._terminating)
+
     @classmethod
     def from_dict(cls, config: Any, *, source: str | None = None) -> RewardFunction:
         """From a parsed config `{"reward": {"terms": [...]}}`; `source` prefixes error messages."""
