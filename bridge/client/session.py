@@ -77,7 +77,8 @@ class Session:
         credentials = credentials or Credentials()
         for address in self.addresses:
             credentials.check(address)
-        self.hello_msg, self.credentials = hello, credentials
+        self.hello_msg, self.credentials = bridge_pb2.Hello(), credentials
+        self.hello_msg.CopyFrom(hello)  # ours: the Welcome's session id is written into it
         self.connect_timeout_s, self.reply_timeout_s, self.reconnect_s = connect_timeout_s, reply_timeout_s, reconnect_s
         self._channels = channels if channels is not None else {}   # shared by the sessions of one runner
         self._own_channels = channels is None

@@ -5,41 +5,30 @@ from __future__ import annotations
 
 import asyncio
 
-import grpc
 import numpy as np
 import pytest
 
-from protos import bridge_pb2, bridge_pb2_grpc
+from bridge.client import Session
+from protos import bridge_pb2
 from protos.codec import decode_all, encode
 from sim.client import run_vector_sessions, vector_observation
 from sim.gym_vector import GymnasiumVectorEnv
 from tests.gateway.helpers import running_gateway, until
 
 
-class VectorStream:
-    """`async with VectorStream(addr, env) as s: reply = await s.send(obs)` (one raw Connect stream)."""
+class VectorStream(Session):
+    """`async with VectorStream(addr, env) as s: reply = await s.send(obs)`: a `bridge.client.Session` with
+    the vector Hello of `env` (N = env.num_envs)."""
 
     def __init__(self, address: str, env, *, session_id: str = "", policy: str = "", **hello):
-        self.address = address
-        self.hello = bridge_pb2.Hello(session_id=session_id, policy=policy, source="test-vector",
-                                      observation_spec=[s.to_proto() for s in env.observation_spec()],
-                                      action_spec=[s.to_proto() for s in env.action_spec()],
-                                      num_envs=env.num_envs, **hello)
-
-    async def __aenter__(self):
-        self.channel = grpc.aio.insecure_channel(self.address)
-        self.call = bridge_pb2_grpc.BridgeStub(self.channel).Connect()
-        await self.call.write(bridge_pb2.ClientMessage(hello=self.hello))
-        self.welcome = (await self.call.read()).welcome
-        return self
-
-    async def __aexit__(self, *exc):
-        await self.call.done_writing()
-        await self.channel.close()
+        super().__init__(address, bridge_pb2.Hello(
+            session_id=session_id, policy=policy, source="test-vector",
+            observation_spec=[s.to_proto() for s in env.observation_spec()],
+            action_spec=[s.to_proto() for s in env.action_spec()], num_envs=env.num_envs, **hello),
+            connect_timeout_s=30.0, reply_timeout_s=30.0)
 
     async def send(self, obs: bridge_pb2.Observation) -> bridge_pb2.ServerMessage:
-        await self.call.write(bridge_pb2.ClientMessage(observation=obs))
-        return await self.call.read()
+        return await self.step(obs)
 
 
 def _local_episodes(env_id: str, n: int, actions: list[np.ndarray], **kw) -> list[tuple[int, int, float]]:
