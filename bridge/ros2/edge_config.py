@@ -12,6 +12,8 @@ topic or socket is opened:
     (3.0, 3.0)
     >>> EdgeConfig(gateway="127.0.0.1:50051", chunk=10).chunk_threshold           # default: half
     5
+    >>> EdgeConfig(gateway="10.0.0.5:50051,10.0.0.6:50051").gateways              # failover, in order
+    ('10.0.0.5:50051', '10.0.0.6:50051')
     >>> EdgeConfig(gateway="127.0.0.1:50051", rate_hz=0)
     Traceback (most recent call last):
     ...
@@ -26,6 +28,7 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bridge.client.channel import Credentials
 from bridge.ros2 import messages
 from bridge.ros2.chunks import MERGES
 from bridge.ros2.estop import RELEASE_TOPIC, STATE_TOPIC
@@ -53,7 +56,7 @@ def _seconds(name: str, value: object) -> float:
 class EdgeConfig:
     """How the node talks to the gateway and how often; the guard's limits are a `GuardConfig`."""
 
-    gateway: str                               # HOST:PORT of the gateway
+    gateway: str                               # HOST:PORT of the gateway; "A,B": a list, failover in order
     rate_hz: float = 100.0                     # control rate: observations, guard ticks
     policy: str = ""                           # Triton model; "" = the gateway's default
     node_name: str = "tether_edge"
@@ -97,8 +100,9 @@ class EdgeConfig:
         rate = self.rate_hz
         if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate <= 2000:
             raise EdgeConfigError(f"rate_hz: expected a number of Hz in (0, 2000], got {rate!r}")
-        if not isinstance(self.gateway, str) or not self.gateway.rpartition(":")[2].isdigit():
-            raise EdgeConfigError(f"gateway: expected HOST:PORT, got {self.gateway!r}")
+        if not isinstance(self.gateway, str) or not all(a.rpartition(":")[2].isdigit()
+                                                        for a in self.gateway.split(",")):
+            raise EdgeConfigError(f"gateway: expected HOST:PORT, got {self.gateway!r} (several: HOST:PORT,HOST:PORT)")
         if not isinstance(self.node_name, str) or not self.node_name.isidentifier():
             raise EdgeConfigError(f"node_name: expected a ROS 2 node name, got {self.node_name!r}")
         for name in ("stale_after_s", "reply_timeout_s", "connect_timeout_s"):
@@ -112,11 +116,13 @@ class EdgeConfig:
             raise EdgeConfigError(f"tls: a client certificate needs tls_cert, tls_key and tls_ca, got "
                                   f"cert={self.tls_cert} key={self.tls_key} ca={self.tls_ca}")
         if self.token is not None:
-            host = self.gateway.rpartition(":")[0].strip("[]")
             if not isinstance(self.token, str) or not self.token.isprintable() or "." not in self.token:
                 raise EdgeConfigError("token: expected NAME.SECRET (tether token add NAME --role robot)")
-            if self.tls_ca is None and not (host in ("localhost", "::1") or host.startswith("127.")):
-                raise EdgeConfigError(f"token: refusing to send it in plaintext to {self.gateway}: give tls_ca")
+            try:                                   # the loopback rule, as every client has it (bridge.client)
+                for address in self.gateways:
+                    Credentials(token=self.token, ca=self.tls_ca).check(address)
+            except ValueError as exc:
+                raise EdgeConfigError(f"token: {exc}") from None
         for name in ("tls_ca", "tls_cert", "tls_key", "release_tokens"):
             if getattr(self, name) is not None and not Path(getattr(self, name)).is_file():
                 raise EdgeConfigError(f"{name}: no such file {getattr(self, name)}")
@@ -130,19 +136,14 @@ class EdgeConfig:
                 raise EdgeConfigError(f"latch_file: {latch} is a directory, expected a file path")
             object.__setattr__(self, "latch_file", latch)
 
-    def call_metadata(self) -> tuple[tuple[str, str], ...] | None:
-        """The Connect stream's metadata: the robot token as `authorization: Bearer`, or None."""
-        return (("authorization", f"Bearer {self.token}"),) if self.token else None
+    @property
+    def gateways(self) -> tuple[str, ...]:
+        """The gateway addresses, in failover order."""
+        return tuple(a.strip() for a in self.gateway.split(","))
 
-    def credentials(self):
-        """`grpc.ChannelCredentials` for TLS (mTLS with a certificate), or None for plaintext."""
-        if self.tls_ca is None:
-            return None
-        import grpc
-
-        read = {name: Path(p).read_bytes() if p is not None else None
-                for name, p in (("ca", self.tls_ca), ("cert", self.tls_cert), ("key", self.tls_key))}
-        return grpc.ssl_channel_credentials(read["ca"], read["key"], read["cert"])
+    def credentials(self) -> Credentials:
+        """TLS (mTLS with a certificate) and the robot token, for `bridge.client`'s channels."""
+        return Credentials(ca=self.tls_ca, cert=self.tls_cert, key=self.tls_key, token=self.token)
 
 
 def guard_config(topic_map: TopicMap, *, deadline_s: float, velocity_limit: object = None,

@@ -1,26 +1,29 @@
-"""The edge node's line to the gateway: one `tether.v1.Bridge.Connect` stream, kept up by a thread.
+"""The edge node's line to the gateway: an adapter that turns the one `tether.v1` client
+(`bridge.client.SessionThread`: a `Session` over a list of gateway addresses on its own thread)
+into events on the control thread's queue, in order:
 
-`GatewayLink` never blocks its caller. `send` queues a `ClientMessage` (an observation) on the
-open stream (and returns False, dropping it, while none is open); what happens on the stream
-arrives as events on the caller's queue, in order:
+    LinkUp(generation, welcome, resumed)   a gateway welcomed the session (a new stream: a new
+                                     generation); `resumed`: the same session after a failover,
+                                     its replay done, so the episode goes on
+    LinkReply(generation, message)   the reply (Action | StepError | EpisodeEnd) to an observation sent
+    LinkDown(generation, reason, retry_in_s)   the stream broke, or no gateway answered; retrying
 
-    LinkUp(generation, welcome)      a stream is open and the gateway welcomed us
-    LinkReply(generation, message)   one ServerMessage (Action | StepError | EpisodeEnd)
-    LinkDown(generation, reason, retry_in_s)   the stream ended or never opened; retrying
+`GatewayLink` never blocks its caller: `send` submits an observation on the open stream and returns
+False (not sent) while none is open or the generation is stale, so an observation meant for a dead
+stream never lands on its successor. What the client does beneath, this module does not repeat:
 
-Every stream has its own `generation`; `send(msg, generation=...)` refuses a stale one, so an
-observation meant for a dead stream never lands on its successor. After a failure the link
-waits `retry_in_s` (doubling from `backoff_s[0]` up to `backoff_s[1]`, back to the start after a
-Welcome) and connects again, until `close()`. While nothing answers at all, that wait is spent
-listening for the gateway (the channel connects the moment it serves, gRPC retrying at most every
-second), so a restarted gateway is reached at once; a gateway that answers and then fails the
-stream (refuses the Hello, ends it) is waited for in full.
-
-Threads: the link's own thread connects, reads replies and posts events; gRPC's request thread
-consumes the outbox. The caller only calls `send`, `reset` and `close`, from any thread.
+- failover and Replay: a broken stream (the gateway killed, restarted) is taken over by the session:
+  it says Hello to the next address (the same one for a list of one) with the same session id,
+  replays as `Replay` the transitions (observation, action, next) the gateway had not acknowledged
+  durable (`durable_through`), and resends the step that was in flight. The node drops its own
+  flight on LinkDown, so that late reply is not a command (counted in `late_replies`).
+  The transitions kept for replay are bounded (`max_unreplayed`, oldest dropped and counted).
+- a session that ends (a reply later than `reply_timeout_s`: a hung gateway; a refused Hello) is
+  replaced by a new one after a backoff (doubling from `backoff_s[0]` up to `backoff_s[1]`, back to
+  the start after a Welcome), until `close()`.
 
     events = queue.SimpleQueue()
-    link = GatewayLink("127.0.0.1:50051", hello, events)
+    link = GatewayLink(["10.0.0.5:50051", "10.0.0.6:50051"], hello, events, credentials=Credentials(ca=ca))
     link.start()
     event = events.get()                          # LinkUp(generation=1, welcome=...)
     link.send(ClientMessage(observation=obs), generation=event.generation)
@@ -41,28 +44,22 @@ import logging
 import math
 import queue
 import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-import grpc
-
-from protos import bridge_pb2, bridge_pb2_grpc
+from bridge.client import Credentials, SessionThread
+from protos import bridge_pb2
 
 log = logging.getLogger("tether.edge.link")
 
 __all__ = ["GatewayLink", "LinkDown", "LinkReply", "LinkUp"]
-
-_UNREACHABLE = "not reachable"
-_CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
-                    ("grpc.max_reconnect_backoff_ms", 1000), ("grpc.enable_retries", 0),
-                    ("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000)]
 
 
 @dataclass(frozen=True)
 class LinkUp:
     generation: int
     welcome: bridge_pb2.Welcome
+    resumed: bool = False
 
 
 @dataclass(frozen=True)
@@ -85,153 +82,134 @@ def _positive(name: str, value: object) -> float:
 
 
 class GatewayLink:
-    """Keeps one Connect stream to `target` (HOST:PORT) open, announcing itself with `hello`."""
+    """Keeps one session with the gateways at `targets` (HOST:PORT, or a list: failover in order)."""
 
-    def __init__(self, target: str, hello: bridge_pb2.Hello, events: queue.SimpleQueue, *,
-                 connect_timeout_s: float = 2.0, backoff_s: tuple[float, float] = (0.1, 2.0),
-                 credentials: grpc.ChannelCredentials | None = None,
-                 metadata: tuple[tuple[str, str], ...] | None = None):
-        if not isinstance(target, str) or not target.rpartition(":")[2].isdigit():
-            raise ValueError(f"target: expected HOST:PORT, got {target!r}")
+    def __init__(self, targets: str | Sequence[str], hello: bridge_pb2.Hello, events: queue.SimpleQueue, *,
+                 connect_timeout_s: float = 2.0, reply_timeout_s: float = 1.0,
+                 backoff_s: tuple[float, float] = (0.1, 2.0), credentials: Credentials | None = None,
+                 max_unreplayed: int = 10_000):
+        self.targets = [targets] if isinstance(targets, str) else list(targets)
+        if not self.targets or not all(isinstance(t, str) and t.rpartition(":")[2].isdigit() for t in self.targets):
+            raise ValueError(f"targets: expected HOST:PORT addresses, got {targets!r}")
         self.connect_timeout_s = _positive("connect_timeout_s", connect_timeout_s)
+        self.reply_timeout_s = _positive("reply_timeout_s", reply_timeout_s)
         if not (isinstance(backoff_s, tuple) and len(backoff_s) == 2
                 and all(isinstance(b, int | float) and not isinstance(b, bool) for b in backoff_s)
                 and 0 < backoff_s[0] <= backoff_s[1] < math.inf):
             raise ValueError(f"backoff_s: expected (initial, max) with 0 < initial <= max, got {backoff_s!r}")
-        self.target, self.hello, self.backoff_s = target, hello, (float(backoff_s[0]), float(backoff_s[1]))
-        self._credentials = credentials  # TLS (EdgeConfig.credentials()); None = plaintext
-        self._metadata = metadata        # on every Connect: the robot token (EdgeConfig.call_metadata())
+        if isinstance(max_unreplayed, bool) or not isinstance(max_unreplayed, int) or max_unreplayed < 0:
+            raise ValueError(f"max_unreplayed: expected an integer >= 0, got {max_unreplayed!r}")
+        self.hello, self.backoff_s = hello, (float(backoff_s[0]), float(backoff_s[1]))
+        self.credentials = credentials or Credentials()
+        for target in self.targets:
+            self.credentials.check(target)
+        self.max_unreplayed = max_unreplayed
+        self.late_replies = 0           # replies to a step sent on an earlier stream (not commands)
+        self.unreplayed_dropped = 0     # transitions dropped from the replay buffer (its bound)
         self._events = events
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._generation = 0
-        self._outbox: queue.SimpleQueue | None = None   # the open stream's, after its Welcome
-        self._call: grpc.Call | None = None
+        self._up = False
+        self._client: SessionThread | None = None
         self._thread = threading.Thread(target=self._run, name="edge-gateway-link", daemon=True)
+
+    @property
+    def session(self):
+        """The current `bridge.client.Session` (its `failovers`, `replayed`, `unacked`), or None."""
+        client = self._client
+        return client.session if client is not None else None
 
     def start(self) -> None:
         self._thread.start()
 
     def send(self, message: bridge_pb2.ClientMessage, *, generation: int) -> bool:
-        """Queue `message` on stream `generation`; False (not sent) if that stream is not open.
-
-        The caller builds the stream's message itself (the node fills the observation in place):
-        wrapping an `Observation` here would copy it on the control thread's critical path."""
+        """Submit `message`'s observation on stream `generation`; False (not sent) if that stream is not open.
+        Its reply arrives as a LinkReply."""
         with self._lock:
-            if self._outbox is None or generation != self._generation:
+            client = self._client
+            if client is None or not self._up or generation != self._generation:
                 return False
-            self._outbox.put(message)
-            return True
+        future = client.submit(message.observation)
+        if future is None:
+            return False
+        future.add_done_callback(lambda f: self._replied(generation, f))
+        return True
 
     def reset(self, reason: str) -> None:
-        """Abandon the open stream (e.g. a reply that never came); the link reconnects."""
-        with self._lock:
-            call = self._call
-        if call is not None:
-            log.warning("resetting the stream to %s: %s", self.target, reason)
-            call.cancel()
+        """A reply later than the node's limit: the session's own `reply_timeout_s` (the same) ends it and
+        a new one is made; nothing to do here but say so."""
+        log.warning("gateway %s: %s; the session is replaced", self._address(), reason)
 
     def close(self, *, grace_s: float = 0.5) -> None:
-        """Half-close the stream (the gateway ends it cleanly), cancel it after `grace_s`, stop."""
+        """Half-close the stream (the gateway ends it cleanly) and stop; a session stuck waiting for a gateway
+        is abandoned after `grace_s` (its thread is a daemon)."""
         self._stop.set()
-        with self._lock:
-            if self._outbox is not None:
-                self._outbox.put(None)
-        if self._thread.is_alive():
-            self._thread.join(timeout=grace_s)
-        with self._lock:
-            call = self._call
-        if call is not None:
-            call.cancel()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5.0)
+        client = self._client
+        if client is not None:
+            client.close(timeout_s=grace_s)
+        self._thread.join(timeout=grace_s + 1.0)
 
-    # -- the link thread ------------------------------------------------------------------------
+    # -- the link's supervising thread --------------------------------------------------------------
+
+    def _address(self) -> str:
+        session = self.session
+        return session.address if session is not None else self.targets[0]
 
     def _run(self) -> None:
-        delay, patience = self.backoff_s[0], 0.0
+        delay = self.backoff_s[0]
         while not self._stop.is_set():
+            welcomed = threading.Event()      # set: this session had a Welcome, so a later one resumes it
+
+            def up(welcome: bridge_pb2.Welcome, welcomed: threading.Event = welcomed) -> None:
+                self._went_up(welcome, resumed=welcomed.is_set())
+                welcomed.set()
+
+            client = SessionThread(self.targets, self.hello, credentials=self.credentials,
+                                   connect_timeout_s=self.connect_timeout_s, reply_timeout_s=self.reply_timeout_s,
+                                   on_up=up,
+                                   on_down=lambda why: self._went_down(why, 0.0), name="edge-gateway-session")
             with self._lock:
-                self._generation += 1
-                generation = self._generation
-            welcomed, reason = self._stream(generation, patience)
+                self._client = client
+            client.start()
+            while client.error is None and not self._stop.is_set():
+                self._stop.wait(0.05)             # the session keeps itself up; it ends only on an error
             if self._stop.is_set():
                 return
-            if welcomed:
+            if welcomed.is_set():
                 delay = self.backoff_s[0]
-            self._events.put(LinkDown(generation, reason, delay))
-            log.warning("gateway %s: %s; reconnecting in %.2f s", self.target, reason, delay)
-            if reason.startswith(_UNREACHABLE):
-                # nothing answered: the next attempt listens for the gateway `delay` longer instead of
-                # sleeping, so a gateway that (re)starts meanwhile is connected to at once
-                patience = delay
-            else:
-                patience = 0.0
-                self._stop.wait(delay)
+            self._went_down(f"session ended: {client.error}", delay)
+            client.close(timeout_s=0.5)
+            self._stop.wait(delay)
             delay = min(2 * delay, self.backoff_s[1])
 
-    def _stream(self, generation: int, patience: float = 0.0) -> tuple[bool, str]:
-        """One stream from connect to end: (whether it was welcomed, why it ended). It waits up to
-        `connect_timeout_s + patience` for the channel to connect."""
-        channel = (grpc.secure_channel(self.target, self._credentials, options=_CHANNEL_OPTIONS)
-                   if self._credentials is not None else grpc.insecure_channel(self.target, options=_CHANNEL_OPTIONS))
-        outbox: queue.SimpleQueue = queue.SimpleQueue()
-        welcomed = False
-        try:
-            if not self._wait_ready(channel, self.connect_timeout_s + patience):
-                return False, f"{_UNREACHABLE} within {self.connect_timeout_s + patience:g} s"
-            call = bridge_pb2_grpc.BridgeStub(channel).Connect(_requests(self.hello, outbox), metadata=self._metadata)
-            with self._lock:
-                self._call = call
-            if self._stop.is_set():
-                call.cancel()
-            late = threading.Event()
-            timer = threading.Timer(self.connect_timeout_s, lambda: (late.set(), call.cancel()))
-            timer.daemon = True
-            timer.start()
-            try:
-                first = next(call, None)
-            except grpc.RpcError:
-                if late.is_set():
-                    return False, f"no Welcome within {self.connect_timeout_s:g} s"
-                raise
-            finally:
-                timer.cancel()
-            if first is None or first.WhichOneof("kind") != "welcome":
-                what = "the end of the stream" if first is None else first.WhichOneof("kind")
-                return False, f"expected a Welcome, got {what}"
-            with self._lock:
-                self._outbox = outbox
-            welcomed = True
-            self._events.put(LinkUp(generation, first.welcome))
-            for message in call:
-                self._events.put(LinkReply(generation, message))
-            return True, f"the gateway ended the stream ({call.code().name})"
-        except grpc.RpcError as exc:
-            return welcomed, f"{exc.code().name}: {exc.details()}"
-        finally:
-            with self._lock:
-                self._outbox, self._call = None, None
-            outbox.put(None)
-            channel.close()
+    def _went_up(self, welcome: bridge_pb2.Welcome, *, resumed: bool) -> None:
+        with self._lock:
+            self._generation += 1
+            self._up = True
+            generation = self._generation
+        self._events.put(LinkUp(generation, welcome, resumed))
 
-    def _wait_ready(self, channel: grpc.Channel, timeout_s: float) -> bool:
-        ready = grpc.channel_ready_future(channel)
-        deadline = time.monotonic() + timeout_s
-        try:
-            while not self._stop.is_set() and time.monotonic() < deadline:
-                try:
-                    ready.result(timeout=0.05)
-                    return True
-                except grpc.FutureTimeoutError:
-                    continue
-            return False
-        finally:
-            ready.cancel()
+    def _went_down(self, reason: str, retry_in_s: float) -> None:
+        with self._lock:
+            self._up = False
+            generation = self._generation
+        log.warning("gateway %s: %s; reconnecting%s", self._address(), reason,
+                    f" in {retry_in_s:.2f} s" if retry_in_s else "")
+        self._events.put(LinkDown(generation, reason, retry_in_s))
 
-
-def _requests(hello: bridge_pb2.Hello, outbox: queue.SimpleQueue) -> Iterator[bridge_pb2.ClientMessage]:
-    """The request stream: the Hello, then whatever `send` queues, until a None (half-close)."""
-    yield bridge_pb2.ClientMessage(hello=hello)
-    while (message := outbox.get()) is not None:
-        yield message
+    def _replied(self, generation: int, future) -> None:
+        """On the session's thread: post the reply, and keep the replay buffer within its bound."""
+        session = self.session
+        if session is not None:
+            while len(session.unacked) > self.max_unreplayed:
+                session.unacked.popleft()
+                self.unreplayed_dropped += 1
+        if future.exception() is not None:
+            return                                # the session's on_down says why
+        with self._lock:
+            current = generation == self._generation and self._up
+        if not current:
+            self.late_replies += 1
+            return
+        self._events.put(LinkReply(generation, future.result()))

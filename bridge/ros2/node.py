@@ -39,7 +39,8 @@ guard; not with chunks: the gateway checks it against the declared action, which
 The session id is stable (`EdgeConfig.session_id`, default `<node_name>@<host name>`), and steps
 increase across reconnects and restarts: a Welcome's `next_step` (or `durable_through`) above the
 node's counter moves it there, so a restarted node or gateway serves it at once. The first
-observation of every stream is FIRST. The first command starts from the robot's measured pose
+observation of every new session is FIRST (a session resumed on a gateway after a failover, its
+replay done, goes on with its episode). The first command starts from the robot's measured pose
 (`TopicMap.measured_command`): it is rate-limited from where the robot is, never a jump; a topic
 map with a command the node cannot measure (an action entry without joints, or joints no
 JointState observation names) is refused when the node is made, and a first action before the
@@ -58,8 +59,10 @@ Threads. Three run code of ours; none waits on another's locks for long:
 - the transport's receive thread runs the subscription callbacks. They store the latest message
   per observation topic (under a lock), latch or release the guard (itself thread-safe), and
   post an event to the control thread. No conversion, nothing that blocks.
-- the link thread (`bridge.ros2.link.GatewayLink`, sync gRPC) connects with bounded backoff,
-  reads replies, and posts them as events; gRPC's own thread writes what `send` queued.
+- the link (`bridge.ros2.link.GatewayLink`, an adapter over the one client's
+  `bridge.client.SessionThread`: an asyncio session on its own thread) connects, fails over along
+  the gateway list, replays what the gateway's log lacks after a reconnect, and posts replies as
+  events; a session that ends is replaced after a bounded backoff.
 - the control thread owns the rest: guard filter/tick, publishers, step counter, the observation
   in flight. It sleeps on its event queue until the next period or the next event, so an action
   is published the moment its reply arrives and an e-stop's safe action the moment it latches.
@@ -231,9 +234,9 @@ class EdgeNode:
             observation_spec=[s.to_proto() for s in self._obs_layout.specs],
             action_spec=[s.to_proto() for s in self._reply_layout.specs],
             labels={"node": config.node_name, "rate_hz": f"{config.rate_hz:g}", "chunk": str(horizon)})
-        self._link = GatewayLink(config.gateway, hello, self._events, connect_timeout_s=config.connect_timeout_s,
-                                 backoff_s=config.backoff_s, credentials=config.credentials(),
-                                 metadata=config.call_metadata())
+        self._link = GatewayLink(config.gateways, hello, self._events, connect_timeout_s=config.connect_timeout_s,
+                                 reply_timeout_s=config.reply_timeout_s, backoff_s=config.backoff_s,
+                                 credentials=config.credentials())
         self._thread = threading.Thread(target=self._run, name=f"edge-control-{config.node_name}", daemon=True)
         self._transport_failed = getattr(transport, "raise_if_failed", None)
         self._stopping = threading.Event()
@@ -287,6 +290,13 @@ class EdgeNode:
         if self._thread.is_alive():
             self._thread.join(timeout=timeout_s)
         self.raise_if_failed()
+
+    def link_counts(self) -> dict[str, int]:
+        """The link's replay figures: transitions replayed and reconnects of the current session, late
+        replies dropped, transitions dropped from the bounded replay buffer."""
+        session, link = self._link.session, self._link
+        return {"replayed": session.replayed if session else 0, "reconnects": session.reconnects if session else 0,
+                "late_replies": link.late_replies, "unreplayed_dropped": link.unreplayed_dropped}
 
     @property
     def running(self) -> bool:
@@ -456,7 +466,9 @@ class EdgeNode:
                 self._maybe_send(time.monotonic(), timer=False)
         elif isinstance(event, LinkUp):
             self._generation = self._welcomed = event.generation
-            self._first, self._in_flight, self.welcome = True, None, event.welcome
+            # a new session starts an episode; one resumed after a failover (its transitions replayed, the
+            # step in flight resent) goes on with it, so the log keeps every step of it
+            self._first, self._in_flight, self.welcome = not event.resumed, None, event.welcome
             self.stats.connects += 1
             self.stats.policy_version = event.welcome.policy_version
             w = event.welcome
@@ -470,6 +482,9 @@ class EdgeNode:
                      self.guard.config.deadline_s * 1e3)
         elif isinstance(event, LinkDown):
             if event.generation == self._generation:
+                flight = self._in_flight          # the session's own reply timeout may come first
+                if flight is not None and time.monotonic() - flight.t_sent >= self.config.reply_timeout_s:
+                    self.stats.errors["REPLY_TIMEOUT"] += 1
                 self._lose_stream()
         elif isinstance(event, _Operator):
             self._on_operator(event)

@@ -191,10 +191,16 @@ def test_watchdog_on_a_dead_gateway_then_reconnect(ros_domain, robot, triton, ga
     sessions = list(dict.fromkeys(sid for sid, _ in gateway_log))
     assert len(sessions) == 2
     steps = [o.step for _, o in gateway_log]
-    assert steps == sorted(set(steps))                                        # increasing across streams
-    for sid in sessions:
-        types = [o.step_type for s, o in gateway_log if s == sid]
-        assert types[0] == bridge_pb2.FIRST and bridge_pb2.FIRST not in types[1:]
+    assert steps == sorted(steps)                                             # increasing across streams
+    resent = [s for s in set(steps) if steps.count(s) > 1]
+    first_of_second = next(o.step for sid, o in gateway_log if sid == sessions[1])
+    # only the step in flight when the gateway went away comes twice: the session resends it on the new stream
+    assert resent in ([], [first_of_second]) and steps.count(first_of_second) <= 2, steps
+    types = [[o.step_type for s, o in gateway_log if s == sid] for sid in sessions]
+    assert types[0][0] == bridge_pb2.FIRST and bridge_pb2.FIRST not in types[0][1:]
+    # the second stream resumes the session's episode (no FIRST), or starts a new one with FIRST
+    assert bridge_pb2.FIRST not in types[1] or (types[1][0] == bridge_pb2.FIRST
+                                                and bridge_pb2.FIRST not in types[1][1:])
     assert gateway_log[-1][1].guard.watchdog == watchdogs + 1                # reported after the fact
 
 

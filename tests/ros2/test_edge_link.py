@@ -18,6 +18,7 @@ import pytest
 
 from bridge.ros2 import messages
 from bridge.ros2.dds import DdsTransport
+from bridge.ros2.edge import _node_parser
 from bridge.ros2.edge import main as edge_main
 from bridge.ros2.edge_config import EdgeConfig, EdgeConfigError, guard_config
 from bridge.ros2.link import GatewayLink, LinkDown, LinkUp
@@ -60,7 +61,7 @@ def joint_states(transport: DdsTransport, stop: threading.Event) -> None:
         publish(messages.joint_state(names=JOINTS, position=np.zeros(6), velocity=np.zeros(6)))
 
 
-def test_unreachable_gateway_is_retried_with_bounded_backoff(unused_port):
+def test_unreachable_gateway_is_retried_and_closing_is_prompt(unused_port):
     events: queue.SimpleQueue = queue.SimpleQueue()
     link = GatewayLink(f"127.0.0.1:{unused_port}", bridge_pb2.Hello(), events, connect_timeout_s=0.05,
                        backoff_s=(0.02, 0.08))
@@ -68,16 +69,16 @@ def test_unreachable_gateway_is_retried_with_bounded_backoff(unused_port):
     downs = [events.get(timeout=5) for _ in range(6)]
     t = time.monotonic()
     link.close()
-    assert time.monotonic() - t < 1.0
-    assert all(isinstance(d, LinkDown) and "not reachable" in d.reason for d in downs)
-    assert [d.retry_in_s for d in downs] == [0.02, 0.04, 0.08, 0.08, 0.08, 0.08]
-    assert [d.generation for d in downs] == list(range(1, 7))
-    assert not link.send(bridge_pb2.ClientMessage(observation=bridge_pb2.Observation()), generation=6)
+    assert time.monotonic() - t < 2.0
+    assert all(isinstance(d, LinkDown) and "welcomed us" in d.reason for d in downs), downs
+    assert {d.generation for d in downs} == {0}                     # never up: no stream to send on
+    assert not link.send(bridge_pb2.ClientMessage(observation=bridge_pb2.Observation()), generation=0)
 
 
 def test_a_gateway_that_starts_during_the_backoff_is_reached_at_once(unused_port):
-    """Nothing answering: the backoff is spent listening, so the link connects as soon as the gateway
-    serves (gRPC retries the channel at most every second), not after the 4 s backoff."""
+    """Nothing answering: the session keeps listening for the gateway (the backoff is only for a session
+    that ended), so the link connects as soon as the gateway serves (gRPC retries the channel at most
+    every second), not after the 4 s backoff."""
     events: queue.SimpleQueue = queue.SimpleQueue()
     link = GatewayLink(f"127.0.0.1:{unused_port}", bridge_pb2.Hello(), events, connect_timeout_s=0.5,
                        backoff_s=(4.0, 8.0))
@@ -87,7 +88,7 @@ def test_a_gateway_that_starts_during_the_backoff_is_reached_at_once(unused_port
     link.start()
     try:
         down = events.get(timeout=10)
-        assert isinstance(down, LinkDown) and "not reachable" in down.reason and down.retry_in_s == 4.0
+        assert isinstance(down, LinkDown) and "not reachable" in down.reason, down
         server.start()                                    # the gateway comes (back) up during the backoff
         t = time.monotonic()
         up = events.get(timeout=10)
@@ -197,3 +198,14 @@ TMAP_DICT = {
     "action": [{"topic": "/policy_controller/commands", "type": "std_msgs/msg/Float64MultiArray",
                 "joints": list(JOINTS), "tensors": {"action": {"field": "data", "bounds": [-1.0, 1.0]}}}],
 }
+
+
+def test_several_gateways_make_one_failover_list():
+    """`--gateway A,B` or the flag repeated: one list, in order, each address checked."""
+    a = _node_parser().parse_args(["--gateway", "127.0.0.1:1,127.0.0.1:2", "--gateway", "127.0.0.1:3"])
+    config = EdgeConfig(gateway=",".join(a.gateway))
+    assert config.gateways == ("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3")
+    with pytest.raises(EdgeConfigError, match="gateway: expected HOST:PORT, got '127.0.0.1:1,nowhere'"):
+        EdgeConfig(gateway="127.0.0.1:1,nowhere")
+    with pytest.raises(ValueError, match="targets"):
+        GatewayLink(["127.0.0.1:1", "nowhere"], bridge_pb2.Hello(), queue.SimpleQueue())

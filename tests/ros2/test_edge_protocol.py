@@ -287,7 +287,8 @@ def test_a_node_that_starts_late_still_sees_a_standing_estop(ros_domain, scripte
             assert node.guard.estop_reason == "True on /tether/estop"
             n = len(fake.observations)
             observations_after(fake, n, 10)
-            assert all(r.estopped for r in fake.reports_after(n)) and node.stats.actions >= 10
+            wait_until(lambda: node.stats.actions >= 10, timeout=10, what="their replies at the node")
+            assert all(r.estopped for r in fake.reports_after(n))
             assert not [data for _, data in robot.commands if data != robot.commands[0][1]]   # never moved
         finally:
             node.stop()

@@ -9,7 +9,12 @@ third joint position advances every state). A held robot gets the same command a
   (`tether release`); then the robot moves again;
 - a local e-stop (`tether edge estop`) holds through `kill -9` of the edge node: restarted on the same latch
   file it starts latched and sends no policy action until an operator releases it with a credential
-  (`tether edge release`)."""
+  (`tether edge release`).
+
+And the experience log through a restart: the edge node keeps the transitions the gateway has not yet
+acknowledged durable and, after `kill -9` of the gateway and its restart on the same experience dir, replays
+them with its stable session id (bridge.client's session, under bridge.ros2.link): the log holds every step of
+the edge's session exactly once."""
 
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ import grpc
 import pytest
 import torch
 
+from bridge.experience import read_transitions
 from inference_server import ModelRepository, TritonServer
 from protos import fleet_pb2, fleet_pb2_grpc
 from tests.gateway.test_durable_sessions import start_gateway
@@ -81,13 +87,13 @@ class Processes:
         self.gateway = start_gateway(self.triton_url, self.port, self.tmp / "experience", self.tmp / "gateway.log",
                                      "--policy", "sin3", "--registry", str(self.tmp / "registry.sqlite"))
 
-    def start_edge(self) -> None:
+    def start_edge(self, *extra: str) -> None:
         log = open(self.tmp / "edge.log", "a")  # noqa: SIM115 (the process holds it)
         self.edge = subprocess.Popen(
             [sys.executable, "-m", "tether", "edge", "--gateway", self.address, "--transport", "dds",
              "--domain-id", str(self.domain), "--topic-map", str(self.topic_map), "--policy", "sin3",
              "--node-name", NODE, "--safe-action", "hold", "--deadline-ms", "300", "--status-s", "1",
-             "--latch-file", str(self.latch), "--release-tokens", str(self.tokens)],
+             "--latch-file", str(self.latch), "--release-tokens", str(self.tokens), *extra],
             env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def tether(self, *args: str) -> str:
@@ -224,3 +230,38 @@ def test_a_local_estop_holds_the_robot_through_kill_9_of_the_edge_node_until_rel
     assert f"session {NODE}@" in log and "continues at step" in log and "OUT_OF_ORDER" not in log, log[-3000:]
     print(f"\nlocal e-stop: {len(before)} commands held before kill -9 of the edge node, {len(after_restart)} held "
           f"by the restarted node (identical, no policy action) until the release; then moving again")
+
+
+def test_the_edge_replays_what_a_killed_gateway_had_not_made_durable(procs):
+    """kill -9 of the gateway mid-run, restart on the same experience dir: the edge node's session (same
+    id) replays what was not acknowledged durable and goes on; the log holds each of its steps once."""
+    report = procs.tmp / "edge_report.json"
+    procs.start_gateway()
+    procs.start_edge("--session-id", "arm_7@cell", "--report", str(report))
+    robot = FastDdsRobot(procs.domain)
+    try:
+        robot.wait_moving(after=0.0, n=50, timeout=90)
+        wait_until(lambda: (s := procs.edge_session()) is not None and s.steps >= 300, timeout=60,
+                   what="300 steps of the edge's session", period=0.05)
+        procs.kill_9(procs.gateway)                          # mid-run: steps in flight, some not yet durable
+        procs.start_gateway()                                # same port, same experience dir
+        t_back = time.monotonic()
+        wait_until(lambda: (s := procs.edge_session()) is not None and s.steps >= 300, timeout=60,
+                   what="300 steps of the edge's session on the restarted gateway", period=0.05)
+        robot.wait_moving(after=t_back, n=50, timeout=30)
+        procs.edge.send_signal(signal.SIGTERM)               # a clean stop: the episode ends, the report is written
+        assert procs.edge.wait(30) == 0, procs.edge_log()[-3000:]
+        procs.gateway.send_signal(signal.SIGTERM)            # the gateway flushes and closes its log
+        assert procs.gateway.wait(30) == 0
+    finally:
+        robot.close()
+    link = json.loads(report.read_text())["link"]
+    steps = [t.step for t in read_transitions(procs.tmp / "experience") if t.session == "arm_7@cell"]
+    duplicates = sorted({s for s in steps if steps.count(s) > 1})
+    print(f"\nedge session: {len(steps)} steps logged, {link['replayed']} replayed after the restart, "
+          f"{link['late_replies']} late replies dropped, duplicates {duplicates}")
+    assert link["reconnects"] == 1 and link["replayed"] >= 1, link    # the replay happened
+    assert not duplicates, f"steps logged twice: {duplicates}"
+    assert steps == list(range(len(steps))), "a step of the edge's session is missing from the log: " + str(
+        [s for s in range(max(steps) + 1) if s not in set(steps)][:20])
+    assert len(steps) >= 600

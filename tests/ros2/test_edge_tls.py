@@ -66,4 +66,4 @@ def test_tls_settings_are_checked_early(certs, tmp_path):
         EdgeConfig(gateway="127.0.0.1:1", tls_cert=certs / "arm_1.crt", tls_key=certs / "arm_1.key")
     with pytest.raises(EdgeConfigError, match="no such file"):
         EdgeConfig(gateway="127.0.0.1:1", tls_ca=tmp_path / "missing.crt")
-    assert EdgeConfig(gateway="127.0.0.1:1").credentials() is None
+    assert EdgeConfig(gateway="127.0.0.1:1").credentials().channel_credentials() is None     # plaintext

@@ -64,5 +64,7 @@ def test_a_token_is_never_sent_in_plaintext_off_loopback():
     with pytest.raises(EdgeConfigError, match="plaintext"):
         EdgeConfig(gateway="10.0.0.5:50051", token="arm_1.secret")
     config = EdgeConfig(gateway="127.0.0.1:50051", token="arm_1.secret")
-    assert config.call_metadata() == (("authorization", "Bearer arm_1.secret"),)
+    assert config.credentials().metadata() == (("authorization", "Bearer arm_1.secret"),)
+    with pytest.raises(EdgeConfigError, match="plaintext"):         # every address of a failover list
+        EdgeConfig(gateway="127.0.0.1:50051,10.0.0.5:50051", token="arm_1.secret")
     assert "secret" not in repr(config)
