@@ -37,8 +37,9 @@ import numpy as np
 import safetensors.torch
 import torch
 
+from bridge.client import Session, sync_channel
 from inference_server import ModelRepository, TritonServer
-from protos import bridge_pb2, bridge_pb2_grpc, policies_pb2, policies_pb2_grpc
+from protos import bridge_pb2, policies_pb2, policies_pb2_grpc
 from protos.codec import decode_all, encode, encode_all
 from tether.topology import gateway_process, write_json
 from trainer.policy import MLPPolicy
@@ -69,26 +70,20 @@ async def _session(address: str, index: int, period_s: float, ready: asyncio.Eve
 
     env = GymnasiumEnv("Hopper-v5", seed=index)
     zero = {s.name: np.zeros(s.shape, s.dtype) for s in env.action_spec()}
-    async with grpc.aio.insecure_channel(address) as channel:
-        call = bridge_pb2_grpc.BridgeStub(channel).Connect()
-        hello = bridge_pb2.Hello(session_id=f"swap-{index}", policy=SMALL, source="bench:hot_swap",
-                                 observation_spec=[s.to_proto() for s in env.observation_spec()],
-                                 action_spec=[s.to_proto() for s in env.action_spec()])
-        await call.write(bridge_pb2.ClientMessage(hello=hello))
-        welcome = await call.read()
-        if welcome.WhichOneof("kind") != "welcome":
-            raise RuntimeError(f"session {index}: {welcome}")
+    hello = bridge_pb2.Hello(session_id=f"swap-{index}", policy=SMALL, source="bench:hot_swap",
+                             observation_spec=[s.to_proto() for s in env.observation_spec()],
+                             action_spec=[s.to_proto() for s in env.action_spec()])
+    async with Session(address, hello, reply_timeout_s=60.0) as session:
         ready.set()
         await start.wait()
         ts, step, episode = env.reset(), 0, 0
         due = time.monotonic()
         while time.monotonic() < stop_at[0]:
             t0 = time.monotonic_ns()
-            await call.write(bridge_pb2.ClientMessage(observation=bridge_pb2.Observation(
+            msg = await session.step(bridge_pb2.Observation(
                 step=step, t_sent_ns=time.time_ns(), step_type=int(ts.step_type), episode=episode,
                 tensors=encode_all(ts.observation), reward=ts.reward, terminated=ts.terminated,
-                applied_action=encode_all(ts.applied_action or {}))))
-            msg = await call.read()
+                applied_action=encode_all(ts.applied_action or {})))
             rtt = time.monotonic_ns() - t0
             kind = msg.WhichOneof("kind")
             version = msg.action.policy_version if kind == "action" else -1
@@ -104,7 +99,6 @@ async def _session(address: str, index: int, period_s: float, ready: asyncio.Eve
                 await asyncio.sleep(delay)
             else:
                 due = time.monotonic()  # behind: no burst to catch up
-        await call.done_writing()
     env.close()
 
 
@@ -284,7 +278,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         try:
             if worker.stdout.readline().strip() != "ready":
                 raise RuntimeError("the sim worker did not start; see its stderr")
-            channel = grpc.insecure_channel(gw, options=[("grpc.max_send_message_length", 64 << 20)])
+            channel = sync_channel(gw, options=[("grpc.max_send_message_length", 64 << 20)])
             stub = policies_pb2_grpc.PoliciesStub(channel)
             time.sleep(a.quiet_s)
             names = {"small": SMALL, "small_ort": ORT, "big": BIG}
