@@ -11,16 +11,43 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from bridge.common.flags import deprecated_alias, gateway_flags, output_flags, policy_flag
+from bridge.common.kv import parse_pairs
 from sim.client import VECTOR_PREFIXES, ClientTls, SessionError, SimStats, run_sessions
 from sim.env import Environment
 from sim.vector import VectorEnvironment
 
-__all__ = ["main"]
+__all__ = ["main", "parser"]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tether sim", description="Connect simulated envs to a gateway.")
+    gateway_flags(p, required=True, token_help="robot token NAME.SECRET")
+    p.add_argument("--env", default="Hopper-v5",
+                   help="a gymnasium id (Hopper-v5, ...), PointMass, or a vector env (newton:cartpole, "
+                        "isaaclab:<task>, mujoco:Hopper-v5)")
+    p.add_argument("--envs", type=int, default=1,
+                   help="envs per vectorised session (with --sessions or a vector --env); otherwise "
+                        "single-env sessions")
+    p.add_argument("--sessions", type=int, help="vectorised sessions of --envs envs each (default 1)")
+    p.add_argument("--seconds", type=float, help="stop after this long (default 10 s without --steps)")
+    p.add_argument("--steps", type=int, help="stop after this many env steps over all sessions")
+    p.add_argument("--episodes", type=int, help="stop after this many complete episodes in total")
+    policy_flag(p)
+    p.add_argument("--seed", type=int, help="env i is seeded with seed + i")
+    p.add_argument("--max-episode-steps", type=int, help="truncate episodes at this many steps")
+    p.add_argument("--connect-timeout", type=float, default=10.0, help="seconds to wait for the gateway")
+    p.add_argument("--status-every", type=float, default=1.0, metavar="SECONDS", help="seconds between status lines")
+    p.add_argument("--session-id", metavar="PREFIX", help="session i is called PREFIX-i")
+    p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Hello label of every session (repeatable), e.g. robot=sim_1 (tether estop --robot)")
+    deprecated_alias(p, "--labels", "--label")
+    output_flags(p, summary=True, summary_help="also write the summary JSON here, with every episode's return")
+    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -33,41 +60,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     from sim.mujoco import make_env
     from sim.vector import make_vector_env
 
-    parser = argparse.ArgumentParser(prog="tether sim", description="Connect simulated envs to a gateway.")
-    parser.add_argument("--gateway", required=True, metavar="HOST:PORT")
-    parser.add_argument("--env", default="Hopper-v5",
-                        help="a gymnasium id (Hopper-v5, ...), PointMass, or a vector env (newton:cartpole, "
-                             "isaaclab:<task>, mujoco:Hopper-v5)")
-    parser.add_argument("--envs", type=int, default=1,
-                        help="envs per vectorised session (with --sessions or a vector --env); otherwise "
-                             "single-env sessions")
-    parser.add_argument("--sessions", type=int, help="vectorised sessions of --envs envs each (default 1)")
-    parser.add_argument("--seconds", type=float, help="stop after this long (default 10 s without --steps)")
-    parser.add_argument("--steps", type=int, help="stop after this many env steps over all sessions")
-    parser.add_argument("--policy", default="", help="Triton model name (default: the gateway's)")
-    parser.add_argument("--seed", type=int, help="env i is seeded with seed + i")
-    parser.add_argument("--max-episode-steps", type=int)
-    parser.add_argument("--connect-timeout", type=float, default=10.0)
-    parser.add_argument("--status-every", type=float, default=1.0, help="seconds between status lines")
-    parser.add_argument("--session-id", metavar="PREFIX", help="session i is called PREFIX-i")
-    parser.add_argument("--episodes", type=int, help="stop after this many complete episodes in total")
-    parser.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
-                        help="a Hello label of every session (repeatable), e.g. robot=sim_1 (tether estop --robot)")
-    parser.add_argument("--tls-ca", type=Path, help="CA certificate of the gateway (turns TLS on)")
-    parser.add_argument("--tls-cert", type=Path, help="client certificate, for a gateway that requires one (mTLS)")
-    parser.add_argument("--tls-key", type=Path, help="the client certificate's private key")
-    parser.add_argument("--token", default=os.environ.get("TETHER_TOKEN") or None,
-                        help="robot token NAME.SECRET for a gateway that checks tokens (default: $TETHER_TOKEN)")
-    parser.add_argument("--summary", type=Path, metavar="PATH",
-                        help="also write the summary JSON here, with every episode's return")
-    args = parser.parse_args(argv)
+    parser_ = parser()
+    args = parser_.parse_args(argv)
     if args.seconds is None and args.steps is None and args.episodes is None:
         args.seconds = 10.0
     if (args.tls_cert or args.tls_key) and not args.tls_ca:
-        parser.error("--tls-cert/--tls-key need --tls-ca (the CA of the gateway's certificate)")
-    labels = dict(item.partition("=")[::2] for item in args.label)
-    if any(not k or not v for k, v in labels.items()) or len(labels) != len(args.label):
-        parser.error(f"--label takes distinct KEY=VALUE, got {args.label}")
+        parser_.error("--tls-cert/--tls-key need --tls-ca (the CA of the gateway's certificate)")
+    try:
+        labels = parse_pairs(args.label, what="--label")
+    except ValueError as exc:
+        parser_.error(str(exc))
 
     vector = args.sessions is not None or args.env.partition(":")[0] in VECTOR_PREFIXES
     sessions = (args.sessions or 1) if vector else args.envs

@@ -1,3 +1,3 @@
 from tether.cli import main
 
-main()
+raise SystemExit(main())

@@ -1,9 +1,9 @@
-"""`tether policy import FILE --name NAME`: bring your own policy, a TorchScript module or an ONNX file.
+"""`tether policy import FILE --policy NAME`: bring your own policy, a TorchScript module or an ONNX file.
 
-    tether policy import walker.onnx --name walker --gateway 127.0.0.1:50051
-    tether policy import arm.pt --name arm --obs obs:float32:11 --action action:float32:3:-1:1
+    tether policy import walker.onnx --policy walker --gateway 127.0.0.1:50051
+    tether policy import arm.pt --policy arm --obs obs:float32:11 --action action:float32:3:-1:1
     tether policy inspect walker.onnx          # the specs the file declares, as tether.json
-    tether policy import arm.onnx --name arm --gateway gw.lab:50051 --tls-ca ca.crt --token $TETHER_TOKEN
+    tether policy import arm.onnx --policy arm --gateway gw.lab:50051 --tls-ca ca.crt --token $TETHER_TOKEN
 
 The file travels whole as a `tether.v1.Policies.Publish` (header.format "torchscript" or "onnx",
 chunked, sha256) with its specs: declared with --obs/--action (NAME:DTYPE:SHAPE[:LOW:HIGH]) or
@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bridge.common.flags import deprecated_alias, gateway_flags, policy_flag
 from inference_server.artifact import (
     FORMATS,
     ArtifactError,
@@ -186,34 +187,48 @@ def publish(address: str, chunks: Iterable[policies_pb2.PublishChunk], *, timeou
         return policies_pb2_grpc.PoliciesStub(channel).Publish(iter(chunks), timeout=timeout_s, wait_for_ready=True)
 
 
-def _import(argv: list[str]) -> None:
-    import grpc
-
-    from bridge.security.channel import add_client_args, channel_kwargs
-
+def import_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tether policy import",
                                 description="Import a TorchScript module or an ONNX file as a policy version.")
-    p.add_argument("file", type=Path)
-    p.add_argument("--name", required=True, help="the policy: a new name creates it, an existing one gets a version")
-    p.add_argument("--gateway", default="127.0.0.1:50051", help="HOST:PORT of the gateway")
+    p.add_argument("file", type=Path, help="a TorchScript archive (.pt, a zip) or an ONNX file")
+    policy_flag(p, required=True, help="the policy: a new name creates it, an existing one gets a version")
+    deprecated_alias(p, "--name", "--policy")
+    gateway_flags(p, token_help="operator token NAME.SECRET")
     p.add_argument("--format", choices=FORMATS, help="default: told from the file (a zip is TorchScript)")
     p.add_argument("--obs", action="append", default=[], metavar="NAME:DTYPE:SHAPE[:LOW:HIGH]",
                    help="an observation tensor the policy takes (repeat; default: read from the file)")
     p.add_argument("--action", action="append", default=[], metavar="NAME:DTYPE:SHAPE[:LOW:HIGH]",
                    help="an action tensor the policy gives (repeat; default: read from the file)")
     p.add_argument("--probe-batch", type=int, default=8, help="rows of the probe batch the gate checks Triton with")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the probe batch")
     p.add_argument("--atol", type=float, default=0.0, help="served-vs-file tolerance (0 = per dtype)")
-    p.add_argument("--chunk-bytes", type=int, default=CHUNK_BYTES)
+    p.add_argument("--chunk-bytes", type=int, default=CHUNK_BYTES, help="bytes per Publish message")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds for the whole import")
-    add_client_args(p)
-    a = p.parse_args(argv)
+    return p
+
+
+def inspect_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tether policy inspect", description="The specs a policy file declares.")
+    p.add_argument("file", type=Path, help="a TorchScript archive or an ONNX file")
+    return p
+
+
+def parsers() -> dict[str, argparse.ArgumentParser]:
+    return {"tether policy import": import_parser(), "tether policy inspect": inspect_parser()}
+
+
+def _import(argv: list[str]) -> None:
+    import grpc
+
+    from bridge.security.channel import channel_kwargs
+
+    a = import_parser().parse_args(argv)
     try:
         policy = read_policy_file(a.file, format=a.format, inputs=[parse_spec(s) for s in a.obs],
                                   outputs=[parse_spec(s) for s in a.action])
         probe = probe_inputs(policy.inputs, batch=a.probe_batch, seed=a.seed)
         expected = reference_outputs(policy, probe)
-        reply = publish(a.gateway, publish_chunks(policy, a.name, probe, expected, atol=a.atol,
+        reply = publish(a.gateway, publish_chunks(policy, a.policy, probe, expected, atol=a.atol,
                                                   chunk_bytes=a.chunk_bytes), timeout_s=a.timeout,
                         **channel_kwargs(a))
     except (ArtifactError, ValueError) as exc:
@@ -227,9 +242,7 @@ def _import(argv: list[str]) -> None:
 
 
 def _inspect(argv: list[str]) -> None:
-    p = argparse.ArgumentParser(prog="tether policy inspect", description="The specs a policy file declares.")
-    p.add_argument("file", type=Path)
-    a = p.parse_args(argv)
+    a = inspect_parser().parse_args(argv)
     try:
         data = a.file.read_bytes()
         fmt = detect_format(data)

@@ -1,15 +1,16 @@
 """`tether rollout`: see and steer the versions of a policy through the gateway's tether.v1.Policies.
 
     tether rollout list     --policy hopper_v5                    # versions, states, gate, stats, audit log
-    tether rollout promote  --policy hopper_v5 4 --to canary --fraction 0.1 --why "looks good in shadow"
-    tether rollout promote  --policy hopper_v5 4 --to live --why "canary clean for a day"
-    tether rollout rollback --policy hopper_v5 --why "arm_2 jerks"     # the live one; the previous is back
-    tether rollout pin      --policy hopper_v5 robot=arm_2 3 --why "hold arm_2"   # `none` unpins
-    tether rollout canary   --policy hopper_v5 --labels robot=arm_2 --why "arm_2 first"
+    tether rollout promote  --policy hopper_v5 4 --to canary --fraction 0.1 --reason "looks good in shadow"
+    tether rollout promote  --policy hopper_v5 4 --to live --reason "canary clean for a day"
+    tether rollout rollback --policy hopper_v5 --reason "arm_2 jerks"     # the live one; the previous is back
+    tether rollout pin      --policy hopper_v5 robot=arm_2 3 --reason "hold arm_2"   # `none` unpins
+    tether rollout canary   --policy hopper_v5 --label robot=arm_2 --reason "arm_2 first"
 
 Common flags: --gateway HOST:PORT (default 127.0.0.1:50051), --operator NAME (the name the audit log
 records on a gateway with open access), --tls-ca/--tls-cert/--tls-key/--token (bridge.security).
-`--json` prints the reply as JSON instead of the table.
+`--json` prints the reply as JSON instead of the table. Old spellings `--why` and `--labels K=V,K=V`
+still work for one release, with a warning.
 """
 
 from __future__ import annotations
@@ -22,49 +23,54 @@ import time
 import grpc
 from google.protobuf import json_format
 
-from bridge.registry import parse_labels
+from bridge.common.flags import deprecated_alias, gateway_flags, output_flags, policy_flag
+from bridge.common.kv import parse_pairs
 from protos import policies_pb2, policies_pb2_grpc
 
 TARGETS = ("shadow", "canary", "live")
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    from bridge.security.channel import add_client_args
-
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tether rollout", description="See and steer policy versions.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    def command(name: str, help: str) -> argparse.ArgumentParser:
-        c = sub.add_parser(name, help=help)
-        c.add_argument("--gateway", default="127.0.0.1:50051", help="gateway address HOST:PORT")
-        c.add_argument("--policy", default="", help="policy name (default: the gateway's default policy)")
+    def command(name: str, help: str, *, reason: bool = True) -> argparse.ArgumentParser:
+        c = sub.add_parser(name, help=help, description=help)
+        gateway_flags(c, token_help="operator token NAME.SECRET")
+        policy_flag(c, help="policy name (default: the gateway's default policy)")
         c.add_argument("--operator", default=_user(), help="your name in the audit log (open-access gateways)")
-        c.add_argument("--json", action="store_true", help="print the reply as JSON")
+        output_flags(c, json=True)
         c.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the gateway")
-        add_client_args(c)
+        if reason:
+            c.add_argument("--reason", required=True, help="why (the audit log records it)")
+            deprecated_alias(c, "--why", "--reason")
         return c
 
-    c = command("list", "versions, states, gate checks, runtime figures, who acts with which, audit log")
+    def labels(c: argparse.ArgumentParser, help: str) -> None:
+        c.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help=help + " (repeatable)")
+        deprecated_alias(c, "--labels", "--label")
+
+    c = command("list", "versions, states, gate checks, runtime figures, who acts with which, audit log", reason=False)
     c.add_argument("--events", type=int, default=10, help="recent audit events to show")
     c = command("promote", "move a version to shadow, canary or live")
-    c.add_argument("version", type=int)
-    c.add_argument("--to", choices=TARGETS, required=True)
+    c.add_argument("version", type=int, help="the version to move")
+    c.add_argument("--to", choices=TARGETS, required=True, help="the state it moves to")
     c.add_argument("--fraction", type=float, help="with --to canary: the canary fraction")
-    c.add_argument("--labels", default="", metavar="K=V[,K=V]", help="with --to canary: canary these sessions")
-    c.add_argument("--why", required=True)
+    labels(c, "with --to canary: canary the sessions with this label")
     c = command("rollback", "roll back a version (default: the live one; the previous live comes back)")
-    c.add_argument("version", type=int, nargs="?", default=0)
-    c.add_argument("--why", required=True)
+    c.add_argument("version", type=int, nargs="?", default=0, help="the version (default: the live one)")
     c = command("pin", "hold a session (session=ID) or a label (KEY=VALUE) on a version; 'none' unpins")
-    c.add_argument("selector")
+    c.add_argument("selector", help="session=ID or KEY=VALUE")
     c.add_argument("version", help="a version number, or none")
-    c.add_argument("--why", required=True)
     c = command("canary", "which sessions get the canary: a fraction, or labels")
-    c.add_argument("--fraction", type=float)
-    c.add_argument("--labels", default="", metavar="K=V[,K=V]")
+    c.add_argument("--fraction", type=float, help="the canary fraction of sessions")
+    labels(c, "canary the sessions with this label")
     c.add_argument("--clear-labels", action="store_true", help="back to the fraction")
-    c.add_argument("--why", required=True)
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    return parser().parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -72,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
 
     a = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        labels = parse_labels(getattr(a, "labels", ""))
+        labels = parse_pairs(getattr(a, "label", []), what="--label")
         channel = secure_channel_sync(a.gateway, **channel_kwargs(a))
     except ValueError as exc:
         raise SystemExit(f"tether rollout: {exc}") from None
@@ -83,20 +89,21 @@ def main(argv: list[str] | None = None) -> None:
         if a.command == "list":
             reply = stub.RolloutStatus(policies_pb2.RolloutStatusRequest(policy=a.policy, events=a.events), **call)
         elif a.command == "promote":
-            request = policies_pb2.PromoteRequest(policy=a.policy, version=a.version, to=a.to, why=a.why,
+            request = policies_pb2.PromoteRequest(policy=a.policy, version=a.version, to=a.to, why=a.reason,
                                                   canary_labels=labels)
             if a.fraction is not None:
                 request.canary_fraction = a.fraction
             reply = stub.Promote(request, **call)
         elif a.command == "rollback":
-            reply = stub.Rollback(policies_pb2.RollbackRequest(policy=a.policy, version=a.version, why=a.why), **call)
+            reply = stub.Rollback(policies_pb2.RollbackRequest(policy=a.policy, version=a.version, why=a.reason),
+                                  **call)
         elif a.command == "pin":
             version = 0 if a.version.lower() == "none" else _version(a.version)
             reply = stub.Pin(policies_pb2.PinRequest(policy=a.policy, selector=a.selector, version=version,
-                                                     why=a.why), **call)
+                                                     why=a.reason), **call)
         else:
             request = policies_pb2.CanaryRequest(policy=a.policy, labels=labels, clear_labels=a.clear_labels,
-                                                 why=a.why)
+                                                 why=a.reason)
             if a.fraction is not None:
                 request.fraction = a.fraction
             reply = stub.SetCanary(request, **call)

@@ -48,7 +48,7 @@ def _specs_from_log(dataset: LogDataset) -> tuple[Spec, Spec]:
 
 def run_bc(args: argparse.Namespace) -> dict:
     rank, world = dist.world()
-    dataset = LogDataset(args.log_dir, rank=rank, world_size=world, seed=args.seed, policy=args.data_policy)
+    dataset = LogDataset(args.experience_dir, rank=rank, world_size=world, seed=args.seed, policy=args.data_policy)
     client = PolicyClient(args.gateway) if args.gateway else None
     parent, policy_name = 0, args.policy
     if client is not None:

@@ -2,7 +2,7 @@
 
     tether train --gateway 127.0.0.1:50051 --algo ppo --policy pendulum --nproc 2 --max-restarts 3 \\
         --checkpoint-dir runs/x/ckpt --seed 0 --seconds 180 --target-return 900
-    tether train --algo bc --arch mlp --log-dir runs/x/log --steps 2000 --nproc 2 --out bc.safetensors
+    tether train --algo bc --arch mlp --experience-dir runs/x/log --steps 2000 --nproc 2 --out bc.safetensors
 
 The launcher's own options are `--nproc` and `--max-restarts`; everything else goes to every
 rank (see `python -m trainer.worker --help`) and is checked here before anything starts.
@@ -27,7 +27,7 @@ from pathlib import Path
 from trainer.channel import ENV
 from trainer.worker import parser as worker_parser
 
-__all__ = ["command", "main"]
+__all__ = ["command", "main", "parsers"]
 
 _ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,14 +36,19 @@ def _launcher() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tether train", add_help=False)
     p.add_argument("--nproc", type=int, default=2, help="ranks (processes) on this machine")
     p.add_argument("--max-restarts", type=int, default=3, help="torchrun restarts of a failed group")
-    p.add_argument("--summary", default="")
+    p.add_argument("--summary", default="", metavar="PATH", help="also write the summary JSON (rank 0's) here")
     p.add_argument("--tls-ca", help="TLS to the gateway: the CA that signed its certificate")
     p.add_argument("--tls-cert", help="mTLS: this trainer's certificate (e.g. `tether certs client DIR ci --role "
                    "trainer`)")
     p.add_argument("--tls-key", help="mTLS: its key")
     p.add_argument("--token", help="a trainer token NAME.SECRET (default: $TETHER_TOKEN)")
-    p.add_argument("-h", "--help", action="store_true")
+    p.add_argument("-h", "--help", action="store_true", help="show the launcher's and the ranks' flags")
     return p
+
+
+def parsers() -> dict[str, argparse.ArgumentParser]:
+    """`tether train`'s flags: the launcher's (--nproc, --max-restarts, credentials) and every rank's."""
+    return {"tether train (launcher)": _launcher(), "tether train": worker_parser()}
 
 
 def command(worker_args: list[str], *, nproc: int, max_restarts: int) -> list[str]:
@@ -73,9 +78,9 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"tether train: --{name.replace('_', '-')} {getattr(launcher, name)!r} is not a file")
     if checked.algo == "ppo" and not checked.gateway:
         raise SystemExit("tether train: --algo ppo needs --gateway HOST:PORT")
-    if checked.algo == "bc" and not Path(checked.log_dir or "/nonexistent").is_dir():
-        raise SystemExit(f"tether train: --algo bc needs --log-dir DIR (an existing directory), got "
-                         f"{checked.log_dir!r}")
+    if checked.algo == "bc" and not Path(checked.experience_dir or "/nonexistent").is_dir():
+        raise SystemExit(f"tether train: --algo bc needs --experience-dir DIR (an existing directory; formerly "
+                         f"--log-dir), got {checked.experience_dir!r}")
     if checked.max_ahead and checked.publish_every != 1:
         raise SystemExit(f"tether train: --max-ahead {checked.max_ahead} needs --publish-every 1 (the learner waits "
                          f"for its own updates to be served), got --publish-every {checked.publish_every}")

@@ -53,18 +53,19 @@ def _positive(kind):
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tether train", description="Distributed PPO / BC trainer (one rank).")
     p.add_argument("--gateway", default="", help="HOST:PORT of the gateway (Experience + Policies)")
-    p.add_argument("--algo", choices=("ppo", "bc"), required=True)
+    p.add_argument("--algo", choices=("ppo", "bc"), required=True,
+                   help="ppo: on-policy from live sessions; bc: behaviour cloning from a log")
     p.add_argument("--policy", default="", help="the served policy to train (empty: the gateway's default)")
-    p.add_argument("--arch", choices=ARCHS, default="gaussian")
+    p.add_argument("--arch", choices=ARCHS, default="gaussian", help="the policy network")
     p.add_argument("--hidden", type=_hidden, default=(64, 64), help="hidden sizes (offline BC only; "
                    "with a gateway they must match the served architecture)")
     p.add_argument("--experience-dir", default="", help="BC: an experience log, a directory of *.mcap segments")
     deprecated_alias(p, "--log-dir", "--experience-dir")
     p.add_argument("--data-policy", default=None, help="BC: only transitions acted by this policy")
-    p.add_argument("--checkpoint-dir", default="")
+    p.add_argument("--checkpoint-dir", default="", help="resume from and save checkpoints here (restarts)")
     p.add_argument("--checkpoint-every", type=_positive(int), default=0,
                    help="PPO: iterations, BC: steps between checkpoints (0: PPO 1, BC 50)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="rank r is seeded with seed + r")
     p.add_argument("--steps", type=_positive(int), default=0, help="stop after this many optimiser steps")
     p.add_argument("--seconds", type=_positive(float), default=0.0, help="stop after this many seconds")
     p.add_argument("--target-return", type=float, default=None, help="PPO: stop at this mean episode return")
@@ -72,18 +73,19 @@ def parser() -> argparse.ArgumentParser:
                    help="PPO: transitions per update over all ranks (0: 1024); BC: per-rank batch (0: 256)")
     p.add_argument("--epochs", type=_positive(int), default=10, help="PPO: epochs per update")
     p.add_argument("--minibatches", type=_positive(int), default=8, help="PPO: minibatches per epoch")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--gamma", type=float, default=0.99)
-    p.add_argument("--lam", type=float, default=0.95)
-    p.add_argument("--clip", type=float, default=0.2)
-    p.add_argument("--entropy-coef", type=float, default=0.005)
+    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
+    p.add_argument("--gamma", type=float, default=0.99, help="PPO: discount")
+    p.add_argument("--lam", type=float, default=0.95, help="PPO: GAE lambda")
+    p.add_argument("--clip", type=float, default=0.2, help="PPO: ratio clip")
+    p.add_argument("--entropy-coef", type=float, default=0.005, help="PPO: entropy bonus")
     p.add_argument("--target-kl", type=float, default=0.05,
                    help="PPO: end an update's epochs once the mean approx KL passes this (0 = never)")
     p.add_argument("--stale", choices=("drop", "importance"), default="importance",
                    help="data acted by older versions: weight it by truncated importance ratios (default; about "
                    "twice as sample-efficient when versions go live seconds after an update) or drop it past "
                    "--max-version-lag")
-    p.add_argument("--max-version-lag", type=_positive(int), default=2)
+    p.add_argument("--max-version-lag", type=_positive(int), default=2,
+                   help="with --stale drop: the most versions behind a step may be acted")
     p.add_argument("--rho-max", type=float, default=1.0, help="truncation of importance weights")
     p.add_argument("--from-offset", type=_positive(int), default=0, help="PPO: first log offset to read")
     p.add_argument("--publish-every", type=_positive(int), default=1, help="PPO: iterations between publishes "

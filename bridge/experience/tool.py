@@ -269,17 +269,21 @@ def export(log_dir: str | Path, out_dir: str | Path, *, complete_only: bool = Fa
     return info
 
 
-def main(argv: list[str] | None = None) -> None:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tether log", description="Inspect or export an experience log.")
     sub = p.add_subparsers(dest="command", required=True)
     i = sub.add_parser("inspect", help="summary: segments, transitions, sessions, episodes, returns, versions")
     i.add_argument("path", type=Path, help="a run dir (with experience/) or a log dir")
     i.add_argument("--json", action="store_true", help="print the summary as JSON")
     e = sub.add_parser("export", help="a flat per-episode .npz dataset for behaviour cloning")
-    e.add_argument("log_dir", type=Path)
-    e.add_argument("out_dir", type=Path)
+    e.add_argument("log_dir", type=Path, help="the experience log (a directory of *.mcap segments)")
+    e.add_argument("out_dir", type=Path, help="where the .npz episodes go (written whole, then renamed)")
     e.add_argument("--complete-only", action="store_true", help="only episodes that ended (terminated/truncated)")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parser().parse_args(argv)
     try:
         if a.command == "inspect":
             summary = inspect(a.path)

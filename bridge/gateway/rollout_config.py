@@ -78,8 +78,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--canary-episodes", type=int, default=10, help="staged: canary episodes before live")
     g.add_argument("--registry", type=Path, help="the registry file (default: <model-repository>/.tether/)")
     g.add_argument("--gate-eval-env", help="evaluate candidates in this env vs the incumbent (tether sim)")
-    g.add_argument("--gate-eval-episodes", type=int, default=5)
-    g.add_argument("--gate-eval-margin", type=float, default=0.1)
+    g.add_argument("--gate-eval-episodes", type=int, default=5, help="episodes each version plays in the gate")
+    g.add_argument("--gate-eval-margin", type=float, default=0.1,
+                   help="a candidate fails below the incumbent's mean return - margin * |that mean|")
     g.add_argument("--gate-max-jerk", type=float, help="action sanity: max |a_t - a_t-1| / range")
 
 

@@ -330,14 +330,20 @@ def revoke_operator(path: Path, name: str) -> None:
         _write(path, operators)
 
 
-def main(argv: list[str]) -> None:
-    """`tether edge token add|revoke|list --tokens FILE [NAME]`: the node's release tokens."""
+def parser() -> argparse.ArgumentParser:
+    """`tether edge token`'s flags."""
     p = argparse.ArgumentParser(prog="tether edge token", description="Release tokens of an edge node: who may "
                                 "release its e-stop on the robot (the node keeps only a hash of each)")
-    p.add_argument("action", choices=("add", "revoke", "list"))
+    p.add_argument("action", choices=("add", "revoke", "list"), help="add (prints it once), revoke, list")
     p.add_argument("name", nargs="?", help="the operator (add, revoke)")
     p.add_argument("--tokens", type=Path, required=True, help="the node's release tokens file (--release-tokens)")
     p.add_argument("--replace", action="store_true", help="add: replace an existing token of NAME")
+    return p
+
+
+def main(argv: list[str]) -> None:
+    """`tether edge token add|revoke|list --tokens FILE [NAME]`: the node's release tokens."""
+    p = parser()
     a = p.parse_args(argv)
     if a.action != "list" and not a.name:
         p.error(f"{a.action}: NAME is required")

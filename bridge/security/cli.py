@@ -33,21 +33,25 @@ def _client(item: str) -> tuple[str, str]:
     return name, role
 
 
-def certs_main(argv: list[str] | None = None) -> None:
+def certs_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tether certs", description="A local CA and certificates for a lab.")
     sub = p.add_subparsers(dest="command", required=True)
     i = sub.add_parser("init", help="make a CA, a server certificate and client certificates in DIR")
-    i.add_argument("dir", type=Path)
+    i.add_argument("dir", type=Path, help="where the CA, the server's and the clients' files go")
     i.add_argument("--host", action="append", default=[],
                    help="another name or IP the gateway is reached at (repeatable; 127.0.0.1, ::1, localhost always)")
     i.add_argument("--client", action="append", default=[], type=_client, metavar="NAME:ROLE",
                    help=f"a client certificate CN=NAME OU=ROLE, ROLE in {', '.join(CERT_ROLES)} (repeatable)")
     i.add_argument("--force", action="store_true", help="replace an existing CA (every old certificate stops working)")
     c = sub.add_parser("client", help="issue one more client certificate with the CA in DIR")
-    c.add_argument("dir", type=Path)
-    c.add_argument("name")
-    c.add_argument("--role", required=True, choices=CERT_ROLES)
-    a = p.parse_args(argv)
+    c.add_argument("dir", type=Path, help="the directory of `tether certs init` (holds ca.key)")
+    c.add_argument("name", help="the client's name (the certificate's CN, its identity)")
+    c.add_argument("--role", required=True, choices=CERT_ROLES, help="what it may do (the certificate's OU)")
+    return p
+
+
+def certs_main(argv: list[str] | None = None) -> None:
+    a = certs_parser().parse_args(argv)
     try:
         if a.command == "init":
             paths = init_certs(a.dir, hosts=a.host, clients=a.client, force=a.force)
@@ -61,19 +65,23 @@ def certs_main(argv: list[str] | None = None) -> None:
         print(f"keep {paths['ca.key']} private: whoever holds it can issue any identity", file=sys.stderr)
 
 
-def token_main(argv: list[str] | None = None) -> None:
+def token_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tether token", description="Operator/trainer tokens, stored hashed (scrypt).")
     sub = p.add_subparsers(dest="command", required=True)
     add = sub.add_parser("add", help="make a token for NAME and print it (once)")
-    add.add_argument("name")
-    add.add_argument("--role", required=True, choices=ROLES)
+    add.add_argument("name", help="who holds the token")
+    add.add_argument("--role", required=True, choices=ROLES, help="what the token may do")
     add.add_argument("--replace", action="store_true", help="replace NAME's existing token")
     rev = sub.add_parser("revoke", help="delete NAME's token")
-    rev.add_argument("name")
+    rev.add_argument("name", help="whose token")
     lst = sub.add_parser("list", help="names, roles and dates (never secrets)")
     for q in (add, rev, lst):
         q.add_argument("--file", type=Path, default=DEFAULT_TOKENS, help=f"the tokens file (default {DEFAULT_TOKENS})")
-    a = p.parse_args(argv)
+    return p
+
+
+def token_main(argv: list[str] | None = None) -> None:
+    a = token_parser().parse_args(argv)
     try:
         store = TokenStore(a.file)
         if a.command == "add":

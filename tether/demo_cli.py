@@ -1,0 +1,89 @@
+"""`tether demo` and `tether triton`: the whole topology in one process tree, and tritonserver alone.
+
+    tether demo --env Hopper-v5 --envs 8 --seconds 10 --summary out/summary.json
+    tether triton --model-repository runs/models --init Hopper-v5
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from bridge.common.flags import deprecated_alias, output_flags
+
+__all__ = ["main", "parser", "triton_main", "triton_parser"]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tether demo", description="Triton + gateway + MuJoCo sims, closed loop.")
+    p.add_argument("--env", help="gymnasium id or newton:<task> (default Hopper-v5; InvertedPendulum-v5 with --train)")
+    p.add_argument("--envs", type=int, default=8,
+                   help="envs per vectorised session (with --train: single-env sessions)")
+    p.add_argument("--sessions", type=int, default=1, help="vectorised sessions (not with --train)")
+    p.add_argument("--seconds", type=float, help="default 10 s; 240 s with --train")
+    output_flags(p, summary=True, summary_help="write the summary as JSON here")
+    p.add_argument("--run-dir", type=Path, help="model repository and logs (default: a temp dir)")
+    p.add_argument("--train", action="store_true",
+                   help="the learning loop: log experience, train PPO (torchrun), publish versions as it learns")
+    p.add_argument("--trainer-nproc", type=int, default=2, help="trainer ranks")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sims (and the trainer)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from inference_server import TritonStartError
+    from tether.topology import DemoConfig, run_demo
+
+    p = parser()
+    a = p.parse_args(argv)
+    env = a.env or ("InvertedPendulum-v5" if a.train else "Hopper-v5")
+    seconds = a.seconds or (240.0 if a.train else 10.0)
+    try:
+        config = DemoConfig(env=env, envs=a.envs, sessions=a.sessions, seconds=seconds, summary=a.summary,
+                            run_dir=a.run_dir, train=a.train, trainer_nproc=a.trainer_nproc, seed=a.seed)
+    except ValueError as exc:
+        p.error(str(exc))
+    try:
+        run_demo(config)
+    except TritonStartError as exc:
+        raise SystemExit(f"tether demo: {exc}") from None
+    return 0
+
+
+def triton_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tether triton", description="Run tritonserver on a model repository.")
+    p.add_argument("--model-repository", type=Path, default=Path("runs/models"),
+                   help="Triton's model repository (default runs/models)")
+    deprecated_alias(p, "--repository", "--model-repository")
+    p.add_argument("--init", metavar="ENV", help="write a fresh policy for this env if it has none")
+    p.add_argument("--models", default="", help="comma-separated models to load (default: all)")
+    p.add_argument("--grpc-port", type=int, help="Triton's gRPC port (default: a free one)")
+    p.add_argument("--http-port", type=int, help="Triton's HTTP port (default: a free one)")
+    return p
+
+
+def triton_main(argv: list[str] | None = None) -> int:
+    import signal
+    import threading
+
+    from inference_server import ModelRepository, TritonServer, TritonStartError
+    from tether.topology import write_initial_policy
+
+    a = triton_parser().parse_args(argv)
+    repo = ModelRepository(a.model_repository)
+    models = [m for m in a.models.split(",") if m]
+    if a.init:
+        models.append(write_initial_policy(repo, a.init))
+    if not models:
+        models = sorted(d.name for d in repo.root.iterdir() if (d / "config.pbtxt").exists())
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        with TritonServer(repo.root, models=models, grpc_port=a.grpc_port, http_port=a.http_port) as server:
+            print(f"triton {server.version} serving {models} on {server.grpc_url} (gRPC) and {server.http_url}",
+                  flush=True)
+            stop.wait()
+    except TritonStartError as exc:
+        raise SystemExit(f"tether triton: {exc}") from None
+    return 0
