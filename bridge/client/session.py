@@ -129,8 +129,11 @@ class Session:
         deadline = time.monotonic() + self.connect_timeout_s
         errors = []
         while True:
+            attempt = deadline - time.monotonic()
+            if len(self.addresses) > 1:  # a dead first address must leave time for the others
+                attempt = min(attempt, max(1.0, self.connect_timeout_s / len(self.addresses)))
             try:
-                return await self._hello(max(0.05, deadline - time.monotonic()), wait_for_ready=True)
+                return await self._hello(max(0.05, attempt), wait_for_ready=True)
             except (TimeoutError, Broken) as e:
                 errors.append(f"{self.address}: {e}")
                 if time.monotonic() >= deadline:
