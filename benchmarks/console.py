@@ -129,8 +129,9 @@ async def block(address: str, sessions: int, per_session: int, tag: str) -> list
 
 
 def recording_cost_us(n: int = 20000) -> float:
-    """Fleet.observed on a realistic reply, us per call (the hot path's share of the console and metrics)."""
-    from bridge.console.fleet import Fleet
+    """FleetFigures.observed on a realistic reply, us per call (the hot path's share of the console and metrics)."""
+    from bridge.gateway.figures import FleetFigures
+    from bridge.metrics import GatewayMetrics
     from protos import bridge_pb2
     from protos.codec import encode
 
@@ -140,10 +141,10 @@ def recording_cost_us(n: int = 20000) -> float:
     class _Session:
         id, source, policy = "s", "bench", _Policy()
 
-    class _Gateway:
-        sessions, server_version, experience = {}, "", None
+    class _Gateway:  # a MetricsSource (bridge.gateway.views)
+        sessions, registry, rollout, experience = {}, None, None, None
 
-    fleet = Fleet(_Gateway())
+    fleet = FleetFigures(GatewayMetrics(_Gateway()))
     session = _Session()
     fleet.opened(session, bridge_pb2.Hello(session_id="s"))
     now = time.time_ns()

@@ -1,6 +1,7 @@
 """Prometheus metrics of one gateway (`prometheus_client`, a registry of its own per gateway).
 
-    metrics = GatewayMetrics(gateway)              # the gateway's sessions, log, registry, rollout
+    metrics = GatewayMetrics(gateway)              # a MetricsSource (bridge.gateway.views): sessions, log, registry,
+                                                   # rollout; read at scrape time only
     metrics.step(timing, policy="hopper", version=3, rows=8)   # once per answered observation
     text = metrics.exposition()                    # what GET /metrics serves
 
@@ -22,10 +23,16 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+
+from bridge.registry.newest import newest_versions, version_lags
+
+if TYPE_CHECKING:
+    from bridge.gateway.views import MetricsSource
 
 HOPS = ("client_to_gateway", "gateway_in", "inference", "gateway_out", "gateway")
 LATENCY_BUCKETS = (50e-6, 100e-6, 200e-6, 300e-6, 500e-6, 750e-6, 1e-3, 1.5e-3, 2e-3, 3e-3, 5e-3, 7.5e-3, 10e-3,
@@ -65,7 +72,7 @@ class Histogram:
 class GatewayMetrics:
     """Hot-path counters as plain numbers; `exposition()` turns them and the gateway's state into families."""
 
-    def __init__(self, gateway=None):
+    def __init__(self, gateway: MetricsSource | None = None):
         self.registry = CollectorRegistry(auto_describe=True)
         self.hops = {hop: Histogram(LATENCY_BUCKETS) for hop in HOPS}
         self._h = [self.hops[h] for h in HOPS]
@@ -144,7 +151,7 @@ class _Counters(Collector):
 class _GatewayState(Collector):
     """Gauges read at scrape time from the gateway (nothing on the control path)."""
 
-    def __init__(self, gateway):
+    def __init__(self, gateway: MetricsSource):
         self._gw = gateway
         self._trainer: dict[str, tuple[float, int]] = {}   # policy -> (t, trainer_step) at the previous scrape
 
@@ -169,7 +176,7 @@ class _GatewayState(Collector):
         lag = GaugeMetricFamily("tether_policy_lag_versions",
                                 "How many versions the furthest-behind session lags the trainer's newest version",
                                 labels=["policy"])
-        fresh = _call(getattr(getattr(gw, "rollout", None), "freshness", None))
+        fresh = _call(gw.rollout.freshness) if gw.rollout is not None else None
         policies = fresh.get("policies") if isinstance(fresh, dict) else None
         if isinstance(policies, dict):  # the rollout controller's view (rolled-back versions are not "newest")
             seconds = GaugeMetricFamily("tether_policy_lag_seconds", "How long the trainer's newest version has "
@@ -180,11 +187,10 @@ class _GatewayState(Collector):
             yield lag
             yield seconds
         else:
-            for policy, newest in _newest_versions(gw).items():
-                oldest = min((v for (p, v) in acting if p == policy), default=newest)
-                lag.add_metric([policy], max(0, newest - oldest))
+            for policy, behind in version_lags(_newest_versions(gw, acting), acting).items():
+                lag.add_metric([policy], behind)
             yield lag
-        experience = getattr(gw, "experience", None)
+        experience = gw.experience
         if experience is not None:
             stats = experience.stats  # a property: LogStats
             yield _gauge("tether_log_bytes", "Experience log message bytes written since start", stats.bytes)
@@ -208,7 +214,7 @@ class _GatewayState(Collector):
 
     def _trainer_rates(self, gw) -> dict[str, float]:
         """From the two newest versions' lineage (trainer_step) and creation times, when a registry has them."""
-        registry = getattr(gw, "registry", None)
+        registry = gw.registry
         rates = {}
         if registry is None:
             return rates
@@ -226,20 +232,13 @@ class _GatewayState(Collector):
         return rates
 
 
-def _newest_versions(gw) -> dict[str, int]:
-    newest: dict[str, int] = {}
-    registry = getattr(gw, "registry", None)
-    if registry is not None:
-        try:
-            for policy in registry.policies():
-                versions = [r.version for r in registry.versions(policy)]
-                if versions:
-                    newest[policy] = max(versions)
-        except Exception:
-            pass
-    for s in gw.sessions.values():
-        newest[s.policy.name] = max(newest.get(s.policy.name, 0), s.policy.version)
-    return newest
+def _newest_versions(gw: MetricsSource, acting: Iterable[tuple[str, int]]) -> dict[str, int]:
+    """bridge.registry.newest over the registry's policies and the acting versions; the sessions' alone when the
+    registry cannot be read (a scrape never fails on it)."""
+    try:
+        return newest_versions(gw.registry, acting)
+    except Exception:
+        return newest_versions(None, acting)
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

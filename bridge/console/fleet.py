@@ -1,6 +1,6 @@
 """The operator's view of a gateway's fleet: a thin adapter over what the gateway owns.
 
-    fleet = Fleet(gateway)                         # the gateway owns one: gateway.fleet
+    fleet = Fleet(gateway)                         # a FleetSource (bridge.gateway.views); the gateway owns one
     await fleet.estop(Target(robot="arm_1"), who="operator:ada", why="person in the cell")   # (changed, held)
     await fleet.release(Target(robot="arm_1"), who="operator:ada", why="cell clear")
     fleet.status()                                 # fleet_pb2.FleetStatus (tether status, the console)
@@ -17,10 +17,10 @@ from __future__ import annotations
 import logging
 from collections import deque
 
-from bridge.gateway.figures import FleetFigures
 from bridge.gateway.holds import MAX_NAME, ROBOT_LABELS, BadTarget, EStops, Target, selector
+from bridge.gateway.views import FleetSource
 from bridge.metrics import GatewayMetrics
-from bridge.registry import Registry, RegistryError
+from bridge.registry import RegistryError
 from protos import fleet_pb2
 
 __all__ = ["MAX_NAME", "ROBOT_LABELS", "BadTarget", "Fleet", "Target"]
@@ -29,12 +29,10 @@ log = logging.getLogger("tether.console")
 
 
 class Fleet:
-    def __init__(self, gateway, *, metrics: GatewayMetrics | None = None):
+    def __init__(self, gateway: FleetSource):
         self._gw = gateway
-        figures = getattr(gateway, "figures", None)  # a stand-in gateway (benchmarks) may have none: our own
-        self.figures = figures if figures is not None else FleetFigures(metrics or GatewayMetrics(gateway))
-        holds = getattr(gateway, "estops", None)
-        self.holds: EStops = holds if holds is not None else EStops(Registry(":memory:"))
+        self.figures = gateway.figures
+        self.holds: EStops = gateway.estops
         self.console_url = ""
         self._audit: deque = deque(maxlen=1000)  # the e-stop registry's estop/release events, newest last
         self._audit_since = 0
@@ -97,7 +95,7 @@ class Fleet:
                     break
         except RegistryError as exc:  # closed (the gateway stopped) or unreadable: what was read so far
             log.debug("cannot read the e-stops' audit events: %s", exc)
-        shared = registry is getattr(self._gw, "registry", None)
+        shared = registry is self._gw.registry
         return [dict(id=e.id, t_ns=e.t_ns, kind=e.kind, policy=e.policy, detail=e.detail, version=e.version, who=e.who,
                      why=e.why, figures=e.figures, estop_id=e.to_state or e.from_state, in_registry=shared)
                 for e in list(self._audit)[-limit:]]
@@ -112,7 +110,7 @@ class Fleet:
         acting: dict[tuple[str, int], int] = {}
         for s in list(self._gw.sessions.values()):
             acting[(s.policy.name, s.policy.version)] = acting.get((s.policy.name, s.policy.version), 0) + 1
-        registry = getattr(self._gw, "registry", None)
+        registry = self._gw.registry
         rows = []
         if registry is not None:
             for policy in registry.policies():

@@ -51,7 +51,9 @@ from aiohttp import web
 
 from bridge.console.fleet import BadTarget, Target
 from bridge.gateway.errors import GatewayError
+from bridge.gateway.views import ConsoleSource
 from bridge.metrics import CONTENT_TYPE
+from bridge.registry.newest import newest_versions, version_lags
 from bridge.security.tls import InsecureBind, is_loopback
 
 log = logging.getLogger("tether.console")
@@ -111,7 +113,7 @@ def allowed_host(entry: str) -> str:
 
 
 class Console:
-    def __init__(self, gateway, *, host: str = "127.0.0.1", port: int = 0, sample_s: float = 1.0,
+    def __init__(self, gateway: ConsoleSource, *, host: str = "127.0.0.1", port: int = 0, sample_s: float = 1.0,
                  ssl_context: ssl.SSLContext | None = None, allowed_hosts: tuple[str, ...] = ()):
         self._gw = gateway
         self.host, self.port, self.sample_s = host, port, sample_s
@@ -266,7 +268,7 @@ class Console:
     def _versions(self) -> list[dict]:
         """Per policy: its versions (lineage, gate checks, state, runtime figures) and its rollout."""
         gw = self._gw
-        registry, rollout = getattr(gw, "registry", None), getattr(gw, "rollout", None)
+        registry, rollout = gw.registry, gw.rollout
         acting: dict[tuple[str, int], int] = {}
         for s in list(gw.sessions.values()):
             acting[(s.policy.name, s.policy.version)] = acting.get((s.policy.name, s.policy.version), 0) + 1
@@ -294,7 +296,7 @@ class Console:
 
     def _audit(self, limit: int = 100) -> list[dict]:
         """The registry's events and the fleet's operator actions, newest first."""
-        registry = getattr(self._gw, "registry", None)
+        registry = self._gw.registry
         if registry is not None:  # registry.events pages oldest first: follow it with a cursor, keep the newest
             if self._event_id == 0:  # at first, the newest page only (one indexed read), never the whole log
                 first = _safe(lambda: registry.latest_events(limit=self._events.maxlen)) or []
@@ -404,7 +406,7 @@ class Console:
         return _plain(rollout)
 
     def _controller(self):
-        rollout = getattr(self._gw, "rollout", None)
+        rollout = self._gw.rollout
         if rollout is None:
             raise _NoRollout("this gateway has no rollout controller (promote, rollback, canary and pin need one)")
         return rollout
@@ -485,8 +487,8 @@ def _plain(value):
 
 
 def _rollout_mode(gw) -> str:
-    plan = getattr(gw.config, "rollout", None)
-    return str(getattr(plan, "mode", "") or "")
+    plan = gw.config.rollout
+    return str(plan.mode or "") if plan is not None else ""
 
 
 def _freshness(gw) -> tuple[int, float | None]:
@@ -496,22 +498,16 @@ def _freshness(gw) -> tuple[int, float | None]:
         policies = fresh.get("policies") or {}
         return (max((int(p.get("max_version_lag", 0)) for p in policies.values()), default=0),
                 max((float(p.get("max_time_lag_s", 0.0)) for p in policies.values()), default=0.0))
-    newest: dict[str, int] = {}
-    oldest: dict[str, int] = {}
-    for s in list(gw.sessions.values()):
-        p, v = s.policy.name, s.policy.version
-        newest[p], oldest[p] = max(newest.get(p, v), v), min(oldest.get(p, v), v)
-    registry = getattr(gw, "registry", None)
-    if registry is not None:
-        for p in oldest:
-            versions = _safe(lambda p=p: [r.version for r in registry.versions(p)]) or []
-            newest[p] = max([newest[p], *versions])
-    return max((newest[p] - oldest[p] for p in oldest), default=0), None
+    acting = [(s.policy.name, s.policy.version) for s in list(gw.sessions.values())]
+    policies = {p for p, _ in acting}  # the lag of the policies sessions act with (bridge.registry.newest)
+    newest = (_safe(lambda: newest_versions(gw.registry, acting, policies=policies))
+              or newest_versions(None, acting))
+    return max(version_lags(newest, acting).values(), default=0), None
 
 
 def freshness(gw) -> dict | None:
     """The rollout controller's freshness ({"sessions": {id: {...}}, "policies": {name: {...}}}), or None."""
-    rollout = getattr(gw, "rollout", None)
+    rollout = gw.rollout
     fresh = _safe(rollout.freshness) if rollout is not None else None
     return fresh if isinstance(fresh, dict) and isinstance(fresh.get("policies"), dict) else None
 

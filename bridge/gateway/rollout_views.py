@@ -15,7 +15,8 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-from bridge.registry import Registry, Rollout, State
+from bridge.registry import Registry, Rollout
+from bridge.registry.newest import newest_record
 
 
 class Freshness:
@@ -34,8 +35,8 @@ class Freshness:
     def newest(self, name: str) -> tuple[int, int] | None:
         """(version, created_ns) of the newest version not rejected, or None when there is none."""
         if name not in self._newest:
-            records = [r for r in self._registry.versions(name) if r.state is not State.REJECTED]
-            self._newest[name] = (records[-1].version, records[-1].created_ns) if records else None
+            record = newest_record(self._registry.versions(name), rejected=False)  # bridge.registry.newest
+            self._newest[name] = (record.version, record.created_ns) if record is not None else None
         return self._newest[name]
 
     def report(self, rollouts: Mapping[str, Rollout], sessions: Iterable) -> dict:

@@ -50,13 +50,13 @@ def test_enospc_degrades_keeps_accepting_and_resumes_with_every_transition_in_or
             assert log.durable_offset == frozen <= 40 and not any(f.done() for f in during[-10:])
             assert log.durable_step("s0") <= 19 + (frozen - 40) and log.stats.write_errors >= 3
             assert log.stats.degraded and log.stats.pending == 400 - frozen
-            scraped = GatewayMetrics(SimpleNamespace(sessions={}, experience=log)).exposition().decode()
+            scraped = GatewayMetrics(_gateway_of(log)).exposition().decode()
             assert "tether_experience_degraded 1.0" in scraped and "tether_experience_write_errors_total" in scraped
             fault.unlink()
             offsets = await asyncio.wait_for(asyncio.gather(*during), 30)
             assert offsets == list(range(40, 400)) and log.degraded is None
             assert (log.durable_step("s0"), log.durable_step("s1")) == (199, 199)
-            scraped = GatewayMetrics(SimpleNamespace(sessions={}, experience=log)).exposition().decode()
+            scraped = GatewayMetrics(_gateway_of(log)).exposition().decode()
             assert "tether_experience_degraded 0.0" in scraped and "tether_experience_pending 0.0" in scraped
 
     asyncio.run(scenario())
@@ -169,3 +169,8 @@ def test_retention_prunes_finished_segments_oldest_first_by_size_and_by_age(tmp_
     assert [p for _, p in list_segments(log_dir)] == after[-1:]
     with pytest.raises(ValueError, match="retention_s"):
         ExperienceLog(log_dir, retention_s=0)
+
+
+def _gateway_of(log) -> SimpleNamespace:
+    """A MetricsSource (bridge.gateway.views) with nothing but the log: no sessions, registry or rollout."""
+    return SimpleNamespace(sessions={}, experience=log, registry=None, rollout=None)
