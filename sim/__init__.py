@@ -1,5 +1,7 @@
 """Simulator adapters behind one environment contract, and the client that connects them to the gateway.
 
+- `sim.make(env_id, num_envs=None, **kw)` (`sim.registry`): the one environment registry (`Hopper-v5`,
+  `PointMass`, `newton:*`, `isaaclab:*`, `mujoco:*`, `serial:*`), used by `tether sim`, the gate and the demo.
 - `sim.env`: `Environment` (the contract), `TimeStep`, `StepType`, `BaseEnvironment`.
 - `sim.mujoco`: `GymnasiumEnv` (gymnasium MuJoCo `*-v5`), `make_env(name, **kw)`.
 - `sim.toy`: `PointMass`, a pure-numpy env for tests.
@@ -15,5 +17,6 @@
 """
 
 from sim.env import BaseEnvironment, Environment, ResetRequired, StepType, TimeStep
+from sim.registry import is_vector, make
 
-__all__ = ["BaseEnvironment", "Environment", "ResetRequired", "StepType", "TimeStep"]
+__all__ = ["BaseEnvironment", "Environment", "ResetRequired", "StepType", "TimeStep", "is_vector", "make"]

@@ -17,8 +17,9 @@ from pathlib import Path
 
 from bridge.common.flags import deprecated_alias, gateway_flags, output_flags, policy_flag
 from bridge.common.kv import parse_pairs
-from sim.client import VECTOR_PREFIXES, ClientTls, SessionError, SimStats, run_sessions
+from sim.client import ClientTls, SessionError, SimStats, run_sessions
 from sim.env import Environment
+from sim.registry import is_vector, make
 from sim.vector import VectorEnvironment
 
 __all__ = ["main", "parser"]
@@ -57,8 +58,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     with a non-zero code after printing why, so callers that ignore the return value still exit
     non-zero.
     """
-    from sim.mujoco import make_env
-    from sim.vector import make_vector_env
 
     parser_ = parser()
     args = parser_.parse_args(argv)
@@ -71,15 +70,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         parser_.error(str(exc))
 
-    vector = args.sessions is not None or args.env.partition(":")[0] in VECTOR_PREFIXES
+    vector = args.sessions is not None or is_vector(args.env)
     sessions = (args.sessions or 1) if vector else args.envs
 
     def build(i: int) -> Environment | VectorEnvironment:
         if vector:  # session i's env j is seeded with seed + i * envs + j
             seed = None if args.seed is None else args.seed + i * args.envs
-            return make_vector_env(args.env, num_envs=args.envs, seed=seed, max_episode_steps=args.max_episode_steps)
+            return make(args.env, num_envs=args.envs, seed=seed, max_episode_steps=args.max_episode_steps)
         seed = None if args.seed is None else args.seed + i
-        return make_env(args.env, seed=seed, max_episode_steps=args.max_episode_steps)
+        return make(args.env, seed=seed, max_episode_steps=args.max_episode_steps)
 
     def status(stats: SimStats) -> None:
         print(stats.status_line(), file=sys.stderr, flush=True)

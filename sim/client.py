@@ -37,13 +37,12 @@ from bridge.client.session import CHANNEL_OPTIONS
 from protos.codec import TensorError, decode_all, encode_all
 from protos.tether.v1 import bridge_pb2
 from sim.env import Environment, StepType, TimeStep, zeros
+from sim.registry import VECTOR_PREFIXES  # noqa: F401 - `--env` names of vector envs; old import path
 from sim.vector import VectorEnvironment, VectorTimeStep, safe_action
 
 __all__ = ["ClientTls", "SessionError", "SimStats", "main", "run_sessions", "run_vector_sessions",
            "vector_observation"]
 
-
-VECTOR_PREFIXES = ("newton", "isaaclab", "mujoco", "gymnasium", "serial")  # `--env` names of vector envs
 
 SimStats = ClientStats  # the counters of one run (`bridge.client.stats`)
 

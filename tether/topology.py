@@ -28,11 +28,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import sim
 from bridge.common import files as common_files
 from inference_server import ModelRepository, TritonServer
-from sim.client import VECTOR_PREFIXES, run_sessions, run_vector_sessions
-from sim.mujoco import make_env
-from sim.vector import make_vector_env
+from sim.client import run_sessions, run_vector_sessions
 from trainer.policy import GaussianPolicy, MLPPolicy
 
 
@@ -43,14 +42,14 @@ def policy_name(env_id: str) -> str:
 
 def is_vector_env(env_id: str) -> bool:
     """`newton:cartpole`, `isaaclab:...`, `mujoco:Hopper-v5`: a name only the vector env factory knows."""
-    return env_id.partition(":")[0] in VECTOR_PREFIXES
+    return sim.is_vector(env_id)
 
 
 def write_initial_policy(repo: ModelRepository, env_id: str, *, seed: int = 0, stochastic: bool = False) -> str:
     """A freshly initialised policy for `env_id`, written as version 1 of its model; returns the
     name. `stochastic`: a Gaussian policy that samples in Triton and reports its log-probability
     (what PPO learns from); otherwise a deterministic MLP."""
-    env = make_vector_env(env_id, num_envs=1) if is_vector_env(env_id) else make_env(env_id)
+    env = sim.make(env_id)  # the one env registry (sim.registry): a vector id gives a vector env of one
     try:
         observation, action = env.observation_spec(), env.action_spec()
     finally:
@@ -225,15 +224,14 @@ def run_demo(config: DemoConfig) -> dict:
             progress = _Progress()
             if config.train:
                 print(f"sim     {config.envs} x {config.env} for {config.seconds:g} s", flush=True)
-                stats = asyncio.run(run_sessions(gw, lambda i: make_env(config.env, seed=config.seed + i),
+                stats = asyncio.run(run_sessions(gw, lambda i: sim.make(config.env, seed=config.seed + i),
                                                  envs=config.envs, seconds=config.seconds, on_progress=progress,
                                                  reconnect_s=10.0, until=_reached(config.stop_at_return)))
             else:
                 print(f"sim     {config.sessions} vectorised session(s) x {config.envs} envs of {config.env} "
                       f"for {config.seconds:g} s", flush=True)
                 stats = asyncio.run(run_vector_sessions(
-                    gw, lambda i: make_vector_env(config.env, num_envs=config.envs,
-                                                  seed=config.seed + i * config.envs),
+                    gw, lambda i: sim.make(config.env, num_envs=config.envs, seed=config.seed + i * config.envs),
                     sessions=config.sessions, seconds=config.seconds, on_progress=progress,
                     until=_reached(config.stop_at_return)))
         summary = stats.summary()
