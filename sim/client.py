@@ -221,7 +221,8 @@ async def _one_session(addresses: list[str], channels: dict, credentials: Creden
         if e.code() == grpc.StatusCode.UNAVAILABLE:
             raise ConnectionError(f"gateway {session.address} unavailable (session {session.id}): "
                                   f"{e.details()}") from None
-        raise SessionError(f"session {session.id} on {session.address}: {e.code().name}: {e.details()}") from None
+        raise SessionError(f"session {session.id} on {session.address}: {e.code().name}: {e.details()}",
+                           code=e.code()) from None
     finally:
         stats.reconnects += session.reconnects
         stats.replayed += session.replayed

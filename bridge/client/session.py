@@ -41,7 +41,12 @@ CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconn
 
 
 class SessionError(RuntimeError):
-    """The gateway rejected or ended the session, or broke the protocol."""
+    """The gateway rejected or ended the session, or broke the protocol; `code` is the gRPC status it
+    ended the stream with (None for a protocol break)."""
+
+    def __init__(self, message: str, *, code: grpc.StatusCode | None = None):
+        super().__init__(message)
+        self.code = code
 
 
 class Broken(ConnectionError):
@@ -177,7 +182,8 @@ class Session:
                                f"{self.reply_timeout_s:g} s of our half-close") from None
         code = await self.call.code()
         if code != grpc.StatusCode.OK:
-            raise SessionError(f"session {self.id}: stream ended with {code.name} {await self.call.details()}")
+            raise SessionError(f"session {self.id}: stream ended with {code.name} {await self.call.details()}",
+                               code=code)
 
     async def aclose(self) -> None:
         """Cancel the stream (a no-op once it ended) and close the channels this session made."""
@@ -224,13 +230,14 @@ class Session:
         except grpc.aio.AioRpcError as e:
             if e.code() == grpc.StatusCode.UNAVAILABLE:
                 raise Broken(e.details()) from None
-            raise SessionError(f"session {self.id} on {self.address}: {e.code().name}: {e.details()}") from None
+            raise SessionError(f"session {self.id} on {self.address}: {e.code().name}: {e.details()}",
+                               code=e.code()) from None
         if msg is grpc.aio.EOF:
             code, details = await self.call.code(), await self.call.details()
             if code == grpc.StatusCode.UNAVAILABLE:
                 raise Broken(details)
             raise SessionError(f"session {self.id}: {self.address} ended the stream while we awaited "
-                               f"{what}: {code.name} {details}")
+                               f"{what}: {code.name} {details}", code=code)
         return msg
 
     async def _write(self, message: bridge_pb2.ClientMessage) -> None:

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from bridge.client import Session
+from bridge.client import Session, SessionError
 from sim.client import run_sessions
 from sim.mujoco import make_env
 from tests.client.test_failover import _port
@@ -36,3 +36,21 @@ def test_no_address_answering_is_a_connection_error_naming_them():
         asyncio.run(run_sessions(dead, lambda i: make_env("Hopper-v5", seed=i), envs=1, steps=5,
                                  connect_timeout=1.0))
     assert all(address in str(info.value) for address in dead)
+
+
+def test_a_refused_hello_is_a_session_error_with_the_gateways_status(triton):
+    import grpc
+    import numpy as np
+
+    from protos.codec import Spec
+    from tests.conftest import OBS
+    from tests.gateway.helpers import hello
+
+    async def scenario():
+        async with running_gateway(triton.url, policy="tiny") as gw:
+            async with Session(gw.address, hello("bad", obs=OBS, act=(Spec("action", np.float32, (4,)),))):
+                pass
+
+    with pytest.raises(SessionError, match="action_spec 'action' is float32\\[4\\]") as info:
+        asyncio.run(scenario())
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
