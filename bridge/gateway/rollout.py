@@ -163,7 +163,7 @@ class RolloutController:
         rollout = self.refresh(name)
         for version in sorted(self._needed(name, rollout)):
             try:
-                await self._serve(name, version)
+                await self.serving.serve(name, version)
             except SwapFailed as exc:  # without its live version the policy cannot serve: that stops the start
                 if version == rollout.live:
                     raise
@@ -173,7 +173,7 @@ class RolloutController:
             await self._catalog.promote(name, rollout.live)
         for record in self.registry.versions(name):  # gated before a restart: the plan goes on
             if record.state is State.GATED:
-                await self._serve(name, record.version)
+                await self.serving.serve(name, record.version)
                 await self.enter_plan(name, record.version)
         await self.reconcile(name)
         log.info("rollout %s restored: live v%s, canary v%s (fraction %g, labels %s), shadow v%s, pins %s", name,
@@ -194,6 +194,7 @@ class RolloutController:
         self.fresh.withdrawn(name)
 
     async def enter_plan(self, name: str, version: int) -> None:
+        """A gated version enters the plan: live at once (direct, or the policy's first version), else shadow."""
         if self.plan.mode == "direct" or self.rollout(name).live is None:  # a first version protects nothing
             why = "rollout direct" if self.plan.mode == "direct" else "the policy's first version"
             await self._write(self.registry.move, name, version, State.LIVE, who="auto", why=why)
@@ -216,7 +217,7 @@ class RolloutController:
             raise RegistryError(f"promote moves a version to shadow, canary or live, not {to}")
         async with self.lock:
             self._check_move(policy, version, to)
-            await self._serve(policy, version)
+            await self.serving.serve(policy, version)
             if to is State.CANARY and (fraction is not None or labels is not None):
                 await self._write(self.registry.set_canary, policy, fraction=fraction, labels=labels, who=who, why=why)
             if to is State.SHADOW and (shadow := self.rollout(policy).shadow) not in (None, version):
@@ -240,7 +241,7 @@ class RolloutController:
             raise RegistryError(f"policy {policy!r} has no live version to roll back")
         self._check_move(policy, version, State.ROLLED_BACK)
         if version == rollout.live:
-            await self._serve(policy, rollout.previous_live)
+            await self.serving.serve(policy, rollout.previous_live)
         record = await self._write(self.registry.move, policy, version, State.ROLLED_BACK, who=who, why=why)
         await self._after_change(policy)
         log.warning("policy %s v%d rolled back by %s: %s", policy, version, who, why)
@@ -256,7 +257,7 @@ class RolloutController:
             record = self.registry.get(policy, version)
             if record.state in WITHDRAWN:
                 raise RegistryError(f"policy {policy!r} v{version} is {record.state}; it cannot be pinned")
-            await self._serve(policy, version)
+            await self.serving.serve(policy, version)
         rollout = await self._write(self.registry.pin, policy, selector, version, who=who, why=why)
         self.refresh(policy)
         if version is None and policy not in self._publishing.gating:
@@ -378,9 +379,6 @@ class RolloutController:
     async def reconcile(self, name: str) -> None:
         """Unload the versions nobody needs; verify what Triton serves."""
         await self.serving.reconcile(name, self.keep(name))
-
-    async def _serve(self, name: str, version: int) -> None:
-        await self.serving.serve(name, version)
 
     # -- reads ---------------------------------------------------------------------------------------------------
 
