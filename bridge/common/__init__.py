@@ -3,6 +3,7 @@
     from bridge.common.errors import TetherError, NotFound
     from bridge.common.files import write_atomic, write_json
     from bridge.common.kv import parse_pairs
+    from bridge.common.logs import configure_logging, log_context
     from bridge.common.percentiles import percentile, p50_p99
 
 Packages above (registry, security, gate, rewards, experience, then the gateway and the console)

@@ -1,4 +1,5 @@
-"""The operator's view of a gateway: the web console, the fleet's figures and e-stops, metrics, JSON logs.
+"""The operator's view of a gateway: the web console, the fleet's figures and e-stops, metrics (JSON logs are
+bridge.common.logs: the gateway's step path logs through them without importing the console).
 
     gateway.fleet            # bridge.console.fleet.Fleet: displays gateway.figures and gateway.estops, forwards
                              # operators' e-stops and releases (bridge.gateway.figures, bridge.gateway.holds)

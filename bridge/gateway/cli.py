@@ -48,7 +48,7 @@ async def serve(config: GatewayConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bridge.console.logs import configure_logging
+    from bridge.common.logs import configure_logging
     from bridge.rewards import RewardConfigError
     from bridge.security.tls import InsecureBind
     from bridge.security.tokens import TokenError

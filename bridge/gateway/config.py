@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bridge.common.kv import split_pair
+from bridge.console.server import allowed_host
 from bridge.gate import GateConfig
 from bridge.gateway.limits import Limits
 from bridge.gateway.publisher import PublishLimits
@@ -172,8 +173,6 @@ def from_arguments(a: argparse.Namespace) -> GatewayConfig:
 
 
 def _console_allowed_host(value: str) -> str:
-    from bridge.console.server import allowed_host  # lazily: bridge.console imports bridge.gateway's modules
-
     try:
         return allowed_host(value)
     except ValueError as exc:

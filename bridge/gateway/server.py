@@ -29,6 +29,9 @@ from collections import Counter, deque
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from bridge.console.fleet import Fleet
+from bridge.console.fleet_service import FleetService
+from bridge.console.server import Console, check_console_bind
 from bridge.gate import Gate
 from bridge.gateway.batcher import MicroBatcher
 from bridge.gateway.config import GatewayConfig
@@ -84,8 +87,6 @@ class Gateway:
         self.experience = None  # the ExperienceLog, once started
         self.auth = _authorizer(config)  # who may view and act (bridge.security)
         self.admission = Admission(config.limits)  # session caps (bridge.gateway.limits)
-        from bridge.console.fleet import Fleet  # here: bridge.console imports bridge.gateway's modules
-
         # operators' e-stops, durable (the registry, else <experience_dir>/.tether/estops.sqlite), and the held replies
         self.estops = EStops(open_estop_registry(self.registry, config.experience_dir))
         self.figures = FleetFigures(GatewayMetrics(self))  # per-session figures and metrics (bridge.gateway.figures)
@@ -110,8 +111,6 @@ class Gateway:
         check_exposure(c.host, tls=tls is not None, insecure=c.insecure)  # InsecureBind: plaintext off loopback
         if c.console_port is not None:  # the console: HTTPS with the same certificate, the same rule
             check_exposure(c.console_host, tls=tls is not None, insecure=c.insecure, what="console")
-            from bridge.console.server import check_console_bind
-
             check_console_bind(c.console_host, self.auth)  # ExposedConsole: off loopback, credentials needed
         log.info("gateway security: %s; %s", ("mTLS (client certificates required)" if c.tls_client_ca else "TLS")
                  if tls else "plaintext", self.auth.describe())
@@ -128,8 +127,6 @@ class Gateway:
                                                 *KEEPALIVE])
         bridge_pb2_grpc.add_BridgeServicer_to_server(BridgeService(self), self._server)
         policies_pb2_grpc.add_PoliciesServicer_to_server(PoliciesService(self), self._server)
-        from bridge.console.fleet_service import FleetService
-
         fleet_pb2_grpc.add_FleetServicer_to_server(FleetService(self), self._server)
         if self.config.experience_dir is not None:
             from bridge.experience.log import ExperienceLog
@@ -161,7 +158,6 @@ class Gateway:
         for name in ("", SERVICE_NAME):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if self.config.console_port is not None:
-            from bridge.console.server import Console
             from bridge.security.tls import http_ssl_context
 
             self.console = Console(self, host=c.console_host, port=c.console_port,

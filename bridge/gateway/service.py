@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from bridge.console.logs import log_context
+from bridge.common.logs import log_context
 from bridge.gateway.errors import GatewayError, InvalidHello
 from bridge.gateway.limits import IdleTimeout, Undecodable, peer_key, within_idle
 from protos import bridge_pb2, bridge_pb2_grpc

@@ -67,3 +67,29 @@ def test_importing_the_libraries_loads_no_gateway_or_console():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+WIRING = {"server.py", "config.py", "cli.py", "views.py"}  # the composition root and its typing-only Protocols
+
+
+def test_the_gateway_step_path_never_imports_the_console():
+    """The console is a one-way adapter over the gateway: only the wiring (which builds the console) names it."""
+    upward = {f"{p.relative_to(ROOT)}: {name}" for p in _modules("bridge/gateway") if p.name not in WIRING
+              for name in imports_of(p) if name == "bridge.console" or name.startswith("bridge.console.")}
+    assert not upward, "gateway modules that import the console:\n" + "\n".join(sorted(upward))
+
+
+def test_no_lazy_imports_of_bridge_packages_in_the_gateway_or_the_console():
+    """An import inside a function to dodge a cycle between the gateway and the console is a workaround: the
+    layers need none (the gateway's wiring imports the console at the top, the console imports gateway modules)."""
+    lazy = set()
+    other = {"bridge/gateway": ("bridge.console",), "bridge/console": ("bridge.gateway",),
+             "bridge/common": ("bridge.gateway", "bridge.console")}
+    for folder, names in other.items():
+        for path in _modules(folder):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    for inner in ast.walk(node):
+                        if isinstance(inner, ast.ImportFrom) and (inner.module or "").startswith(names):
+                            lazy.add(f"{path.relative_to(ROOT)}:{inner.lineno}: {inner.module}")
+    assert not lazy, "lazy imports of the gateway/console:\n" + "\n".join(sorted(lazy))

@@ -11,8 +11,8 @@ import sys
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from bridge.common.logs import JsonFormatter
 from bridge.console.fleet import Target
-from bridge.console.logs import JsonFormatter
 from tests.gateway.helpers import running_gateway
 
 
