@@ -322,8 +322,8 @@ def main(argv: list[str] | None = None) -> dict | None:
         python = ROS_PYTHON if transport == "rclpy" else Path(sys.executable)
         chunk = ["--policy", CHUNK_MODEL, "--chunk", str(a.chunk)] if chunked else ["--policy", STEP_MODEL]
         return [str(python), "-m", "bridge.ros2.edge", "--gateway", gw, "--transport", transport, "--domain-id",
-                str(a.domain_id), "--rate", f"{rate:g}", "--velocity-limit", "100", "--status-s", "3600",
-                "--node-name", "bench_edge", "--report", str(report), "--topic-map", str(topic_map), *chunk]
+                str(a.domain_id), "--rate", f"{rate:g}", "--velocity-limit", "100", "--status-every", "3600",
+                "--node-name", "bench_edge", "--summary", str(report), "--topic-map", str(topic_map), *chunk]
 
     floors = {"raw DDS ping-pong": [sys.executable, str(Path(__file__).resolve()), "--echo", "dds",
                                     "--domain-id", str(a.domain_id), "--topic-map", str(topic_map)]}

@@ -21,16 +21,16 @@ import sys
 
 import grpc
 
-from bridge.security.channel import add_client_args, channel_kwargs, secure_channel_sync
+from bridge.common.flags import gateway_flags, output_flags
+from bridge.security.channel import channel_kwargs, secure_channel_sync
 from protos import fleet_pb2, fleet_pb2_grpc
 
 
 def _parser(command: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"tether {command}", description=__doc__.splitlines()[0])
-    p.add_argument("--gateway", default="127.0.0.1:50051", help="the gateway's gRPC address HOST:PORT")
+    gateway_flags(p, token_help="operator token NAME.SECRET")
     p.add_argument("--operator", default=os.environ.get("TETHER_OPERATOR", ""), help="your name (open access)")
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds")
-    add_client_args(p)
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the gateway")
     if command != "status":
         who = p.add_mutually_exclusive_group(required=True)
         who.add_argument("--session", help="one session id")
@@ -38,7 +38,7 @@ def _parser(command: str) -> argparse.ArgumentParser:
         who.add_argument("--all", action="store_true", help="every session, and those that connect later")
         p.add_argument("--reason", default="", help="why (audit log)")
     else:
-        p.add_argument("--json", action="store_true", help="print the FleetStatus message as JSON")
+        output_flags(p, json=True)  # the FleetStatus message as JSON
     return p
 
 
