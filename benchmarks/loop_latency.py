@@ -30,7 +30,7 @@ from svgplot import cdf, line_plot
 
 from bridge.client import Credentials
 from bridge.client import Session as ClientSession
-from bridge.common.percentiles import p50_p99
+from bridge.common.percentiles import p50_p99, percentile
 from inference_server import ModelRepository, TritonServer
 from protos import bridge_pb2
 from protos.codec import Spec, encode
@@ -148,6 +148,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--seconds", type=float, default=5.0, help="per throughput level")
     p.add_argument("--sessions", default="1,8,32", help="throughput levels ('' = none)")
     p.add_argument("--max-inflight", type=int, default=1, help="the gateway's in-flight batches per policy")
+    p.add_argument("--deadline-ms", type=float, default=100.0,
+                   help="the gateways' inference deadline (raise it on a loaded machine: a missed step aborts)")
     p.add_argument("--vector-of-one", action="store_true",
                    help="also step a vectorised session of one env (batched, [1, ...] tensors) in each round")
     p.add_argument("--baseline", type=Path, default=None, metavar="TREE",
@@ -157,13 +159,14 @@ def main(argv: list[str] | None = None) -> dict:
     run_dir = Path(tempfile.mkdtemp(prefix="tether-bench-"))
     repo = ModelRepository(run_dir / "models")
     repo.write_version(MODEL, 1, MLPPolicy(OBS[0], ACT[0], seed=0), OBS, ACT)
+    gateway_args = ("--max-inflight", str(a.max_inflight), "--deadline-ms", f"{a.deadline_ms:g}")
     load_before = os.getloadavg()
     with TritonServer(repo.root, models=[MODEL], log_path=run_dir / "triton.log") as triton, \
             gateway_process(triton_url=triton.grpc_url, policy=MODEL, log_path=run_dir / "gateway.log",
-                            extra_args=("--max-inflight", str(a.max_inflight))) as gw, \
+                            extra_args=gateway_args) as gw, \
             baseline_gateway(a.baseline, triton_url=triton.grpc_url, policy=MODEL,
                              log_path=run_dir / "gateway_baseline.log",
-                             extra_args=("--max-inflight", str(a.max_inflight))) as base:
+                             extra_args=gateway_args) as base:
         paths = {"raw_tritonclient": lambda n, r: raw_round_trips(triton.grpc_url, n),
                  "gateway": lambda n, r: asyncio.run(gateway_round_trips(gw, n, f"lat{r}"))}
         if a.vector_of_one:
@@ -200,14 +203,19 @@ def main(argv: list[str] | None = None) -> dict:
         "overhead_p50_ms": {name: latency[name]["p50"] - latency["raw_tritonclient"]["p50"]
                             for name in samples if name != "raw_tritonclient"},
         "ratio_p50": float(np.median(via) / np.median(raw)),
-        "ratio_p99": float(np.percentile(via, 99) / np.percentile(raw, 99)),
+        "ratio_p99": float(percentile(via, 99) / percentile(raw, 99)),
         "throughput": levels,
     }
     if a.vector_of_one:
         result["vector_of_one_vs_single_p50"] = latency["gateway_vector_of_one"]["p50"] / latency["gateway"]["p50"]
-    if base is not None:
+    if base is not None:  # paired per round too: the two blocks of a round saw the same load
         result["baseline_tree"] = str(a.baseline)
         result["after_vs_baseline_p50"] = latency["gateway"]["p50"] / latency["gateway_baseline"]["p50"]
+        result["after_vs_baseline_paired_median"] = float(np.median(
+            np.asarray(medians["gateway"]) / np.asarray(medians["gateway_baseline"])))
+        result["overhead_paired_median_ms"] = {name: float(np.median(np.asarray(medians[name])
+                                                                     - np.asarray(medians["raw_tritonclient"])))
+                                               for name in samples if name != "raw_tritonclient"}
     if levels:
         result["scaling_max_vs_1"] = levels[-1]["steps_per_s"] / levels[0]["steps_per_s"]
     print_table(result)
@@ -227,9 +235,12 @@ def print_table(r: dict) -> None:
         extra = f"{over[name]:>14.3f}" if name in over else ""
         print(f"{name:<24}{figures['p50']:>10.3f}{figures['p99']:>10.3f}{extra}")
     print(f"{'ratio gateway/raw':<24}{r['ratio_p50']:>10.2f}{r['ratio_p99']:>10.2f}")
-    for key in ("vector_of_one_vs_single_p50", "after_vs_baseline_p50"):
+    for key in ("vector_of_one_vs_single_p50", "after_vs_baseline_p50", "after_vs_baseline_paired_median",
+                "overhead_paired_median_ms"):
         if key in r:
-            print(f"{key}: {r[key]:.3f}")
+            value = r[key]
+            print(f"{key}: " + (", ".join(f"{k} {v:.3f}" for k, v in value.items()) if isinstance(value, dict)
+                                else f"{value:.3f}"))
     m = r["machine"]
     print(f"load average before {m['load_average_before']}, after {m['load_average_after']} ({m['cpus']} cpus)\n")
     if r["throughput"]:
