@@ -9,9 +9,9 @@ each session acts with.
     any failed check ─▶ rejected (folder retired, unloaded; the live version keeps serving)
 
     rollout = RolloutController(registry=registry, catalog=catalog, control=client, batcher=batcher,
-                                repository=repo, plan=RolloutPlan(mode="staged"), gate=gate,
+                                publisher=publisher, repository=repo, plan=RolloutPlan(mode="staged"), gate=gate,
                                 in_use=lambda policy: {3})
-    await rollout.start()                       # restore after a restart, register what Triton serves
+    await rollout.start(["hopper"])             # restore after a restart, register what Triton serves
     reply = await rollout.publish(header, data, who="trainer:ppo@host")
     rollout.acting("hopper", "arm_2", {"robot": "arm_2"})     # the ServedPolicy this session acts with
     await rollout.promote("hopper", 4, State.CANARY, who="operator:alice", why="try it", fraction=0.1)
