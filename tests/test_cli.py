@@ -123,3 +123,21 @@ def test_train_exits_non_zero_when_a_rank_fails(tmp_path):
     assert run.returncode != 0, run.stderr[-2000:]
     assert "no *.mcap segments" in run.stderr
     assert json.loads(run.stdout.splitlines()[-1])["exit_code"] == run.returncode
+
+
+@pytest.mark.parametrize("command", [
+    ["status", "--timeout", "2"], ["estop", "--all", "--timeout", "2"], ["rollout", "list", "--timeout", "2"],
+    ["sim", "--connect-timeout", "2", "--seconds", "1"],
+])
+def test_a_command_that_cannot_reach_its_gateway_exits_1_saying_why(command, unused_port):
+    run = tether(*command, "--gateway", f"127.0.0.1:{unused_port}")
+    assert run.returncode == 1, run.stderr
+    assert f"127.0.0.1:{unused_port}" in run.stderr or "UNAVAILABLE" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("command", [["log", "inspect"], ["policy", "inspect"], ["certs", "client"]])
+def test_a_command_given_a_missing_path_exits_1_naming_it(command, tmp_path):
+    missing = str(tmp_path / "missing")
+    run = tether(*command, missing, *(["x", "--role", "robot"] if command[0] == "certs" else []))
+    assert run.returncode == 1 and missing in run.stderr and "Traceback" not in run.stderr
