@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bridge.common.percentiles import p50_p99, percentile
 from bridge.experience import ExperienceLog, read_transitions
 from protos import bridge_pb2, codec, experience_pb2
 from tether.topology import write_json
@@ -74,7 +75,7 @@ async def durable_rate(kind: str, seconds: float, *, fsync_interval_s: float, di
     return {"kind": kind, "transition_bytes": template.ByteSize(), "seconds": elapsed, "durable": durable,
             "transitions_per_s": durable / elapsed, "mb_per_s": nbytes / 1e6 / elapsed, "fsyncs": stats.fsyncs,
             "mean_group": durable / max(stats.fsyncs, 1), "segments": stats.segments,
-            "ack_ms": {"p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99))}}
+            "ack_ms": dict(zip(("p50", "p99"), map(float, p50_p99(ms.tolist())), strict=True))}  # nearest rank
 
 
 async def stream_rate(directory: Path, *, window: int = 4096, max_batch: int = 256) -> dict:
@@ -153,7 +154,7 @@ def loop_overhead(rounds: int, per_round: int, *, fsync_interval_ms: float, run_
     logged_transitions = sum(1 for _ in read_transitions(run_dir / "experience"))
     return {"without_log": percentiles(without), "with_log": percentiles(with_log),
             "ratio_p50": float(np.median(with_log) / np.median(without)),
-            "ratio_p99": float(np.percentile(with_log, 99) / np.percentile(without, 99)),
+            "ratio_p99": float(percentile(with_log, 99) / percentile(without, 99)),
             "transitions_logged": logged_transitions, "step_errors": errors}
 
 

@@ -38,6 +38,7 @@ import safetensors.torch
 import torch
 
 from bridge.client import Session, sync_channel
+from bridge.common.percentiles import p50_p99
 from inference_server import ModelRepository, TritonServer
 from protos import bridge_pb2, policies_pb2, policies_pb2_grpc
 from protos.codec import decode_all, encode, encode_all
@@ -232,7 +233,8 @@ def stats(rows: np.ndarray, deadline_ms: float) -> dict:
     if len(rows) == 0:
         return {"steps": 0}
     ms = rows[:, 1] / 1e6
-    return {"steps": int(len(rows)), "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)),
+    p50, p99 = p50_p99(ms.tolist())  # nearest rank (bridge.common.percentiles)
+    return {"steps": int(len(rows)), "p50_ms": float(p50), "p99_ms": float(p99),
             "max_ms": float(ms.max()), "past_deadline": int((ms > deadline_ms).sum()),
             "errors": int((rows[:, 3] >= KIND["error"]).sum())}
 

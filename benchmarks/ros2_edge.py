@@ -58,6 +58,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bridge.common.percentiles import percentile
 from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, load_topic_map
 from bridge.ros2.transport import open_transport
 
@@ -226,9 +227,9 @@ def summarize(commands: list[dict], published: list[float], rate: float, t0: flo
     gaps = np.diff(t) * 1e3
     return {"commands": len(window), "periods": periods, "robot_rate_hz": round(periods / (pubs[-1] - pubs[0]), 1),
             "periods_answered": round(answered / periods, 4), "states_answered": round(min(len(codes) / periods, 1), 4),
-            "p50": round(float(np.percentile(lat, 50)), 3) if lat.size else None,
-            "p99": round(float(np.percentile(lat, 99)), 3) if lat.size else None,
-            "jitter_ms": {"std": round(float(gaps.std()), 3), "p99_gap": round(float(np.percentile(gaps, 99)), 3),
+            "p50": round(float(percentile(lat.tolist(), 50)), 3) if lat.size else None,   # nearest rank
+            "p99": round(float(percentile(lat.tolist(), 99)), 3) if lat.size else None,
+            "jitter_ms": {"std": round(float(gaps.std()), 3), "p99_gap": round(float(percentile(gaps.tolist(), 99)), 3),
                           "max_gap": round(float(gaps.max()), 3)} if gaps.size else None}
 
 

@@ -6,15 +6,16 @@
     stats.shadow("hopper", 4, divergence=0.03)
     stats.table("hopper")[3]["latency_p99_ms"]
 
-Bounded memory: latencies and returns are rolling windows; counters are plain integers.
+Bounded memory: latencies and returns are rolling windows; counters are plain integers. Percentiles are
+nearest rank (bridge.common.percentiles): a latency that happened, the same definition as every other p50/p99.
 
     >>> s = VersionStats(window=4)
     >>> for ms in (1, 2, 3, 4, 100):
     ...     s.step("p", 1, latency_s=ms / 1e3, error=False, guard=0)
     >>> s.episode("p", 1, episode_return=10.0)
     >>> row = s.table("p")[1]
-    >>> row["steps"], row["episodes"], row["mean_return"], row["latency_p50_ms"]
-    (5, 1, 10.0, 3.5)
+    >>> row["steps"], row["episodes"], row["mean_return"], row["latency_p50_ms"]   # window (2, 3, 4, 100) ms
+    (5, 1, 10.0, 3.0)
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from bridge.common.percentiles import p50_p99
 
 
 @dataclass
@@ -43,11 +46,10 @@ class _Figures:
         self.returns = deque(maxlen=self.window)
 
     def row(self) -> dict[str, float]:
-        lat = np.asarray(self.latencies, np.float64) * 1e3
+        p50, p99 = p50_p99(self.latencies)  # nearest rank (bridge.common.percentiles), as every other p99
         return {"steps": self.steps, "episodes": self.episodes,
                 "mean_return": float(np.mean(self.returns)) if self.returns else 0.0,
-                "latency_p50_ms": float(np.percentile(lat, 50)) if lat.size else 0.0,
-                "latency_p99_ms": float(np.percentile(lat, 99)) if lat.size else 0.0,
+                "latency_p50_ms": float(p50) * 1e3, "latency_p99_ms": float(p99) * 1e3,
                 "errors": self.errors, "guard_interventions": self.guard,
                 "shadow_steps": self.shadow_steps, "shadow_errors": self.shadow_errors,
                 "shadow_divergence": self.divergence_sum / self.shadow_steps if self.shadow_steps else 0.0}
