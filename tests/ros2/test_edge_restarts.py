@@ -237,7 +237,7 @@ def test_the_edge_replays_what_a_killed_gateway_had_not_made_durable(procs):
     id) replays what was not acknowledged durable and goes on; the log holds each of its steps once."""
     report = procs.tmp / "edge_report.json"
     procs.start_gateway()
-    procs.start_edge("--session-id", "arm_7@cell", "--report", str(report))
+    procs.start_edge("--session-id", "arm_7@cell", "--summary", str(report))
     robot = FastDdsRobot(procs.domain)
     try:
         robot.wait_moving(after=0.0, n=50, timeout=90)
