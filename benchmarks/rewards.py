@@ -12,7 +12,6 @@ over `--repeat` runs of about 0.1 s, of the mean time per call: wall-clock, and 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bridge.common.files import write_json
 from bridge.rewards import RewardFunction
 from protos.codec import Spec
 
@@ -94,9 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     result = {"python": sys.version.split()[0], "numpy": np.__version__, "machine": platform.machine(),
               "load_average": list(os.getloadavg()), "results": rows}
-    tmp = args.json.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    tmp.replace(args.json)
+    write_json(args.json, result)  # bridge.common.files: atomic
     print(f"wrote {args.json}")
     return 0
 

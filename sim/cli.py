@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from bridge.common.files import write_json
 from bridge.common.flags import deprecated_alias, gateway_flags, output_flags, policy_flag
 from bridge.common.kv import parse_pairs
 from sim.client import ClientTls, SessionError, SimStats, run_sessions
@@ -105,10 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _write_summary(path: Path, summary: dict) -> None:
-    """Atomically: a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(summary))
-    tmp.replace(path)
+    """Atomically: a reader never sees half a file (bridge.common.files)."""
+    write_json(path, summary, indent=None)
 
 
 if __name__ == "__main__":

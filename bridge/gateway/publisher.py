@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -30,10 +29,10 @@ import grpc
 import safetensors.torch
 from google.protobuf import json_format
 
+from bridge.common.files import write_text
 from bridge.gateway.errors import GatewayError
 from inference_server import ModelRepository, PolicyClient
 from inference_server.artifact import ARTIFACT_FILES, ArtifactError, ImportedFile, imported_file
-from inference_server.repository import fsync_dir
 from protos import policies_pb2
 from protos.codec import TensorError, specs_from_proto
 
@@ -206,17 +205,11 @@ def _check_bytes(header: policies_pb2.PublishHeader, data: bytes) -> dict:
 
 
 def _write_metadata(repo: ModelRepository, name: str, version: int, header: policies_pb2.PublishHeader) -> None:
-    """The version's lineage beside its weights (Fetch and List read it back after a restart)."""
+    """The version's lineage beside its weights (Fetch and List read it back after a restart), atomically and
+    durably (bridge.common.files)."""
     meta = policies_pb2.PolicyVersion(version=version, sha256=header.sha256, lineage=header.lineage,
                                       published_unix_ns=time.time_ns())
-    path = repo.root / name / str(version) / "tether.json"
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as f:
-        f.write(json_format.MessageToJson(meta))
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
-    fsync_dir(path.parent)
+    write_text(repo.root / name / str(version) / "tether.json", json_format.MessageToJson(meta))
 
 
 def read_metadata(repo: ModelRepository, name: str, version: int) -> policies_pb2.PolicyVersion | None:

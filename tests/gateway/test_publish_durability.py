@@ -49,10 +49,11 @@ def test_the_version_folder_and_its_metadata_are_fsynced_before_the_registry_com
     wanted = {"a file of the staged folder": f"{model}/.v2-*/policy.pt",
               "the staged folder": f"{model}/.v2-*",
               "the model folder (the rename)": model,
-              "tether.json (its temp file, before the rename)": f"{model}/2/tether.tmp",
+              "tether.json (its temp file, before the rename)": f"{model}/2/.tether.json.*.tmp",  # common.files
               "the version folder (tether.json's rename)": f"{model}/2"}
     for what, pattern in wanted.items():
         assert any(fnmatch.fnmatchcase(path, pattern) for path in before), f"{what} not fsynced first: {before}"
     staged = next(i for i, path in enumerate(before) if fnmatch.fnmatchcase(path, f"{model}/.v2-*/policy.pt"))
-    assert staged < before.index(model) < before.index(f"{model}/2/tether.tmp") < len(before) - 1 - \
+    metadata = next(i for i, path in enumerate(before) if fnmatch.fnmatchcase(path, f"{model}/2/.tether.json.*.tmp"))
+    assert staged < before.index(model) < metadata < len(before) - 1 - \
         before[::-1].index(f"{model}/2"), before  # files, rename, metadata, its rename: in that order
