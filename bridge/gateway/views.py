@@ -2,7 +2,7 @@
 name what they need instead of being handed the gateway object and probing it (`getattr(gw, "registry", None)`).
 
     GatewayMetrics(gateway)     # MetricsSource: sessions, registry, rollout, experience
-    Fleet(gateway)              # FleetSource: sessions, server_version, registry, figures, estops
+    Fleet(gateway)              # FleetSource: sessions, server_version, registry, figures, estops, logging_state()
     Console(gateway)            # ConsoleSource: the above, with auth, config, address, fleet, logging_state()
 
 `bridge.gateway.server.Gateway` satisfies all of them; a stand-in (a benchmark, a test) gives the same
@@ -12,7 +12,7 @@ attributes, None where it has no registry, rollout controller or experience log.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from bridge.console.fleet import Fleet
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 __all__ = ["ConsoleSource", "FleetSource", "FreshnessSource", "LogSource", "MetricsSource", "SessionSource"]
 
 
+@runtime_checkable
 class SessionSource(Protocol):
     """The connected sessions by id (each has .id, .source, .policy.name/.version, .stats)."""
 
@@ -33,6 +34,7 @@ class SessionSource(Protocol):
     def sessions(self) -> Mapping[str, Any]: ...
 
 
+@runtime_checkable
 class FreshnessSource(Protocol):
     """The rollout controller's read model of how far sessions lag the newest version."""
 
@@ -41,6 +43,7 @@ class FreshnessSource(Protocol):
     def version_stats(self, policy: str) -> dict: ...
 
 
+@runtime_checkable
 class LogSource(Protocol):
     """The experience log's counters."""
 
@@ -48,6 +51,7 @@ class LogSource(Protocol):
     def stats(self) -> LogStats: ...
 
 
+@runtime_checkable
 class MetricsSource(SessionSource, Protocol):
     """What /metrics reads at a scrape (bridge.metrics.GatewayMetrics)."""
 
@@ -61,6 +65,7 @@ class MetricsSource(SessionSource, Protocol):
     def experience(self) -> LogSource | None: ...
 
 
+@runtime_checkable
 class FleetSource(SessionSource, Protocol):
     """What the operator's fleet view reads (bridge.console.fleet.Fleet): figures and e-stops are the gateway's."""
 
@@ -76,7 +81,11 @@ class FleetSource(SessionSource, Protocol):
     @property
     def estops(self) -> EStops: ...
 
+    def logging_state(self) -> str:
+        """"ok", "off" or "degraded: <why>" (the experience log's state, FleetStatus.logging)."""
 
+
+@runtime_checkable
 class ConsoleSource(MetricsSource, Protocol):
     """What the console's HTTP server reads and forwards to (bridge.console.server.Console)."""
 
