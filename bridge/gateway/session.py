@@ -277,18 +277,21 @@ class Session(SessionBase):
         actions = {name: result[name].astype(dtype, copy=False) for name, dtype in self._action_dtypes.items()}
         self._tell_router((finished - received) / 1e9, error=False, guard=self._take_guard(), inputs=inputs,
                           actions=actions)
-        tensors = [encode(name, value) for name, value in actions.items()]
         self.stats.steps += 1
-        timing = bridge_pb2.Timing(t_sent_ns=obs.t_sent_ns, gateway_recv_ns=received,
-                                   infer_start_ns=started, infer_end_ns=finished,
-                                   gateway_send_ns=time.time_ns())
-        action = bridge_pb2.Action(step=obs.step, tensors=tensors, policy=self.policy.name,
-                                   policy_version=self.policy.version, timing=timing, episode=obs.episode)
+        reply = bridge_pb2.ServerMessage()  # filled in place: a constructor's message argument is a copy
+        action = reply.action
+        action.step, action.policy, action.policy_version, action.episode = (obs.step, self.policy.name,
+                                                                             self.policy.version, obs.episode)
+        action.tensors.extend([encode(name, value) for name, value in actions.items()])
+        timing = action.timing
+        timing.t_sent_ns, timing.gateway_recv_ns, timing.infer_start_ns, timing.infer_end_ns = (
+            obs.t_sent_ns, received, started, finished)
+        timing.gateway_send_ns = time.time_ns()
         self._acted = (arrays, actions)
         if self.recorder.logging:
             log_prob = float(result[LOG_PROB].reshape(-1)[0]) if LOG_PROB in result else None
             self.recorder.acted(obs, action, log_prob)
-        return bridge_pb2.ServerMessage(action=action)
+        return reply
 
     def _take_guard(self) -> int:
         pending, self._guard_pending = self._guard_pending, 0
@@ -360,15 +363,30 @@ class InferenceFailed(Exception):
 
 
 async def infer_within(request, *, deadline_s: float, policy: ServedPolicy) -> dict[str, np.ndarray]:
-    """Await a batcher request under the session's deadline; failures become `InferenceFailed`."""
+    """Await a batcher request under the session's deadline; failures become `InferenceFailed`.
+
+    The deadline is one timer that cancels this task (what `asyncio.timeout` does, at half its cost per step);
+    a cancellation from elsewhere still propagates."""
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    expired: list[bool] = []
+    cancelling = task.cancelling()
+    timer = loop.call_at(loop.time() + deadline_s, _expire, task, expired)
     try:
-        async with asyncio.timeout(deadline_s):
-            return await request
-    except TimeoutError:
+        return await request
+    except asyncio.CancelledError:
+        if not expired or task.uncancel() > cancelling:
+            raise
         raise InferenceFailed(Code.DEADLINE_EXCEEDED,
                               f"no action within the {deadline_s * 1e3:.0f} ms deadline") from None
     except Exception as exc:
         raise InferenceFailed(Code.INFERENCE_FAILED, f"policy {policy.name!r} v{policy.version}: {exc}") from exc
+    finally:
+        timer.cancel()
+
+
+def _expire(task: asyncio.Task, expired: list[bool]) -> None:
+    expired.append(True)
+    task.cancel()
 
 
 def _batch(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -118,3 +118,23 @@ def test_the_session_keeps_the_edge_guard_counts_it_is_sent():
     reply = asyncio.run(session.handle(obs))
     assert reply.WhichOneof("kind") == "action"
     assert session.stats.guard == report
+
+
+def test_a_step_cancelled_from_outside_is_cancelled_not_a_deadline_error():
+    backend = SlowDoubler(5.0)
+    session = Session(session_id="s", source="test", policy=ServedPolicy("m", 1, OBS, ACT),
+                      observation_spec=OBS, action_spec=ACT, batcher=MicroBatcher(backend), deadline_s=0.05)
+    obs = bridge_pb2.Observation(step=0, step_type=bridge_pb2.MID, tensors=[encode("obs", np.ones(2, np.float32))])
+
+    async def scenario():
+        task = asyncio.ensure_future(session.handle(obs))
+        await until(lambda: backend.batches, "the request to reach the backend")
+        task.cancel()  # the stream went away: not the session's deadline
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        backend.delay = 0.0
+        return await session.handle(bridge_pb2.Observation(step=1, step_type=bridge_pb2.MID,
+                                                           tensors=[encode("obs", np.ones(2, np.float32))]))
+
+    after = asyncio.run(scenario())
+    assert session.stats.errors == {} and after.action.step == 1  # no DEADLINE_EXCEEDED counted; it goes on
