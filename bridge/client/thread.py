@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import math
 import threading
 from collections.abc import Callable, Sequence
@@ -65,14 +66,18 @@ class SessionThread:
         if not self._up.is_set() or self._queue is None or self._stopping:
             return None
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, (observation, future))
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, (observation, future))
+        except RuntimeError:  # the link thread ended (its loop closed) since the check above
+            return None
         return future
 
     def close(self, *, timeout_s: float = 5.0) -> None:
         """Half-close the stream (the gateway ends it cleanly) and stop the thread."""
         self._stopping = True
         if self._thread.is_alive() and self._queue is not None:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, None)
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: the thread is ending anyway
+                self._loop.call_soon_threadsafe(self._queue.put_nowait, None)
         self._thread.join(timeout_s)
 
     # -- the link thread ---------------------------------------------------------------------------
@@ -92,6 +97,11 @@ class SessionThread:
         try:
             self._loop.run_until_complete(self._main())
         finally:
+            pending = asyncio.all_tasks(self._loop)  # e.g. the session's reader: cancelled, not left to warn
+            for task in pending:
+                task.cancel()
+            if pending:
+                self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             self._loop.close()
 
     async def _main(self) -> None:
