@@ -18,25 +18,15 @@ localhost, a unix socket), since anywhere else it would be handed to the network
 from __future__ import annotations
 
 import collections
-import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 
+from bridge.common.net import is_loopback
+
 __all__ = ["Credentials", "aio_channel", "is_loopback", "is_loopback_address", "sync_channel"]
-
-
-def is_loopback(host: str) -> bool:
-    """True for 127.0.0.0/8, ::1 (bracketed or not) and "localhost"; False for every other name or address."""
-    host = host.strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def is_loopback_address(address: str) -> bool:

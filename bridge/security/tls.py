@@ -10,7 +10,6 @@ the `--insecure` rule.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import ssl
 import sys
@@ -18,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+
+from bridge.common.net import is_loopback
 
 log = logging.getLogger("tether.security")
 
@@ -59,17 +60,6 @@ def http_ssl_context(files: TlsFiles, *, require_client_cert: bool = False) -> s
         ctx.load_verify_locations(cafile=str(files.client_ca))
         ctx.verify_mode = ssl.CERT_REQUIRED if require_client_cert else ssl.CERT_OPTIONAL
     return ctx
-
-
-def is_loopback(host: str) -> bool:
-    """True for 127.0.0.0/8, ::1 and "localhost"; False for anything else, wildcards and names included."""
-    host = host.strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def check_exposure(host: str, *, tls: bool, insecure: bool, what: str = "gateway") -> None:
