@@ -28,7 +28,7 @@ __all__ = ["main", "parser"]
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tether sim", description="Connect simulated envs to a gateway.")
-    gateway_flags(p, required=True, token_help="robot token NAME.SECRET")
+    gateway_flags(p, required=True, token_help="robot token NAME.SECRET", several=True)
     p.add_argument("--env", default="Hopper-v5",
                    help="a gymnasium id (Hopper-v5, ...), PointMass, or a vector env (newton:cartpole, "
                         "isaaclab:<task>, mujoco:Hopper-v5)")
@@ -43,6 +43,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="env i is seeded with seed + i")
     p.add_argument("--max-episode-steps", type=int, help="truncate episodes at this many steps")
     p.add_argument("--connect-timeout", type=float, default=10.0, help="seconds to wait for the gateway")
+    p.add_argument("--reconnect-s", type=float, default=0.0, metavar="SECONDS",
+                   help="keep a session whose gateway went away trying the addresses of --gateway (A,B: the "
+                        "next one first) for this long, resuming with Replay (default 0: the session ends)")
     p.add_argument("--status-every", type=float, default=1.0, metavar="SECONDS", help="seconds between status lines")
     p.add_argument("--session-id", metavar="PREFIX", help="session i is called PREFIX-i")
     p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
@@ -84,9 +87,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     def status(stats: SimStats) -> None:
         print(stats.status_line(), file=sys.stderr, flush=True)
 
+    gateways = [g.strip() for g in args.gateway.split(",") if g.strip()]  # --gateway A,B: fail over A -> B
+    if not gateways:
+        parser_.error(f"--gateway: expected HOST:PORT[,HOST:PORT...], got {args.gateway!r}")
     try:
         stats = asyncio.run(run_sessions(
-            args.gateway, build, envs=sessions, seconds=args.seconds, steps=args.steps,
+            gateways if len(gateways) > 1 else gateways[0], build, reconnect_s=args.reconnect_s,
+            envs=sessions, seconds=args.seconds, steps=args.steps,
             policy=args.policy, on_progress=status, connect_timeout=args.connect_timeout,
             progress_every=args.status_every, labels={"env": args.env, **labels}, episodes=args.episodes,
             session_prefix=args.session_id, token=args.token,

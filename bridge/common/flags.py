@@ -79,11 +79,16 @@ def deprecated_aliases(parser: argparse.ArgumentParser) -> dict[str, str]:
 
 
 def gateway_flags(parser: argparse.ArgumentParser, *, required: bool = False, default: str = "127.0.0.1:50051",
-                  token: bool = True, token_help: str = "token NAME.SECRET") -> argparse._ArgumentGroup:
-    """--gateway HOST:PORT with TLS (--tls-ca, --tls-cert, --tls-key) and --token (default $TETHER_TOKEN)."""
+                  token: bool = True, token_help: str = "token NAME.SECRET",
+                  several: bool = False) -> argparse._ArgumentGroup:
+    """--gateway HOST:PORT with TLS (--tls-ca, --tls-cert, --tls-key) and --token (default $TETHER_TOKEN).
+    `several`: the command takes HOST:PORT,HOST:PORT,... to fail over across (the caller splits it)."""
     g = parser.add_argument_group("gateway address and credentials")
-    g.add_argument("--gateway", metavar="HOST:PORT", required=required, default=None if required else default,
-                   help="the gateway's gRPC address" + ("" if required else f" (default {default})"))
+    what = ("the gateways' gRPC addresses, comma-separated (the first that answers; the next on failure)"
+            if several else "the gateway's gRPC address")
+    g.add_argument("--gateway", metavar="HOST:PORT" + (",..." if several else ""), required=required,
+                   default=None if required else default,
+                   help=what + ("" if required else f" (default {default})"))
     g.add_argument("--tls-ca", type=Path, help="CA certificate to verify the gateway with (turns TLS on)")
     g.add_argument("--tls-cert", type=Path, help="client certificate, for a gateway that requires one (mTLS; with "
                    "--tls-key)")
