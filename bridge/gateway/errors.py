@@ -16,7 +16,7 @@ from bridge.common.errors import PermissionDenied, TetherError, Unauthenticated
 GatewayError = TetherError  # one root for every typed error a servicer maps (see bridge.common.errors)
 
 __all__ = ["DuplicateSession", "GatewayError", "InvalidHello", "PermissionDenied", "PolicyUnavailable",
-           "TooManySessions", "Unauthenticated", "UnknownPolicy"]
+           "SessionSuperseded", "TooManySessions", "Unauthenticated", "UnknownPolicy"]
 
 
 class InvalidHello(GatewayError):
@@ -30,7 +30,16 @@ class UnknownPolicy(GatewayError):
 
 
 class DuplicateSession(GatewayError):
+    """The Hello names a session id that another identity holds (the same identity takes it over)."""
+
     status = grpc.StatusCode.ALREADY_EXISTS
+
+
+class SessionSuperseded(GatewayError):
+    """A new connection of the same identity took this stream's session over (a robot back from a power loss,
+    before keepalive noticed the old connection was dead): the old stream ends with this status."""
+
+    status = grpc.StatusCode.ABORTED
 
 
 class PolicyUnavailable(GatewayError):

@@ -155,6 +155,11 @@ class Admission:
         self._source[session_id] = peer
         self._per_source[peer] += 1
 
+    def source(self, session_id: str) -> str | None:
+        """Whom an admitted session counts against: the identity (or, without credentials, the address) that
+        opened it; None for an id not admitted."""
+        return self._source.get(session_id)
+
     def release(self, session_id: str) -> None:
         peer = self._source.pop(session_id, None)
         if peer is not None:
@@ -178,53 +183,67 @@ class Undecodable(GatewayError):
     status = grpc.StatusCode.INVALID_ARGUMENT
 
 
-class _Watchdog:
-    """One timer per stream (not one per message): it cancels the reading task once it has waited for
-    a message `idle_s`; re-armed only when it fires, so a message costs two assignments."""
+class StreamWatch:
+    """What ends a Connect stream's reads: silence (one timer per stream, not one per message: it cancels the
+    reading task once it has waited for a message `idle_s`; re-armed only when it fires, so a message costs two
+    assignments; 0 = no timer), or `end(error)` from elsewhere (a takeover of its session): the read waiting now,
+    or the next one, raises `error`."""
 
     def __init__(self, idle_s: float):
         self.loop, self.task, self.idle_s = asyncio.get_running_loop(), asyncio.current_task(), idle_s
-        self.waiting, self.since, self.fired = False, self.loop.time(), False
-        self._handle = self.loop.call_at(self.since + idle_s, self._check)
+        self.waiting, self.since = False, self.loop.time()
+        self.fired: GatewayError | None = None  # what the reads raise from now on
+        self._handle = self.loop.call_at(self.since + idle_s, self._check) if idle_s else None
 
     def _check(self) -> None:
         now = self.loop.time()
+        if self.fired is not None:
+            return
         if self.waiting and now - self.since >= self.idle_s:
-            self.fired = True
+            self.fired = IdleTimeout(f"no message for {self.idle_s:g} s (--idle-timeout-s): the session is closed")
             self.task.cancel()
         else:
             self._handle = self.loop.call_at((self.since if self.waiting else now) + self.idle_s, self._check)
 
+    def end(self, error: GatewayError) -> None:
+        """End the stream with `error`: its read waiting now is cancelled, else its next read raises it."""
+        if self.fired is None:
+            self.fired = error
+            if self.waiting:
+                self.task.cancel()
+
     def close(self) -> None:
-        self._handle.cancel()
+        if self._handle is not None:
+            self._handle.cancel()
 
 
-async def within_idle(messages: AsyncIterator[T], idle_s: float) -> AsyncIterator[T]:
+async def within_idle(messages: AsyncIterator[T], idle_s: float, *,
+                      watch: StreamWatch | None = None) -> AsyncIterator[T]:
     """`messages`, raising IdleTimeout when the next one takes longer than `idle_s` (0 = wait forever),
-    and Undecodable for bytes that are not a message (instead of an unhandled exception and its log)."""
-    watch = _Watchdog(idle_s) if idle_s else None
+    and Undecodable for bytes that are not a message (instead of an unhandled exception and its log).
+    `watch` (made in the reading task: StreamWatch(idle_s)) lets others end the reads (`watch.end`)."""
+    watch = watch or StreamWatch(idle_s)
     try:
         while True:
-            if watch is not None:
-                watch.waiting, watch.since = True, watch.loop.time()
+            if watch.fired is not None:
+                raise watch.fired
+            watch.waiting, watch.since = True, watch.loop.time()
             try:
                 message = await anext(messages)
             except StopAsyncIteration:
                 return
             except asyncio.CancelledError:
-                if watch is None or not watch.fired:
+                if watch.fired is None:
                     raise
                 watch.task.uncancel()
-                raise IdleTimeout(f"no message for {idle_s:g} s (--idle-timeout-s): the session is closed") from None
+                raise watch.fired from None
             except DecodeError:
                 raise Undecodable("a message on this stream does not parse as tether.v1.ClientMessage") from None
             finally:
-                if watch is not None:
-                    watch.waiting = False
+                watch.waiting = False
             yield message
     finally:
-        if watch is not None:
-            watch.close()
+        watch.close()
 
 
 def peer_key(context) -> str:

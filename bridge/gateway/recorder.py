@@ -109,6 +109,11 @@ class Recorder:
         """The pending step will get no successor (a new episode began without a LAST)."""
         self.pending = None
 
+    def fence(self) -> None:
+        """Detach from the log for good (a new connection of this session took over): nothing pending or
+        built but not appended is appended, and nothing later is (`logging` is False from now on)."""
+        self._log, self.pending, self._ready = None, None, []
+
     def take(self) -> _Acted | None:
         """The pending step, now no longer pending (for `complete` later: a session settling a reward after
         the reply went out)."""
@@ -206,6 +211,12 @@ class RecorderGroup:
         """No env's pending step gets a successor (an e-stop holds the session, or its inference failed)."""
         for r in self.recorders:
             r.pending = None
+
+    def fence(self) -> None:
+        """Every env's `Recorder.fence`."""
+        self._log = None
+        for r in self.recorders:
+            r.fence()
 
     def flush(self) -> None:
         for r in self.recorders:

@@ -99,7 +99,8 @@ class Gateway:
         self.factory = SessionFactory(
             limits=config.limits, deadline_s=config.deadline_ms / 1e3, switch=config.switch, catalog=self.catalog,
             rollout=self.rollout, rewards=self.rewards, admission=self.admission, batcher=self.batcher,
-            sessions=self.sessions, experience=lambda: self.experience, open_access=lambda: self.auth.open_access)
+            sessions=self.sessions, experience=lambda: self.experience, open_access=lambda: self.auth.open_access,
+            close=self.close_session)  # a takeover (same id, same identity) closes the old session
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self.address = ""

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 import grpc
 
 from bridge.common.logs import log_context
-from bridge.gateway.errors import GatewayError, InvalidHello
-from bridge.gateway.limits import IdleTimeout, Undecodable, peer_key, within_idle
+from bridge.gateway.errors import GatewayError, InvalidHello, SessionSuperseded
+from bridge.gateway.limits import IdleTimeout, StreamWatch, Undecodable, peer_key, within_idle
 from protos import bridge_pb2, bridge_pb2_grpc
 
 
@@ -20,7 +20,8 @@ class BridgeService(bridge_pb2_grpc.BridgeServicer):
 
     async def Connect(self, request_iterator: AsyncIterator[bridge_pb2.ClientMessage],
                       context: grpc.aio.ServicerContext) -> AsyncIterator[bridge_pb2.ServerMessage]:
-        messages = within_idle(request_iterator, self._gateway.config.limits.idle_timeout_s)  # silence ends it
+        watch = StreamWatch(self._gateway.config.limits.idle_timeout_s)  # silence ends it, and a takeover
+        messages = within_idle(request_iterator, watch.idle_s, watch=watch)
         try:
             first = await anext(messages, None)
             if first is None or first.WhichOneof("kind") != "hello":
@@ -30,6 +31,8 @@ class BridgeService(bridge_pb2_grpc.BridgeServicer):
             session = await self._gateway.open_session(first.hello, peer=peer_key(context), identity=identity)
         except GatewayError as exc:
             await context.abort(exc.status, str(exc))
+        # a new connection of this id from the same identity takes the session over: this stream then ends
+        session.on_superseded = lambda why: watch.end(SessionSuperseded(why))
         figures, estops = self._gateway.figures, self._gateway.estops  # bridge.gateway.figures, .holds
         figures.opened(session, first.hello)
         log_context.set(session)
@@ -45,6 +48,8 @@ class BridgeService(bridge_pb2_grpc.BridgeServicer):
                 else:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                         "after the Hello, a Connect stream carries only observations and replays")
+                if session.superseded:  # taken over while it was answered: the reply goes nowhere
+                    raise SessionSuperseded(session.superseded)
                 reply.durable_through = session.recorder.durable_through
                 yield reply
                 # the reply is on its way: the bookkeeping it did not need (figures and metrics, the router's
@@ -52,7 +57,7 @@ class BridgeService(bridge_pb2_grpc.BridgeServicer):
                 if obs is not None:
                     figures.observed(session, obs, reply)
                 session.flush()
-        except (IdleTimeout, Undecodable) as exc:
+        except (IdleTimeout, Undecodable, SessionSuperseded) as exc:
             await context.abort(exc.status, str(exc))
         finally:
             figures.closed(session)

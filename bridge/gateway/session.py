@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -84,6 +84,16 @@ class SessionBase:
     route_labels: Mapping[str, str] | None = None  # the labels the router sees (None: `labels`); see limits.may_route
     _deadline_s: float
     _report: tuple | None = None  # the last step's outcome for the router, told by `settle` after the reply
+    superseded: str = ""  # why a new connection of this session id took it over (its stream ends: ABORTED)
+    on_superseded: Callable[[str], None] | None = None  # the servicer's: ends this session's stream
+
+    def supersede(self, why: str) -> None:
+        """A new connection of this session id took over: nothing more of this one is logged (the recorder is
+        fenced: the new session alone appends for the id) and its stream ends (`on_superseded`)."""
+        self.superseded = why
+        self.recorder.fence()
+        if self.on_superseded is not None:
+            self.on_superseded(why)
 
     def _use(self, policy: ServedPolicy) -> None:
         self.policy = policy

@@ -6,6 +6,13 @@
     session = await factory.open(hello, peer="ipv4:10.0.0.7", identity="robot:arm_1")
     factory.closed(session)         # remembers its last step, for Welcome.next_step of a reconnect
 
+A Hello naming an id that is connected takes that session over when it comes from the same identity (the
+authenticated one with tokens or client certificates; without credentials, the same peer host): a robot
+back from a power loss reconnects with its stable id before gRPC keepalive notices its dead connection
+(~30 s). The old session is closed as if its stream ended (what it completed is logged, its last step
+remembered for Welcome.next_step), then fenced (nothing more of it is logged) and its stream ends with
+ABORTED "superseded by a new connection of the same session". Any other identity gets ALREADY_EXISTS.
+
 It checks the Hello (bounded strings, specs, the policy's compatibility, the reward config), applies
 the caps (`Admission`), routes to a version (pins, canary, live: the rollout) and names sessions
 that name none: `session-<boot>-<n>`. The gateway (`bridge.gateway.server`) owns the sessions dict.
@@ -40,11 +47,14 @@ class SessionFactory:
     def __init__(self, *, limits: Limits, deadline_s: float, switch: str, catalog: PolicyCatalog, rollout,
                  rewards: Mapping[str, RewardFunction], admission: Admission, batcher: MicroBatcher,
                  sessions: MutableMapping[str, Session | VectorSession], experience: Callable[[], object | None],
-                 open_access: Callable[[], bool]):
+                 open_access: Callable[[], bool],
+                 close: Callable[[Session | VectorSession], None] | None = None):
+        """`close`: what closes a session whose stream ended (Gateway.close_session); a takeover closes the old
+        session with it."""
         self._limits, self._deadline_s, self._switch = limits, deadline_s, switch
         self._catalog, self._rollout, self._rewards = catalog, rollout, rewards
         self._admission, self._batcher, self._sessions = admission, batcher, sessions
-        self._experience, self._open_access = experience, open_access
+        self._experience, self._open_access, self._close = experience, open_access, close
         self._ids = itertools.count(1)  # ids the gateway gives: session-<boot>-<n> (see new_session_id)
         self._boot = secrets.token_hex(4)  # this start's: ids never repeat across restarts
         self._last_seen: OrderedDict[str, int] = OrderedDict()  # closed sessions' last steps (newest REMEMBERED)
@@ -55,7 +65,8 @@ class SessionFactory:
         per-identity cap, for the gate's bounds, and decides whether its labels route (limits.may_route)."""
         check_hello(hello, self._limits)  # bounded strings and spec bounds, num_envs: InvalidHello naming it
         peer = identity or peer
-        self._admission.check(peer)  # caps: TooManySessions (RESOURCE_EXHAUSTED); counted when added below
+        if not self._takes_over(hello.session_id, peer):  # a takeover frees the old session's slot below
+            self._admission.check(peer)  # caps: TooManySessions (RESOURCE_EXHAUSTED); counted when added below
         try:
             observation = specs_from_proto(hello.observation_spec)
             action = specs_from_proto(hello.action_spec)
@@ -73,8 +84,10 @@ class SessionFactory:
         except RewardConfigError as exc:
             raise InvalidHello(f"the reward config of policy {policy.name!r} does not fit this session: {exc}") from exc
         session_id = hello.session_id or self.new_session_id()
-        if session_id in self._sessions:
-            raise DuplicateSession(f"session {session_id!r} is already connected")
+        if (old := self._sessions.get(session_id)) is not None:
+            if not self._takes_over(session_id, peer):
+                raise DuplicateSession(f"session {session_id!r} is already connected")
+            self._take_over(old, peer)
         route = dict(hello.labels) if may_route(self._limits, identity or "", open_access=identity is None
                                                 or self._open_access()) else {}
         labelled = self._rollout.acting(policy.name, session_id, dict(hello.labels)) if hello.labels and not route \
@@ -112,6 +125,24 @@ class SessionFactory:
         self._sessions[session_id] = session
         log.info("session %s from %s on %s v%d", session_id, hello.source or "?", policy.name, policy.version)
         return session
+
+    def _takes_over(self, session_id: str, peer: str) -> bool:
+        """Whether a Hello for `session_id` from `peer` (identity, else address) takes a connected session over."""
+        return bool(session_id) and session_id in self._sessions and self._admission.source(session_id) == peer
+
+    def _take_over(self, old: Session | VectorSession, peer: str) -> None:
+        """Close `old` (its completed steps logged, its slot freed, its last step remembered), fence it and end
+        its stream: from here on only the new session appends for the id. No await: atomic with the admission."""
+        if self._close is not None:
+            self._close(old)
+        else:
+            self._admission.release(old.id)
+            old.flush()
+            del self._sessions[old.id]
+            self.closed(old)
+        old.supersede(f"session {old.id!r} is superseded by a new connection of the same session (from {peer})")
+        log.warning("session %s taken over by a new connection of %s: the old stream ends (ABORTED), nothing more "
+                    "of it is logged; last step %s", old.id, peer, getattr(old, "_last_step", None))
 
     def new_session_id(self) -> str:
         """An id for a client that names none: `session-<boot>-<n>`, with a random boot component of

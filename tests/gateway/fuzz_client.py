@@ -111,7 +111,9 @@ def mutated_hello(rng, i: int) -> bridge_pb2.Hello:
     elif kind == 5:
         msg.policy = rng.choice(["nope", "../../etc", "tiny\x00", "t" * 5000])
     elif kind == 6:
-        msg.session_id = rng.choice(["steady", "", "x" * 10_000, "\x1b[2J", "fz h"])
+        # "fz-dup": fuzz streams take it over from each other (the same host: the old stream ends ABORTED); never
+        # "steady": from this host, a Hello with its id would take the steady session over
+        msg.session_id = rng.choice(["fz-dup", "", "x" * 10_000, "\x1b[2J", "fz h"])
     elif kind == 7:
         msg.labels.update({rng.choice(["", "k", "\n"]): "v" * int(rng.integers(0, 1000))})
     elif kind == 8:

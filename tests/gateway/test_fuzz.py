@@ -29,7 +29,7 @@ from tests.gateway.helpers import RawSession, hello, running_gateway
 
 TOTAL = int(os.environ.get("TETHER_FUZZ_MESSAGES", 100_000))
 DEADLINE_MS = 2000
-ENDS = {"OK", "INVALID_ARGUMENT", "ALREADY_EXISTS", "NOT_FOUND", "RESOURCE_EXHAUSTED", "CANCELLED", "CUT"}
+ENDS = {"OK", "INVALID_ARGUMENT", "ALREADY_EXISTS", "ABORTED", "NOT_FOUND", "RESOURCE_EXHAUSTED", "CANCELLED", "CUT"}
 
 
 async def steady(address: str, stop: asyncio.Event, rtts: list[float], kinds: list[str]) -> None:

@@ -105,7 +105,9 @@ def test_out_of_order_step_and_episode_end(triton):
     ("wrong action shape", grpc.StatusCode.INVALID_ARGUMENT, "action_spec 'action' is float32[4]"),
     ("missing input", grpc.StatusCode.INVALID_ARGUMENT, "lacks 'observation'"),
     ("unknown policy", grpc.StatusCode.NOT_FOUND, "'nope'"),
-    ("duplicate id", grpc.StatusCode.ALREADY_EXISTS, "'dup' is already connected"),
+    # the same identity (here: the same host, no credentials) takes its session over; the old stream ends so
+    # (another identity is refused ALREADY_EXISTS: tests/gateway/test_session_takeover.py)
+    ("duplicate id", grpc.StatusCode.ABORTED, "'dup' is superseded by a new connection of the same session"),
 ])
 def test_bad_hello_is_refused_with_a_status_naming_it(triton, case, code, words):
     kwargs = {"obs": OBS, "act": ACT}
@@ -120,7 +122,7 @@ def test_bad_hello_is_refused_with_a_status_naming_it(triton, case, code, words)
             async with RawSession(gw.address, hello("dup", policy=policy, **kwargs)) as first:
                 if case == "duplicate id":
                     async with RawSession(gw.address, hello("dup", obs=OBS, act=ACT)):
-                        pass
+                        await first.call.read()  # the old stream's end
                 return first
 
     with pytest.raises(grpc.aio.AioRpcError) as info:
