@@ -10,11 +10,14 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 from bridge.common.flags import CONCEPTS, deprecated_aliases
 from tether.commands import NAMES, load
 
 __all__ = ["all_parsers", "reference"]
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def all_parsers() -> Iterator[tuple[str, str, argparse.ArgumentParser]]:
@@ -50,6 +53,8 @@ def _flag_rows(parser: argparse.ArgumentParser) -> list[str]:
         default = a.default
         if a.option_strings and "--token" in a.option_strings:
             default = None  # from $TETHER_TOKEN at parse time: never print a secret
+        if isinstance(default, str | os.PathLike) and str(default).startswith(f"{ROOT}{os.sep}"):
+            default = os.path.relpath(default, ROOT)  # a file of the checkout: the same on every machine
         shown = "" if default in (None, "", False, [], argparse.SUPPRESS) or a.nargs == 0 else f"`{default}`"
         choices = f" (one of: {', '.join(map(str, a.choices))})" if a.choices else ""
         rows.append(f"| {names} | {_cell(a.help or '')}{_cell(choices)} | {_cell(shown)} |")
