@@ -46,7 +46,7 @@ def test_enospc_degrades_keeps_accepting_and_resumes_with_every_transition_in_or
             await _until(lambda: log.degraded is not None, "degraded")
             assert log.degraded.startswith("ENOSPC"), log.degraded
             frozen = log.durable_offset
-            await asyncio.sleep(0.3)  # several retries fail meanwhile
+            await _until(lambda: log.stats.write_errors >= 3, "several retries failing")
             assert log.durable_offset == frozen <= 40 and not any(f.done() for f in during[-10:])
             assert log.durable_step("s0") <= 19 + (frozen - 40) and log.stats.write_errors >= 3
             assert log.stats.degraded and log.stats.pending == 400 - frozen
