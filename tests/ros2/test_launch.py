@@ -147,7 +147,9 @@ def test_the_readme_launch_line_starts_the_edge_in_a_fresh_shell(ros_domain, tmp
             os.killpg(launch.pid, signal.SIGKILL)
             launch.wait()
     out = "".join(lines) + out
-    assert launch.returncode == 0, out
+    # the edge's own exit, as launch reports it: ros2 launch itself may exit 1 when Ctrl-C lands while it is still
+    # handling its start-up events ("Task was destroyed but it is pending!" in launch_service), which is not ours
+    assert "[edge-1]: process has finished cleanly" in out, out
     start = next(line for line in out.splitlines() if "edge node " in line)
     assert "edge node tether_edge_readme: RclpyTransport" in start, start
     assert f"on domain {ros_domain}" in start and "chunk 20" in start and str(tokens) in start, start
