@@ -147,6 +147,20 @@ class SessionBase:
         self.settle()
         self.recorder.flush()
 
+    async def held_step(self, obs: bridge_pb2.Observation) -> bridge_pb2.ServerMessage | None:
+        """Take a step that an operator's e-stop holds (bridge.gateway.holds): no inference, nothing logged (what
+        is pending is dropped: no transition spans the hold), the edge's guard report kept. Returns an OUT_OF_ORDER
+        error, or None: the caller answers with the safe action."""
+        if (error := self._out_of_order(obs.step)) is not None:
+            return error
+        if obs.HasField("guard"):
+            self.stats.guard = obs.guard
+        self.drop_pending()
+        return None
+
+    def drop_pending(self) -> None:
+        raise NotImplementedError
+
 
 class Session(SessionBase):
     def __init__(self, *, session_id: str, source: str, policy: ServedPolicy,
@@ -220,12 +234,7 @@ class Session(SessionBase):
             self._acted = None
             self.recorder.abandon()
             return await self.handle(obs)  # ends the episode; with nothing acted, no inference, no reward
-        if (error := self._out_of_order(obs.step)) is not None:
-            return error
-        if obs.HasField("guard"):
-            self.stats.guard = obs.guard
-        self.drop_pending()
-        return None
+        return await super().held_step(obs)
 
     def drop_pending(self) -> None:
         """Forget the last action taken (its transition is never logged): an e-stop holds what follows it."""

@@ -97,17 +97,6 @@ class VectorSession(SessionBase):
         self._follow_router()
         return await self._act(obs, batch, ends, received)
 
-    async def held_step(self, obs: bridge_pb2.Observation) -> bridge_pb2.ServerMessage | None:
-        """Take a step that an operator's e-stop holds (bridge.gateway.holds): no inference, nothing logged (every
-        env's pending transition is dropped), the guard report kept. Returns an OUT_OF_ORDER error, or None: the
-        caller answers with N safe rows."""
-        if (error := self._out_of_order(obs.step)) is not None:
-            return error
-        if obs.HasField("guard"):
-            self.stats.guard = obs.guard
-        self.drop_pending()
-        return None
-
     def drop_pending(self) -> None:
         """Forget every env's last action (their transitions are never logged): an e-stop holds what follows."""
         self._acted[:] = False
