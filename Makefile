@@ -34,6 +34,11 @@ $(STAMP): pyproject.toml Makefile
 	ln -sf $(CURDIR)/launch/config/topic_map.yaml $(CURDIR)/launch/config/gazebo_arm.yaml \
 	  $(CURDIR)/launch/config/gz_bridge.yaml $(VENV)/share/tether/config/
 	bash tests/peers/setup.sh
+	# the fleet's servers for the scale-out tests (issue 16): NATS from Debian; PostgreSQL 15 is Debian's too
+	@command -v nats-server >/dev/null || { apt-get update -qq && apt-get install -y -qq nats-server; } || \
+	  echo "WARNING: nats-server not installed: the NATS JetStream tests will skip" >&2
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq postgresql; } || \
+	  echo "WARNING: PostgreSQL not installed: the PostgreSQL registry tests will skip" >&2
 	# --- ROS 2 (rclpy, launch): their own environment, .venv/ros ----------------------------------
 	# The Jazzy rclpy wheels need numpy 2; the bundled Triton (nvidia-pytriton 0.7.0) pins numpy<2.
 	# So rclpy, the message packages, `ros2 launch` (wheels in ../shared/ros2-launch: not on the
