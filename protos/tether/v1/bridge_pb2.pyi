@@ -73,7 +73,7 @@ class Hello(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., policy: _Optional[str] = ..., observation_spec: _Optional[_Iterable[_Union[_tensor_pb2.TensorSpec, _Mapping]]] = ..., action_spec: _Optional[_Iterable[_Union[_tensor_pb2.TensorSpec, _Mapping]]] = ..., source: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., num_envs: _Optional[int] = ..., batched: _Optional[bool] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("session_id", "policy", "policy_version", "deadline_ms", "server_version", "durable_through", "reward_version", "logging", "next_step")
+    __slots__ = ("session_id", "policy", "policy_version", "deadline_ms", "server_version", "durable_through", "reward_version", "logging", "next_step", "owner_epoch", "gateway_id")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -83,6 +83,8 @@ class Welcome(_message.Message):
     REWARD_VERSION_FIELD_NUMBER: _ClassVar[int]
     LOGGING_FIELD_NUMBER: _ClassVar[int]
     NEXT_STEP_FIELD_NUMBER: _ClassVar[int]
+    OWNER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     policy: str
     policy_version: int
@@ -92,7 +94,9 @@ class Welcome(_message.Message):
     reward_version: str
     logging: bool
     next_step: int
-    def __init__(self, session_id: _Optional[str] = ..., policy: _Optional[str] = ..., policy_version: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., server_version: _Optional[str] = ..., durable_through: _Optional[int] = ..., reward_version: _Optional[str] = ..., logging: _Optional[bool] = ..., next_step: _Optional[int] = ...) -> None: ...
+    owner_epoch: int
+    gateway_id: str
+    def __init__(self, session_id: _Optional[str] = ..., policy: _Optional[str] = ..., policy_version: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., server_version: _Optional[str] = ..., durable_through: _Optional[int] = ..., reward_version: _Optional[str] = ..., logging: _Optional[bool] = ..., next_step: _Optional[int] = ..., owner_epoch: _Optional[int] = ..., gateway_id: _Optional[str] = ...) -> None: ...
 
 class Observation(_message.Message):
     __slots__ = ("step", "t_sent_ns", "step_type", "tensors", "reward", "terminated", "applied_action", "guard", "episode", "env_step_types", "env_rewards", "env_terminated", "env_truncated", "final_observation")
