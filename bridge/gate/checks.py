@@ -272,12 +272,16 @@ def action_sanity(actions: Mapping[str, np.ndarray], action_spec: Sequence[Spec]
     high - low; an absolute tol where a side is unbounded). `pairs` are (previous, next) row indices
     of consecutive logged steps of one episode; jerk = max |a_next - a_prev| / width (raw where the
     width is not finite). Fails on any out-of-bounds or non-finite action, or jerk > max_jerk.
+    Also reported, not judged here (`tether eval` reads them): `out_of_bounds_samples` (a count) and
+    `mean_jerk2`, the mean |a_t+1 - 2 a_t + a_t-1| / width over three consecutive steps (chains of `pairs`).
     """
     samples = max((len(a) for a in actions.values()), default=0)
     elements, bounded = 0, 0
     out_rows = np.zeros(samples, bool)
     nonfinite_rows = np.zeros(samples, bool)
     jerk = 0.0
+    jerk2_sum, jerk2_count = 0.0, 0
+    triples = _triples(pairs, samples)
     problems: list[str] = []
     for spec in action_spec:
         if spec.name not in actions:
@@ -306,6 +310,12 @@ def action_sanity(actions: Mapping[str, np.ndarray], action_spec: Sequence[Spec]
             steps = steps[np.isfinite(steps)]
             if steps.size:
                 jerk = max(jerk, float(steps.max()))
+        if triples is not None:
+            p, q, r = triples
+            scale = np.where(np.isfinite(width) & (width > 0), width, 1.0)
+            second = np.abs(a[r] - 2 * a[q] + a[p]) / scale
+            second = second[np.isfinite(second)]
+            jerk2_sum, jerk2_count = jerk2_sum + float(second.sum()), jerk2_count + int(second.size)
     if nonfinite_rows.any():
         problems.append(f"{int(nonfinite_rows.sum())} of {samples} samples have non-finite actions")
     for name, values in (sampled or {}).items():  # rows as in `actions`
@@ -318,7 +328,9 @@ def action_sanity(actions: Mapping[str, np.ndarray], action_spec: Sequence[Spec]
     figures = {"samples": float(samples), "pairs": float(len(pairs)),
                "out_of_bounds": float(out_rows.mean()) if samples else 0.0,
                "non_finite": float(nonfinite_rows.mean()) if samples else 0.0, "max_jerk": jerk,
-               "bounded": bounded / elements if elements else 0.0}
+               "bounded": bounded / elements if elements else 0.0,
+               "out_of_bounds_samples": float(out_rows.sum()), "non_finite_samples": float(nonfinite_rows.sum()),
+               "mean_jerk2": jerk2_sum / jerk2_count if jerk2_count else 0.0}
     if problems:
         return CheckResult("action_sanity", False, figures, "; ".join(problems))
     judged = f", max jerk {jerk:.3g} <= {max_jerk:g}" if max_jerk is not None else f", max jerk {jerk:.3g} (not judged)"
@@ -329,8 +341,65 @@ def action_sanity(actions: Mapping[str, np.ndarray], action_spec: Sequence[Spec]
                        f"{samples} recorded observations: all actions finite and {where}{judged}{means}")
 
 
-def evaluation(candidate: Sequence[float], incumbent: Sequence[float], *, margin: float) -> CheckResult:
-    """Fails when mean(candidate) < mean(incumbent) - margin * |mean(incumbent)| (same seeds)."""
+def _triples(pairs: Sequence[tuple[int, int]], samples: int) -> tuple[np.ndarray, ...] | None:
+    """(p, q, r) row indices of three consecutive steps, chained from (previous, next) `pairs`."""
+    if len(pairs) < 2:
+        return None
+    prev, nxt = np.asarray(pairs, np.int64).T
+    successor = np.full(samples, -1, np.int64)
+    successor[prev] = nxt
+    third = successor[nxt]
+    keep = third >= 0
+    return (prev[keep], nxt[keep], third[keep]) if keep.any() else None
+
+
+# two-sided 95% Student t quantiles t(0.975, df) for df = 1..30; beyond, a Cornish-Fisher expansion
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042)
+
+
+def t_critical_95(df: int) -> float:
+    """The two-sided 95% quantile of Student's t with `df` degrees of freedom (table to 30, then an
+    expansion accurate to 1e-3).
+
+    >>> t_critical_95(4), round(t_critical_95(100), 3)
+    (2.776, 1.984)
+    """
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = 1.959964
+    return (z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+            + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * df ** 3))
+
+
+def mean_interval(values: Sequence[float]) -> tuple[float, float, float]:
+    """(mean, low, high): the mean and its 95% Student t confidence interval (low = high = mean for one value).
+
+    >>> [round(x, 3) for x in mean_interval([1.0, 2.0, 3.0])]
+    [2.0, -0.484, 4.484]
+    """
+    v = np.asarray(values, np.float64)
+    if not v.size:
+        raise ValueError("no values to take the mean of")
+    mean = float(v.mean())
+    if v.size < 2:
+        return mean, mean, mean
+    half = t_critical_95(v.size - 1) * float(v.std(ddof=1)) / math.sqrt(v.size)
+    return mean, mean - half, mean + half
+
+
+def evaluation(candidate: Sequence[float], incumbent: Sequence[float], *, margin: float,
+               absolute: bool = False) -> CheckResult:
+    """Fails when mean(candidate) < mean(incumbent) - margin * |mean(incumbent)| (same seeds); with
+    `absolute`, when mean(candidate) < mean(incumbent) - margin (return units).
+
+    Where both ran the same episodes (equal counts, the i-th of each on the same seed) the figures add
+    the paired difference candidate - incumbent: `difference_mean` (the same number as the difference
+    of the means: the verdict is unchanged) and its 95% t interval `difference_low`/`difference_high`.
+    """
     c, i = np.asarray(candidate, np.float64), np.asarray(incumbent, np.float64)
     if not c.size or not i.size:
         return CheckResult("evaluation", False, {"episodes": float(min(c.size, i.size))},
@@ -340,9 +409,13 @@ def evaluation(candidate: Sequence[float], incumbent: Sequence[float], *, margin
                "incumbent_mean": i_mean, "incumbent_std": float(i.std()), "margin": float(margin)}
     if i_mean != 0:
         figures["ratio"] = c_mean / i_mean
-    threshold = i_mean - margin * abs(i_mean)
+    if c.size == i.size and np.isfinite(c).all() and np.isfinite(i).all():
+        d_mean, d_low, d_high = mean_interval(c - i)
+        figures.update(difference_mean=d_mean, difference_low=d_low, difference_high=d_high)
+    threshold = i_mean - margin if absolute else i_mean - margin * abs(i_mean)
     figures["threshold"] = threshold
-    rule = (f"rule: candidate mean >= incumbent mean - {margin:g} * |incumbent mean| = {threshold:.4g}; "
+    allowed = f"{margin:g}" if absolute else f"{margin:g} * |incumbent mean|"
+    rule = (f"rule: candidate mean >= incumbent mean - {allowed} = {threshold:.4g}; "
             f"candidate {c_mean:.4g} ± {figures['candidate_std']:.3g}, incumbent {i_mean:.4g} ± "
             f"{figures['incumbent_std']:.3g} over {c.size} episodes")
     if not np.isfinite(c).all():
