@@ -187,6 +187,31 @@ def publish(address: str, chunks: Iterable[policies_pb2.PublishChunk], *, timeou
         return policies_pb2_grpc.PoliciesStub(channel).Publish(iter(chunks), timeout=timeout_s, wait_for_ready=True)
 
 
+class ImportRefused(RuntimeError):
+    """The gateway refused an import; the message names the file, the gateway, the status and its reason."""
+
+
+def import_policy_file(address: str, path: Path, *, name: str, format: str | None = None,
+                       obs: Sequence[str] = (), action: Sequence[str] = (), probe_batch: int = 8, seed: int = 0,
+                       atol: float = 0.0, chunk_bytes: int = CHUNK_BYTES, timeout_s: float = 300.0,
+                       **credentials) -> tuple[PolicyFile, policies_pb2.PublishReply]:
+    """What `tether policy import PATH --policy NAME` does: read the file (specs from it or `obs`/`action`
+    as NAME:DTYPE:SHAPE[:LOW:HIGH]), probe it here, publish it to the gateway at `address` (`credentials`:
+    ca, cert, key, token as `publish` takes them); returns the file read and the gateway's reply (its
+    `version`). ArtifactError/ValueError for a bad file or spec, ImportRefused when the gateway says no."""
+    import grpc
+
+    policy = read_policy_file(path, format=format, inputs=[parse_spec(s) for s in obs],
+                              outputs=[parse_spec(s) for s in action])
+    probe = probe_inputs(policy.inputs, batch=probe_batch, seed=seed)
+    expected = reference_outputs(policy, probe)
+    try:
+        return policy, publish(address, publish_chunks(policy, name, probe, expected, atol=atol,
+                                                       chunk_bytes=chunk_bytes), timeout_s=timeout_s, **credentials)
+    except grpc.RpcError as exc:
+        raise ImportRefused(f"the gateway at {address} refused {path} ({exc.code().name}): {exc.details()}") from None
+
+
 def import_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tether policy import",
                                 description="Import a TorchScript module or an ONNX file as a policy version.")
@@ -218,24 +243,15 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
 
 
 def _import(argv: list[str]) -> None:
-    import grpc
-
     from bridge.security.channel import channel_kwargs
 
     a = import_parser().parse_args(argv)
     try:
-        policy = read_policy_file(a.file, format=a.format, inputs=[parse_spec(s) for s in a.obs],
-                                  outputs=[parse_spec(s) for s in a.action])
-        probe = probe_inputs(policy.inputs, batch=a.probe_batch, seed=a.seed)
-        expected = reference_outputs(policy, probe)
-        reply = publish(a.gateway, publish_chunks(policy, a.policy, probe, expected, atol=a.atol,
-                                                  chunk_bytes=a.chunk_bytes), timeout_s=a.timeout,
-                        **channel_kwargs(a))
-    except (ArtifactError, ValueError) as exc:
+        policy, reply = import_policy_file(a.gateway, a.file, name=a.policy, format=a.format, obs=a.obs,
+                                           action=a.action, probe_batch=a.probe_batch, seed=a.seed, atol=a.atol,
+                                           chunk_bytes=a.chunk_bytes, timeout_s=a.timeout, **channel_kwargs(a))
+    except (ArtifactError, ValueError, ImportRefused) as exc:
         raise SystemExit(f"tether policy import: {exc}") from None
-    except grpc.RpcError as exc:
-        raise SystemExit(f"tether policy import: the gateway at {a.gateway} refused {a.file} "
-                         f"({exc.code().name}): {exc.details()}") from None
     print(f"imported {a.file} ({policy.format}, {len(policy.data) / 1e6:.1f} MB) as {reply.policy} v{reply.version}: "
           f"served and verified (max abs error {reply.max_abs_error:.2e}, {reply.load_seconds:.2f} s), "
           f"Triton serves versions {list(reply.ready_versions)}", flush=True)

@@ -18,11 +18,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,7 +29,9 @@ from pathlib import Path
 import sim
 from bridge.common import files as common_files
 from inference_server import ModelRepository, TritonServer
+from inference_server.server import free_port
 from sim.client import run_sessions, run_vector_sessions
+from tether.stack import gateway_process, stop_process  # noqa: F401 - the process pieces; also imported from here
 from trainer.policy import GaussianPolicy, MLPPolicy
 
 
@@ -62,51 +62,6 @@ def write_initial_policy(repo: ModelRepository, env_id: str, *, seed: int = 0, s
         else:
             repo.write_version(name, 1, MLPPolicy(observation[0], action[0], seed=seed), observation, action)
     return name
-
-
-@contextlib.contextmanager
-def gateway_process(*, triton_url: str, policy: str, log_path: Path, timeout: float = 30.0,
-                    extra_args: tuple[str, ...] = (), port: int = 0) -> Iterator[str]:
-    """Start `tether gateway` on a loopback port (0 = a free one); yields its address, stops it on exit."""
-    log = open(log_path, "a")  # noqa: SIM115 - closed below, after the process
-    cmd = [sys.executable, "-m", "tether", "gateway", "--triton", triton_url, "--policy", policy,
-           "--port", str(port), *extra_args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
-    address: list[str] = []
-    ready = threading.Event()
-
-    def pump() -> None:  # first line tells the address; the rest goes to the log
-        for line in proc.stdout:
-            if not address and line.startswith("gateway listening on "):
-                address.append(line.split()[-1])
-                ready.set()
-            log.write(line)
-        ready.set()
-
-    pumping = threading.Thread(target=pump, daemon=True)
-    pumping.start()
-    try:
-        ready.wait(timeout)
-        if not address:
-            proc.kill()
-            raise RuntimeError(f"gateway did not start within {timeout:g} s; see {log_path}:\n"
-                               + log_path.read_text()[-2000:])
-        yield address[0]
-    finally:
-        stop_process(proc)
-        pumping.join(5)
-        log.close()
-
-
-def stop_process(proc: subprocess.Popen, *, grace_s: float = 10.0) -> None:
-    """SIGTERM, then SIGKILL after `grace_s`; returns once the process is gone."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,14 +113,6 @@ def _reached(target: float | None):
     return lambda stats: (stats.recent_return() or float("-inf")) >= target
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def trainer_process(*, gateway: str, policy: str, run_dir: Path, nproc: int, seed: int, seconds: float,
                     extra_args: tuple[str, ...] = (), ready_timeout: float = 180.0) -> Iterator[subprocess.Popen]:
@@ -207,7 +154,7 @@ def run_demo(config: DemoConfig) -> dict:
         # 1000 steps, and waiting for an episode's end would leave PPO learning from far-behind versions
         gateway_args = ("--model-repository", str(repo.root), "--experience-dir", str(run_dir / "experience"),
                         "--switch", "step")
-    console_port = _free_port()  # the operator console (and /metrics) on loopback: open it while the demo runs
+    console_port = free_port()  # the operator console (and /metrics) on loopback: open it while the demo runs
     gateway_args += ("--console-port", str(console_port))
     t0 = time.monotonic()
     with TritonServer(repo.root, models=[name], log_path=run_dir / "triton.log") as triton:
