@@ -29,6 +29,17 @@ steps are logged in order, with no holes) until `resume(session)`, which the gat
 session connects again: its `durable_through` stays at the first refused step, so its client keeps
 that step and everything after, and replays them after the reconnect. The event loop never waits.
 
+Ownership (several gateways, bridge.registry.ownership). With `ownership` (a callable taking the
+(session, owner_epoch) pairs of a group commit and returning the stale ones, one query for the whole
+group), nothing is acknowledged before ownership confirms it: after the fsync and before any ack, the
+writer asks once for the group's pairs (transitions with owner_epoch 0 are not checked). A stale pair
+(another gateway claimed the session since) is not acknowledged: its futures fail with `Fenced`, its
+session's `durable_step` does not move, it is counted in `stats.fenced`, and `on_fenced(session, epoch)`
+is called on the event loop (the gateway ends that session). The records stay in the segment, stamped
+with their stale epoch: readers merging gateways' logs drop them (bridge.experience.merge). When the
+store cannot be reached, the group is written but not acknowledged (`durable_step` waits: a later
+group of the same epoch confirmed current also covers it, epochs only grow).
+
 Retention (`retention_bytes`, `retention_s`; off by default): finished segments are deleted,
 oldest first, while all segments together exceed `retention_bytes` or when a segment's last write
 is older than `retention_s`. The open segment and the newest finished one (which carries every
@@ -46,7 +57,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -68,6 +79,10 @@ _RUN_BYTES = 8 << 20  # the most one writev carries
 
 class LogError(RuntimeError):
     """The log cannot accept transitions (not started, closed, or its writer failed)."""
+
+
+class Fenced(LogError):
+    """Not acknowledged: the session's ownership moved to another gateway (a newer epoch) before the ack."""
 
 
 class LogFull(LogError):
@@ -94,6 +109,8 @@ class LogStats:
     pruned_bytes: int = 0
     pending_bytes: int = 0   # serialized size of the transitions not yet durable
     degraded: str = ""       # why the disk refuses writes now ("" = it does not)
+    fenced: int = 0          # written but not acknowledged: their session's ownership epoch was stale
+    unconfirmed: int = 0     # written but not acknowledged: the ownership store did not answer
 
 
 def _lock(directory: Path) -> int:
@@ -125,7 +142,9 @@ class ExperienceLog:
     def __init__(self, directory: str | Path, *, segment_bytes: int = 256 << 20, segment_seconds: float = 600.0,
                  fsync_interval_s: float = 0.005, fsync: bool = True, max_pending: int = 100_000,
                  max_pending_bytes: int = 1 << 30, retry_min_s: float = 0.05, retry_max_s: float = 5.0,
-                 retention_bytes: int | None = None, retention_s: float | None = None):
+                 retention_bytes: int | None = None, retention_s: float | None = None,
+                 ownership: Callable[[set[tuple[str, int]]], set[tuple[str, int]]] | None = None,
+                 on_fenced: Callable[[str, int], None] | None = None):
         if segment_bytes < 4096:
             raise ValueError(f"segment_bytes: {segment_bytes} is below 4096")
         if not segment_seconds > 0:
@@ -146,6 +165,7 @@ class ExperienceLog:
         self.max_pending, self.max_pending_bytes = max_pending, max_pending_bytes
         self.retry_min_s, self.retry_max_s = retry_min_s, retry_max_s
         self.retention_bytes, self.retention_s = retention_bytes, retention_s
+        self.ownership, self.on_fenced = ownership, on_fenced  # see "Ownership" in the module docstring
         # the event loop's
         self._last_step: dict[str, int] = {}     # highest step appended per session
         self._durable_step: dict[str, int] = {}  # highest step acknowledged (fsynced) per session
@@ -164,7 +184,7 @@ class ExperienceLog:
         self._degraded: str | None = None  # written by the writer thread (a str assignment), read anywhere
         # the writer thread's
         # (offset, session, step, log_time_ns, serialized, future): taken from the queue, not yet durable
-        self._backlog: list[tuple[int, str, int, int, bytes, asyncio.Future | None]] = []
+        self._backlog: list[tuple[int, str, int, int, bytes, asyncio.Future | None, int]] = []  # ..., owner_epoch
         self._backlog_bytes = 0        # their serialized size (read by append for the bound)
         self._written = 0              # backlog items written into the open segment since its last sync
         self._needs_rollback = False   # a failed write left the open segment past its last synced size
@@ -177,7 +197,7 @@ class ExperienceLog:
         self._synced_sessions: dict[str, int] = {}  # last steps made durable
         self._prune_at = 0.0
         self._counts = dict(appended=0, duplicates=0, durable=0, bytes=0, segments=0, fsyncs=0, max_group=0,
-                            recovered=0, refused=0, write_errors=0, pruned=0, pruned_bytes=0)
+                            recovered=0, refused=0, write_errors=0, pruned=0, pruned_bytes=0, fenced=0, unconfirmed=0)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -253,6 +273,14 @@ class ExperienceLog:
         (from the step after its last appended one: the client replays the refused ones)."""
         self._refusing.pop(session, None)
 
+    def forget(self, session: str) -> None:
+        """What this log holds of `session` is not the session's history any more (another gateway owned it
+        since): its steps are taken again from any step (the client replays them under the new epoch), and its
+        `durable_step` restarts from what this epoch acknowledges."""
+        self._last_step.pop(session, None)
+        self._durable_step.pop(session, None)
+        self._refusing.pop(session, None)
+
     def last_step(self, session: str) -> int | None:
         """The highest step appended for `session` (on disk or queued), None if it has none."""
         return self._last_step.get(session)
@@ -290,7 +318,7 @@ class ExperienceLog:
                         next_offset=self._next_offset, durable_offset=self._durable_offset,
                         recovered=c["recovered"], refused=c["refused"], write_errors=c["write_errors"],
                         pruned=c["pruned"], pruned_bytes=c["pruned_bytes"], pending_bytes=self._backlog_bytes,
-                        degraded=self._degraded or "")
+                        degraded=self._degraded or "", fenced=c["fenced"], unconfirmed=c["unconfirmed"])
 
     async def wait_durable(self, offset: int, timeout: float | None = None) -> int:
         """Waits until `durable_offset > offset` (or the timeout); returns durable_offset."""
@@ -308,15 +336,35 @@ class ExperienceLog:
                     self._waiters.remove((offset, fut))
         return self._durable_offset
 
-    def _resolve(self, batch: list[tuple[int, asyncio.Future | None, str, int]], durable: int) -> None:
+    def _resolve(self, batch: list[tuple[int, asyncio.Future | None, str, int]], durable: int,
+                 withheld: dict[int, tuple[str, int, bool]] | None = None) -> None:
+        """Acknowledge `batch`; `withheld`: offset -> (session, epoch, stale) of items ownership did not confirm."""
         self._durable_offset = max(self._durable_offset, durable)
         self._counts["durable"] += len(batch)
         steps = self._durable_step
+        fenced: set[tuple[str, int]] = set()
         for offset, fut, session, step in batch:
+            held = withheld.get(offset) if withheld else None
+            if held is not None:
+                if held[2]:
+                    self._counts["fenced"] += 1
+                    fenced.add(held[:2])
+                    if fut is not None and not fut.done():
+                        fut.set_exception(Fenced(f"session {session!r} step {step}: ownership epoch {held[1]} is "
+                                                 f"stale (another gateway claimed the session): not acknowledged"))
+                        fut.exception()  # retrieved: a fenced step is expected, not an unhandled error
+                else:
+                    self._counts["unconfirmed"] += 1
+                    if fut is not None and not fut.done():
+                        fut.set_result(offset)
+                continue
             if step > steps.get(session, -1):
                 steps[session] = step
             if fut is not None and not fut.done():
                 fut.set_result(offset)
+        if fenced and self.on_fenced is not None:
+            for session, epoch in sorted(fenced):
+                self.on_fenced(session, epoch)
         still = []
         for offset, fut in self._waiters:
             if fut.done():
@@ -414,7 +462,7 @@ class ExperienceLog:
 
     @staticmethod
     def _done_item(item) -> tuple[int, asyncio.Future | None, str, int]:
-        offset, session, step, _, _, fut = item
+        offset, session, step, _, _, fut, _ = item
         return offset, fut, session, step
 
     def _retry_due(self) -> bool:
@@ -495,11 +543,30 @@ class ExperienceLog:
         done, self._backlog = self._backlog[:n], self._backlog[n:]
         self._written = max(0, self._written - n)
         synced = self._synced_sessions
-        for _, session, step, _, data, _ in done:
+        for _, session, step, _, data, _, _ in done:
             self._backlog_bytes -= len(data)
             if step > synced.get(session, -1):
                 synced[session] = step
-        self._loop.call_soon_threadsafe(self._resolve, [self._done_item(i) for i in done], done[-1][0] + 1)
+        self._loop.call_soon_threadsafe(self._resolve, [self._done_item(i) for i in done], done[-1][0] + 1,
+                                        self._unconfirmed(done))
+
+    def _unconfirmed(self, done) -> dict[int, tuple[str, int, bool]] | None:
+        """Ownership's answer for a group about to be acknowledged (one query): offset -> (session, epoch, stale)
+        for the items it does not confirm; None when it confirms all (or there is no ownership check)."""
+        if self.ownership is None:
+            return None
+        pairs = {(item[1], item[6]) for item in done if item[6]}
+        if not pairs:
+            return None
+        try:
+            stale, unknown = self.ownership(pairs), False
+        except Exception as exc:  # noqa: BLE001 - the store is down: nothing is acknowledged, the writer goes on
+            stale, unknown = pairs, True
+            log.warning("experience log %s: ownership not confirmed for %d sessions (%s): written, not acknowledged",
+                        self.directory, len(pairs), exc)
+        if not stale:
+            return None
+        return {item[0]: (item[1], item[6], not unknown) for item in done if (item[1], item[6]) in stale}
 
     def _take(self) -> None:
         """Moves what the queue holds to the backlog, serialized (here, off the event loop)."""
@@ -507,7 +574,7 @@ class ExperienceLog:
             while True:
                 t, log_time, fut = self._queue.popleft()
                 data = t.SerializeToString()
-                self._backlog.append((t.offset, t.session, t.step, log_time, data, fut))
+                self._backlog.append((t.offset, t.session, t.step, log_time, data, fut, t.owner_epoch))
                 self._backlog_bytes += len(data)
 
     def _segment_aged(self) -> bool:
@@ -519,7 +586,7 @@ class ExperienceLog:
         run, run_bytes = [], 0
         i = self._written
         while i < len(self._backlog):
-            offset, session, step, log_time, data, _fut = self._backlog[i]
+            offset, session, step, log_time, data, _fut, _epoch = self._backlog[i]
             size = SegmentWriter.record_size(data)
             seg = self._segment
             if run_bytes >= _RUN_BYTES:  # one writev at a time: a failing retry stops at the first

@@ -31,7 +31,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 async def serve(config: GatewayConfig) -> None:
-    """Run a gateway until SIGINT/SIGTERM."""
+    """Run a gateway until SIGINT/SIGTERM. SIGTERM drains first (`Gateway.drain`: NOT_SERVING, no new session,
+    the streams end UNAVAILABLE so clients move to another gateway at once); then the log is flushed."""
     from bridge.gateway.server import Gateway
 
     gateway = Gateway(config)
@@ -41,9 +42,12 @@ async def serve(config: GatewayConfig) -> None:
         print(f"console on {gateway.console.url}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    got: list[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, lambda sig=sig: (got.append(sig), stop.set()))
     await stop.wait()
+    if got and got[0] == signal.SIGTERM:
+        await gateway.drain(config.drain_grace_s)
     await gateway.stop()
 
 

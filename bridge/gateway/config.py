@@ -65,6 +65,8 @@ class GatewayConfig:
     console_port: int | None = None  # the operator console + /metrics over HTTP (0 = a free port); None = off
     console_host: str = "127.0.0.1"
     console_allowed_hosts: tuple[str, ...] = ()  # Host names the console also answers to (behind a proxy)
+    gateway_id: str = ""             # this gateway's name in session ownership (bridge.gateway.owners); "" = HOST:PORT
+    drain_grace_s: float = 0.2       # SIGTERM: NOT_SERVING this long before the streams end UNAVAILABLE (drain)
 
     def __post_init__(self):
         if self.deadline_ms <= 0:
@@ -96,6 +98,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default="", help="default policy (Triton model name)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (not loopback: needs TLS or --insecure)")
     p.add_argument("--port", type=int, default=50051, help="gRPC port (0 = a free one)")
+    p.add_argument("--gateway-id", default="", metavar="NAME",
+                   help="this gateway's name in session ownership and fencing, unique among the gateways sharing "
+                        "a registry (default: HOST:PORT)")
+    p.add_argument("--drain-grace-s", type=float, default=0.2,
+                   help="on SIGTERM: health NOT_SERVING and no new sessions for this long, then every stream ends "
+                        "UNAVAILABLE 'draining' (its client moves to another gateway and replays), then exit")
     p.add_argument("--deadline-ms", type=int, default=100, help="per-step inference deadline (Welcome.deadline_ms)")
     p.add_argument("--max-batch", type=int, default=64, help="the most rows in one Triton batch")
     p.add_argument("--triton-timeout", type=float, default=10.0, help="seconds to wait for Triton at start")
@@ -167,7 +175,8 @@ def from_arguments(a: argparse.Namespace) -> GatewayConfig:
                              log_retention_mb=a.log_retention_mb, log_retention_hours=a.log_retention_hours,
                              rewards=_reward_configs(a.rewards), switch=a.switch, **_security_kwargs(a),
                              console_port=a.console_port, console_host=a.console_host,
-                             console_allowed_hosts=tuple(a.console_allowed_host), **rollout_settings(a))
+                             console_allowed_hosts=tuple(a.console_allowed_host), gateway_id=a.gateway_id,
+                             drain_grace_s=a.drain_grace_s, **rollout_settings(a))
     except ValueError as exc:
         raise SystemExit(f"tether gateway: {exc}") from None
 

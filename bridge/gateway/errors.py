@@ -15,8 +15,8 @@ from bridge.common.errors import PermissionDenied, TetherError, Unauthenticated
 
 GatewayError = TetherError  # one root for every typed error a servicer maps (see bridge.common.errors)
 
-__all__ = ["DuplicateSession", "GatewayError", "InvalidHello", "PermissionDenied", "PolicyUnavailable",
-           "SessionSuperseded", "TooManySessions", "Unauthenticated", "UnknownPolicy"]
+__all__ = ["Draining", "DuplicateSession", "GatewayError", "InvalidHello", "PermissionDenied", "PolicyUnavailable",
+           "SessionSuperseded", "SessionsUnavailable", "TooManySessions", "Unauthenticated", "UnknownPolicy"]
 
 
 class InvalidHello(GatewayError):
@@ -52,3 +52,16 @@ class TooManySessions(GatewayError):
     """The gateway's session cap or a source's cap is reached (bridge.gateway.limits)."""
 
     status = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class Draining(GatewayError):
+    """The gateway is shutting down (SIGTERM): it takes no new session and ends its streams with UNAVAILABLE, so
+    clients move to another gateway at once and replay what is not durable."""
+
+    status = grpc.StatusCode.UNAVAILABLE
+
+
+class SessionsUnavailable(GatewayError):
+    """The session ownership store (bridge.registry.ownership) cannot be reached: no claim, no session here."""
+
+    status = grpc.StatusCode.UNAVAILABLE

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import Protocol
 
-from bridge.experience.log import LogError, LogFull
+from bridge.experience.log import Fenced, LogError, LogFull
 from protos import bridge_pb2, experience_pb2
 
 log = logging.getLogger("tether.gateway")
@@ -80,6 +80,8 @@ class Recorder:
         self.duplicates = 0
         self.failed = 0      # the log was not running (LogError), or lost the transition
         self.refused = 0     # not logged: the log was full (LogFull)
+        self.epoch = 0       # the gateway's ownership claim on the session (Transition.owner_epoch; 0: none)
+        self.fenced = 0      # not acknowledged or dropped: another gateway owns the session now
         if log is not None:
             log.resume(session)  # a new connection: its client replays what a refusal left out
 
@@ -112,6 +114,7 @@ class Recorder:
     def fence(self) -> None:
         """Detach from the log for good (a new connection of this session took over): nothing pending or
         built but not appended is appended, and nothing later is (`logging` is False from now on)."""
+        self.fenced += len(self._ready) + (self.pending is not None)  # dropped: never appended
         self._log, self.pending, self._ready = None, None, []
 
     def take(self) -> _Acted | None:
@@ -137,7 +140,7 @@ class Recorder:
             reward=outcome.reward, reward_terms=outcome.terms, terminated=terminated,
             truncated=ended and not terminated, policy=action.policy, policy_version=action.policy_version,
             reward_version=self.reward_version, timing=action.timing, source=self.source,
-            env_reward=following.reward)
+            env_reward=following.reward, owner_epoch=self.epoch)
         t.observation.extend(obs.tensors)
         t.action.extend(action.tensors)
         t.applied_action.extend(following.applied_action or action.tensors)  # sims step what they got
@@ -171,6 +174,9 @@ class Recorder:
                 future.add_done_callback(lambda f, step=t.step: self._acked(f, step))
 
     def _acked(self, future: asyncio.Future, step: int) -> None:
+        if not future.cancelled() and isinstance(future.exception(), Fenced):
+            self.fenced += 1
+            return
         if future.cancelled() or future.exception() is not None:
             self.failed += 1
             if self.failed == 1:  # once per recorder (a log closed under a disk fault fails them all)
@@ -211,6 +217,19 @@ class RecorderGroup:
         """No env's pending step gets a successor (an e-stop holds the session, or its inference failed)."""
         for r in self.recorders:
             r.pending = None
+
+    @property
+    def epoch(self) -> int:
+        return self.recorders[0].epoch if self.recorders else 0
+
+    @epoch.setter
+    def epoch(self, epoch: int) -> None:
+        for r in self.recorders:
+            r.epoch = epoch
+
+    @property
+    def fenced(self) -> int:
+        return sum(r.fenced for r in self.recorders)
 
     def fence(self) -> None:
         """Every env's `Recorder.fence`."""

@@ -23,6 +23,7 @@ Here: the wiring (what a Gateway holds, start, stop). The configuration and its 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import Counter, deque
 
@@ -35,9 +36,11 @@ from bridge.console.server import Console, check_console_bind
 from bridge.gate import Gate
 from bridge.gateway.batcher import MicroBatcher
 from bridge.gateway.config import GatewayConfig
+from bridge.gateway.errors import Draining
 from bridge.gateway.figures import FleetFigures
 from bridge.gateway.holds import EStops, open_estop_registry
 from bridge.gateway.limits import Admission
+from bridge.gateway.owners import SessionOwners
 from bridge.gateway.policies import PolicyCatalog
 from bridge.gateway.policies_service import PoliciesService
 from bridge.gateway.publisher import Publisher
@@ -104,6 +107,10 @@ class Gateway:
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self.address = ""
+        # several gateways: who owns each session id, with an epoch that fences the others (bridge.gateway.owners)
+        self.owners = SessionOwners(self)
+        self.factory._claim = self.owners.claim
+        self.draining = False  # SIGTERM: no new session, streams end UNAVAILABLE (drain)
 
     async def start(self) -> None:
         """Wait for Triton (a clear error if it is not there), then serve on the configured port."""
@@ -139,7 +146,8 @@ class Gateway:
                 self.config.experience_dir, fsync_interval_s=self.config.fsync_interval_ms / 1e3,
                 max_pending=c.log_max_pending, max_pending_bytes=int(c.log_max_pending_mb * (1 << 20)),
                 retention_bytes=None if mb is None else int(mb * (1 << 20)),
-                retention_s=None if hours is None else hours * 3600)
+                retention_s=None if hours is None else hours * 3600,
+                **self.owners.log_hooks())
             await self.experience.start()
             experience_pb2_grpc.add_ExperienceServicer_to_server(ExperienceService(
                 self.experience, authorize=lambda context: self.auth.require(context, "trainer")), self._server)
@@ -150,6 +158,7 @@ class Gateway:
         if port == 0:
             raise OSError(f"cannot bind the gateway to {self.config.host}:{self.config.port}")
         self.address = f"{self.config.host}:{port}"
+        self.owners.name = self.config.gateway_id or self.address
         sims_at, sims_tls = _gate_sims(c, port)  # the gate's simulator sessions, through the same TLS
         if self.auth.tokens is not None and (c.gate.eval_env or c.gate.eval_envs):  # and a robot token of its own
             sims_tls["sim_env"] = {"TETHER_TOKEN": self.auth.issue("gate", "robot")}
@@ -170,6 +179,25 @@ class Gateway:
         log.info("gateway serving on %s (Triton %s at %s)", self.address, self.server_version,
                  self.config.triton_url)
 
+    async def drain(self, grace_s: float = 0.2, timeout_s: float = 5.0) -> None:
+        """SIGTERM: health NOT_SERVING and no new session (UNAVAILABLE "draining"); after `grace_s` (in-flight
+        replies go out, health watchers see it) every stream ends UNAVAILABLE "draining", so its client moves to
+        another gateway at once and replays what is not durable; returns once they closed (or `timeout_s`).
+        `stop` then flushes and closes the log."""
+        self.draining = True
+        for name in ("", SERVICE_NAME):
+            await self._health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await asyncio.sleep(grace_s)
+        sessions = list(self.sessions.values())
+        log.warning("gateway %s draining: ending %d sessions' streams (UNAVAILABLE), their clients move on",
+                    self.owners.name, len(sessions))
+        for session in sessions:
+            if session.on_drain is not None:
+                session.on_drain(f"gateway {self.owners.name} is draining (shutting down): connect to another")
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while self.sessions and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+
     async def stop(self, grace: float = 1.0) -> None:
         await self._health.enter_graceful_shutdown()
         if self.console is not None:
@@ -181,6 +209,7 @@ class Gateway:
         if self.experience is not None:
             await self.experience.close()
         await self.rollout.stop()
+        self.owners.close()
         if self.estops.registry is not self.registry:
             self.estops.registry.close()
         self.registry.close()
@@ -200,7 +229,10 @@ class Gateway:
 
     async def open_session(self, hello: bridge_pb2.Hello, *, peer: str = "local",
                            identity: str | None = None) -> Session | VectorSession:
-        """A session for `hello` from `peer`, proved to be `identity` (`authorize_session`): SessionFactory.open."""
+        """A session for `hello` from `peer`, proved to be `identity` (`authorize_session`): SessionFactory.open.
+        Draining (SIGTERM): `Draining` (UNAVAILABLE), the client tries its next gateway."""
+        if self.draining:
+            raise Draining(f"gateway {self.owners.name} is draining (shutting down): connect to another")
         return await self.factory.open(hello, peer=peer, identity=identity)
 
     def logging_state(self) -> str:
@@ -223,7 +255,8 @@ class Gateway:
                                   deadline_ms=self.config.deadline_ms, server_version=self.server_version,
                                   durable_through=session.recorder.durable_through,
                                   next_step=self.next_step(session),
-                                  reward_version=session.rewards.version, logging=session.recorder.logging)
+                                  reward_version=session.rewards.version, logging=session.recorder.logging,
+                                  owner_epoch=session.recorder.epoch, gateway_id=self.owners.name)
 
     def acting_versions(self, policy: str) -> dict[int, int]:
         """Version -> how many sessions act with it now."""

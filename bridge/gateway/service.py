@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from bridge.common.logs import log_context
-from bridge.gateway.errors import GatewayError, InvalidHello, SessionSuperseded
+from bridge.gateway.errors import Draining, GatewayError, InvalidHello, SessionSuperseded
 from bridge.gateway.limits import IdleTimeout, StreamWatch, Undecodable, peer_key, within_idle
 from protos import bridge_pb2, bridge_pb2_grpc
 
@@ -33,6 +33,7 @@ class BridgeService(bridge_pb2_grpc.BridgeServicer):
             await context.abort(exc.status, str(exc))
         # a new connection of this id from the same identity takes the session over: this stream then ends
         session.on_superseded = lambda why: watch.end(SessionSuperseded(why))
+        session.on_drain = lambda why: watch.end(Draining(why))  # SIGTERM: UNAVAILABLE, the client moves on
         figures, estops = self._gateway.figures, self._gateway.estops  # bridge.gateway.figures, .holds
         figures.opened(session, first.hello)
         log_context.set(session)
@@ -57,7 +58,7 @@ class BridgeService(bridge_pb2_grpc.BridgeServicer):
                 if obs is not None:
                     figures.observed(session, obs, reply)
                 session.flush()
-        except (IdleTimeout, Undecodable, SessionSuperseded) as exc:
+        except (IdleTimeout, Undecodable, SessionSuperseded, Draining) as exc:
             await context.abort(exc.status, str(exc))
         finally:
             figures.closed(session)

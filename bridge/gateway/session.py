@@ -86,6 +86,7 @@ class SessionBase:
     _report: tuple | None = None  # the last step's outcome for the router, told by `settle` after the reply
     superseded: str = ""  # why a new connection of this session id took it over (its stream ends: ABORTED)
     on_superseded: Callable[[str], None] | None = None  # the servicer's: ends this session's stream
+    on_drain: Callable[[str], None] | None = None  # the servicer's: ends the stream UNAVAILABLE (the gateway drains)
 
     def supersede(self, why: str) -> None:
         """A new connection of this session id took over: nothing more of this one is logged (the recorder is

@@ -24,7 +24,7 @@ import itertools
 import logging
 import secrets
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 
 from bridge.gateway.batcher import MicroBatcher
 from bridge.gateway.errors import DuplicateSession, InvalidHello
@@ -48,13 +48,16 @@ class SessionFactory:
                  rewards: Mapping[str, RewardFunction], admission: Admission, batcher: MicroBatcher,
                  sessions: MutableMapping[str, Session | VectorSession], experience: Callable[[], object | None],
                  open_access: Callable[[], bool],
-                 close: Callable[[Session | VectorSession], None] | None = None):
+                 close: Callable[[Session | VectorSession], None] | None = None,
+                 claim: Callable[[str, list[str]], Awaitable[int]] | None = None):
         """`close`: what closes a session whose stream ended (Gateway.close_session); a takeover closes the old
-        session with it."""
+        session with it. `claim(session_id, log_keys)`: the gateway's ownership claim on the id before its
+        recorder reads the log (returns the epoch its transitions carry; see bridge.registry.ownership)."""
         self._limits, self._deadline_s, self._switch = limits, deadline_s, switch
         self._catalog, self._rollout, self._rewards = catalog, rollout, rewards
         self._admission, self._batcher, self._sessions = admission, batcher, sessions
         self._experience, self._open_access, self._close = experience, open_access, close
+        self._claim = claim
         self._ids = itertools.count(1)  # ids the gateway gives: session-<boot>-<n> (see new_session_id)
         self._boot = secrets.token_hex(4)  # this start's: ids never repeat across restarts
         self._last_seen: OrderedDict[str, int] = OrderedDict()  # closed sessions' last steps (newest REMEMBERED)
@@ -84,6 +87,11 @@ class SessionFactory:
         except RewardConfigError as exc:
             raise InvalidHello(f"the reward config of policy {policy.name!r} does not fit this session: {exc}") from exc
         session_id = hello.session_id or self.new_session_id()
+        experience = None if session_id in self._rollout.evaluating else self._experience()  # the gate's: not data
+        vector = hello.num_envs > 1 or hello.batched
+        keys = [f"{session_id}/{i}" for i in range(max(1, hello.num_envs))] if vector else [session_id]
+        # the ownership claim (its last await): from here to the admission nothing awaits
+        epoch = await self._claim(session_id, keys) if self._claim is not None and experience is not None else 0
         if (old := self._sessions.get(session_id)) is not None:
             if not self._takes_over(session_id, peer):
                 raise DuplicateSession(f"session {session_id!r} is already connected")
@@ -99,11 +107,11 @@ class SessionFactory:
                 "would have chosen %s, it acts with v%d", session_id, identity,
                 f"v{labelled.version}" if labelled is not None else "nothing", policy.version)
         self._rollout.declared(policy.name, action, identity=identity, source=f"{peer} {hello.source or session_id}")
-        experience = None if session_id in self._rollout.evaluating else self._experience()  # the gate's: not data
-        if hello.num_envs > 1 or hello.batched:
+        if vector:
             num_envs = max(1, hello.num_envs)
             group = RecorderGroup(session=session_id, source=hello.source, log=experience,
                                   reward_version=rewards.version, num_envs=num_envs)
+            group.epoch = epoch
             session = VectorSession(session_id=session_id, source=hello.source, policy=policy, num_envs=num_envs,
                                     observation_spec=observation, action_spec=action, batcher=self._batcher,
                                     deadline_s=self._deadline_s, rewards=rewards, recorder=group,
@@ -116,6 +124,7 @@ class SessionFactory:
             return session
         recorder = Recorder(session=session_id, source=hello.source, log=experience,
                             reward_version=rewards.version)
+        recorder.epoch = epoch
         session = Session(session_id=session_id, source=hello.source, policy=policy,
                           observation_spec=observation, action_spec=action, batcher=self._batcher,
                           deadline_s=self._deadline_s, rewards=rewards, recorder=recorder,

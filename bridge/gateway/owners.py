@@ -1,0 +1,78 @@
+"""The gateway's side of session ownership (bridge.registry.ownership): claim on Hello, fence on a stale ack.
+
+    owners = SessionOwners(gateway)          # the store beside gateway.registry (None for an in-memory registry)
+    owners.name = "gw-a"                     # --gateway-id, default HOST:PORT
+    epoch = await owners.claim("robot-1", ["robot-1"])   # on Hello (SessionFactory): epoch bumped in one transaction
+    ExperienceLog(dir, **owners.log_hooks())  # the log asks before each group commit's ack; stale -> owners.fenced
+
+A claim whose previous epoch was another gateway's (the client moved here and may come back) makes this
+gateway's log forget what it held of the session: those records are another epoch's, the client replays
+what is not durable and it is logged again under the new epoch (readers keep the newest epoch per step,
+bridge.experience.merge). A session whose epoch went stale (another gateway claimed its id: this gateway
+was cut off, not dead) is fenced like a takeover: what it has pending is dropped and counted, nothing more
+of it is logged, its stream ends ABORTED. With an in-memory registry (one gateway, nothing shared) there
+is no store: epoch 0, nothing checked, the log behaves exactly as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from bridge.gateway.errors import SessionsUnavailable
+from bridge.registry.ownership import Ownership, OwnershipUnavailable, open_ownership
+
+__all__ = ["SessionOwners"]
+
+log = logging.getLogger("tether.gateway")
+
+
+class SessionOwners:
+    def __init__(self, gateway, store: Ownership | None = None):
+        self._gateway = gateway
+        target = getattr(gateway.registry, "path", None)
+        shared = target is not None and str(target) != ":memory:"
+        self.store: Ownership | None = store if store is not None else (open_ownership(target) if shared else None)
+        self.name = gateway.config.gateway_id or f"{gateway.config.host}:{gateway.config.port}"
+        self.claims = 0
+        self.fenced_sessions = 0  # sessions ended because another gateway claimed them
+
+    async def claim(self, session_id: str, log_keys: list[str]) -> int:
+        """Claim `session_id` for this gateway: its new epoch (0 without a store). SessionsUnavailable when the
+        store cannot be reached."""
+        if self.store is None:
+            return 0
+        try:
+            claim = await asyncio.to_thread(self.store.claim, session_id, owner=self.name)
+        except OwnershipUnavailable as exc:
+            raise SessionsUnavailable(f"session {session_id!r}: {exc}") from None
+        self.claims += 1
+        if claim.previous is not None and not claim.continues():
+            experience = self._gateway.experience
+            if experience is not None:
+                for key in log_keys:
+                    experience.forget(key)
+            log.info("session %s claimed by %s at epoch %d (was %s at epoch %d)", session_id, self.name, claim.epoch,
+                     *claim.previous)
+        return claim.epoch
+
+    def log_hooks(self) -> dict:
+        """The experience log's `ownership` and `on_fenced` (none without a store)."""
+        if self.store is None:
+            return {}
+        return {"ownership": self.store.stale, "on_fenced": self.fenced}
+
+    def fenced(self, log_key: str, epoch: int) -> None:
+        """The log found `log_key`'s epoch stale at an ack: fence the session if it still runs at that epoch."""
+        session = self._gateway.sessions.get(log_key) or self._gateway.sessions.get(log_key.rpartition("/")[0])
+        if session is None or session.recorder.epoch != epoch or session.superseded:
+            return
+        self.fenced_sessions += 1
+        why = f"session {session.id!r} moved to another gateway: this gateway's epoch {epoch} is stale (fenced)"
+        session.supersede(why)
+        log.warning("%s; %d transitions not acknowledged or dropped", why, session.recorder.fenced)
+        self._gateway.close_session(session)
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
