@@ -18,7 +18,28 @@ replays; a batched one reconnects without replay (the gateway has no vector Repl
 
 Across gateways with their own logs, what the first made durable but had not yet acknowledged when it
 died is logged again by the second: at-least-once, one (session, step) key, never a lost step
-(`failovers` records where each move happened and what was resent).
+(`failovers` records where each move happened, what was resent and how long it took). Each gateway's
+claim on the session id carries an epoch (Welcome.owner_epoch, bridge.registry.ownership): readers
+merging the logs keep, per (session, step), the record of the newest epoch (bridge.experience.merge),
+and a gateway whose epoch went stale acknowledges nothing more (fencing).
+
+What makes a gateway "gone": its stream ends UNAVAILABLE (a dead process, a refused connection, or a
+gateway draining on SIGTERM: `Draining`), or, with `reconnect_s` > 0, no reply within `reply_timeout_s`
+(a gateway cut off without a TCP reset: the blackholed connection stays open, only the deadline sees it;
+gRPC keepalive, `KEEPALIVE_MS`, also ends an idle one). Either way the session moves on at once.
+
+gRPC's own client-side load balancing, and why the failover above stays explicit. A channel to
+`ipv4:10.0.0.1:50051,10.0.0.2:50051` (or a DNS name with several records) with `round_robin` and
+`healthCheckConfig` (`balanced=True`, `balanced_target`) keeps one subchannel per gateway and watches
+each one's gRPC health: a new stream is only started on a READY gateway that says SERVING, so a dead or
+draining gateway is skipped without a timed-out Hello. That is used here, for picking: with
+`balanced=True` every Hello (the first and each failover) goes through such a channel. What it cannot
+do is move a stream: a bidirectional stream is bound to one subchannel for its life, gRPC never
+retries or moves it once messages flowed (transparent retries only cover streams that never left the
+client), and what the new gateway must be told (the same session id, then the steps not yet durable,
+as Replay, in order) is the application's. So the loop that sees the break, re-Hellos and replays is
+the same in both modes; only the choice of the next gateway differs (the list's next address, or the
+balancer's pick of a healthy one). `Failover.gateway` names where it landed (Welcome.gateway_id).
 """
 
 from __future__ import annotations
@@ -36,8 +57,40 @@ from protos.tether.v1 import bridge_pb2, bridge_pb2_grpc
 
 __all__ = ["Broken", "Failover", "Session", "SessionError"]
 
+KEEPALIVE_MS = 10_000  # a ping every 10 s (the gateway allows 5 s), 5 s to answer: a dead idle connection ends
 CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
-                   ("grpc.max_reconnect_backoff_ms", 1000), ("grpc.enable_retries", 0))
+                   ("grpc.max_reconnect_backoff_ms", 1000), ("grpc.enable_retries", 0),
+                   ("grpc.keepalive_time_ms", KEEPALIVE_MS), ("grpc.keepalive_timeout_ms", 5_000),
+                   ("grpc.http2.max_pings_without_data", 0))
+SERVICE_NAME = "tether.v1.Bridge"
+BALANCED_CONFIG = ('{"loadBalancingConfig": [{"round_robin": {}}], '
+                   f'"healthCheckConfig": {{"serviceName": "{SERVICE_NAME}"}}}}')
+
+
+def balanced_target(addresses: Sequence[str]) -> str:
+    """One gRPC target for several gateways: `ipv4:H:P,H:P` (IPv4 literals), `ipv6:[H]:P,...`, or the one
+    address as given (a DNS name with several records: `dns:///gw.lab:50051`).
+
+    >>> balanced_target(["127.0.0.1:5001", "127.0.0.1:5002"])
+    'ipv4:127.0.0.1:5001,127.0.0.1:5002'
+    """
+    import ipaddress
+
+    if len(addresses) == 1:
+        return addresses[0]
+    kinds = set()
+    for a in addresses:
+        host, _, port = a.rpartition(":")
+        try:
+            kinds.add(ipaddress.ip_address(host.strip("[]")).version)
+        except ValueError:
+            raise ValueError(f"balanced: several addresses must be IP literals HOST:PORT (a name: give one "
+                             f"dns:/// target with several records), got {a!r}") from None
+        if not port.isdigit():
+            raise ValueError(f"balanced: {a!r} has no port")
+    if len(kinds) != 1:
+        raise ValueError(f"balanced: mixed IPv4 and IPv6 addresses {list(addresses)}")
+    return f"ipv{kinds.pop()}:" + ",".join(addresses)
 
 
 class SessionError(RuntimeError):
@@ -61,6 +114,10 @@ class Failover:
     target: str
     durable_through: int
     replayed: tuple[int, ...]
+    gateway: str = ""        # the new gateway's --gateway-id (Welcome.gateway_id)
+    epoch: int = 0           # its claim on the session (Welcome.owner_epoch)
+    broken_at: float = 0.0   # time.time() when the break was seen
+    seconds: float = 0.0     # from the break seen to the session resumed (Welcome and Replay done)
 
 
 class Session:
@@ -72,15 +129,19 @@ class Session:
                  reply_timeout_s: float = 10.0, reconnect_s: float = 0.0,
                  channels: dict[str, grpc.aio.Channel] | None = None,
                  on_up: Callable[[bridge_pb2.Welcome], None] | None = None,
-                 on_down: Callable[[str], None] | None = None):
+                 on_down: Callable[[str], None] | None = None, balanced: bool = False):
         self.addresses = [addresses] if isinstance(addresses, str) else list(addresses)
         if not self.addresses or not all(isinstance(a, str) and a for a in self.addresses):
             raise ValueError(f"addresses: expected HOST:PORT strings, got {addresses!r}")
+        self.gateways = list(self.addresses)
+        self.balanced = balanced
+        if balanced:  # one channel over all of them: round_robin among the healthy (see module docstring)
+            self.addresses = [balanced_target(self.addresses)]
         if reconnect_s < 0 or connect_timeout_s <= 0 or reply_timeout_s <= 0:
             raise ValueError(f"timeouts must be > 0 and reconnect_s >= 0, got connect_timeout_s={connect_timeout_s} "
                              f"reply_timeout_s={reply_timeout_s} reconnect_s={reconnect_s}")
         credentials = credentials or Credentials()
-        for address in self.addresses:
+        for address in self.gateways:
             credentials.check(address)
         self.hello_msg, self.credentials = bridge_pb2.Hello(), credentials
         self.hello_msg.CopyFrom(hello)  # ours: the Welcome's session id is written into it
@@ -96,6 +157,7 @@ class Session:
         self.reconnects = 0
         self.replayed = 0
         self.failovers: list[Failover] = []
+        self._broken_at = 0.0  # time.time() of the break being handled (0: none)
         self._on_up, self._on_down = on_up, on_down  # called on every Welcome / broken stream (from the loop)
 
     @property
@@ -109,7 +171,8 @@ class Session:
 
     def channel(self, address: str) -> grpc.aio.Channel:
         if address not in self._channels:
-            self._channels[address] = aio_channel(address, self.credentials, options=CHANNEL_OPTIONS)
+            options = CHANNEL_OPTIONS + ((("grpc.service_config", BALANCED_CONFIG),) if self.balanced else ())
+            self._channels[address] = aio_channel(address, self.credentials, options=options)
         return self._channels[address]
 
     async def __aenter__(self) -> Session:
@@ -156,13 +219,16 @@ class Session:
                 await self._write(bridge_pb2.ClientMessage(observation=observation))
                 msg = await self._read(self.reply_timeout_s, f"reply to step {observation.step}")
                 break
-            except Broken as e:
-                if self._on_down is not None:
+            except (Broken, TimeoutError) as e:
+                if isinstance(e, TimeoutError) and not self.reconnect_s:
+                    raise
+                if self._on_down is not None:  # a silent gateway (cut off, no reset) counts as gone: move on
                     self._on_down(f"{self.address}: {e}")
+                self._broken_at = self._broken_at or time.time()
                 deadline = deadline or time.monotonic() + self.reconnect_s
                 if time.monotonic() >= deadline:
                     raise Broken(f"session {self.id}: gateway {self.address} gone ({e}) and none of "
-                                 f"{self.addresses} back within {self.reconnect_s:g} s") from None
+                                 f"{self.gateways} back within {self.reconnect_s:g} s") from None
                 await self._failover(deadline)
         if self.logging and not self.hello_msg.batched:
             self.unacked.append((observation, msg.action if msg.WhichOneof("kind") == "action" else None))
@@ -251,9 +317,10 @@ class Session:
         stream if that gateway does not answer (the caller tries again until its deadline)."""
         source = self.address
         self._index = (self._index + 1) % len(self.addresses)
-        await asyncio.sleep(0.05)
+        if len(self.addresses) == 1:
+            await asyncio.sleep(0.05)  # the same gateway (or the balancer's pick): give it a moment
         attempt = deadline - time.monotonic()
-        if len(self.addresses) > 1:
+        if len(self.gateways) > 1:
             attempt = min(attempt, self.connect_timeout_s, 1.0)
         try:
             await self._hello(max(0.1, attempt), wait_for_ready=True)
@@ -276,4 +343,7 @@ class Session:
                                    f"{msg.error.message}")
             self._durable(msg.durable_through)
         first = entries[0][0].step if entries else self.durable_through
-        self.failovers.append(Failover(source, self.address, first, tuple(resent)))
+        broken_at, self._broken_at = self._broken_at or time.time(), 0.0
+        self.failovers.append(Failover(source, self.address, first, tuple(resent), gateway=self.welcome.gateway_id,
+                                       epoch=self.welcome.owner_epoch, broken_at=broken_at,
+                                       seconds=time.time() - broken_at))
