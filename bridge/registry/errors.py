@@ -30,3 +30,10 @@ class DuplicateVersion(RegistryError):
 
 class RegistryWriteFailed(RegistryError):
     """A change that could not be written (disk full, I/O error, a failed constraint): nothing of it is kept."""
+
+
+class RegistryUnavailable(RegistryWriteFailed):
+    """The registry's database cannot be reached ("registry unreachable: ..."): a change is refused (nothing of it
+    is kept) and gateways serve the rollout they last read until it is back."""
+
+    status = grpc.StatusCode.UNAVAILABLE

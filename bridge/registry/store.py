@@ -1,6 +1,8 @@
-"""The registry: every version of every policy, its state, gate results, rollout and audit log, in one SQLite file.
+"""The registry: every version of every policy, its state, gate results, rollout and audit log, in one SQLite file
+or in a PostgreSQL database that several gateways share.
 
     registry = Registry(run_dir / "registry.sqlite")          # creates, or reopens as it was (":memory:": none)
+    registry = Registry("postgresql://tether@db:5432/tether")  # the same, shared (bridge.registry.backends)
     registry.add("hopper", 2, sha256=digest, format="safetensors", lineage={"parent": 1}, inputs=[...],
                  outputs=[...], who="trainer:0")              # state candidate
     registry.record_gate("hopper", 2, [report.to_dict() for report in checks])
@@ -16,6 +18,12 @@ Durability: WAL, synchronous=FULL, every change (with its audit events) in one I
 killed at any instant leaves the file as it was before or after that change. The live/canary/shadow slots are the
 states themselves, kept at most one each by unique partial indexes. Thread-safe (one connection behind a lock);
 other processes may read the file at the same time.
+
+On PostgreSQL the same statements run (bridge.registry.backends): writers take turns through an advisory
+transaction lock, every change bumps the rollout epoch (`epoch()`) and NOTIFYs it in its transaction, so other
+gateways re-read (bridge.registry.follow); while the server is unreachable every call raises RegistryUnavailable
+(gRPC UNAVAILABLE, "registry unreachable: ...") and the connection is reopened on the next call. The schema is
+versioned: bridge.registry.migrations.
 """
 
 from __future__ import annotations
@@ -23,17 +31,24 @@ from __future__ import annotations
 import json
 import re
 import secrets
-import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from bridge.registry.errors import DuplicateVersion, RegistryError, RegistryWriteFailed, UnknownVersion
+from bridge.registry.backends import Backend, is_url, open_backend
+from bridge.registry.errors import (
+    DuplicateVersion,
+    RegistryError,
+    RegistryUnavailable,
+    RegistryWriteFailed,
+    UnknownVersion,
+)
+from bridge.registry.migrations import latest, migrate
 from bridge.registry.model import SLOTS, WITHDRAWN, EStopRecord, Event, Rollout, State, VersionRecord, move_refused
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = latest()
 MAX_LABELS = 16
 MAX_LABEL_CHARS = 64
 MAX_PINS = 1024
@@ -44,33 +59,6 @@ _KIND = re.compile(r"[a-z_]{1,32}")
 _POLICY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # a Triton model name
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
-_SCHEMA = """
-CREATE TABLE versions (
-    policy TEXT NOT NULL, version INTEGER NOT NULL, sha256 TEXT NOT NULL, format TEXT NOT NULL,
-    state TEXT NOT NULL, lineage TEXT NOT NULL, inputs TEXT NOT NULL, outputs TEXT NOT NULL, gate TEXT NOT NULL,
-    created_ns INTEGER NOT NULL, updated_ns INTEGER NOT NULL, PRIMARY KEY (policy, version));
-CREATE UNIQUE INDEX one_live ON versions (policy) WHERE state = 'live';
-CREATE UNIQUE INDEX one_canary ON versions (policy) WHERE state = 'canary';
-CREATE UNIQUE INDEX one_shadow ON versions (policy) WHERE state = 'shadow';
-CREATE TABLE rollouts (
-    policy TEXT PRIMARY KEY, previous_live INTEGER, canary_fraction REAL NOT NULL, canary_labels TEXT NOT NULL);
-CREATE TABLE pins (
-    policy TEXT NOT NULL, selector TEXT NOT NULL, version INTEGER NOT NULL, PRIMARY KEY (policy, selector));
-CREATE TABLE events (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, t_ns INTEGER NOT NULL, policy TEXT NOT NULL, version INTEGER,
-    kind TEXT NOT NULL, from_state TEXT NOT NULL, to_state TEXT NOT NULL, who TEXT NOT NULL, why TEXT NOT NULL,
-    figures TEXT NOT NULL, detail TEXT NOT NULL);
-CREATE INDEX events_policy ON events (policy, id);
-"""
-# Operator e-stops (added without a schema bump: created on open when missing, so older files gain them). `nonce`
-# keeps ids unique should the file be re-created; a partial unique index keeps one standing e-stop per target.
-_ESTOPS = """
-CREATE TABLE IF NOT EXISTS estops (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, target TEXT NOT NULL, who TEXT NOT NULL,
-    why TEXT NOT NULL, t_ns INTEGER NOT NULL, released_ns INTEGER, released_by TEXT NOT NULL DEFAULT '',
-    released_why TEXT NOT NULL DEFAULT '');
-CREATE UNIQUE INDEX IF NOT EXISTS one_standing_estop ON estops (target) WHERE released_ns IS NULL;
-"""
 MAX_ESTOP_WHY = 512
 MAX_ESTOP_NAME = 128
 
@@ -79,43 +67,35 @@ class Registry:
     """Versions, states, gate results, rollout and audit events of every policy. See the module docstring."""
 
     def __init__(self, path: Path | str):
-        self.path = Path(path)
+        self.shared = is_url(path)   # PostgreSQL: other gateways write too
+        self.path = str(path) if self.shared else Path(path)
         self._lock = threading.RLock()
         self._rollouts: dict[str, Rollout] = {}  # cache: cleared by every write here and by other processes' writes
         self._data_version = -1
-        self._connection: sqlite3.Connection | None = None
+        self._connection: Backend | None = None
         try:
-            self._connection = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10.0)
-        except sqlite3.Error as exc:
-            raise RegistryError(f"cannot open the registry {str(self.path)!r}: {exc}") from exc
+            self._connection = open_backend(path)
+        except RegistryError:
+            raise
+        except Exception as exc:
+            raise RegistryError(f"cannot open the registry {str(path)!r}: {exc}") from exc
+        self.where = self._connection.where
         try:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
-            with self._write():
-                found = self._db.execute("PRAGMA user_version").fetchone()[0]
-                if found > SCHEMA_VERSION:
-                    raise RegistryError(f"the registry {str(self.path)!r} has schema {found}, newer than this "
-                                        f"code's {SCHEMA_VERSION}")
-                if found == 0:
-                    for statement in _SCHEMA.split(";"):
-                        if statement.strip():
-                            self._db.execute(statement)
-                    self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-                for statement in _ESTOPS.split(";"):
-                    if statement.strip():
-                        self._db.execute(statement)
-            check = self._db.execute("PRAGMA quick_check").fetchone()[0]
-            if check != "ok":
-                raise RegistryError(f"the registry {str(self.path)!r} is damaged: {check}")
-        except sqlite3.Error as exc:
+            with self._write(bump=False):
+                migrate(self._db)
+            self._db.check()
+        except RegistryError:
             self.close()
-            raise RegistryError(f"cannot open the registry {str(self.path)!r}: {exc}") from exc
+            raise
+        except self._connection.Error as exc:
+            self.close()
+            raise RegistryError(f"cannot open the registry {self.where!r}: {exc}") from exc
         except BaseException:
             self.close()
             raise
 
     @property
-    def _db(self) -> sqlite3.Connection:
+    def _db(self) -> Backend:
         if self._connection is None:
             raise RegistryError(f"the registry {str(self.path)!r} is closed")
         return self._connection
@@ -149,8 +129,8 @@ class Registry:
             if self._row(policy, version) is not None:
                 raise DuplicateVersion(f"policy {policy!r} already has version {version}")
             self._db.execute(
-                "INSERT OR IGNORE INTO rollouts (policy, previous_live, canary_fraction, canary_labels) "
-                "VALUES (?, NULL, 0.0, '{}')", (policy,))
+                "INSERT INTO rollouts (policy, previous_live, canary_fraction, canary_labels) "
+                "VALUES (?, NULL, 0.0, '{}') ON CONFLICT DO NOTHING", (policy,))
             self._db.execute("INSERT INTO versions VALUES (?, ?, ?, ?, ?, ?, ?, ?, '[]', ?, ?)",
                              (policy, version, sha256, format, str(State.CANDIDATE), *blobs, now, now))
             self._event(now, policy, version, "state", "", str(State.CANDIDATE), who, why)
@@ -254,7 +234,8 @@ class Registry:
                     raise RegistryError(f"policy {policy!r} v{version} is {state}; it cannot be pinned")
                 if old is None and len(before.pins) >= MAX_PINS:
                     raise RegistryError(f"policy {policy!r} already has {MAX_PINS} pins; remove some first")
-                self._db.execute("INSERT OR REPLACE INTO pins VALUES (?, ?, ?)", (policy, selector, version))
+                self._db.execute("INSERT INTO pins VALUES (?, ?, ?) ON CONFLICT (policy, selector) DO UPDATE "
+                                 "SET version = excluded.version", (policy, selector, version))
             self._event(now, policy, version if version is not None else old, "pin", _v(old), _v(version), who,
                         why, {}, selector)
             return self._rollout(policy)
@@ -289,8 +270,8 @@ class Registry:
             standing = self._standing_estop(target)
             if standing is None:
                 nonce = secrets.token_hex(4)
-                seq = self._db.execute("INSERT INTO estops (id, target, who, why, t_ns) VALUES (?, ?, ?, ?, ?)",
-                                       (f"new-{nonce}", target, who, why, now)).lastrowid
+                seq = self._db.execute("INSERT INTO estops (id, target, who, why, t_ns) VALUES (?, ?, ?, ?, ?) "
+                                       "RETURNING seq", (f"new-{nonce}", target, who, why, now)).fetchone()[0]
                 self._db.execute("UPDATE estops SET id = ? WHERE seq = ?", (f"estop-{seq}-{nonce}", seq))
                 standing = self._standing_estop(target)
                 self._event(now, "", None, "estop", "", standing.id, who, why, {"changed": 1.0}, target)
@@ -337,7 +318,7 @@ class Registry:
     # -- reads --------------------------------------------------------------------------------------------------
 
     def get(self, policy: str, version: int) -> VersionRecord:
-        with self._lock:
+        with self._lock, self._db.read():
             return self._get(policy, version)
 
     def versions(self, policy: str) -> list[VersionRecord]:
@@ -354,16 +335,31 @@ class Registry:
         """The rollout of `policy`; UnknownVersion when the registry has no version of it. Cached (a few us),
         so it may be asked every step; a change made here or by another process shows at once."""
         with self._lock:
-            data_version = self._db.execute("PRAGMA data_version").fetchone()[0]
+            data_version = self._db.data_version()
             if data_version != self._data_version:
                 self._rollouts.clear()
                 self._data_version = data_version
             cached = self._rollouts.get(policy)
             if cached is None:
-                cached = self._rollouts[policy] = self._rollout(policy)
+                with self._db.read():
+                    cached = self._rollouts[policy] = self._rollout(policy)
             c = cached  # a copy: callers may not change the cache through the dicts
             return Rollout(c.policy, c.live, c.previous_live, c.shadow, c.canary, c.canary_fraction,
                            dict(c.canary_labels), dict(c.pins))
+
+    def epoch(self) -> int:
+        """The rollout epoch: how many changes were committed (every change bumps it in its transaction)."""
+        with self._lock:
+            return self._db.execute("SELECT epoch FROM registry_epoch WHERE id = 1").fetchone()[0]
+
+    def snapshot(self, policies: list[str] | None = None) -> tuple[int, dict[str, Rollout]]:
+        """The epoch and the rollouts of `policies` (None: every policy) read in one snapshot: what a gateway
+        following the epoch serves. Policies the registry does not know are left out."""
+        with self._lock, self._db.read():
+            epoch = self._db.execute("SELECT epoch FROM registry_epoch WHERE id = 1").fetchone()[0]
+            known = [r[0] for r in self._db.execute("SELECT policy FROM rollouts ORDER BY policy").fetchall()]
+            names = known if policies is None else [p for p in policies if p in set(known)]
+            return epoch, {name: self._rollout(name) for name in names}
 
     def events(self, policy: str | None = None, *, since_id: int = 0, limit: int = 200,
                version: int | None = None) -> list[Event]:
@@ -404,7 +400,7 @@ class Registry:
         return [_event_record(r) for r in reversed(rows)]
 
     def close(self) -> None:
-        """Close the file (again: nothing); every later call raises RegistryError."""
+        """Close the file or connection (again: nothing); every later call raises RegistryError."""
         with self._lock:
             if self._connection is not None:
                 self._connection.close()
@@ -419,27 +415,41 @@ class Registry:
     # -- inside a transaction -----------------------------------------------------------------------------------
 
     @contextmanager
-    def _write(self) -> Iterator[None]:
+    def _write(self, *, bump: bool = True) -> Iterator[None]:
+        """One write transaction (writers take turns); on success the epoch is bumped (and, on PostgreSQL,
+        NOTIFYed) in it. Nothing of a failed change is kept."""
         with self._lock:
             self._rollouts.clear()
             db = self._db
             try:
-                db.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                raise RegistryWriteFailed(f"cannot write the registry {str(self.path)!r}: {exc}") from exc
+                db.begin()
+            except RegistryUnavailable:
+                raise
+            except db.Error as exc:
+                raise RegistryWriteFailed(f"cannot write the registry {self.where!r}: {exc}") from exc
             try:
                 yield
-            except sqlite3.Error as exc:  # disk full, I/O error: nothing of the change is kept
-                _rollback(db)
-                raise RegistryWriteFailed(f"cannot write the registry {str(self.path)!r}: {exc}") from exc
+                if bump:
+                    epoch = db.execute("UPDATE registry_epoch SET epoch = epoch + 1 WHERE id = 1 "
+                                       "RETURNING epoch").fetchone()[0]
+                    if self.shared:
+                        db.notify(epoch)
+            except RegistryUnavailable:
+                db.rollback()
+                raise
+            except db.Error as exc:  # disk full, I/O error, a failed constraint: nothing of the change is kept
+                db.rollback()
+                raise RegistryWriteFailed(f"cannot write the registry {self.where!r}: {exc}") from exc
             except BaseException:
-                _rollback(db)
+                db.rollback()
                 raise
             try:
-                self._db.execute("COMMIT")
-            except sqlite3.Error as exc:
-                _rollback(db)
-                raise RegistryWriteFailed(f"cannot write the registry {str(self.path)!r}: {exc}") from exc
+                db.commit()
+            except RegistryUnavailable:
+                raise
+            except db.Error as exc:
+                db.rollback()
+                raise RegistryWriteFailed(f"cannot write the registry {self.where!r}: {exc}") from exc
 
     def _standing_estop(self, target: str) -> EStopRecord | None:
         row = self._db.execute(f"SELECT {_ESTOP_COLUMNS} FROM estops WHERE target = ? AND released_ns IS NULL",
@@ -521,11 +531,6 @@ class Registry:
 
 
 # -- validation and encoding ------------------------------------------------------------------------------------
-
-
-def _rollback(db: sqlite3.Connection) -> None:
-    if db.in_transaction:  # SQLite may have rolled back already (e.g. on a full disk)
-        db.execute("ROLLBACK")
 
 
 _ESTOP_COLUMNS = "id, target, who, why, t_ns, released_ns, released_by, released_why"

@@ -286,7 +286,7 @@ def test_files_that_are_not_a_registry(tmp_path: Path):
     newer = tmp_path / "newer.sqlite"
     with sqlite3.connect(newer) as db:
         db.execute("PRAGMA user_version = 99")
-    with pytest.raises(RegistryError, match="schema 99, newer than this code's 1"):
+    with pytest.raises(RegistryError, match=r"schema 99, newer than this code.s \d+"):
         Registry(newer)
     with pytest.raises(RegistryError, match="cannot open"):
         Registry(tmp_path / "no" / "such" / "dir" / "registry.sqlite")
