@@ -127,6 +127,22 @@ class PolicyClient:
                                      url=self.url, code="UNAVAILABLE")
             await asyncio.sleep(0.05)
 
+    async def live(self) -> bool:
+        """Whether the server answers its liveness check (it may be loading models: readiness, with Triton's strict
+        readiness, is false while a model loads); False when it cannot be reached."""
+        try:
+            return bool(await self._triton().is_server_live(client_timeout=min(self.timeout_s, 1.0)))
+        except Exception:
+            return False
+
+    async def loaded_models(self) -> list[str]:
+        """The names of the models with a version READY on the server, sorted."""
+        try:
+            index = await self._triton().get_model_repository_index(client_timeout=self.timeout_s)
+        except Exception as exc:
+            raise self._error("repository index", exc) from exc
+        return sorted({m.name for m in index.models if m.state == "READY"})
+
     async def server_version(self) -> str:
         """Triton's version string, e.g. "2.51.0"."""
         try:

@@ -65,10 +65,27 @@ class GatewayConfig:
     console_port: int | None = None  # the operator console + /metrics over HTTP (0 = a free port); None = off
     console_host: str = "127.0.0.1"
     console_allowed_hosts: tuple[str, ...] = ()  # Host names the console also answers to (behind a proxy)
+    # several Triton replicas (triton_url "A,B"; bridge.gateway.replicas): replica i's model repository (one given:
+    # shared by all; model_repository is the first), and the artifact store every version is copied from
+    model_repositories: tuple[Path, ...] = ()
+    artifact_store: Path | None = None    # default: <model_repository>/.tether/artifacts
     gateway_id: str = ""             # this gateway's name in session ownership (bridge.gateway.owners); "" = HOST:PORT
     drain_grace_s: float = 0.2       # SIGTERM: NOT_SERVING this long before the streams end UNAVAILABLE (drain)
 
+    @property
+    def triton_urls(self) -> tuple[str, ...]:
+        """The Triton replicas' addresses (`triton_url` is one HOST:PORT or several, comma-separated)."""
+        return tuple(u.strip() for u in self.triton_url.split(","))
+
     def __post_init__(self):
+        urls = self.triton_urls
+        if not all(urls) or len(set(urls)) != len(urls):
+            raise ValueError(f"triton_url {self.triton_url!r} must be HOST:PORT or distinct HOST:PORT,HOST:PORT,...")
+        if len(self.model_repositories) not in (0, 1, len(urls)):
+            raise ValueError(f"{len(self.model_repositories)} model repositories for {len(urls)} Triton replicas: "
+                             "give one (shared) or one per replica")
+        if len(urls) > 1 and self.model_repository is None:
+            raise ValueError("several Triton replicas need --model-repository (the versions they are given)")
         if self.deadline_ms <= 0:
             raise ValueError(f"deadline_ms must be positive, got {self.deadline_ms}")
         if not 0 <= self.port < 65536:
@@ -94,7 +111,9 @@ class GatewayConfig:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The gateway's flags (`tether gateway`), read back by `from_arguments`."""
-    p.add_argument("--triton", required=True, help="Triton gRPC address HOST:PORT")
+    p.add_argument("--triton", required=True, metavar="HOST:PORT[,HOST:PORT...]",
+                   help="Triton gRPC address; several (comma-separated) are replicas serving the same versions, "
+                        "each verified per version, batches to the least busy (docs/operations.md)")
     p.add_argument("--policy", default="", help="default policy (Triton model name)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (not loopback: needs TLS or --insecure)")
     p.add_argument("--port", type=int, default=50051, help="gRPC port (0 = a free one)")
@@ -108,7 +127,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-batch", type=int, default=64, help="the most rows in one Triton batch")
     p.add_argument("--triton-timeout", type=float, default=10.0, help="seconds to wait for Triton at start")
     p.add_argument("--max-inflight", type=int, default=1, help="concurrent Triton batches per policy version")
-    p.add_argument("--model-repository", type=Path, help="Triton's model repository (to publish new versions)")
+    p.add_argument("--model-repository", type=Path, metavar="PATH[,PATH...]",
+                   help="Triton's model repository (to publish new versions); with several --triton replicas one "
+                        "shared by all, or one per replica in the same order (versions copied from --artifact-store)")
+    p.add_argument("--artifact-store", type=Path, help="several replicas: every version stored once by sha256 here "
+                   "(default: <first model repository>/.tether/artifacts)")
     p.add_argument("--experience-dir", type=Path, help="log every transition here (MCAP segments); without a "
                    "registry file, operators' e-stops are kept here too (.tether/estops.sqlite)")
     p.add_argument("--fsync-interval-ms", type=float, default=5.0, help="group commit interval of the log")
@@ -167,9 +190,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def from_arguments(a: argparse.Namespace) -> GatewayConfig:
     """The GatewayConfig of parsed `add_arguments` flags; a bad value raises SystemExit naming it."""
     try:
+        repositories = tuple(Path(p) for p in str(a.model_repository).split(",")) if a.model_repository else ()
         return GatewayConfig(triton_url=a.triton, policy=a.policy, host=a.host, port=a.port,
                              deadline_ms=a.deadline_ms, max_batch=a.max_batch, max_inflight=a.max_inflight,
-                             triton_timeout_s=a.triton_timeout, model_repository=a.model_repository,
+                             triton_timeout_s=a.triton_timeout,
+                             model_repository=repositories[0] if repositories else None,
+                             model_repositories=repositories if len(repositories) > 1 else (),
+                             artifact_store=a.artifact_store,
                              experience_dir=a.experience_dir, fsync_interval_ms=a.fsync_interval_ms,
                              log_max_pending=a.log_max_pending, log_max_pending_mb=a.log_max_pending_mb,
                              log_retention_mb=a.log_retention_mb, log_retention_hours=a.log_retention_hours,

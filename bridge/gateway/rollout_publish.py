@@ -160,6 +160,7 @@ class PublishPipeline:
             ready = await self._publisher.load(name, version)
             await self._host.serving.verify_ready(name)  # the unloads took effect too
             served = await self._catalog.ensure(name, version)
+            await self._host.serving.verify_replicas(name, version, header)  # several replicas: each, recorded
             incumbent = self._host.rollout(name).live
             action_spec = self._host.action_spec(name, served)
         # the gate's checks without the rollout lock (an evaluation in simulation takes tens of seconds)

@@ -22,6 +22,7 @@ import logging
 
 from bridge.gateway.policies import PolicyCatalog
 from bridge.gateway.publisher import read_metadata
+from bridge.gateway.replicas import Reference, TritonReplicas
 from bridge.gateway.rollout_io import Fingerprint, SwapFailed, restore_version
 from bridge.registry import Rollout
 from inference_server import ModelRepository, PolicyClient
@@ -42,6 +43,8 @@ class ServingReconciler:
     def __init__(self, *, control: PolicyClient, catalog: PolicyCatalog, repository: ModelRepository | None):
         self._control, self._catalog, self._repo = control, catalog, repository
         self.fingerprint = Fingerprint(control)
+        # several Triton replicas (bridge.gateway.replicas): a version serves only once verified on them
+        self.replicas = control if isinstance(control, TritonReplicas) else None
 
     def retire(self, repo: ModelRepository, name: str, keep: set[int]) -> list[int]:
         """Move the version folders not in `keep` to .retired (blocking: call it in a thread); the next
@@ -84,8 +87,18 @@ class ServingReconciler:
             if version not in ready:
                 raise SwapFailed(f"policy {name!r} v{version} is not READY after load_model (ready: {ready})")
             served = await self._catalog.ensure(name, version)
+            await self.verify_replicas(name, version)
             await self.fingerprint.verify(self._repo, served)
+        if self.replicas is not None:
+            self.replicas.require_verified(name, version)
         await self._catalog.ensure(name, version)
+
+    async def verify_replicas(self, name: str, version: int, header=None) -> None:
+        """With several Triton replicas: `version` checked on each (READY, the trainer's probe batch of `header`
+        when given, else the version file's outputs, reproduced within the gate's tolerance) and recorded;
+        ReplicaVerificationFailed when a reachable replica is wrong. One Triton: nothing (the gate checks it)."""
+        if self.replicas is not None:
+            await self.replicas.verify(name, version, Reference.of(header) if header is not None else None)
 
     async def ready(self, name: str) -> list[int]:
         """Triton's READY versions of `name`; [] (logged) when Triton cannot say."""

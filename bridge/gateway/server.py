@@ -44,6 +44,7 @@ from bridge.gateway.owners import SessionOwners
 from bridge.gateway.policies import PolicyCatalog
 from bridge.gateway.policies_service import PoliciesService
 from bridge.gateway.publisher import Publisher
+from bridge.gateway.replicas import from_config as replicas_from_config
 from bridge.gateway.rollout import RolloutController
 from bridge.gateway.rollout_config import open_registry
 from bridge.gateway.service import BridgeService
@@ -73,14 +74,20 @@ KEEPALIVE = [("grpc.keepalive_time_ms", 20_000), ("grpc.keepalive_timeout_ms", 1
 class Gateway:
     def __init__(self, config: GatewayConfig):
         self.config = config
-        self._client = PolicyClient(config.triton_url, timeout_s=config.deadline_ms / 1e3)
-        self.control = PolicyClient(config.triton_url, timeout_s=60.0)  # loads, probes, metadata
+        # several Triton replicas (--triton A,B): routed, verified per version (bridge.gateway.replicas)
+        self.replicas = replicas_from_config(config) if len(config.triton_urls) > 1 else None
+        self._client = self.replicas.hot if self.replicas is not None else \
+            PolicyClient(config.triton_url, timeout_s=config.deadline_ms / 1e3)
+        self.control = self.replicas if self.replicas is not None else \
+            PolicyClient(config.triton_url, timeout_s=60.0)  # loads, probes, metadata
         self.catalog = PolicyCatalog(self.control, default=config.policy)
         self.batcher = MicroBatcher(self._client, max_batch=config.max_batch,
                                     max_inflight=config.max_inflight)
         self.repository = ModelRepository(config.model_repository) if config.model_repository else None
         self.publisher = Publisher(repository=self.repository, client=self.control, limits=config.publish_limits)
         self.registry = open_registry(config.registry, self.repository)
+        if self.replicas is not None:
+            self.replicas.attach(self.registry)  # per-replica verification rows beside the registry
         self.rollout = RolloutController(
             registry=self.registry, catalog=self.catalog, control=self.control, batcher=self.batcher,
             publisher=self.publisher, repository=self.repository, plan=config.rollout,
@@ -123,6 +130,8 @@ class Gateway:
         log.info("gateway security: %s; %s", ("mTLS (client certificates required)" if c.tls_client_ca else "TLS")
                  if tls else "plaintext", self.auth.describe())
         try:
+            if self.replicas is not None:  # each reachable replica synced, loaded and verified
+                await self.replicas.start(c.triton_timeout_s, models=[c.policy] if c.policy else [])
             await self._client.wait_ready(self.config.triton_timeout_s)
         except Exception as exc:
             raise ConnectionError(f"Triton at {self.config.triton_url} is not ready after "

@@ -1,0 +1,480 @@
+"""Several Triton replicas serving the same policy versions: each version stored once (content-addressed) and
+copied into every replica's model repository, loaded on every replica, verified on each (READY at that version
+and the probe batch reproduced within the gate's tolerance, recorded in the registry) before any batch of it goes
+there; batches routed by explicit version to the least busy replica verified for it, retried on another when one
+fails; a replica that comes back (its health answers again) is brought to the fleet's versions and verified
+before it takes traffic.
+
+    replicas = TritonReplicas(["127.0.0.1:8001", "127.0.0.1:9001"], primary=ModelRepository("a"),
+                              repositories=[ModelRepository("a"), ModelRepository("b")],
+                              store=ArtifactStore("a/.tether/artifacts"), deadline_s=0.1)
+    replicas.attach(registry)                  # verification rows + audit events go to the registry's store
+    await replicas.start(10.0, models=["hopper"])   # every reachable replica synced, loaded, verified
+    batcher = MicroBatcher(replicas.hot, ...)  # the hot path: routed by version, least in-flight first
+    await replicas.load_model("hopper")        # the control role (PolicyClient's methods): sync + load everywhere
+    await replicas.verify("hopper", 4, Reference.of(header, tolerances))   # per replica; raises when one is wrong
+    replicas.require_verified("hopper", 4)     # before a version may become shadow, canary or live
+    await replicas.close()
+
+Repositories: replica i reads `repositories[i]`; the primary repository is where the gateway writes a new
+version (the publisher), and a version folder reaches every other repository from the artifact store (hard
+links on one filesystem, copies across). One repository shared by every replica (replicas on one machine): no
+copy, only a load on each. Rows: `bridge.registry.replicas` (replica_verifications); a replica's row "lost: ..."
+is written for each version it was verified for when it goes away, so "its newest row is ok" is the rule that
+routing follows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+
+from bridge.common.files import write_text
+from bridge.gate.checks import DEFAULT_TOLERANCES, compare_outputs
+from bridge.gateway.policies import ServedPolicy
+from bridge.gateway.rollout_io import SwapFailed, _local_outputs, _probe
+from bridge.registry.replicas import ReplicaVerifications, Verification
+from inference_server import InferenceError, ModelRepository, PolicyClient
+from inference_server.artifacts import ArtifactStore
+from inference_server.repository import fsync_dir
+from protos.codec import Spec, decode_all
+
+log = logging.getLogger("tether.gateway")
+
+UP, DOWN, JOINING = "up", "down", "joining"
+LOST_CODES = frozenset({"UNAVAILABLE", None})  # the replica is gone (refused, reset, stream closed): try another
+
+
+class ReplicaVerificationFailed(SwapFailed):
+    """A reachable replica does not serve a version as it must (not READY, or other outputs), or none could be
+    verified at all (a SwapFailed: what Triton serves is not what was asked)."""
+
+    status = grpc.StatusCode.FAILED_PRECONDITION
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What a replica must reproduce for one version: a probe batch, its expected outputs, the atol (0: the gate's
+    per-dtype tolerances) and where the expectation came from."""
+
+    inputs: Mapping[str, np.ndarray]
+    expected: Mapping[str, np.ndarray]
+    atol: float = 0.0
+    source: str = "the trainer's probe batch"
+
+    @classmethod
+    def of(cls, header) -> Reference | None:
+        """The trainer's probe batch of a PublishHeader; None when it has none."""
+        try:
+            inputs, expected = decode_all(header.probe_inputs), decode_all(header.probe_outputs)
+        except Exception:
+            return None
+        return cls(inputs, expected, float(header.atol)) if inputs and expected else None
+
+
+@dataclass(eq=False)
+class Replica:
+    url: str
+    repository: ModelRepository
+    hot: PolicyClient
+    control: PolicyClient
+    state: str = DOWN
+    inflight: int = 0
+    batches: int = 0
+    verified: set[tuple[str, int]] = field(default_factory=set)
+    joined_ns: int = 0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # its repository and loads: one change at a time
+
+
+class _HotPath:
+    """The batcher's backend: `infer` routed with the short (deadline) clients."""
+
+    def __init__(self, fleet: TritonReplicas):
+        self._fleet = fleet
+
+    async def infer(self, model: str, version: int, inputs, outputs) -> dict[str, np.ndarray]:
+        return await self._fleet.route(model, version, inputs, outputs, hot=True)
+
+    async def wait_ready(self, timeout: float) -> None:
+        await self._fleet.wait_ready(timeout)
+
+    async def server_version(self) -> str:
+        return await self._fleet.server_version()
+
+    async def close(self) -> None:  # the fleet closes its clients
+        return None
+
+
+class TritonReplicas:
+    """See the module docstring. The control role: `infer` (routed), `ready_versions` (READY on every replica
+    that is up), `load_model`, `model_io`, `server_version`, `wait_ready`, `close` — PolicyClient's methods."""
+
+    def __init__(self, urls: Sequence[str], *, primary: ModelRepository, repositories: Sequence[ModelRepository],
+                 store: ArtifactStore, deadline_s: float, control_timeout_s: float = 60.0,
+                 tolerances: Mapping[str, tuple[float, float]] = DEFAULT_TOLERANCES, health_period_s: float = 0.2):
+        urls = list(urls)
+        if len(set(urls)) != len(urls) or not all(urls):
+            raise ValueError(f"Triton replica addresses {urls} must be distinct and non-empty")
+        if len(repositories) not in (1, len(urls)):
+            raise ValueError(f"{len(repositories)} model repositories for {len(urls)} Triton replicas: give one "
+                             "shared by all, or one per replica in the order of --triton")
+        repos = list(repositories) * len(urls) if len(repositories) == 1 else list(repositories)
+        self.primary, self.store, self.url = primary, store, ",".join(urls)
+        self._deadline_s, self._control_timeout_s = deadline_s, control_timeout_s
+        self.replicas = [Replica(url, repo, PolicyClient(url, timeout_s=deadline_s),
+                                 PolicyClient(url, timeout_s=control_timeout_s))
+                         for url, repo in zip(urls, repos, strict=True)]
+        self.tolerances, self.health_period_s = tolerances, health_period_s
+        self.hot = _HotPath(self)
+        self.verifications: ReplicaVerifications | None = None
+        self._registry = None
+        self._models: set[str] = set()
+        self._digests: dict[tuple[str, int], str] = {}
+        self._references: dict[tuple[str, int], Reference] = {}
+        self._watchers: list[asyncio.Task] = []
+        self.routed: deque[tuple[int, str, str, int]] = deque(maxlen=100_000)  # (t_ns, replica, model, version)
+        self.retried = 0
+
+    def attach(self, registry) -> None:
+        """Record verifications beside `registry` (bridge.registry.replicas) and audit them in it."""
+        self._registry = registry
+        self.verifications = ReplicaVerifications.beside(registry)
+
+    # -- start, stop, health ----------------------------------------------------------------------------------
+
+    async def start(self, timeout: float, *, models: Sequence[str] = ()) -> None:
+        """Wait (up to `timeout`) for at least one replica; bring every reachable one to the fleet's versions
+        (`models`, and those any replica serves), verified; then watch their health."""
+        if self.verifications is None:
+            raise RuntimeError("TritonReplicas.start before attach(registry)")
+        deadline = time.monotonic() + timeout
+        while not any(await asyncio.gather(*(self._alive(r.url) for r in self.replicas))):
+            if time.monotonic() > deadline:
+                raise InferenceError(f"no Triton replica of {self.url} is ready after {timeout:g} s", url=self.url,
+                                     code="UNAVAILABLE")
+            await asyncio.sleep(0.05)
+        self._models.update(models)
+        for r in self.replicas:
+            try:
+                self._models.update(await r.control.loaded_models())
+            except InferenceError:
+                continue  # not up: its watcher brings it in
+        for r in self.replicas:
+            if await self._alive(r.url):
+                await self._join(r)
+        self._watchers = [asyncio.get_running_loop().create_task(self._watch(r), name=f"replica {r.url}")
+                          for r in self.replicas]
+
+    async def close(self) -> None:
+        for task in self._watchers:
+            task.cancel()
+        await asyncio.gather(*self._watchers, return_exceptions=True)
+        for r in self.replicas:
+            await r.hot.close()
+            await r.control.close()
+        if self.verifications is not None:
+            self.verifications.close()
+
+    async def _alive(self, url: str) -> bool:
+        probe = PolicyClient(url, timeout_s=1.0)  # a fresh channel: no reconnect backoff from a dead one
+        try:
+            await probe.wait_ready(0.0)
+            return True
+        except InferenceError:
+            return False
+        finally:
+            await probe.close()
+
+    async def _watch(self, r: Replica) -> None:
+        while True:
+            await asyncio.sleep(self.health_period_s)
+            try:
+                if r.state == UP:  # liveness: readiness is false while a model loads (Triton's strict readiness)
+                    if not await r.control.live():
+                        await self._lose(r, "its liveness check fails")
+                elif r.state == DOWN and await self._alive(r.url):
+                    await self._join(r)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # logged, tried again at the next period
+                log.error("replica %s: %s: %s", r.url, type(exc).__name__, exc)
+                await self._lose(r, f"{type(exc).__name__}: {exc}")
+
+    async def _join(self, r: Replica) -> None:
+        """Reconciliation: fresh clients, the repository synced, every model loaded, every version on disk
+        verified; only then up (routable for the versions it was verified for)."""
+        async with r.lock:
+            r.state = JOINING
+            old = (r.hot, r.control)
+            r.hot = PolicyClient(r.url, timeout_s=self._deadline_s)
+            r.control = PolicyClient(r.url, timeout_s=self._control_timeout_s)
+            for client in old:
+                await client.close()
+            try:
+                for name in sorted(self._models):
+                    await asyncio.to_thread(self._sync, r, name)
+                    await r.control.load_model(name)
+                    for version in self.primary.versions(name):
+                        await self._verify_one(r, name, version)
+            except InferenceError as exc:  # gone again: what it was verified for meanwhile is lost with it
+                await self._lose(r, f"could not rejoin: {exc}")
+                return
+            r.state, r.joined_ns = UP, time.time_ns()
+        log.info("replica %s joined: verified %s", r.url, sorted(r.verified))
+
+    async def _lose(self, r: Replica, why: str) -> None:
+        if r.state == DOWN:
+            return
+        r.state, lost = DOWN, sorted(r.verified)
+        r.verified = set()
+        log.warning("replica %s lost (%s): its batches go to the other replicas until it is verified again",
+                    r.url, why)
+        for name, version in lost:
+            await self._record(name, version, r.url, f"lost: {why}")
+
+    # -- the hot path -------------------------------------------------------------------------------------------
+
+    async def route(self, model: str, version: int, inputs, outputs, *, hot: bool) -> dict[str, np.ndarray]:
+        """One batch at exactly `version` on the least busy replica verified for it; a replica that is gone
+        (UNAVAILABLE) is marked down and the batch goes to another one."""
+        tried: list[str] = []
+        key = (model, version)
+        while True:
+            best = None
+            for r in self.replicas:
+                if r.state == UP and key in r.verified and r.url not in tried and (
+                        best is None or (r.inflight, r.batches) < (best.inflight, best.batches)):
+                    best = r
+            if best is None:
+                raise InferenceError(f"no Triton replica verified for {model!r} v{version} is up"
+                                     + (f" (failed: {', '.join(tried)})" if tried else ""),
+                                     url=self.url, model=model, version=version, code="UNAVAILABLE")
+            best.inflight += 1
+            best.batches += 1
+            self.routed.append((time.time_ns(), best.url, model, version))
+            try:
+                return await (best.hot if hot else best.control).infer(model, version, inputs, outputs)
+            except InferenceError as exc:
+                if exc.code not in LOST_CODES:
+                    raise
+                tried.append(best.url)
+                self.retried += 1
+                await self._lose(best, f"{exc.code}: {exc}")
+            finally:
+                best.inflight -= 1
+
+    async def infer(self, model: str, version: int, inputs, outputs) -> dict[str, np.ndarray]:
+        """The control role's infer (the gate's probes): routed like a batch, with the long-timeout clients."""
+        return await self.route(model, version, inputs, outputs, hot=False)
+
+    # -- the control role -----------------------------------------------------------------------------------------
+
+    async def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(r.state == UP for r in self.replicas):
+            if time.monotonic() > deadline:
+                raise InferenceError(f"no Triton replica of {self.url} is up", url=self.url, code="UNAVAILABLE")
+            await asyncio.sleep(0.05)
+
+    async def server_version(self) -> str:
+        return await self._first_up("server metadata", lambda c: c.server_version())
+
+    async def model_io(self, model: str, version: int) -> tuple[tuple[Spec, ...], tuple[Spec, ...]]:
+        return await self._first_up("model metadata", lambda c: c.model_io(model, version))
+
+    async def _first_up(self, what: str, call):
+        errors = []
+        for r in self.replicas:
+            if r.state == UP:
+                try:
+                    return await call(r.control)
+                except InferenceError as exc:
+                    if exc.code not in LOST_CODES:
+                        raise
+                    errors.append(str(exc))
+                    await self._lose(r, str(exc))
+        raise InferenceError(f"{what}: no Triton replica of {self.url} answers ({'; '.join(errors) or 'none up'})",
+                             url=self.url, code="UNAVAILABLE")
+
+    async def ready_versions(self, model: str) -> list[int]:
+        """The versions READY on every replica that is up (a replica that is gone is marked down, not counted)."""
+        self._models.add(model)
+        found: list[set[int]] = []
+        for r in self.replicas:
+            if r.state != UP:
+                continue
+            try:
+                found.append(set(await r.control.ready_versions(model)))
+            except InferenceError as exc:
+                if exc.code not in LOST_CODES:
+                    raise
+                await self._lose(r, str(exc))
+        if not found:
+            raise InferenceError(f"no Triton replica of {self.url} is up to list {model!r}", url=self.url,
+                                 model=model, code="UNAVAILABLE")
+        return sorted(set.intersection(*found))
+
+    async def load_model(self, model: str, *, timeout_s: float = 60.0) -> None:
+        """Every reachable replica's repository synced with the primary's folders of `model` (new versions from
+        the artifact store, gone ones retired), then load_model on it; a version that left is no longer
+        verified there. Replicas that are gone are skipped (they are synced when they come back)."""
+        self._models.add(model)
+        results = await asyncio.gather(*(self._load_on(r, model, timeout_s) for r in self.replicas),
+                                       return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        if not any(results):
+            raise InferenceError(f"load model {model!r}: no Triton replica of {self.url} is reachable", url=self.url,
+                                 model=model, code="UNAVAILABLE")
+
+    async def _load_on(self, r: Replica, model: str, timeout_s: float) -> bool:
+        async with r.lock:
+            if r.state == DOWN:
+                return False
+            try:
+                await asyncio.to_thread(self._sync, r, model)
+                await r.control.load_model(model, timeout_s=timeout_s)
+            except InferenceError as exc:
+                if exc.code not in LOST_CODES:
+                    raise
+                await self._lose(r, str(exc))
+                return False
+            on_disk = set(self.primary.versions(model))
+            r.verified = {(m, v) for m, v in r.verified if m != model or v in on_disk}
+            return True
+
+    # -- verification -------------------------------------------------------------------------------------------
+
+    async def verify(self, model: str, version: int, reference: Reference | None = None) -> list[Verification]:
+        """Check `version` on every reachable replica (rows recorded); ReplicaVerificationFailed naming the replica
+        when one is reachable but wrong, or when none could be verified."""
+        if reference is not None:
+            self._references[(model, version)] = reference
+        rows = []
+        for r in self.replicas:
+            async with r.lock:
+                if r.state == DOWN:
+                    continue
+                row = await self._verify_one(r, model, version)
+            if row is not None:
+                rows.append(row)
+        bad = [row for row in rows if not row.ok]
+        if bad:
+            raise ReplicaVerificationFailed(f"policy {model!r} v{version} on replica {bad[0].replica}: {bad[0].result}")
+        if not rows:
+            raise ReplicaVerificationFailed(f"policy {model!r} v{version}: no Triton replica of {self.url} was "
+                                            "reachable to verify it")
+        return rows
+
+    def require_verified(self, model: str, version: int) -> list[str]:
+        """The replicas verified for `version`; ReplicaVerificationFailed when there is none."""
+        urls = [r.url for r in self.replicas if r.state == UP and (model, version) in r.verified]
+        if not urls:
+            raise ReplicaVerificationFailed(f"policy {model!r} v{version} is verified on no Triton replica that is "
+                                            f"up ({self.url}): it may not serve")
+        return urls
+
+    async def _verify_one(self, r: Replica, model: str, version: int) -> Verification | None:
+        """READY on `r` and the reference reproduced; the row recorded. None when `r` turned out to be gone."""
+        try:
+            ready = await r.control.ready_versions(model)
+            if version not in ready:
+                result = f"failed: v{version} is not READY on {r.url} (ready: {ready})"
+            else:
+                reference = await self._reference(r, model, version)
+                if reference is None:
+                    result = "ok"  # nothing to compare with yet: READY, and the reference for the next replicas
+                else:
+                    got = await r.control.infer(model, version, reference.inputs, sorted(reference.expected))
+                    check = compare_outputs(got, reference.expected, tolerances=self.tolerances, atol=reference.atol)
+                    result = "ok" if check.passed else f"failed vs {reference.source}: {check.detail}"
+        except InferenceError as exc:
+            if exc.code in LOST_CODES:
+                await self._lose(r, str(exc))
+                return None
+            result = f"failed: {exc}"
+        row = await self._record(model, version, r.url, result)
+        if row.ok:
+            r.verified.add((model, version))
+        else:
+            r.verified.discard((model, version))
+            log.error("replica %s: %s v%d %s", r.url, model, version, result)
+        return row
+
+    async def _reference(self, r: Replica, model: str, version: int) -> Reference | None:
+        """The trainer's probe batch, else the version file's own TorchScript outputs, else the outputs of a
+        replica already verified for it (None: `r` is the first)."""
+        key = (model, version)
+        if key in self._references:
+            return self._references[key]
+        inputs, outputs = await r.control.model_io(model, version)
+        served = ServedPolicy(model, version, inputs, outputs)
+        probe = _probe(inputs)
+        path = self.primary.root / model / str(version) / "policy.pt"
+        if path.exists() and self.primary.imported_format(model, version) is None:
+            expected = await asyncio.to_thread(_local_outputs, str(path), served, probe)
+            if expected:
+                self._references[key] = Reference(probe, expected, 0.0, "the version file's own outputs")
+                return self._references[key]
+        for peer in self.replicas:
+            if peer is not r and peer.state == UP and key in peer.verified:
+                expected = await peer.control.infer(model, version, probe, [s.name for s in outputs])
+                self._references[key] = Reference(probe, expected, 0.0, f"replica {peer.url}'s outputs")
+                return self._references[key]
+        return None
+
+    async def _record(self, model: str, version: int, url: str, result: str) -> Verification:
+        row = await asyncio.to_thread(self.verifications.record, model, version, url, result)
+        if self._registry is not None:
+            kind = "replica_verified" if row.ok else "replica_unverified"
+            try:
+                await asyncio.to_thread(self._registry.record_event, kind=kind, policy=model, version=version,
+                                        who="gateway", why=f"replica {url}: {result}"[:4000])
+            except Exception as exc:  # the row is what routing relies on; the audit line is a courtesy
+                log.warning("replica %s: auditing %s v%d: %s", url, model, version, exc)
+        return row
+
+    # -- repositories ---------------------------------------------------------------------------------------------
+
+    def _sync(self, r: Replica, model: str) -> None:
+        """`r`'s repository made to hold the primary's version folders of `model` (blocking: in a thread)."""
+        if r.repository.root.resolve() == self.primary.root.resolve():
+            return  # the shared repository: the folders are there already
+        want, have = set(self.primary.versions(model)), set(r.repository.versions(model))
+        folder = r.repository.root / model
+        for version in sorted(have - want):
+            retired = r.repository.root / ".retired" / model / str(version)
+            retired.parent.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(retired, ignore_errors=True)
+            (folder / str(version)).rename(retired)
+            fsync_dir(folder)
+        for version in sorted(want - have):
+            key = (model, version)
+            if key not in self._digests:
+                self._digests[key] = self.store.put_version(self.primary.root / model / str(version))
+                log.info("policy %s v%d stored once as sha256 %s", model, version, self._digests[key])
+            self.store.materialize(self._digests[key], folder / str(version))
+        config = (self.primary.root / model / "config.pbtxt").read_text()
+        folder.mkdir(parents=True, exist_ok=True)
+        target = folder / "config.pbtxt"
+        if not target.exists() or target.read_text() != config:
+            write_text(target, config)
+
+
+
+def from_config(config) -> TritonReplicas:
+    """The replicas of a GatewayConfig with several `triton_urls` (bridge.gateway.config)."""
+    primary = ModelRepository(config.model_repository)
+    repositories = [ModelRepository(p) for p in config.model_repositories] or [primary]
+    store = ArtifactStore(config.artifact_store or primary.root / ".tether" / "artifacts")
+    return TritonReplicas(config.triton_urls, primary=primary, repositories=repositories, store=store,
+                          deadline_s=config.deadline_ms / 1e3, tolerances=config.gate.tolerances)
