@@ -28,6 +28,7 @@ from trainer.worker import (
     restore_rng,
     rng_state,
     status,
+    stop_requested,
     trainer_id,
     write_weights,
 )
@@ -82,7 +83,8 @@ def run_bc(args: argparse.Namespace) -> dict:
     loss, samples = float("nan"), 0
     while True:
         elapsed = time.monotonic() - started
-        stop = (args.steps and learner.steps >= args.steps) or (args.seconds and elapsed >= args.seconds)
+        stop = ((args.steps and learner.steps >= args.steps) or (args.seconds and elapsed >= args.seconds)
+                or stop_requested(args))
         if dist.all_reduce_sum(torch.tensor([1.0 if stop else 0.0]))[0] > 0:
             break
         epoch, index = divmod(learner.steps, per_epoch)
@@ -90,6 +92,8 @@ def run_bc(args: argparse.Namespace) -> dict:
         stats = learner.update(chunk)
         loss, samples = stats["loss"], samples + len(chunk)
         maybe_fail(args, learner.steps)
+        if args.step_sleep:
+            time.sleep(args.step_sleep)
         if args.checkpoint_dir and learner.steps % every == 0:
             checkpoint.save(args.checkpoint_dir, step=learner.steps, model=learner.model,
                             optimizer=learner.optimizer, meta={"algo": "bc", "epoch": epoch, "parent": parent},

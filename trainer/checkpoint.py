@@ -62,7 +62,11 @@ def _torch_bytes(obj) -> bytes:
 
 def save(root: str | Path, *, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, meta: dict,
          rng: dict[str, torch.Tensor]) -> Path:
-    """Write checkpoint `step` (every rank calls this; each rank's `rng` goes to its own file)."""
+    """Write checkpoint `step` (every rank calls this; each rank's `rng` goes to its own file).
+
+    `meta` carries the loop's counters (step, iteration, the newest published version, data
+    offsets) so that a run resumed on any node, by a group of any size, continues from them:
+    no step redone past the checkpoint, no version number taken twice. `world_size` is added."""
     from safetensors.torch import save as st_save
 
     root = Path(root)
@@ -80,7 +84,8 @@ def save(root: str | Path, *, step: int, model: torch.nn.Module, optimizer: torc
         state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
         _write(staging / "model.safetensors", st_save(state))
         _write(staging / "optimizer.pt", _torch_bytes(optimizer.state_dict()))
-        _write(staging / "meta.json", json.dumps({**meta, "step": step}, sort_keys=True).encode())
+        meta = {**meta, "step": step, "world_size": dist.world()[1]}
+        _write(staging / "meta.json", json.dumps(meta, sort_keys=True).encode())
         fsync_dir(staging)
         shutil.rmtree(final, ignore_errors=True)
         os.rename(staging, final)

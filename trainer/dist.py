@@ -42,11 +42,15 @@ def init() -> tuple[int, int]:
     torch.set_num_threads(1)
     if "WORLD_SIZE" not in os.environ or is_distributed():
         return world()
-    # torchrun keeps one store across restarts: a restarted group must not read the gloo/NCCL
-    # addresses its dead predecessor published there, so every attempt gets its own key prefix.
+    # `--standalone` torchrun keeps one store across restarts: a restarted group must not read the
+    # gloo/NCCL addresses its dead predecessor published there, so every attempt gets its own key
+    # prefix. Multi-node (trainer.main sets TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1), rank 0 of each
+    # rendezvous round hosts a new store on a new port, and the nodes' restart counts differ (a
+    # node that rejoins starts at 0): no prefix there.
     store, rank, world_size = next(dist.rendezvous("env://"))
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    store = dist.PrefixStore(f"tether/attempt-{attempt}", store)
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "False":
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = dist.PrefixStore(f"tether/attempt-{attempt}", store)
     if torch.cuda.is_available():
         torch.cuda.set_device(device())
         dist.init_process_group("nccl", store=store, rank=rank, world_size=world_size, device_id=device())

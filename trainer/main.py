@@ -4,10 +4,19 @@
         --checkpoint-dir runs/x/ckpt --seed 0 --seconds 180 --target-return 900
     tether train --algo bc --arch mlp --experience-dir runs/x/log --steps 2000 --nproc 2 --out bc.safetensors
 
-The launcher's own options are `--nproc` and `--max-restarts`; everything else goes to every
-rank (see `python -m trainer.worker --help`) and is checked here before anything starts.
-torchrun's rendezvous takes a free port (`--standalone`); the ranks die with this process
-(SIGTERM to their process group, and a parent-death signal if this process is killed).
+Elastic, on several nodes (the same command on each; `python -m trainer.rendezvous` serves the
+c10d store so that any node may die; a node that dies and comes back rejoins, and every
+(re)start resumes from the newest checkpoint in the shared --checkpoint-dir):
+
+    tether train --nnodes 1:2 --rdzv-endpoint 10.0.0.5:29400 --rdzv-id run7 --rdzv-external \
+        --nproc 1 --max-restarts 10 --checkpoint-dir /shared/run7/ckpt --algo ppo --gateway gw:50051 ...
+
+The launcher's own options are `--nproc`, `--max-restarts`, the rendezvous's (`--nnodes`,
+`--rdzv-endpoint`, `--rdzv-id`, `--rdzv-external`, `--local-addr`) and the credentials;
+everything else goes to every rank (see `python -m trainer.worker --help`) and is checked here
+before anything starts. Without `--rdzv-endpoint` torchrun's rendezvous takes a free port
+(`--standalone`). The ranks die with this process (SIGTERM to their process group, and a
+parent-death signal if this process is killed).
 Status lines come on stderr; the summary (rank 0's) is the last line on stdout.
 """
 
@@ -36,6 +45,15 @@ def _launcher() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tether train", add_help=False)
     p.add_argument("--nproc", type=int, default=2, help="ranks (processes) on this machine")
     p.add_argument("--max-restarts", type=int, default=3, help="torchrun restarts of a failed group")
+    p.add_argument("--nnodes", default="1", metavar="MIN:MAX", help="nodes (N or MIN:MAX, elastic); more than "
+                   "one needs --rdzv-endpoint")
+    p.add_argument("--rdzv-endpoint", default="", metavar="HOST:PORT", help="c10d rendezvous of a multi-node run "
+                   "(every node gives the same; empty: one node, --standalone)")
+    p.add_argument("--rdzv-id", default="tether", help="the run's id at the rendezvous (one per training run)")
+    p.add_argument("--rdzv-external", action="store_true", help="the rendezvous store is served by "
+                   "`python -m trainer.rendezvous` (no node hosts it, so any node may die)")
+    p.add_argument("--local-addr", default="", metavar="HOST", help="this node's address for the other nodes "
+                   "(default: 127.0.0.1 when the rendezvous is on loopback, else torchrun's choice)")
     p.add_argument("--summary", default="", metavar="PATH", help="also write the summary JSON (rank 0's) here")
     p.add_argument("--tls-ca", help="TLS to the gateway: the CA that signed its certificate")
     p.add_argument("--tls-cert", help="mTLS: this trainer's certificate (e.g. `tether certs client DIR ci --role "
@@ -51,9 +69,56 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
     return {"tether train (launcher)": _launcher(), "tether train": worker_parser()}
 
 
-def command(worker_args: list[str], *, nproc: int, max_restarts: int) -> list[str]:
-    """The torchrun command line for `worker_args`."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+# c10d rendezvous settings: a node is dead after 3 missed 2 s heartbeats; once MIN nodes are in,
+# wait 2 s more for others (later ones join the next round: the running group restarts to admit them)
+RDZV_CONF = "keep_alive_interval=2,keep_alive_max_attempt=3,last_call_timeout=2,join_timeout=900"
+
+
+def nnodes_range(text: str) -> tuple[int, int]:
+    """`--nnodes`: "N" -> (N, N), "MIN:MAX" -> (MIN, MAX), 1 <= MIN <= MAX."""
+    try:
+        low, _, high = text.partition(":")
+        bounds = int(low), int(high or low)
+    except ValueError:
+        raise SystemExit(f"tether train: --nnodes {text!r} must be N or MIN:MAX, e.g. 1:2") from None
+    if not 1 <= bounds[0] <= bounds[1]:
+        raise SystemExit(f"tether train: --nnodes {text!r} needs 1 <= MIN <= MAX")
+    return bounds
+
+
+def _endpoint(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise SystemExit(f"tether train: --rdzv-endpoint {text!r} must be HOST:PORT")
+    return host, int(port)
+
+
+def _is_loopback(host: str) -> bool:
+    return host == "localhost" or host.startswith("127.") or host == "::1"
+
+
+def command(worker_args: list[str], *, nproc: int, max_restarts: int, nnodes: str = "1", rdzv_endpoint: str = "",
+            rdzv_id: str = "tether", rdzv_external: bool = False, local_addr: str = "") -> list[str]:
+    """The torchrun command line for `worker_args`: `--standalone` without `rdzv_endpoint`, else c10d.
+
+    >>> cmd = command(["--algo", "bc"], nproc=1, max_restarts=5, nnodes="1:2", rdzv_endpoint="127.0.0.1:29400",
+    ...               rdzv_external=True)
+    >>> cmd[3:7]
+    ['--nnodes=1:2', '--rdzv-backend=c10d', '--rdzv-endpoint=127.0.0.1:29400', '--rdzv-id=tether']
+    >>> cmd[7].startswith("--rdzv-conf=is_host=false,"), cmd[8]
+    (True, '--local-addr=127.0.0.1')
+    """
+    if not rdzv_endpoint:
+        launch = ["--standalone"]
+    else:
+        host, _ = _endpoint(rdzv_endpoint)
+        conf = ("is_host=false," if rdzv_external else "") + RDZV_CONF
+        launch = [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
+                  f"--rdzv-id={rdzv_id}", f"--rdzv-conf={conf}"]
+        local_addr = local_addr or ("127.0.0.1" if _is_loopback(host) else "")
+        if local_addr:
+            launch.append(f"--local-addr={local_addr}")
+    return [sys.executable, "-m", "torch.distributed.run", *launch, f"--nproc-per-node={nproc}",
             f"--max-restarts={max_restarts}", "--monitor-interval=0.5", "-m", "trainer.worker", *worker_args]
 
 
@@ -72,6 +137,11 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"tether train: --nproc must be >= 1, got {launcher.nproc}")
     if launcher.max_restarts < 0:
         raise SystemExit(f"tether train: --max-restarts must be >= 0, got {launcher.max_restarts}")
+    _, high = nnodes_range(launcher.nnodes)
+    if high > 1 and not launcher.rdzv_endpoint:
+        raise SystemExit(f"tether train: --nnodes {launcher.nnodes} needs --rdzv-endpoint HOST:PORT (c10d)")
+    if launcher.rdzv_endpoint:
+        _endpoint(launcher.rdzv_endpoint)
     checked = worker_parser().parse_args(rest)  # bad options fail here, before torchrun starts
     for name in ("tls_ca", "tls_cert", "tls_key"):
         if getattr(launcher, name) and not Path(getattr(launcher, name)).is_file():
@@ -84,17 +154,22 @@ def main(argv: list[str] | None = None) -> int:
     if checked.max_ahead and checked.publish_every != 1:
         raise SystemExit(f"tether train: --max-ahead {checked.max_ahead} needs --publish-every 1 (the learner waits "
                          f"for its own updates to be served), got --publish-every {checked.publish_every}")
-    if not (checked.steps or checked.seconds or checked.target_return is not None):
-        raise SystemExit("tether train: give --steps, --seconds or --target-return")
+    if not (checked.steps or checked.seconds or checked.target_return is not None or checked.stop_file):
+        raise SystemExit("tether train: give --steps, --seconds, --target-return or --stop-file")
     with tempfile.TemporaryDirectory(prefix="tether-train-") as tmp:
         summary_path = launcher.summary or str(Path(tmp) / "summary.json")
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's pairs on loopback
+        if not launcher.rdzv_endpoint or _is_loopback(_endpoint(launcher.rdzv_endpoint)[0]):
+            env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's pairs on loopback
+        if launcher.rdzv_endpoint:  # a new store per rendezvous round (see trainer.dist.init)
+            env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         for name, variable in ENV.items():  # every rank's gateway channel (trainer.channel), off the command line
             if getattr(launcher, name):
                 env[variable] = str(getattr(launcher, name))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH", "")) if p)
-        cmd = command([*rest, "--summary", summary_path], nproc=launcher.nproc, max_restarts=launcher.max_restarts)
+        cmd = command([*rest, "--summary", summary_path], nproc=launcher.nproc, max_restarts=launcher.max_restarts,
+                      nnodes=launcher.nnodes, rdzv_endpoint=launcher.rdzv_endpoint, rdzv_id=launcher.rdzv_id,
+                      rdzv_external=launcher.rdzv_external, local_addr=launcher.local_addr)
         proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)
         try:
             rc = proc.wait()

@@ -30,6 +30,7 @@ from trainer.worker import (
     restore_rng,
     rng_state,
     status,
+    stop_requested,
     trainer_id,
     write_weights,
 )
@@ -108,7 +109,8 @@ def run_ppo(args: argparse.Namespace) -> dict:
             source.ack(consumed)
             elapsed = time.monotonic() - started
             target = args.target_return is not None and last_return >= args.target_return
-            stop = (args.steps and learner.steps >= args.steps) or (args.seconds and elapsed >= args.seconds) or target
+            stop = ((args.steps and learner.steps >= args.steps) or (args.seconds and elapsed >= args.seconds)
+                    or target or stop_requested(args))
             code, code_iteration = 0, 0
             if rank == 0:
                 code = publisher.result()

@@ -69,6 +69,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=_positive(int), default=0, help="stop after this many optimiser steps")
     p.add_argument("--seconds", type=_positive(float), default=0.0, help="stop after this many seconds")
     p.add_argument("--target-return", type=float, default=None, help="PPO: stop at this mean episode return")
+    p.add_argument("--stop-file", default="", metavar="PATH", help="stop (every rank together) once this file "
+                   "exists: a clean end for an open-ended or elastic multi-node run")
     p.add_argument("--batch", type=_positive(int), default=0,
                    help="PPO: transitions per update over all ranks (0: 1024); BC: per-rank batch (0: 256)")
     p.add_argument("--epochs", type=_positive(int), default=10, help="PPO: epochs per update")
@@ -105,6 +107,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--status-every", type=float, default=1.0, help="seconds between status lines (BC)")
     p.add_argument("--fail-at-step", type=int, default=0, help=argparse.SUPPRESS)  # tests: os._exit once
     p.add_argument("--fail-rank", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--step-sleep", type=float, default=0.0, help=argparse.SUPPRESS)  # tests: BC paced per step
     return p
 
 
@@ -169,13 +172,19 @@ def trainer_id(algo: str) -> str:
     return f"{algo}@{socket.gethostname()}:{os.getpid()}"
 
 
+def stop_requested(args: argparse.Namespace) -> bool:
+    """--stop-file exists (each rank looks; the loops all-reduce the answer, so all stop together)."""
+    return bool(args.stop_file) and os.path.exists(args.stop_file)
+
+
 def load_checkpoint(args: argparse.Namespace) -> checkpoint.Checkpoint | None:
     if not args.checkpoint_dir:
         return None
     ckpt = checkpoint.load(args.checkpoint_dir, map_location=dist.device())
     if ckpt is not None:
         status(f"resuming from {ckpt.path} (step {ckpt.step}, restart "
-               f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')})")
+               f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}, world {dist.world()[1]} "
+               f"(was {ckpt.meta.get('world_size', '?')}))")
     return ckpt
 
 
@@ -198,8 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"tether train: --algo ppo needs --arch gaussian (a stochastic policy), got {args.arch}")
     if args.algo == "bc" and not args.experience_dir:
         raise SystemExit("tether train: --algo bc needs --experience-dir DIR (formerly --log-dir)")
-    if not (args.steps or args.seconds or args.target_return is not None):
-        raise SystemExit("tether train: give --steps, --seconds or --target-return")
+    if not (args.steps or args.seconds or args.target_return is not None or args.stop_file):
+        raise SystemExit("tether train: give --steps, --seconds, --target-return or --stop-file")
     rank, world = dist.init()
     torch.manual_seed(args.seed)
     started = time.monotonic()

@@ -142,7 +142,11 @@ def test_ppo_with_max_ahead_trains_only_on_top_of_the_served_version(tmp_path):
     (["--algo", "bc", "--steps", "1"], "--log-dir"),
     (["--algo", "ppo", "--steps", "1"], "--gateway"),
     (["--algo", "bc", "--log-dir", ".", "--nproc", "0", "--steps", "1"], "--nproc must be >= 1"),
-    (["--algo", "bc", "--log-dir", "."], "--steps, --seconds or --target-return"),
+    (["--algo", "bc", "--log-dir", "."], "--steps, --seconds, --target-return or --stop-file"),
+    (["--algo", "bc", "--log-dir", ".", "--steps", "1", "--nnodes", "1:2"], "needs --rdzv-endpoint"),
+    (["--algo", "bc", "--log-dir", ".", "--steps", "1", "--nnodes", "2:1", "--rdzv-endpoint", "h:1"],
+     "1 <= MIN <= MAX"),
+    (["--algo", "bc", "--log-dir", ".", "--steps", "1", "--nnodes", "2", "--rdzv-endpoint", "h"], "HOST:PORT"),
 ])
 def test_the_launcher_rejects_bad_options_before_starting(args, message):
     with pytest.raises(SystemExit, match=message):

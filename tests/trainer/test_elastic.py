@@ -1,0 +1,137 @@
+"""An elastic two-node trainer: two real torchrun agents on loopback stand for two nodes.
+
+`tether train --nnodes 1:2` with c10d rendezvous on a store served by `python -m trainer.rendezvous`,
+BC from a small MCAP log (the real worker, rendezvous and checkpoint code; no gateway needed),
+checkpoints in one shared directory. The node that runs rank 0 (it hosts the group's store and
+writes the checkpoints) is killed with SIGKILL to its whole process group: the other node
+re-rendezvouses alone and resumes from the newest checkpoint (the time is measured: within 60 s);
+the killed node comes back and rejoins (world 2 again); a stop file ends the run on both nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.trainer.test_torchrun import scripted_log
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def _wait(predicate, timeout: float, what: str, logs: tuple[Path, ...] = ()):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    tails = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in logs if p.exists())
+    raise AssertionError(f"not within {timeout:g} s: {what}\n{tails}")
+
+
+def _meta(ckpt: Path) -> dict | None:
+    """The newest complete checkpoint's meta.json (None before the first)."""
+    try:
+        return json.loads((ckpt / (ckpt / "latest").read_text().strip() / "meta.json").read_text())
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
+        return None
+
+
+class Node:
+    """One `tether train` launcher (torchrun agent + its rank) in its own process group."""
+
+    def __init__(self, name: str, args: list[str], tmp: Path):
+        self.log = tmp / f"{name}.log"
+        self.summary = tmp / f"{name}.json"
+        self.out = open(self.log, "a")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen([sys.executable, "-m", "trainer.main", *args, "--summary", str(self.summary)],
+                                     cwd=ROOT, stdout=self.out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def text(self) -> str:
+        return self.log.read_text()
+
+    def kill9(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.proc.pid, sig)
+                self.proc.wait(10)
+                break
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                continue
+        self.out.close()
+
+
+def test_a_killed_node_the_other_resumes_from_the_checkpoint_and_it_rejoins(tmp_path, record_property):
+    scripted_log(tmp_path / "log", n=600)
+    rdzv = subprocess.Popen([sys.executable, "-m", "trainer.rendezvous", "--port", "0"], cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    nodes: list[Node] = []
+    try:
+        endpoint = rdzv.stdout.readline().split()[-1]
+        ckpt, stop = tmp_path / "ckpt", tmp_path / "stop"
+        args = ["--nnodes", "1:2", "--rdzv-endpoint", endpoint, "--rdzv-id", "elastic-test", "--rdzv-external",
+                "--nproc", "1", "--max-restarts", "5", "--algo", "bc", "--arch", "mlp",
+                "--experience-dir", str(tmp_path / "log"), "--steps", "100000", "--stop-file", str(stop),
+                "--batch", "32", "--checkpoint-every", "10", "--checkpoint-dir", str(ckpt), "--status-every", "5",
+                "--step-sleep", "0.03", "--seed", "0"]
+        nodes = [Node("a", args, tmp_path), Node("b", args, tmp_path)]
+        logs = tuple(n.log for n in nodes)
+        _wait(lambda: (m := _meta(ckpt)) and m["world_size"] == 2, 120, "a checkpoint of the two-node group", logs)
+
+        victim = next(n for n in nodes if "[trainer] bc:" in n.text())  # rank 0 prints the status lines
+        survivor = next(n for n in nodes if n is not victim)
+        before = _meta(ckpt)["step"]
+        survivor_text = len(survivor.text())
+        killed_at = time.monotonic()
+        victim.kill9()
+
+        line = _wait(lambda: next((ln for ln in survivor.text()[survivor_text:].splitlines()
+                                   if "resuming from" in ln and "world 1" in ln), None), 60,
+                     "the survivor resumes alone from the checkpoint", logs)
+        resumed_s = time.monotonic() - killed_at
+        resumed = _wait(lambda: (m := _meta(ckpt)) and m["world_size"] == 1 and m, 60,
+                        "the survivor's first checkpoint", logs)
+        progressed_s = time.monotonic() - killed_at
+        resumed_step = int(line.split("(step ")[1].split(",")[0])
+        assert before <= resumed_step < resumed["step"]  # resumed from the newest checkpoint, then went on
+
+        back = Node("c", args, tmp_path)  # the killed node comes back
+        nodes.append(back)
+        back_at = time.monotonic()
+        rejoined = _wait(lambda: (m := _meta(ckpt)) and m["world_size"] == 2 and m["step"] > resumed["step"] and m,
+                         120, "the node that came back rejoins the group", (*logs, back.log))
+        rejoined_s = time.monotonic() - back_at
+
+        stop.touch()
+        for node in (survivor, back):
+            assert node.proc.wait(60) == 0, node.text()[-3000:]
+        summaries = [json.loads(n.summary.read_text()) for n in (survivor, back) if n.summary.exists()]
+        (summary,) = summaries  # rank 0's, on one of the two nodes
+        assert summary["world_size"] == 2 and summary["steps"] >= rejoined["step"]
+        assert summary["param_sha256"][0] == summary["param_sha256"][1]  # one model on both nodes again
+        print(f"elastic: resumed {resumed_s:.1f} s after kill -9 (first checkpoint alone {progressed_s:.1f} s), "
+              f"rejoined {rejoined_s:.1f} s after restart")
+        record_property("resume_s", round(resumed_s, 1))
+        record_property("rejoin_s", round(rejoined_s, 1))
+        assert resumed_s <= 60
+    finally:
+        for node in nodes:
+            node.stop()
+        rdzv.send_signal(signal.SIGTERM)
+        try:
+            rdzv.wait(10)
+        except subprocess.TimeoutExpired:
+            rdzv.kill()
+            rdzv.wait()
