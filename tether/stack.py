@@ -234,14 +234,18 @@ class Stack:
         """Start Triton, then the gateway; on any failure stop what started and raise (StackError,
         inference_server.TritonStartError)."""
         from inference_server import TritonServer
-        from tether.topology import write_initial_policy
 
         if self.triton is not None:
             raise StackError(f"stack already started (gateway {self._gateway and self._gateway.address})")
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
             repo = self.repository
-            names = [write_initial_policy(repo, env, seed=self.seed, stochastic=self.stochastic) for env in self.envs]
+            repo.root.mkdir(parents=True, exist_ok=True)
+            names = []
+            if self.envs:  # (tether.topology imports torch and the sims: not for a bare stack)
+                from tether.topology import write_initial_policy
+
+                names = [write_initial_policy(repo, env, seed=self.seed, stochastic=self.stochastic)
+                         for env in self.envs]
             names += [m for m in self.models if m not in names]
             self.triton = TritonServer(repo.root, models=names, log_path=self.directory / "triton.log")
             self._exit.callback(self.triton.stop)

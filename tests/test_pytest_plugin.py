@@ -1,0 +1,144 @@
+"""The pytest plugin `tether.testing` in a sample project, run as a separate pytest (pytester): the
+stack starts once for the session, sims run through it, a failing test gets the gateway's log, and
+when the run ends (normally, or by SIGTERM as a cancelled CI job) no process the stack started is left."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from inference_server.server import group_members
+from tether.stack import Stack, StackError
+from tether.testing import absent
+
+pytest_plugins = ["pytester"]
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CONFTEST = """
+import pytest
+
+@pytest.fixture(scope="session")
+def tether_stack_options():
+    return {"envs": ["InvertedPendulum-v5"]}
+"""
+
+SAMPLE = """
+import json, os
+import pytest
+
+def test_episodes_run_through_the_stack(tether_stack, tether_sim):
+    with open(os.environ["SAMPLE_PIDS"], "w") as f:
+        json.dump(tether_stack.pids, f)
+    result = tether_sim("InvertedPendulum-v5", episodes=4, envs=2, seed=0)
+    assert result.episodes == 4 and not result.errors and result.policy == "invertedpendulum_v5"
+    assert result.policy_versions == {1: result.steps} and result.mean_return > 0
+
+def test_fails_on_purpose(tether_sim):
+    assert tether_sim("InvertedPendulum-v5", episodes=1).mean_return > 1e9, "deliberately failing"
+
+@pytest.mark.requires_binary("no-such-binary-for-tether")
+def test_needs_an_absent_binary():
+    pass
+"""
+
+HANGS = """
+import json, os, time
+
+def test_hangs_until_terminated(tether_stack):
+    with open(os.environ["SAMPLE_PIDS"], "w") as f:
+        json.dump(tether_stack.pids, f)
+    time.sleep(300)
+"""
+
+
+def _sample(pytester: pytest.Pytester, test: str, conftest: str = CONFTEST) -> None:
+    pytester.makeini("[pytest]\naddopts = -p tether.testing -p no:cacheprovider\n")
+    pytester.makeconftest(conftest)
+    pytester.makepyfile(test_sample=test)
+
+
+def _left(pids: dict[str, int]) -> dict[str, list[int]]:
+    """Live processes of each started process's group (each leads its own)."""
+    return {role: members for role, pid in pids.items() if (members := group_members(pid))}
+
+
+def test_a_sample_project_gets_the_stack_its_sims_and_a_teardown_that_leaves_nothing(pytester, tmp_path,
+                                                                                       monkeypatch):
+    pids_file = tmp_path / "pids.json"
+    monkeypatch.setenv("SAMPLE_PIDS", str(pids_file))
+    _sample(pytester, SAMPLE)
+    result = pytester.runpytest_subprocess("-ra", timeout=240)
+    result.assert_outcomes(passed=1, failed=1, skipped=1)
+    out = result.stdout.str()
+    assert "deliberately failing" in out and "tether gateway log" in out  # the failure carries the gateway's log
+    assert "requires_binary: executable not on PATH: no-such-binary-for-tether" in out
+    pids = json.loads(pids_file.read_text())
+    assert set(pids) == {"triton", "gateway"}
+    assert not _left(pids), f"processes outlived the sample run: {_left(pids)}"
+
+
+def test_sigterm_to_the_run_still_tears_the_stack_down(pytester, tmp_path):
+    """A cancelled CI job sends SIGTERM: the plugin turns it into an interrupted run whose teardown runs."""
+    pids_file = tmp_path / "pids.json"
+    _sample(pytester, HANGS, conftest="")  # a bare stack: Triton without models, a gateway without a policy
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q"], cwd=pytester.path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "SAMPLE_PIDS": str(pids_file)})
+    try:
+        deadline = time.monotonic() + 120
+        while not pids_file.exists() or not pids_file.read_text():
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "the sample's stack did not start within 120 s"
+            time.sleep(0.1)
+        pids = json.loads(pids_file.read_text())
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert "KeyboardInterrupt" in out or "_Terminated" in out, out[-2000:]
+    assert not _left(pids), f"processes outlived the terminated run: {_left(pids)}"
+
+
+def test_a_stack_that_fails_to_start_stops_what_it_started(tmp_path):
+    stack = Stack(tmp_path, gateway_args=["--max-batch", "0"], timeout_s=60)
+    with pytest.raises(StackError, match="gateway did not start") as info:
+        stack.start()
+    assert "max" in str(info.value).lower()  # the gateway's own refusal, from its log
+    assert stack.pids == {} or not _left(stack.pids)
+    assert not [line for line in _processes() if str(tmp_path) in line], "a process of the failed stack is left"
+
+
+def _processes() -> list[str]:
+    """Command lines of the live processes, from /proc."""
+    lines = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                lines.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+            except OSError:
+                continue
+    return lines
+
+
+def test_markers_name_what_is_absent():
+    assert absent("requires_binary", "sh") is None
+    assert absent("requires_binary", "no-such-a", "sh", "no-such-b") == "executable not on PATH: no-such-a, no-such-b"
+    assert absent("requires_mujoco") is None and absent("requires_triton") is None  # installed here
+    with pytest.raises(ValueError, match="unknown marker 'requires_nothing'"):
+        absent("requires_nothing")
+
+
+def test_the_plugin_is_registered_under_its_module_name():
+    """`-p tether.testing` and the pytest11 entry point name the same plugin, so both together load it once."""
+    entry = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["pytest11"]
+    assert entry == {"tether.testing": "tether.testing"}
