@@ -113,7 +113,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The gateway's flags (`tether gateway`), read back by `from_arguments`."""
     p.add_argument("--triton", required=True, metavar="HOST:PORT[,HOST:PORT...]",
                    help="Triton gRPC address; several (comma-separated) are replicas serving the same versions, "
-                        "each verified per version, batches to the least busy (docs/operations.md)")
+                        "each verified per version, batches to the least busy (docs/versions.md)")
     p.add_argument("--policy", default="", help="default policy (Triton model name)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (not loopback: needs TLS or --insecure)")
     p.add_argument("--port", type=int, default=50051, help="gRPC port (0 = a free one)")
