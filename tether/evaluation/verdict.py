@@ -109,10 +109,11 @@ def judge(env: str, candidate: EnvRun, baseline: EnvRun | None, thresholds: Thre
                             "relative": f["difference_mean"] / abs(f["incumbent_mean"])
                             if f.get("difference_mean") is not None and f["incumbent_mean"] else None}
         if thresholds.max_regression is not None:
+            names = {"candidate_mean": "candidate_mean", "incumbent_mean": "baseline_mean", "threshold": "threshold",
+                     "difference_mean": "difference_mean", "difference_low": "difference_ci95_low",
+                     "difference_high": "difference_ci95_high"}
             found.append(Check(env, "regression", rule.passed, rule.detail.replace("incumbent", "baseline"),
-                               {k: v for k, v in f.items() if k in ("candidate_mean", "incumbent_mean", "threshold",
-                                                                    "difference_mean", "difference_low",
-                                                                    "difference_high")}))
+                               {new: f[old] for old, new in names.items() if old in f}))
     if thresholds.min_return is not None:
         ok = c["return_mean"] >= thresholds.min_return
         found.append(Check(env, "min_return", ok, f"mean return {c['return_mean']:.4g} (95% CI "
