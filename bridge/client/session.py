@@ -24,9 +24,10 @@ merging the logs keep, per (session, step), the record of the newest epoch (brid
 and a gateway whose epoch went stale acknowledges nothing more (fencing).
 
 What makes a gateway "gone": its stream ends UNAVAILABLE (a dead process, a refused connection, or a
-gateway draining on SIGTERM: `Draining`), or, with `reconnect_s` > 0, no reply within `reply_timeout_s`
-(a gateway cut off without a TCP reset: the blackholed connection stays open, only the deadline sees it;
-gRPC keepalive, `KEEPALIVE_MS`, also ends an idle one). Either way the session moves on at once.
+gateway draining on SIGTERM: `Draining`), or, with several gateways and `reconnect_s` > 0, no reply
+within `reply_timeout_s` (a gateway cut off without a TCP reset: the blackholed connection stays open,
+only the deadline sees it; gRPC keepalive, `KEEPALIVE_MS`, also ends an idle one). Either way the
+session moves on at once. With one gateway a silent one raises TimeoutError, as before.
 
 gRPC's own client-side load balancing, and why the failover above stays explicit. A channel to
 `ipv4:10.0.0.1:50051,10.0.0.2:50051` (or a DNS name with several records) with `round_robin` and
@@ -220,8 +221,8 @@ class Session:
                 msg = await self._read(self.reply_timeout_s, f"reply to step {observation.step}")
                 break
             except (Broken, TimeoutError) as e:
-                if isinstance(e, TimeoutError) and not self.reconnect_s:
-                    raise
+                if isinstance(e, TimeoutError) and not (self.reconnect_s and len(self.gateways) > 1):
+                    raise  # one gateway, silent: the caller decides (the edge's link starts a new session)
                 if self._on_down is not None:  # a silent gateway (cut off, no reset) counts as gone: move on
                     self._on_down(f"{self.address}: {e}")
                 self._broken_at = self._broken_at or time.time()
