@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,24 +24,16 @@ pytest_plugins = ["pytester"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
-CONFTEST = """
-import pytest
+DOCS = ROOT / "docs" / "testing.md"
 
-@pytest.fixture(scope="session")
-def tether_stack_options():
-    return {"envs": ["InvertedPendulum-v5"]}
-"""
-
-SAMPLE = """
+# beside the docs' sample (conftest.py, test_policy.py): a failing test, a skipped one, and the pids
+CHECKS = """
 import json, os
 import pytest
 
-def test_episodes_run_through_the_stack(tether_stack, tether_sim):
+def test_records_the_stacks_processes(tether_stack):
     with open(os.environ["SAMPLE_PIDS"], "w") as f:
         json.dump(tether_stack.pids, f)
-    result = tether_sim("InvertedPendulum-v5", episodes=4, envs=2, seed=0)
-    assert result.episodes == 4 and not result.errors and result.policy == "invertedpendulum_v5"
-    assert result.policy_versions == {1: result.steps} and result.mean_return > 0
 
 def test_fails_on_purpose(tether_sim):
     assert tether_sim("InvertedPendulum-v5", episodes=1).mean_return > 1e9, "deliberately failing"
@@ -49,6 +42,15 @@ def test_fails_on_purpose(tether_sim):
 def test_needs_an_absent_binary():
     pass
 """
+
+
+def docs_sample(name: str) -> str:
+    """The Python block of docs/testing.md whose first line is `# NAME`."""
+    blocks = re.findall(r"```python\n(.*?)```", DOCS.read_text(), re.S)
+    found = [b for b in blocks if b.startswith(f"# {name}\n")]
+    assert len(found) == 1, f"docs/testing.md has {len(found)} blocks starting '# {name}'"
+    return found[0]
+
 
 HANGS = """
 import json, os, time
@@ -60,10 +62,10 @@ def test_hangs_until_terminated(tether_stack):
 """
 
 
-def _sample(pytester: pytest.Pytester, test: str, conftest: str = CONFTEST) -> None:
+def _sample(pytester: pytest.Pytester, conftest: str, **tests: str) -> None:
     pytester.makeini("[pytest]\naddopts = -p tether.testing -p no:cacheprovider\n")
     pytester.makeconftest(conftest)
-    pytester.makepyfile(test_sample=test)
+    pytester.makepyfile(**tests)
 
 
 def _left(pids: dict[str, int]) -> dict[str, list[int]]:
@@ -75,9 +77,10 @@ def test_a_sample_project_gets_the_stack_its_sims_and_a_teardown_that_leaves_not
                                                                                        monkeypatch):
     pids_file = tmp_path / "pids.json"
     monkeypatch.setenv("SAMPLE_PIDS", str(pids_file))
-    _sample(pytester, SAMPLE)
+    _sample(pytester, docs_sample("conftest.py"), test_policy=docs_sample("test_policy.py"), test_checks=CHECKS)
     result = pytester.runpytest_subprocess("-ra", timeout=240)
-    result.assert_outcomes(passed=1, failed=1, skipped=1)
+    gpu = absent("requires_gpu") is None  # the docs' GPU test skips without one
+    result.assert_outcomes(passed=2 + gpu, failed=1, skipped=2 - gpu)
     out = result.stdout.str()
     assert "deliberately failing" in out and "tether gateway log" in out  # the failure carries the gateway's log
     assert "requires_binary: executable not on PATH: no-such-binary-for-tether" in out
@@ -89,7 +92,7 @@ def test_a_sample_project_gets_the_stack_its_sims_and_a_teardown_that_leaves_not
 def test_sigterm_to_the_run_still_tears_the_stack_down(pytester, tmp_path):
     """A cancelled CI job sends SIGTERM: the plugin turns it into an interrupted run whose teardown runs."""
     pids_file = tmp_path / "pids.json"
-    _sample(pytester, HANGS, conftest="")  # a bare stack: Triton without models, a gateway without a policy
+    _sample(pytester, "", test_sample=HANGS)  # a bare stack: Triton without models, a gateway without a policy
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q"], cwd=pytester.path, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env={**os.environ, "SAMPLE_PIDS": str(pids_file)})
     try:

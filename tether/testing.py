@@ -209,6 +209,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{marker}: {text}")
 
 
+@pytest.hookimpl(tryfirst=True)  # before fixtures: a skipped test never starts a stack
 def pytest_runtest_setup(item: pytest.Item) -> None:
     for marker in item.iter_markers():
         if marker.name in _MARKER_NAMES:
