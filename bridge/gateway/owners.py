@@ -36,6 +36,7 @@ class SessionOwners:
         self.name = gateway.config.gateway_id or f"{gateway.config.host}:{gateway.config.port}"
         self.claims = 0
         self.fenced_sessions = 0  # sessions ended because another gateway claimed them
+        self.fenced_writes = 0    # groups of a session's transitions not acknowledged (a stale epoch)
 
     async def claim(self, session_id: str, log_keys: list[str]) -> int:
         """Claim `session_id` for this gateway: its new epoch (0 without a store). SessionsUnavailable when the
@@ -63,14 +64,18 @@ class SessionOwners:
         return {"ownership": self.store.stale, "on_fenced": self.fenced}
 
     def fenced(self, log_key: str, epoch: int) -> None:
-        """The log found `log_key`'s epoch stale at an ack: fence the session if it still runs at that epoch."""
+        """The log found `log_key`'s epoch stale at an ack (nothing of it acknowledged): fence the session if it
+        still runs at that epoch."""
+        self.fenced_writes += 1
         session = self._gateway.sessions.get(log_key) or self._gateway.sessions.get(log_key.rpartition("/")[0])
-        if session is None or session.recorder.epoch != epoch or session.superseded:
+        live = session is not None and session.recorder.epoch == epoch and not session.superseded
+        log.warning("session %s: epoch %d is stale, another gateway claimed it: its writes here are not "
+                    "acknowledged (fenced)%s", log_key, epoch, "; the session is ended" if live else "")
+        if not live:
             return
         self.fenced_sessions += 1
-        why = f"session {session.id!r} moved to another gateway: this gateway's epoch {epoch} is stale (fenced)"
-        session.supersede(why)
-        log.warning("%s; %d transitions not acknowledged or dropped", why, session.recorder.fenced)
+        session.supersede(f"session {session.id!r} moved to another gateway: this gateway's epoch {epoch} is "
+                          "stale (fenced)")
         self._gateway.close_session(session)
 
     def close(self) -> None:
