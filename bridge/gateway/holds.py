@@ -279,6 +279,15 @@ class EStops:
                 except RegistryError as exc:  # keep the cache as it was: it errs on the side of holding
                     log.error("cannot re-read the standing e-stops: %s", exc)
 
+    def reload(self) -> None:
+        """Re-read the standing e-stops (blocking: call it in a thread): another gateway on the shared registry
+        latched or released one. Unreachable: the cache stays as it was (it errs on the side of holding)."""
+        with self._write_lock:
+            try:
+                self._standing = {r.target: r for r in self.registry.standing_estops()}
+            except RegistryError as exc:
+                log.warning("cannot re-read the standing e-stops: %s", exc)
+
     def _remember_released(self, estop_id: str) -> None:
         self._released[estop_id] = None
         while len(self._released) > RELEASED_CACHE:

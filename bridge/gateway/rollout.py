@@ -37,6 +37,12 @@ candidate whose incumbent was withdrawn during its gate (an operator or the judg
 back) is rejected (`GateSuperseded`, ABORTED): it was judged against a version no longer live; one
 whose incumbent went on in an ordinary way (a canary went live) goes on, judged by its plan.
 
+Several gateways on one PostgreSQL registry (bridge.gateway.rollout_follow): each follows the epoch the others
+commit (`follow`: the rollouts re-read in one snapshot, their versions served, sessions routed by them); only the
+one holding the leader lock judges and advances the plan, rolls back automatically, rejects candidates a crash
+interrupted and reconciles what Triton serves. While the database is unreachable the last rollouts read keep
+serving and changes are refused (RegistryUnavailable: UNAVAILABLE).
+
 Every change of state goes through the registry (an audit event with who/why). Versions nobody
 needs (not live, previous live, canary, shadow or pinned, and no session acting with them) are
 retired from the repository and unloaded; after every load or unload the controller checks what
@@ -47,6 +53,7 @@ not take effect raises `SwapFailed`, it is never silent.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 
@@ -56,6 +63,7 @@ from bridge.gateway.policies import LOG_PROB, PolicyCatalog, ServedPolicy
 from bridge.gateway.publisher import Publisher
 from bridge.gateway.rollout_config import RolloutPlan
 from bridge.gateway.rollout_decide import Action, Observed, decide
+from bridge.gateway.rollout_follow import SharedRollout
 from bridge.gateway.rollout_io import SwapFailed, spec_dicts
 from bridge.gateway.rollout_publish import PublishPipeline
 from bridge.gateway.rollout_router import RolloutRouter
@@ -63,8 +71,10 @@ from bridge.gateway.rollout_serving import ServingReconciler, needed
 from bridge.gateway.rollout_views import Freshness
 from bridge.registry import (
     WITHDRAWN,
+    DuplicateVersion,
     Registry,
     RegistryError,
+    RegistryUnavailable,
     Rollout,
     State,
     VersionRecord,
@@ -102,6 +112,8 @@ class RolloutController:
         self._publishing = PublishPipeline(host=self, registry=registry, catalog=catalog, publisher=publisher)
         self._loop_task: asyncio.Task | None = None
         self.errors: list[str] = []                     # background failures (also logged)
+        # a shared registry: the epoch other gateways commit, and the one leader (bridge.gateway.rollout_follow)
+        self.shared = SharedRollout(registry, catch_up=self.follow)
 
     # -- start, stop, restore ------------------------------------------------------------------------------------
 
@@ -110,11 +122,18 @@ class RolloutController:
         knows): versions Triton serves that the registry lacks are registered (the newest as live);
         live/previous live/canary/shadow/pinned versions are loaded and verified; candidates a
         crash interrupted are rejected; the rest is unloaded. Then the judging loop starts."""
+        await self.shared.start()  # a shared registry: the leader lock tried first (a follower writes less below)
         names = sorted(set(policies) | set(self.registry.policies()))
         async with self.lock:
             for name in names:
                 await self._restore(name)
         self._loop_task = asyncio.get_running_loop().create_task(self._run(), name="rollout")
+
+    @property
+    def leading(self) -> bool:
+        """Whether this gateway judges, rolls back and reconciles (always, unless another gateway on the same
+        PostgreSQL registry holds the leader lock)."""
+        return self.shared.leading
 
     def attach_evaluator(self, address: str, **kw) -> None:
         """Evaluation in simulation (when the gate has an eval env): `tether sim` processes against
@@ -138,7 +157,33 @@ class RolloutController:
         if self._loop_task is not None:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)
+        await self.shared.stop()
         await self.router.stop()
+
+    async def follow(self) -> int | None:
+        """Another gateway committed (or the database came back): re-read the rollouts of the policies served
+        here in one snapshot and serve them (versions made READY, sessions routed by them); the epoch read, or
+        None while the registry is unreachable (the last rollouts keep serving)."""
+        async with self.lock:  # after this gateway's own moves, never between one and its refresh
+            try:
+                epoch, rollouts = await asyncio.to_thread(self.registry.snapshot, list(self._rollouts))
+            except RegistryUnavailable as exc:
+                log.warning("rollout: %s; serving the rollouts read before", exc)
+                return None
+            for name, rollout in rollouts.items():
+                if rollout == self._rollouts.get(name):
+                    continue
+                for version in sorted(self._needed(name, rollout)):
+                    try:
+                        await self.serving.serve(name, version)
+                    except Exception as exc:  # noqa: BLE001 (routed anyway: the registry is the truth; logged)
+                        log.error("rollout %s: v%d of epoch %d cannot be served here: %s", name, version, epoch, exc)
+                self.router.set(rollout)
+                if rollout.live is not None:
+                    await self._catalog.promote(name, rollout.live)
+                log.info("rollout %s follows epoch %d: live v%s, canary v%s, shadow v%s", name, epoch, rollout.live,
+                         rollout.canary, rollout.shadow)
+            return epoch
 
     async def _restore(self, name: str) -> None:
         ready = await self.serving.ready(name)
@@ -150,13 +195,14 @@ class RolloutController:
                             "unloaded", name, version)
                 continue
             served = await self._catalog.ensure(name, version)
-            await self._write(self.registry.add, name, version, sha256=self.serving.sha256(name, version),
-                              format=self.serving.format_on_disk(name, version), lineage={},
-                              inputs=spec_dicts(served.inputs),
-                              outputs=spec_dicts(served.outputs), who="gateway", why="serving at start",
-                              state=State.LIVE)
+            with contextlib.suppress(DuplicateVersion):  # another gateway on a shared registry registered it first
+                await self._write(self.registry.add, name, version, sha256=self.serving.sha256(name, version),
+                                  format=self.serving.format_on_disk(name, version), lineage={},
+                                  inputs=spec_dicts(served.inputs),
+                                  outputs=spec_dicts(served.outputs), who="gateway", why="serving at start",
+                                  state=State.LIVE)
             has_live = True
-        for record in self.registry.versions(name):
+        for record in self.registry.versions(name) if self.leading else ():  # another gateway's may be in its gate
             if record.state is State.CANDIDATE:
                 await self._write(self.registry.move, name, record.version, State.REJECTED, who="gateway",
                                   why="its gate was interrupted by a gateway restart")
@@ -171,7 +217,7 @@ class RolloutController:
                           self.registry.get(name, version).state, exc)
         if rollout.live is not None:
             await self._catalog.promote(name, rollout.live)
-        for record in self.registry.versions(name):  # gated before a restart: the plan goes on
+        for record in self.registry.versions(name) if self.leading else ():  # gated before a restart: goes on
             if record.state is State.GATED:
                 await self.serving.serve(name, record.version)
                 await self.enter_plan(name, record.version)
@@ -323,6 +369,8 @@ class RolloutController:
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self.plan.tick_s)
+            if not self.leading:  # another gateway on the shared registry judges and reconciles
+                continue
             for name in list(self._rollouts):
                 try:
                     async with self.lock:
@@ -377,8 +425,9 @@ class RolloutController:
         return self._needed(name, self.rollout(name)) | self._in_use(name)
 
     async def reconcile(self, name: str) -> None:
-        """Unload the versions nobody needs; verify what Triton serves."""
-        await self.serving.reconcile(name, self.keep(name))
+        """Unload the versions nobody needs; verify what Triton serves (the leader only, on a shared registry)."""
+        if self.leading:
+            await self.serving.reconcile(name, self.keep(name))
 
     # -- reads ---------------------------------------------------------------------------------------------------
 
@@ -389,6 +438,11 @@ class RolloutController:
     def refresh(self, name: str) -> Rollout:
         try:
             rollout = self.registry.rollout(name)
+        except RegistryUnavailable:  # the database is away: the rollout read before keeps serving
+            cached = self._rollouts.get(name)
+            if cached is None:
+                raise
+            return cached
         except RegistryError:
             rollout = Rollout(name, None, None, None, None, 0.0, {}, {})
         self.router.set(rollout)

@@ -4,7 +4,7 @@
     registry = open_registry(None, ModelRepository("runs/models"))   # runs/models/.tether/registry.sqlite
 
 On the command line (`tether gateway`): --rollout direct|staged, --shadow-steps, --canary-fraction,
---canary-labels k=v[,k=v], --canary-episodes, --registry PATH, --gate-eval-env ENV,
+--canary-labels k=v[,k=v], --canary-episodes, --registry PATH|postgresql://..., --gate-eval-env ENV,
 --gate-eval-episodes K, --gate-eval-margin M, --gate-max-jerk J.
 
     >>> RolloutPlan(mode="fast")
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bridge.gate import GateConfig
-from bridge.registry import Registry, Thresholds, parse_labels
+from bridge.registry import Registry, Thresholds, is_url, parse_labels
 from inference_server import ModelRepository
 
 MODES = ("direct", "staged")
@@ -58,14 +58,26 @@ class RolloutPlan:
             raise ValueError(f"tick_s must be > 0, got {self.tick_s!r}")
 
 
-def open_registry(path: Path | None, repository: ModelRepository | None) -> Registry:
-    """`path`, else the repository's own (<root>/.tether/registry.sqlite), else an in-memory one."""
+def open_registry(path: Path | str | None, repository: ModelRepository | None) -> Registry:
+    """`path` (a SQLite file, or a postgresql:// URL several gateways share), else the repository's own
+    (<root>/.tether/registry.sqlite), else an in-memory one."""
+    if is_url(path):
+        return Registry(path)
     if path is None and repository is not None:
         path = repository.root / REGISTRY_FILE
     if path is None:
         return Registry(":memory:")
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     return Registry(path)
+
+
+def registry_location(text: str) -> Path | str:
+    """--registry: a postgresql:// URL stays a string (a Path would fold its "//"), anything else is a file.
+
+    >>> registry_location("postgresql://tether@db:5432/tether"), registry_location("runs/registry.sqlite")
+    ('postgresql://tether@db:5432/tether', PosixPath('runs/registry.sqlite'))
+    """
+    return text if is_url(text) else Path(text)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -76,7 +88,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--canary-fraction", type=float, default=0.25, help="staged: fraction of sessions in canary")
     g.add_argument("--canary-labels", default="", metavar="K=V[,K=V]", help="staged: canary these sessions instead")
     g.add_argument("--canary-episodes", type=int, default=10, help="staged: canary episodes before live")
-    g.add_argument("--registry", type=Path, help="the registry file (default: <model-repository>/.tether/)")
+    g.add_argument("--registry", type=registry_location, metavar="PATH|URL",
+                   help="the registry: a SQLite file (default: <model-repository>/.tether/registry.sqlite) or "
+                        "postgresql://USER@HOST:PORT/DB, shared by several gateways")
     g.add_argument("--gate-eval-env", help="evaluate candidates in this env vs the incumbent (tether sim)")
     g.add_argument("--gate-eval-episodes", type=int, default=5, help="episodes each version plays in the gate")
     g.add_argument("--gate-eval-margin", type=float, default=0.1,

@@ -122,7 +122,7 @@ class SqliteBackend:
         return getattr(self.__dict__["_db"], name)
 
 
-def connect(url: str, *, autocommit: bool = True):
+def connect(url: str, *, autocommit: bool = True, application_name: str = "tether"):
     """A psycopg 3 connection to the registry's PostgreSQL database (keepalives on, 2 s connect timeout):
     for modules that keep their own tables there (session ownership, replica verification) and for the
     registry's listener and leader lock. RegistryUnavailable when it cannot be reached.
@@ -134,7 +134,8 @@ def connect(url: str, *, autocommit: bool = True):
 
     try:
         return psycopg.connect(url, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT_S, keepalives=1,
-                               keepalives_idle=5, keepalives_interval=2, keepalives_count=3)
+                               keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
+                               application_name=application_name)
     except psycopg.Error as exc:
         raise RegistryUnavailable(f"registry unreachable: {shown(url)}: {_first_line(exc)}") from exc
 
