@@ -30,12 +30,12 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from bridge.experience.jetstream import STEP, STREAM, connect, ensure_stream, headers_of, parse_servers, subject_of
-from bridge.experience.log import LogError, LogFull
+from bridge.experience.log import Fenced, LogError, LogFull
 from protos import experience_pb2
 
 log = logging.getLogger("tether.experience")
@@ -63,6 +63,7 @@ class JetStreamStats:
     degraded: str = ""     # why nothing becomes durable now ("" = it does)
     write_errors: int = 0  # = retries (the gauge the local log has)
     pruned: int = 0        # always 0 (the stream's own limits prune)
+    fenced: int = 0        # acknowledged by the stream, never durable here: their session's epoch was stale
 
 
 @dataclass(eq=False)
@@ -74,7 +75,10 @@ class _Item:
     data: bytes
     headers: dict[str, str]
     future: asyncio.Future
-    acked: bool = False
+    epoch: int = 0
+    acked: bool = False            # the stream has it
+    confirmed: bool = False        # ... and ownership confirmed its epoch (or there is no ownership check)
+    dropped: bool = False          # fenced: its session moved; never durable here
     ack: asyncio.Future | None = field(default=None, repr=False)
 
 
@@ -85,7 +89,11 @@ class JetStreamLog:
     def __init__(self, servers: str | Sequence[str], *, stream: str = STREAM, replicas: int | None = None,
                  max_inflight: int = 1024, max_pending: int = 100_000, max_pending_bytes: int = 1 << 30,
                  ack_timeout_s: float = 1.0, retry_min_s: float = 0.05, retry_max_s: float = 0.5,
-                 close_timeout_s: float = 5.0, name: str = "tether-gateway"):
+                 close_timeout_s: float = 5.0, name: str = "tether-gateway",
+                 ownership: Callable[[set[tuple[str, int]]], set[tuple[str, int]]] | None = None,
+                 on_fenced: Callable[[str, int], None] | None = None):
+        """`ownership`/`on_fenced`: as the local log's (bridge.experience.log, "Ownership"): an acknowledged
+        transition is durable only once `ownership` (called in a thread, once per group) confirms its epoch."""
         self.servers = parse_servers(servers)
         if max_inflight < 1 or max_pending < 1 or max_pending_bytes < 1:
             raise ValueError(f"max_inflight ({max_inflight}), max_pending ({max_pending}) and max_pending_bytes "
@@ -99,6 +107,9 @@ class JetStreamLog:
         self.max_inflight, self.max_pending, self.max_pending_bytes = max_inflight, max_pending, max_pending_bytes
         self.ack_timeout_s, self.retry_min_s, self.retry_max_s = ack_timeout_s, retry_min_s, retry_max_s
         self.close_timeout_s, self.name = close_timeout_s, name
+        self.ownership, self.on_fenced = ownership, on_fenced
+        self._unconfirmed: list[_Item] = []  # acknowledged by the stream, awaiting ownership's answer
+        self._confirming = False
         self._nc = self._js = None
         self._task: asyncio.Task | None = None
         self._closing = False
@@ -118,7 +129,7 @@ class JetStreamLog:
         self._stall_since: float | None = None  # pending and nothing acknowledged since
         self._max_payload = 1 << 20
         self._c = dict(appended=0, duplicates=0, durable=0, bytes=0, refused=0, retries=0, stream_duplicates=0,
-                       max_pending=0, max_inflight=0)
+                       max_pending=0, max_inflight=0, fenced=0)
         self._longest_stall = 0.0
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -193,7 +204,8 @@ class JetStreamLog:
         epoch = int(getattr(transition, "owner_epoch", 0) or 0)
         self._last_step[session] = step
         future = asyncio.get_running_loop().create_future()
-        item = _Item(self._n, session, step, subject_of(session), data, headers_of(session, step, epoch), future)
+        item = _Item(self._n, session, step, subject_of(session), data, headers_of(session, step, epoch), future,
+                     epoch)
         self._n += 1
         self._per_session.setdefault(session, deque()).append(item)
         self._queue.append(item)
@@ -262,7 +274,7 @@ class JetStreamLog:
                               bytes=c["bytes"], refused=c["refused"], retries=c["retries"],
                               stream_duplicates=c["stream_duplicates"], max_pending=c["max_pending"],
                               max_inflight=c["max_inflight"], longest_stall_s=stall, degraded=self._degraded or "",
-                              write_errors=c["retries"])
+                              write_errors=c["retries"], fenced=c["fenced"])
 
     async def wait_durable(self, timeout: float) -> bool:
         """Waits until nothing is pending (or the timeout); True if nothing is."""
@@ -293,7 +305,7 @@ class JetStreamLog:
     async def _send(self) -> None:
         while self._queue and len(self._inflight) < self.max_inflight:
             item = self._queue.popleft()
-            if item.acked:
+            if item.acked or item.dropped:
                 continue
             retries = self._c["retries"]
             try:
@@ -339,8 +351,59 @@ class JetStreamLog:
         if self._stall_since is not None:
             self._longest_stall = max(self._longest_stall, now - self._stall_since)
         self._stall_since = now
-        items = self._per_session[item.session]
-        while items and items[0].acked:
+        if self.ownership is None or not item.epoch:
+            self._confirmed(item)
+        elif not item.dropped:
+            self._unconfirmed.append(item)
+            if not self._confirming:
+                self._confirming = True
+                asyncio.get_running_loop().create_task(self._confirm())
+
+    async def _confirm(self) -> None:
+        """Ownership's answer for the acknowledged, unconfirmed transitions (one query per group, in a thread)."""
+        try:
+            while self._unconfirmed:
+                group, self._unconfirmed = self._unconfirmed, []
+                pairs = {(i.session, i.epoch) for i in group}
+                try:
+                    stale = await asyncio.to_thread(self.ownership, pairs)
+                except Exception as exc:  # noqa: BLE001 - the store is down: not durable yet, asked again
+                    log.warning("experience stream %s: ownership not confirmed for %d sessions (%r): acknowledged "
+                                "by the stream, not durable yet", self.stream, len(pairs), exc)
+                    self._unconfirmed[:0] = group
+                    await asyncio.sleep(self.retry_max_s)
+                    continue
+                fenced = set()
+                for item in group:
+                    if (item.session, item.epoch) in stale:
+                        fenced.add((item.session, item.epoch))
+                    elif not item.dropped:
+                        self._confirmed(item)
+                for session, epoch in sorted(fenced):
+                    self._fence(session, epoch)
+        finally:
+            self._confirming = False
+
+    def _fence(self, session: str, epoch: int) -> None:
+        """`session` moved to another gateway (its epoch here is stale): none of its pending transitions becomes
+        durable here; their futures fail with Fenced; `on_fenced` tells the gateway."""
+        items = self._per_session.pop(session, deque())
+        for item in items:
+            item.dropped = True
+            self._pending -= 1
+            self._pending_bytes -= len(item.data)
+            if not item.future.done():
+                item.future.set_exception(Fenced(f"session {session!r} step {item.step}: ownership epoch "
+                                                 f"{item.epoch} is stale (another gateway claimed the session)"))
+                item.future.exception()  # retrieved: expected, not an unhandled error
+        self._c["fenced"] += len(items)
+        if self.on_fenced is not None:
+            self.on_fenced(session, epoch)
+
+    def _confirmed(self, item: _Item) -> None:
+        item.confirmed = True
+        items = self._per_session.get(item.session)
+        while items and items[0].confirmed:
             done = items.popleft()
             self._durable_step[done.session] = done.step
             self._pending -= 1
@@ -349,7 +412,7 @@ class JetStreamLog:
             self._c["bytes"] += len(done.data)
             if not done.future.done():
                 done.future.set_result(done.step)
-        if not items:
+        if items is not None and not items:
             del self._per_session[item.session]
         if not self._pending:
             self._stall_since = None

@@ -44,6 +44,7 @@ class GatewayConfig:
     log_max_pending_mb: float = 1024.0    # ... and their serialized size; beyond either, LogFull
     log_retention_mb: float | None = None     # delete finished segments, oldest first, past this total; None = keep
     log_retention_hours: float | None = None  # ... and those last written longer ago than this; None = keep
+    experience_url: str = ""              # nats://H:P[,...]: to NATS JetStream (beside or instead of the dir)
     rewards: Mapping[str, Path] = field(default_factory=dict)  # policy -> reward config YAML
     switch: str = "episode"          # when sessions move to a new version: "episode" or "step"
     rollout: RolloutPlan = field(default_factory=RolloutPlan)  # direct, or staged shadow -> canary -> live
@@ -103,6 +104,10 @@ class GatewayConfig:
             raise ValueError(f"log_retention_mb must be > 0, got {self.log_retention_mb}")
         if self.log_retention_hours is not None and not self.log_retention_hours > 0:
             raise ValueError(f"log_retention_hours must be > 0, got {self.log_retention_hours}")
+        if self.experience_url:
+            from bridge.experience.jetstream import parse_servers
+
+            parse_servers(self.experience_url)  # ValueError naming a bad address
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError(f"TLS needs both tls_cert and tls_key, got cert={self.tls_cert} key={self.tls_key}")
         if self.tls_client_ca is not None and self.tls_cert is None:
@@ -134,6 +139,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(default: <first model repository>/.tether/artifacts)")
     p.add_argument("--experience-dir", type=Path, help="log every transition here (MCAP segments); without a "
                    "registry file, operators' e-stops are kept here too (.tether/estops.sqlite)")
+    p.add_argument("--experience", metavar="nats://HOST:PORT[,nats://HOST:PORT...]", default="",
+                   help="stream every transition to NATS JetStream (the stream TETHER_EXPERIENCE, 3 replicas with 3 "
+                        "or more servers; durable_through = acknowledged by the stream), beside or instead of "
+                        "--experience-dir; archive it with `tether archive` (docs/operations.md)")
     p.add_argument("--fsync-interval-ms", type=float, default=5.0, help="group commit interval of the log")
     p.add_argument("--log-max-pending", type=int, default=100_000,
                    help="the log's bound: transitions not yet on disk; beyond it a session's transitions are not "
@@ -198,6 +207,7 @@ def from_arguments(a: argparse.Namespace) -> GatewayConfig:
                              model_repositories=repositories if len(repositories) > 1 else (),
                              artifact_store=a.artifact_store,
                              experience_dir=a.experience_dir, fsync_interval_ms=a.fsync_interval_ms,
+                             experience_url=a.experience,
                              log_max_pending=a.log_max_pending, log_max_pending_mb=a.log_max_pending_mb,
                              log_retention_mb=a.log_retention_mb, log_retention_hours=a.log_retention_hours,
                              rewards=_reward_configs(a.rewards), switch=a.switch, **_security_kwargs(a),

@@ -160,6 +160,14 @@ class Gateway:
             await self.experience.start()
             experience_pb2_grpc.add_ExperienceServicer_to_server(ExperienceService(
                 self.experience, authorize=lambda context: self.auth.require(context, "trainer")), self._server)
+        if c.experience_url:  # experience to NATS JetStream, beside or instead of the local log
+            from bridge.experience.jetstream_log import JetStreamLog
+            from bridge.experience.tee import TeeLog
+
+            stream = JetStreamLog(c.experience_url, max_pending=c.log_max_pending,
+                                  max_pending_bytes=int(c.log_max_pending_mb * (1 << 20)), **self.owners.log_hooks())
+            await stream.start()
+            self.experience = stream if self.experience is None else TeeLog(self.experience, stream)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         bind = f"{self.config.host}:{self.config.port}"
         port = (self._server.add_secure_port(bind, server_credentials(tls)) if tls

@@ -90,6 +90,8 @@ class SessionFactory:
         experience = None if session_id in self._rollout.evaluating else self._experience()  # the gate's: not data
         vector = hello.num_envs > 1 or hello.batched
         keys = [f"{session_id}/{i}" for i in range(max(1, hello.num_envs))] if vector else [session_id]
+        if experience is not None and (prepare := getattr(experience, "prepare", None)) is not None:
+            await prepare(keys)  # a stream log (JetStream) learns the session's last step there: it may have moved
         # the ownership claim (its last await): from here to the admission nothing awaits
         epoch = await self._claim(session_id, keys) if self._claim is not None and experience is not None else 0
         if (old := self._sessions.get(session_id)) is not None:

@@ -15,7 +15,7 @@ import importlib
 from types import ModuleType
 
 NAMES = ("demo", "triton", "gateway", "sim", "edge", "train", "rollout", "policy", "status", "estop", "release",
-         "certs", "token", "log", "eval")
+         "certs", "token", "log", "eval", "archive")
 
 
 def load(name: str) -> ModuleType:

@@ -1,0 +1,230 @@
+"""The archiver: the JetStream experience stream into the MCAP segments the gateway's local log writes,
+so `tether log`, behaviour cloning (`LogDataset`) and Foxglove read the archive as they read a log.
+
+    archiver = Archiver("nats://127.0.0.1:4222", Path("runs/archive"))
+    await archiver.run(until_caught_up=True)   # everything the stream has now, then return
+    await archiver.run(stop=event)             # follow the stream until `event` is set (`tether archive`)
+    archiver.archived, archiver.next_offset    # transitions written; the stream sequence - 1 to write next
+
+It reads with its own durable pull consumer (`tether-archive` by default; one archiver per consumer
+name) and acknowledges a message only after the segment holding it is fsynced, so a killed archiver
+loses nothing: the stream delivers what it had not acknowledged again, and what the segments already
+hold (offset < next_offset) is acknowledged and skipped. Offsets are the stream's sequence - 1 (written
+into each transition's `offset`), so the segments are the stream, message for message. A sequence the
+stream no longer holds (its limits deleted it) is a gap: the segment is finished and the next starts at
+the following offset. The directory is locked (`.lock`) as a gateway's log directory is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from pathlib import Path
+
+from bridge.experience.jetstream import SESSION, STEP, STREAM, connect, ensure_stream, parse_servers
+from bridge.experience.log import _lock
+from bridge.experience.segment import SegmentWriter, list_segments, repair_segment, scan_segment, segment_name
+from protos import experience_pb2
+
+log = logging.getLogger("tether.experience")
+
+__all__ = ["Archiver"]
+
+
+class Archiver:
+    """The stream's transitions into `directory`'s segments (see the module docstring)."""
+
+    def __init__(self, servers: str, directory: str | Path, *, stream: str = STREAM, durable: str = "tether-archive",
+                 batch: int = 1000, segment_bytes: int = 256 << 20, segment_seconds: float = 600.0,
+                 ack_wait_s: float = 30.0):
+        if batch < 1 or segment_bytes < 4096 or not segment_seconds > 0:
+            raise ValueError(f"batch ({batch}) must be >= 1, segment_bytes ({segment_bytes}) >= 4096, "
+                             f"segment_seconds ({segment_seconds}) > 0")
+        self.servers = parse_servers(servers)
+        self.directory = Path(directory)
+        self.stream, self.durable, self.batch = stream, durable, batch
+        self.segment_bytes, self.segment_seconds, self.ack_wait_s = segment_bytes, segment_seconds, ack_wait_s
+        self.archived = 0          # transitions written (fsynced) by this run
+        self.skipped = 0           # delivered again, already in the segments: acknowledged, not written
+        self.gaps = 0              # sequences the stream no longer had
+        self.next_offset = 0
+        self._sessions: dict[str, int] = {}
+        self._segment: SegmentWriter | None = None
+        self._index = 0
+        self._opened_at = 0.0
+
+    # -- the segments ------------------------------------------------------------------------
+    def _recover(self) -> None:
+        """Finish a segment a killed archiver left open; learn the next offset and every session's last step."""
+        for index, path in list_segments(self.directory):
+            scan = scan_segment(path)
+            for s, step in scan.sessions.items():
+                self._sessions[s] = max(step, self._sessions.get(s, -1))
+            if not scan.finished:
+                repair_segment(scan, dict(self._sessions))
+            if scan.first_offset is not None and scan.count:
+                self.next_offset = max(self.next_offset, scan.end_offset)
+            self._index = index
+
+    def _write(self, records: list[tuple[int, bytes]], first_offset: int) -> None:
+        """Writes records with consecutive offsets from `first_offset` (a new segment on a gap, by size or age),
+        then fsyncs. Runs in a thread."""
+        if self._segment is not None and (first_offset != self.next_offset or self._full()):
+            self._finish()
+        if self._segment is None:
+            self._index += 1
+            self._segment = SegmentWriter.create(self.directory / segment_name(self._index), first_offset=first_offset)
+            self._opened_at = time.monotonic()
+        self._segment.append_many(records)
+        self._segment.sync()
+        self._segment.mark_synced()
+        self.next_offset = first_offset + len(records)
+
+    def _full(self) -> bool:
+        return self._segment.size >= self.segment_bytes or time.monotonic() - self._opened_at >= self.segment_seconds
+
+    def _finish(self) -> None:
+        if self._segment is not None:
+            self._segment.finish(dict(self._sessions))
+            self._segment = None
+
+    # -- the stream --------------------------------------------------------------------------
+    async def run(self, *, until_caught_up: bool = False, stop: asyncio.Event | None = None,
+                  idle_s: float = 1.0) -> int:
+        """Archive until `stop` is set, or (`until_caught_up`) until the stream's last message at the start, or
+        a later one, is written and nothing more comes for `idle_s`. Returns the transitions written."""
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+        from nats.js.errors import NotFoundError
+
+        self.directory.mkdir(parents=True, exist_ok=True)
+        lock = _lock(self.directory)
+        nc = None
+        try:
+            await asyncio.to_thread(self._recover)
+            nc = await connect(self.servers, name=f"tether-archive {self.directory}")
+            js = nc.jetstream(timeout=10.0)
+            info = await ensure_stream(js, stream=self.stream, replicas=3 if len(self.servers) >= 3 else 1)
+            last_seq = info.state.last_seq
+            config = ConsumerConfig(durable_name=self.durable, ack_policy=AckPolicy.EXPLICIT,
+                                    deliver_policy=DeliverPolicy.ALL, ack_wait=self.ack_wait_s,
+                                    max_ack_pending=max(4 * self.batch, 10_000))
+            sub = await js.pull_subscribe("", durable=self.durable, stream=self.stream, config=config)
+            idle_since = time.monotonic()
+            while not (stop is not None and stop.is_set()):
+                try:
+                    msgs = await sub.fetch(self.batch, timeout=0.5)
+                except TimeoutError:
+                    msgs = []
+                except Exception as exc:  # noqa: BLE001 - a leader change, a reconnect: fetch again
+                    log.info("archive %s: fetch failed (%r), again", self.directory, exc)
+                    await asyncio.sleep(0.2)
+                    continue
+                if msgs:
+                    idle_since = time.monotonic()
+                    await self._take(js, msgs, NotFoundError)
+                elif until_caught_up and self.next_offset >= last_seq and time.monotonic() - idle_since >= idle_s:
+                    break
+            return self.archived
+        finally:
+            await asyncio.to_thread(self._finish)
+            if nc is not None:
+                await nc.drain()
+            os.close(lock)
+
+    async def _take(self, js, msgs, not_found) -> None:
+        """Writes a fetched batch (fsynced), then acknowledges it."""
+        records: list[tuple[int, bytes]] = []
+        first = expected = self.next_offset
+        done, later = [], []
+        for msg in sorted(msgs, key=lambda m: m.metadata.sequence.stream):
+            offset = msg.metadata.sequence.stream - 1
+            if offset < expected:
+                self.skipped += 1  # in the segments already (delivered again)
+                done.append(msg)
+                continue
+            if offset > expected:
+                if await self._held(js, expected + 1, not_found):
+                    later.append(msg)  # the stream still has the missing one: it comes again first
+                    continue
+                if records:  # the missing ones are gone from the stream: the next segment starts here
+                    await asyncio.to_thread(self._write, records, first)
+                    self.archived += len(records)
+                    records = []
+                self.gaps += 1
+                log.warning("archive %s: offsets %d..%d are no longer in the stream (its limits)", self.directory,
+                            expected, offset - 1)
+                first = expected = offset
+            t = experience_pb2.Transition.FromString(msg.data)
+            t.offset = offset
+            headers = msg.headers or {}
+            session, step = headers.get(SESSION, t.session), int(headers.get(STEP, t.step))
+            self._sessions[session] = max(step, self._sessions.get(session, -1))
+            stamp = int(msg.metadata.timestamp.timestamp() * 1e9) if msg.metadata.timestamp else time.time_ns()
+            records.append((stamp, t.SerializeToString()))
+            done.append(msg)
+            expected += 1
+        if records:
+            await asyncio.to_thread(self._write, records, first)
+            self.archived += len(records)
+        for msg in done:
+            await msg.ack()
+        for msg in later:
+            await msg.nak()
+        if later:
+            await asyncio.sleep(0.2)  # the missing ones come back at their ack wait: do not spin on the later ones
+
+    async def _held(self, js, seq: int, not_found) -> bool:
+        """Whether the stream still holds sequence `seq`."""
+        try:
+            await js.get_msg(self.stream, seq)
+            return True
+        except not_found:
+            return False
+
+
+def parser():
+    """`tether archive`'s flags."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="tether archive", description="Write the JetStream experience stream into MCAP "
+                                "segments (the local log's format: `tether log`, BC and Foxglove read them). Follows "
+                                "the stream until Ctrl-C; a restart resumes where it left off (its durable consumer).")
+    p.add_argument("--experience", required=True, metavar="nats://HOST:PORT[,nats://HOST:PORT...]",
+                   help="the NATS servers of the experience stream (as `tether gateway --experience`)")
+    p.add_argument("--out", required=True, type=Path, help="the archive directory (segments; locked while written)")
+    p.add_argument("--stream", default=STREAM, help="the JetStream stream")
+    p.add_argument("--durable", default="tether-archive", help="the archiver's durable consumer (one per archive)")
+    p.add_argument("--batch", type=int, default=1000, help="messages fetched, written and fsynced at once")
+    p.add_argument("--segment-mb", type=float, default=256.0, help="start a new segment past this size")
+    p.add_argument("--segment-seconds", type=float, default=600.0, help="... or this age")
+    p.add_argument("--until-caught-up", action="store_true",
+                   help="exit once everything the stream held at the start is archived and it is quiet for a second")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`tether archive --experience nats://... --out DIR`: prints a JSON summary when it stops."""
+    import json
+    import signal
+
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        archiver = Archiver(args.experience, args.out, stream=args.stream, durable=args.durable, batch=args.batch,
+                            segment_bytes=int(args.segment_mb * (1 << 20)), segment_seconds=args.segment_seconds)
+    except ValueError as exc:
+        raise SystemExit(f"tether archive: {exc}") from None
+
+    async def go() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        return await archiver.run(until_caught_up=args.until_caught_up, stop=stop)
+
+    asyncio.run(go())
+    print(json.dumps({"archived": archiver.archived, "skipped": archiver.skipped, "gaps": archiver.gaps,
+                      "next_offset": archiver.next_offset, "out": str(args.out)}), flush=True)
+    return 0
