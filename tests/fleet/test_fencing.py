@@ -1,4 +1,5 @@
-"""A gateway cut off without a TCP reset, and fenced: real gateway processes on one shared registry.
+"""A gateway cut off without a TCP reset, and fenced: real gateway processes on one shared registry (PostgreSQL,
+started by the test; a SQLite file where PostgreSQL is not installed).
 
 gw-0 sits behind a TCP proxy that can blackhole it (tests/fleet/blackhole.py: connections stay open, nothing
 is forwarded, what arrives is held). 8 sessions (`bridge.client.Session`, given [proxy, gw-1]) run on gw-0;
@@ -22,6 +23,7 @@ import pytest
 from tests.fleet.blackhole import Blackhole
 from tests.fleet.clients import READY, Record, sim_session
 from tests.fleet.support import Gateways, check_merged, p50_p99_ms
+from tether.cluster.postgres import PostgresServer, postgres_bin_dir
 
 pytestmark = pytest.mark.slow
 
@@ -36,8 +38,18 @@ async def _until(predicate, timeout: float, what: str) -> None:
         await asyncio.sleep(0.01)
 
 
-def test_a_blackholed_gateway_loses_its_sessions_and_its_late_writes_are_fenced(triton, tmp_path):
-    gateways = Gateways(tmp_path, triton.url, 2, str(tmp_path / "registry.sqlite")).start()
+@pytest.fixture
+def registry(tmp_path):
+    """The gateways' shared registry (and session ownership): PostgreSQL, else a SQLite file."""
+    if postgres_bin_dir() is None:
+        yield str(tmp_path / "registry.sqlite")
+        return
+    with PostgresServer(tmp_path / "pg") as pg:
+        yield pg.url
+
+
+def test_a_blackholed_gateway_loses_its_sessions_and_its_late_writes_are_fenced(triton, tmp_path, registry):
+    gateways = Gateways(tmp_path, triton.url, 2, registry).start()
     records = [Record(f"cut-{i}") for i in range(SESSIONS)]
     stop = tmp_path / "stop"
     fenced_lines = re.compile(r"session (cut-\d+): epoch 1 is stale.*\(fenced\)")
@@ -97,7 +109,8 @@ def test_a_blackholed_gateway_loses_its_sessions_and_its_late_writes_are_fenced(
     stats = check_merged(merged, sessions, live_version=1)
     for t in merged.transitions:  # none of gw-0's records past the takeover survives the merge
         assert t.owner_epoch == 2 or t.step < moved_at[t.session], (t.session, t.step, t.owner_epoch)
-    figures = {"detect_after_cut": p50_p99_ms(detect), "resumed_after_cut": p50_p99_ms(resume),
+    figures = {"registry": registry.split("://")[0] if "://" in registry else "sqlite",
+               "detect_after_cut": p50_p99_ms(detect), "resumed_after_cut": p50_p99_ms(resume),
                "gw0_records_past_takeover": sum(map(len, late.values())), "fenced_sessions": len(fenced()),
                **{k: v for k, v in outcome.items() if k != "cut_at"}, **stats}
     print("blackholed gateway:", json.dumps(figures))
