@@ -137,6 +137,8 @@ class EStops:
         self._released: dict[str, None] = {}          # ids known released (insertion-ordered, bounded)
         self._unknown: dict[str, float] = {}          # id -> when the registry last did not know it released
         self._safe: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # session -> encoded safe tensors
+        if getattr(registry, "shared", False):  # other gateways latch and release too: re-read when they commit
+            registry.listeners.append(self.reload)
         if self._standing:
             log.warning("e-stops standing since before this start, holding their sessions: %s",
                         ", ".join(f"{r.target} ({r.id} by {r.who})" for r in self._standing.values()))

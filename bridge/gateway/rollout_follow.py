@@ -1,7 +1,7 @@
 """A gateway on a shared (PostgreSQL) registry: it follows the rollout epoch the other gateways commit, and at most
 one gateway at a time leads (judges canaries, rolls back automatically, reconciles what Triton serves).
 
-    following = SharedRollout(registry, catch_up=controller.follow, also=[estops.reload])
+    following = SharedRollout(registry, catch_up=controller.follow, also=[...])   # and registry.listeners
     await following.start()      # the leader lock tried once (up to 2 s), then LISTEN in a thread of its own
     following.leading            # True on the one gateway holding the advisory lock (always on SQLite)
     following.epoch              # the epoch this gateway serves (-1 before the first read)
@@ -28,7 +28,8 @@ log = logging.getLogger("tether.gateway")
 
 class SharedRollout:
     """See the module docstring. `catch_up()`: re-read and serve the registry's rollouts (the controller's
-    `follow`); `also`: plain callables run in a thread after each catch-up (e.g. the e-stops' cache reload)."""
+    `follow`); `also` and `registry.listeners`: blocking callables run in a thread after each catch-up (the
+    e-stops' cache reload is one: bridge.gateway.holds)."""
 
     def __init__(self, registry: Registry, *, catch_up: Callable[[], Awaitable[int | None]],
                  also: list[Callable[[], None]] | None = None, poll_s: float = 1.0):
@@ -86,7 +87,7 @@ class SharedRollout:
                 epoch = await self._catch_up()
                 if epoch is not None:
                     self.epoch = epoch
-                for hook in self.also:
+                for hook in [*self.also, *self.registry.listeners]:
                     await asyncio.to_thread(hook)
             except asyncio.CancelledError:
                 raise

@@ -68,6 +68,9 @@ class Registry:
 
     def __init__(self, path: Path | str):
         self.shared = is_url(path)   # PostgreSQL: other gateways write too
+        # blocking callables a gateway following a shared registry runs (in a thread) after each re-read, e.g. the
+        # e-stops' cache reload (bridge.gateway.rollout_follow)
+        self.listeners: list = []
         self.path = str(path) if self.shared else Path(path)
         self._lock = threading.RLock()
         self._rollouts: dict[str, Rollout] = {}  # cache: cleared by every write here and by other processes' writes

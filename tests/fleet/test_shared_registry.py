@@ -28,7 +28,7 @@ import pytest
 from bridge.registry import Registry, State
 from bridge.registry.follow import LEADER_LOCK_KEY
 from inference_server import ModelRepository, TritonServer
-from protos import bridge_pb2, policies_pb2, policies_pb2_grpc
+from protos import bridge_pb2, fleet_pb2, fleet_pb2_grpc, policies_pb2, policies_pb2_grpc
 from tests.conftest import ACT, OBS
 from tests.gateway.helpers import RawSession, hello
 from tether.cluster.postgres import PostgresServer, postgres_bin_dir
@@ -84,15 +84,18 @@ class Stepper:
     """One session stepping as fast as its gateway answers; every reply recorded as (received ns, version) and
     every non-action reply kept as an error."""
 
-    def __init__(self, address: str, session_id: str):
-        self.address, self.session_id = address, session_id
+    def __init__(self, address: str, session_id: str, labels: dict[str, str] | None = None):
+        self.address, self.session_id, self.labels = address, session_id, labels or {}
         self.actions: list[tuple[int, int]] = []
+        self.held: list[int] = []  # received ns of the steps an e-stop held
         self.errors: list[str] = []
         self._stop = False
 
     async def run(self) -> None:
         obs = np.random.default_rng(0).standard_normal(11).astype(np.float32)
-        async with RawSession(self.address, hello(self.session_id, obs=OBS, act=ACT, policy=POLICY)) as s:
+        h = hello(self.session_id, obs=OBS, act=ACT, policy=POLICY)
+        h.labels.update(self.labels)
+        async with RawSession(self.address, h) as s:
             first = True
             while not self._stop:
                 reply = await s.step(obs, step_type=bridge_pb2.FIRST if first else bridge_pb2.MID)
@@ -101,6 +104,8 @@ class Stepper:
                     self.errors.append(str(reply)[:300])
                     return
                 self.actions.append((time.time_ns(), reply.action.policy_version))
+                if reply.action.estop:
+                    self.held.append(self.actions[-1][0])
 
     def stop(self) -> None:
         self._stop = True
@@ -294,6 +299,34 @@ def test_postgres_restarted_mid_run(cluster):
     print(f"\nPostgreSQL restarted: first promote {promote_after * 1e3:.0f} ms after it was back, B served it "
           f"{caught_up * 1e3:.0f} ms after it was back")
     assert caught_up < CATCH_UP_BOUND_S
+
+
+def test_an_estop_on_a_holds_a_session_on_b(cluster):
+    """E-stops are shared state too: latched through A, B holds its robot's session; released through B, A's
+    cache lets go as well (each gateway re-reads the standing e-stops when the epoch moves)."""
+
+    async def main():
+        a_ch, b_ch = grpc.aio.insecure_channel(cluster["a"].address), grpc.aio.insecure_channel(cluster["b"].address)
+        on_a, on_b = fleet_pb2_grpc.FleetStub(a_ch), fleet_pb2_grpc.FleetStub(b_ch)
+        arm = Stepper(cluster["b"].address, "estop-b", labels={"robot": "arm_9"})
+        other = Stepper(cluster["b"].address, "estop-other", labels={"robot": "arm_8"})
+        async with stepping(arm, other):
+            latched = time.time_ns()
+            await on_a.EStop(fleet_pb2.EStopRequest(robot="arm_9", reason="person in the cell"), timeout=30)
+            await until(lambda: arm.held and arm.held[-1] > latched, "B holding arm_9", timeout_s=FOLLOW_BOUND_S)
+            held_after = (arm.held[0] - latched) / 1e9
+            await on_b.Release(fleet_pb2.EStopRequest(robot="arm_9", reason="clear"), timeout=30)
+            released = time.time_ns()
+            await until(lambda: arm.actions[-1][0] > released and arm.held[-1] < arm.actions[-1][0],
+                        "B acting for arm_9 again", timeout_s=FOLLOW_BOUND_S)
+            assert other.held == []
+        await a_ch.close()
+        await b_ch.close()
+        return held_after
+
+    held_after = asyncio.run(main())
+    cluster["figures"]["estop_on_a_held_on_b_s"] = held_after
+    print(f"\ne-stop through A: B held the robot's session {held_after * 1e3:.0f} ms later")
 
 
 def leader_pid(url: str) -> int | None:
