@@ -12,11 +12,9 @@ import sys
 import numpy as np
 import pytest
 
-from inference_server import ModelRepository, TritonServer
 from sim.client import run_sessions
 from sim.mujoco import make_env
-from tether.topology import gateway_process
-from trainer.policy import MLPPolicy
+from tether.stack import Stack
 
 pytestmark = pytest.mark.slow
 GAINS = np.array([0.5, 8.0, 0.6, 1.2], np.float32)  # a PD-like cart-pole controller, well inside [-3, 3]
@@ -28,45 +26,40 @@ def controller(observation):
 
 
 def test_bc_from_logged_demonstrations_reproduces_the_controller(tmp_path):
-    env = make_env("InvertedPendulum-v5")
-    obs_spec, act_spec = env.observation_spec(), env.action_spec()
-    env.close()
-    repo = ModelRepository(tmp_path / "models")
-    repo.write_version("bc", 1, MLPPolicy(obs_spec[0], act_spec[0], seed=0), obs_spec, act_spec)
     log_dir = tmp_path / "experience"
-    with TritonServer(repo.root, models=["bc"], log_path=tmp_path / "triton.log") as triton:
-        args = ("--model-repository", str(repo.root), "--experience-dir", str(log_dir), "--deadline-ms", "2000")
-        with gateway_process(triton_url=triton.grpc_url, policy="bc", log_path=tmp_path / "gateway.log",
-                             extra_args=args) as gw:
-            demo = asyncio.run(run_sessions(gw, lambda i: make_env("InvertedPendulum-v5", seed=i), envs=4,
-                                            steps=4000, controller=controller))
-            assert demo.steps == 4000 and not demo.errors
-            train = subprocess.run(
-                [sys.executable, "-m", "tether", "train", "--algo", "bc", "--arch", "mlp", "--gateway", gw,
-                 "--policy", "bc", "--log-dir", str(log_dir), "--steps", "600", "--lr", "3e-3", "--nproc", "2",
-                 "--seed", "0", "--summary", str(tmp_path / "bc.json")],
-                capture_output=True, text=True, timeout=600)
-            assert train.returncode == 0, train.stderr[-3000:]
-            summary = json.loads((tmp_path / "bc.json").read_text())
-            assert summary["published_version"] == 2
+    # Triton + a `tether gateway` process serving a fresh MLP (seed 0) as invertedpendulum_v5 v1
+    with Stack(tmp_path, envs=["InvertedPendulum-v5"],
+               gateway_args=["--experience-dir", str(log_dir), "--deadline-ms", "2000"]) as stack:
+        gw, policy = stack.gateway, "invertedpendulum_v5"
+        demo = asyncio.run(run_sessions(gw, lambda i: make_env("InvertedPendulum-v5", seed=i), envs=4,
+                                        steps=4000, controller=controller))
+        assert demo.steps == 4000 and not demo.errors
+        train = subprocess.run(
+            [sys.executable, "-m", "tether", "train", "--algo", "bc", "--arch", "mlp", "--gateway", gw,
+             "--policy", policy, "--log-dir", str(log_dir), "--steps", "600", "--lr", "3e-3", "--nproc", "2",
+             "--seed", "0", "--summary", str(tmp_path / "bc.json")],
+            capture_output=True, text=True, timeout=600)
+        assert train.returncode == 0, train.stderr[-3000:]
+        summary = json.loads((tmp_path / "bc.json").read_text())
+        assert summary["published_version"] == 2
 
-            probe_env = make_env("InvertedPendulum-v5", seed=123)
-            states = []
+        probe_env = make_env("InvertedPendulum-v5", seed=123)
+        states = []
 
-            def record(observation):  # the served policy acts; remember its states to compare
-                states.append(observation["observation"].copy())
-                return controller(observation)
+        def record(observation):  # the served policy acts; remember its states to compare
+            states.append(observation["observation"].copy())
+            return controller(observation)
 
-            served = asyncio.run(run_sessions(gw, lambda i: probe_env, envs=1, steps=200, controller=record))
-            assert served.policy_versions.keys() == {2}
+        served = asyncio.run(run_sessions(gw, lambda i: probe_env, envs=1, steps=200, controller=record))
+        assert served.policy_versions.keys() == {2}
         # the served actions on those states, straight from Triton at version 2
         import tritonclient.grpc as triton_grpc
 
-        client = triton_grpc.InferenceServerClient(triton.grpc_url)
+        client = triton_grpc.InferenceServerClient(stack.triton_url)
         batch = np.stack(states[::3][:64]).astype(np.float32)  # the model's max batch is 64
         inp = triton_grpc.InferInput("observation", batch.shape, "FP32")
         inp.set_data_from_numpy(batch)
-        got = client.infer("bc", [inp], model_version="2").as_numpy("action")[:, 0]
+        got = client.infer(policy, [inp], model_version="2").as_numpy("action")[:, 0]
     want = np.clip(batch @ GAINS, -3.0, 3.0)
     error = np.abs(got - want)
     assert error.max() <= TOLERANCE, f"max {error.max():.3f}, mean {error.mean():.3f}"
