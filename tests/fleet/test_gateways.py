@@ -62,3 +62,56 @@ def test_kill_9_one_gateway_every_session_resumes_on_the_other(triton, tmp_path)
     figures = {"resume_from_kill": p50_p99_ms(resumes), "resume_from_break_seen": p50_p99_ms(from_break), **stats}
     print("several gateways, kill -9:", json.dumps(figures))
     assert max(resumes) < 5.0, figures
+
+
+def test_sigterm_drains_a_gateway_and_its_sessions_move_at_once(triton, tmp_path):
+    """SIGTERM: the gateway turns NOT_SERVING, takes no new session, ends its streams UNAVAILABLE 'draining'
+    after --drain-grace-s (0.2 s), flushes its log and exits 0; its sessions (given the list, or balanced by
+    round_robin + health checking) move to the other gateway at once and replay; nothing acknowledged is lost."""
+    import asyncio
+
+    from tests.fleet.clients import READY, Record, sim_session
+
+    gateways = Gateways(tmp_path, triton.url, 2, str(tmp_path / "registry.sqlite")).start()
+    records = [Record(f"drain-{i}") for i in range(8)]
+    stop = tmp_path / "stop"
+
+    async def until(predicate, what: str) -> None:
+        deadline = time.monotonic() + 60
+        while not predicate():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            await asyncio.sleep(0.01)
+
+    async def scenario() -> float:
+        channels: dict = {}
+        tasks = [asyncio.create_task(sim_session(gateways.addresses, r, channels, stop, 20.0, i, 5.0, i % 2 == 1))
+                 for i, r in enumerate(records)]
+        try:
+            await until(lambda: all(len(r.answered) >= READY for r in records), "every session up")
+            termed_at = time.time()
+            gateways.procs[0].send_signal(signal.SIGTERM)
+            await until(lambda: all(r.moves and r.after_move >= READY for r in records
+                                    if r.first_gateway == "gw-0"), "the sessions of gw-0 moved")
+            stop.touch()
+            await asyncio.gather(*tasks)
+        finally:
+            stop.touch()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for channel in channels.values():
+                await channel.close()
+        return termed_at
+
+    try:
+        termed_at = asyncio.run(scenario())
+        assert gateways.procs[0].wait(30) == 0, "a drained gateway exits 0"
+    finally:
+        gateways.stop()
+    moved = [r for r in records if r.first_gateway == "gw-0"]
+    assert len(moved) >= 4 and all(r.failovers[0]["gateway"] == "gw-1" for r in moved)
+    resume = [r.failovers[0]["broken_at"] + r.failovers[0]["seconds"] - termed_at for r in moved]
+    sessions = [{**r.as_dict(), "versions": {str(k): v for k, v in r.versions.items()}} for r in records]
+    stats = check_merged(gateways.merged(), sessions, live_version=1)
+    figures = {"resume_after_sigterm": p50_p99_ms(resume), **stats}
+    print("several gateways, SIGTERM drain:", json.dumps(figures))
+    assert "draining" in gateways.logs[0].read_text()
+    assert max(resume) < 5.0, figures
