@@ -2,6 +2,7 @@
 
     tether log inspect runs/demo              # a run dir (its experience/) or a log dir; --json for JSON
     tether log export runs/demo/experience out/bc-data [--complete-only]
+    tether log merge gw-a/experience gw-b/experience [--out merged/] [--json]   # several gateways' logs
 
 The export is LeRobotDataset-like without parquet: one `.npz` per episode,
 `data/chunk-000/episode_000000.npz` with columns `observation.<tensor>`, `action.<tensor>`,
@@ -269,6 +270,32 @@ def export(log_dir: str | Path, out_dir: str | Path, *, complete_only: bool = Fa
     return info
 
 
+def merge(log_dirs: list[Path], out_dir: Path | None = None) -> dict:
+    """Several gateways' logs merged by ownership epoch (bridge.experience.merge): the summary, and with `out_dir`
+    the merged transitions written there as a new log (offsets from 0; inspect or export it as any log)."""
+    import asyncio
+
+    from bridge.experience.log import ExperienceLog
+    from bridge.experience.merge import merge_logs
+
+    merged = merge_logs([find_log_dir(d) for d in log_dirs])
+    if out_dir is not None:
+        if out_dir.exists() and any(out_dir.iterdir()):
+            raise ValueError(f"{out_dir}: not empty (the merged log is written into a new directory)")
+
+        async def write() -> None:
+            async with ExperienceLog(out_dir, fsync=False) as log:
+                futures = []
+                for t in merged.transitions:
+                    copy = experience_pb2.Transition()
+                    copy.CopyFrom(t)
+                    futures.append(log.append(copy))
+                await asyncio.gather(*(f for f in futures if f is not None))
+
+        asyncio.run(write())
+    return {**merged.summary(), "out": str(out_dir) if out_dir is not None else None}
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tether log", description="Inspect or export an experience log.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -279,6 +306,11 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("log_dir", type=Path, help="the experience log (a directory of *.mcap segments)")
     e.add_argument("out_dir", type=Path, help="where the .npz episodes go (written whole, then renamed)")
     e.add_argument("--complete-only", action="store_true", help="only episodes that ended (terminated/truncated)")
+    m = sub.add_parser("merge", help="several gateways' logs as one: per (session, step) the newest ownership "
+                       "epoch's record; a fenced gateway's late writes dropped (docs/operations.md)")
+    m.add_argument("log_dirs", type=Path, nargs="+", help="the logs (run dirs or log dirs)")
+    m.add_argument("--out", type=Path, help="write the merged transitions here as a new log")
+    m.add_argument("--json", action="store_true", help="print the summary as JSON")
     return p
 
 
@@ -291,6 +323,15 @@ def main(argv: list[str] | None = None) -> None:
                 print(json.dumps(summary, indent=2))
             else:
                 print_summary(summary)
+        elif a.command == "merge":
+            summary = merge(a.log_dirs, a.out)
+            if a.json:
+                print(json.dumps(summary, indent=2))
+            else:
+                print(f"{summary['transitions']} transitions of {summary['sessions']} sessions kept "
+                      f"({summary['moved_sessions']} moved between gateways); dropped: {summary['stale']} of an "
+                      f"older owner's epoch, {summary['duplicates']} duplicates"
+                      + (f"; written to {summary['out']}" if summary["out"] else ""))
         else:
             info = export(a.log_dir, a.out_dir, complete_only=a.complete_only)
             first = info["first_skipped"]

@@ -40,3 +40,23 @@ def test_logs_without_ownership_merge_as_before_one_copy_per_step():
                                + [_t("t", 0, 0)])
     assert [(t.session, t.step) for t in merged.transitions] == [("s", i) for i in range(6)] + [("t", 0)]
     assert merged.duplicates == 2 and merged.stale == 0
+
+
+def test_tether_log_merge_writes_the_merged_log(tmp_path, capsys):
+    import asyncio
+    import json
+
+    from bridge.experience import ExperienceLog, read_transitions
+    from bridge.experience.tool import main
+
+    async def write(directory, records):
+        async with ExperienceLog(directory, fsync=False) as log:
+            await asyncio.gather(*(log.append(t) for t in records))
+
+    asyncio.run(write(tmp_path / "a", [_t("s", i, 1) for i in range(9)]))
+    asyncio.run(write(tmp_path / "b", [_t("s", i, 2) for i in range(5, 12)]))
+    main(["merge", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "merged"), "--json"])
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["transitions"], summary["stale"], summary["moved_sessions"]) == (12, 4, 1)
+    assert [(t.step, t.owner_epoch, t.offset) for t in read_transitions(tmp_path / "merged")] == (
+        [(i, 1, i) for i in range(5)] + [(i, 2, i) for i in range(5, 12)])
