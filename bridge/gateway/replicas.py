@@ -92,6 +92,7 @@ class Replica:
     verified: set[tuple[str, int]] = field(default_factory=set)
     joined_ns: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # its repository and loads: one change at a time
+    recording: asyncio.Task | None = None   # the "lost" rows being written
 
 
 class _HotPath:
@@ -176,7 +177,8 @@ class TritonReplicas:
     async def close(self) -> None:
         for task in self._watchers:
             task.cancel()
-        await asyncio.gather(*self._watchers, return_exceptions=True)
+        await asyncio.gather(*self._watchers, *(r.recording for r in self.replicas if r.recording is not None),
+                             return_exceptions=True)
         for r in self.replicas:
             await r.hot.close()
             await r.control.close()
@@ -184,12 +186,11 @@ class TritonReplicas:
             self.verifications.close()
 
     async def _alive(self, url: str) -> bool:
-        probe = PolicyClient(url, timeout_s=1.0)  # a fresh channel: no reconnect backoff from a dead one
+        """Liveness on a fresh channel (no reconnect backoff from a dead one). Not readiness: with Triton's strict
+        readiness a server is not ready while any model it was asked to load is not (loading, failed)."""
+        probe = PolicyClient(url, timeout_s=1.0)
         try:
-            await probe.wait_ready(0.0)
-            return True
-        except InferenceError:
-            return False
+            return await probe.live()
         finally:
             await probe.close()
 
@@ -212,6 +213,8 @@ class TritonReplicas:
         """Reconciliation: fresh clients, the repository synced, every model loaded, every version on disk
         verified; only then up (routable for the versions it was verified for)."""
         async with r.lock:
+            if r.recording is not None:  # its "lost" rows first: the rows stay in the order things happened
+                await asyncio.gather(r.recording, return_exceptions=True)
             r.state = JOINING
             old = (r.hot, r.control)
             r.hot = PolicyClient(r.url, timeout_s=self._deadline_s)
@@ -231,14 +234,22 @@ class TritonReplicas:
         log.info("replica %s joined: verified %s", r.url, sorted(r.verified))
 
     async def _lose(self, r: Replica, why: str) -> None:
+        """Down at once (no batch goes there from now on); its "lost" rows are written in the background, so a
+        batch that is being retried does not wait for the registry (a rejoin waits for them)."""
         if r.state == DOWN:
             return
         r.state, lost = DOWN, sorted(r.verified)
         r.verified = set()
         log.warning("replica %s lost (%s): its batches go to the other replicas until it is verified again",
                     r.url, why)
-        for name, version in lost:
-            await self._record(name, version, r.url, f"lost: {why}")
+
+        async def record(before: asyncio.Task | None) -> None:
+            if before is not None:
+                await asyncio.gather(before, return_exceptions=True)
+            for name, version in lost:
+                await self._record(name, version, r.url, f"lost: {why}")
+
+        r.recording = asyncio.get_running_loop().create_task(record(r.recording))
 
     # -- the hot path -------------------------------------------------------------------------------------------
 
