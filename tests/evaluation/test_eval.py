@@ -67,11 +67,14 @@ def test_a_sign_flipped_policy_fails_with_status_1_naming_env_and_check(tmp_path
     assert "FAIL  InvertedPendulum-v5  min_return" in run.stdout
 
 
-def test_usage_errors_exit_2(tmp_path):
-    run = tether_eval(tmp_path / "missing.pt", "--env", "PointMass")
-    assert run.returncode == 2 and "missing.pt" in run.stderr and "Traceback" not in run.stderr
+def test_usage_errors_exit_2(tmp_path, capsys):
+    from tether.evaluation.cli import main
+
+    assert main([str(tmp_path / "missing.pt"), "--env", "PointMass"]) == 2
+    assert "missing.pt" in capsys.readouterr().err
     good = linear_policy(tmp_path / "good.pt", "PointMass")
-    run = tether_eval(good, "--max-regression", "10%")
-    assert run.returncode == 2 and "--max-regression needs --baseline" in run.stderr
-    run = tether_eval(good, "--baseline", good, "--max-regression", "ten")
-    assert run.returncode == 2 and "'ten'" in run.stderr
+    assert main([str(good), "--max-regression", "10%"]) == 2
+    assert "--max-regression needs --baseline" in capsys.readouterr().err
+    assert main([str(good), "--baseline", str(good), "--max-regression", "ten"]) == 2
+    assert "'ten'" in capsys.readouterr().err
+    assert main(["pointmass:1"]) == 2 and "needs --gateway" in capsys.readouterr().err

@@ -264,14 +264,14 @@ def _output(args, envs, sources, sha, triton, results, found, seconds) -> None:
         "policies": {role: {"source": s.label, "sha256": sha.get(role)} for role, s in sources.items()},
         "versions": {**_versions(envs), "triton": triton},
     }
-    print(table(results, found), flush=True)
-    if args.json:
-        print(json.dumps(document))
-    if args.summary is not None:
+    if args.summary is not None:  # the files first: a closed stdout (| head) must not lose them
         write_json(args.summary, document)
     if args.junit is not None:
         args.junit.parent.mkdir(parents=True, exist_ok=True)
         args.junit.write_text(junit(found, seconds=seconds))
+    print(table(results, found), flush=True)
+    if args.json:
+        print(json.dumps(document))
 
 
 if __name__ == "__main__":
