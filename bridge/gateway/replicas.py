@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -37,14 +36,13 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
-from bridge.common.files import write_text
 from bridge.gate.checks import DEFAULT_TOLERANCES, compare_outputs
 from bridge.gateway.policies import ServedPolicy
+from bridge.gateway.replica_sync import VersionCopies
 from bridge.gateway.rollout_io import SwapFailed, _local_outputs, _probe
 from bridge.registry.replicas import ReplicaVerifications, Verification
 from inference_server import InferenceError, ModelRepository, PolicyClient
 from inference_server.artifacts import ArtifactStore
-from inference_server.repository import fsync_dir
 from protos.codec import Spec, decode_all
 
 log = logging.getLogger("tether.gateway")
@@ -128,7 +126,8 @@ class TritonReplicas:
             raise ValueError(f"{len(repositories)} model repositories for {len(urls)} Triton replicas: give one "
                              "shared by all, or one per replica in the order of --triton")
         repos = list(repositories) * len(urls) if len(repositories) == 1 else list(repositories)
-        self.primary, self.store, self.url = primary, store, ",".join(urls)
+        self.primary, self.url = primary, ",".join(urls)
+        self.copies = VersionCopies(primary=primary, store=store)  # version folders to each replica's repository
         self._deadline_s, self._control_timeout_s = deadline_s, control_timeout_s
         self.replicas = [Replica(url, repo, PolicyClient(url, timeout_s=deadline_s),
                                  PolicyClient(url, timeout_s=control_timeout_s))
@@ -138,7 +137,6 @@ class TritonReplicas:
         self.verifications: ReplicaVerifications | None = None
         self._registry = None
         self._models: set[str] = set()
-        self._digests: dict[tuple[str, int], str] = {}
         self._references: dict[tuple[str, int], Reference] = {}
         self._watchers: list[asyncio.Task] = []
         self.routed: deque[tuple[int, str, str, int]] = deque(maxlen=100_000)  # (t_ns, replica, model, version)
@@ -223,7 +221,7 @@ class TritonReplicas:
                 await client.close()
             try:
                 for name in sorted(self._models):
-                    await asyncio.to_thread(self._sync, r, name)
+                    await asyncio.to_thread(self.copies.sync, r.repository, name)
                     await r.control.load_model(name)
                     for version in self.primary.versions(name):
                         await self._verify_one(r, name, version)
@@ -352,7 +350,7 @@ class TritonReplicas:
             if r.state == DOWN:
                 return False
             try:
-                await asyncio.to_thread(self._sync, r, model)
+                await asyncio.to_thread(self.copies.sync, r.repository, model)
                 await r.control.load_model(model, timeout_s=timeout_s)
             except InferenceError as exc:
                 if exc.code not in LOST_CODES:
@@ -386,9 +384,13 @@ class TritonReplicas:
                                             "reachable to verify it")
         return rows
 
+    def verified_on(self, model: str, version: int) -> list[str]:
+        """The replicas that are up and verified for `version` (those its batches may go to)."""
+        return [r.url for r in self.replicas if r.state == UP and (model, version) in r.verified]
+
     def require_verified(self, model: str, version: int) -> list[str]:
         """The replicas verified for `version`; ReplicaVerificationFailed when there is none."""
-        urls = [r.url for r in self.replicas if r.state == UP and (model, version) in r.verified]
+        urls = self.verified_on(model, version)
         if not urls:
             raise ReplicaVerificationFailed(f"policy {model!r} v{version} is verified on no Triton replica that is "
                                             f"up ({self.url}): it may not serve")
@@ -453,33 +455,6 @@ class TritonReplicas:
             except Exception as exc:  # the row is what routing relies on; the audit line is a courtesy
                 log.warning("replica %s: auditing %s v%d: %s", url, model, version, exc)
         return row
-
-    # -- repositories ---------------------------------------------------------------------------------------------
-
-    def _sync(self, r: Replica, model: str) -> None:
-        """`r`'s repository made to hold the primary's version folders of `model` (blocking: in a thread)."""
-        if r.repository.root.resolve() == self.primary.root.resolve():
-            return  # the shared repository: the folders are there already
-        want, have = set(self.primary.versions(model)), set(r.repository.versions(model))
-        folder = r.repository.root / model
-        for version in sorted(have - want):
-            retired = r.repository.root / ".retired" / model / str(version)
-            retired.parent.mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(retired, ignore_errors=True)
-            (folder / str(version)).rename(retired)
-            fsync_dir(folder)
-        for version in sorted(want - have):
-            key = (model, version)
-            if key not in self._digests:
-                self._digests[key] = self.store.put_version(self.primary.root / model / str(version))
-                log.info("policy %s v%d stored once as sha256 %s", model, version, self._digests[key])
-            self.store.materialize(self._digests[key], folder / str(version))
-        config = (self.primary.root / model / "config.pbtxt").read_text()
-        folder.mkdir(parents=True, exist_ok=True)
-        target = folder / "config.pbtxt"
-        if not target.exists() or target.read_text() != config:
-            write_text(target, config)
-
 
 
 def from_config(config) -> TritonReplicas:

@@ -89,7 +89,8 @@ class ServingReconciler:
             served = await self._catalog.ensure(name, version)
             await self.verify_replicas(name, version)
             await self.fingerprint.verify(self._repo, served)
-        if self.replicas is not None:
+        if self.replicas is not None and not self.replicas.verified_on(name, version):
+            await self.verify_replicas(name, version)  # READY, but not verified by this gateway (another loaded it)
             self.replicas.require_verified(name, version)
         await self._catalog.ensure(name, version)
 

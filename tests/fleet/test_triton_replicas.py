@@ -144,7 +144,7 @@ def test_a_version_is_verified_on_both_replicas_before_canary(replicas):
             routed = {url for _, url, _, version in gw.replicas.routed if version == 2}
             assert routed == {a.grpc_url, b.grpc_url}   # least busy: both replicas took v2's batches
             check_routing(gw)
-            digest = gw.replicas._digests[("staged", 2)]
+            digest = gw.replicas.copies.digests[("staged", 2)]
             assert (gw.config.artifact_store / "sha256" / digest).exists()
 
     asyncio.run(scenario())
