@@ -21,6 +21,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 
 from bridge.registry.backends import NOTIFY_CHANNEL, connect, shown
@@ -29,6 +30,7 @@ from bridge.registry.errors import RegistryUnavailable
 log = logging.getLogger("tether.registry")
 
 LEADER_LOCK_KEY = 7_461_636_802   # pg_try_advisory_lock: the gateway that judges, rolls back and reconciles
+WAKE_S = 0.2                      # the follower's longest wait for a NOTIFY before it checks whether to stop
 
 
 class EpochFollower:
@@ -49,10 +51,6 @@ class EpochFollower:
 
     def stop(self) -> None:
         self._stop.set()
-        conn = self._conn
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.cancel_safe()  # wakes notifies() at once
         self._thread.join(5)
 
     def _run(self) -> None:
@@ -62,10 +60,12 @@ class EpochFollower:
                 self._conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
                 self.connected = True
                 self._report(force=True)  # re-read on (re)connect: whatever was committed while away
-                while not self._stop.is_set():
-                    for _ in self._conn.notifies(timeout=self.poll_s, stop_after=1):
-                        break
-                    self._report(force=False)  # a NOTIFY, or the poll backstop
+                polled = time.monotonic()
+                while not self._stop.is_set():  # short waits: stop() is answered within WAKE_S
+                    notified = any(True for _ in self._conn.notifies(timeout=WAKE_S, stop_after=1))
+                    if notified or time.monotonic() - polled >= self.poll_s:  # a NOTIFY, or the poll backstop
+                        self._report(force=False)
+                        polled = time.monotonic()
             except RegistryUnavailable as exc:
                 self._lost(exc)
             except Exception as exc:  # noqa: BLE001 (the connection broke: psycopg's errors; reported, retried)
