@@ -155,71 +155,75 @@ def test_inspect_prints_the_specs(files, capsys):
 
 
 # -- through a real gateway (tether.v1.Policies.Publish -> registry -> gate -> Triton) -------------------------
+# The module's stack (tether.testing's tether_stack: Triton and a `tether gateway` process); what the
+# gateway recorded is read back through its public RPC (Policies.RolloutStatus), as an operator would.
 
 
 @pytest.fixture(scope="module")
-def gateway_triton(tmp_path_factory):
-    """Its own Triton and repository: imports add versions and policies other tests must not see."""
-    repo = ModelRepository(tmp_path_factory.mktemp("byo") / "models")
-    repo.write_version("byo", 1, Policy().eval(), OBS, ACT)
-    with TritonServer(repo.root, models=["byo"], log_path=repo.root.parent / "triton.log") as server:
-        yield server, repo
+def byo(tether_stack, files) -> int:
+    """This module's policy `byo`, created by importing policy.pt (its imports add versions only it sees)."""
+    folder, _ = files
+    return tether_stack.import_policy(folder / "policy.pt", name="byo")
 
 
-def through_gateway(gateway_triton, scenario):
-    from tests.gateway.helpers import running_gateway
+def rollout(stack, policy: str):
+    """The gateway's Policies.RolloutStatus of `policy`: its rollout (live version) and every version's record."""
+    import grpc
 
-    server, repo = gateway_triton
+    from protos import policies_pb2, policies_pb2_grpc
 
-    async def main():
-        async with running_gateway(server.grpc_url, policy="byo", model_repository=repo.root) as gw:
-            client = PolicyClient(server.grpc_url, timeout_s=10.0)
-            try:
-                return await scenario(gw, client)
-            finally:
-                await client.close()
-
-    return asyncio.run(main())
+    with grpc.insecure_channel(stack.gateway) as channel:
+        return policies_pb2_grpc.PoliciesStub(channel).RolloutStatus(
+            policies_pb2.RolloutStatusRequest(policy=policy), timeout=30)
 
 
-def import_command(gw, *args) -> list[str]:
-    return ["policy", "import", *map(str, args), "--gateway", gw.address, "--timeout", "120"]
+def served(stack, policy: str, version: int | None, inputs: dict) -> tuple[dict | None, list[int]]:
+    """What Triton serves: `version`'s outputs on `inputs` (None: none asked) and the ready versions."""
+
+    async def ask():
+        client = PolicyClient(stack.triton_url, timeout_s=10.0)
+        try:
+            out = None if version is None else await client.infer(policy, version, inputs, ["action"])
+            return out, await client.ready_versions(policy)
+        finally:
+            await client.close()
+
+    return asyncio.run(ask())
+
+
+def import_command(stack, *args) -> list[str]:
+    return ["policy", "import", *map(str, args), "--gateway", stack.gateway, "--timeout", "120"]
 
 
 @pytest.mark.slow
-def test_tether_policy_import_serves_an_onnx_and_a_torchscript_version(files, gateway_triton, capsys):
+def test_tether_policy_import_serves_an_onnx_and_a_torchscript_version(files, tether_stack, byo, capsys):
     folder, module = files
     obs = np.random.default_rng(5).uniform(-2, 2, (6, 4)).astype(np.float32)
     with torch.no_grad():
         expected = module(torch.from_numpy(obs)).numpy()
-
-    async def scenario(gw, client):
-        served = {}
-        for name in ("policy.onnx", "policy.pt"):
-            await asyncio.to_thread(tether_main, import_command(gw, folder / name, "--name", "byo", "--action",
-                                                                "action:float32:2:-1:1"))
-            version = gw.catalog.current("byo").version
-            record = gw.rollout.registry.get("byo", version)
-            served[name] = (version, await client.infer("byo", version, {"obs": obs}, ["action"]), record)
-        return served
-
-    served = through_gateway(gateway_triton, scenario)
+    imported = {}
+    for name in ("policy.onnx", "policy.pt"):
+        tether_main(import_command(tether_stack, folder / name, "--name", "byo", "--action", "action:float32:2:-1:1"))
+        status = rollout(tether_stack, "byo")
+        version = status.rollout.live
+        imported[name] = (version, served(tether_stack, "byo", version, {"obs": obs})[0],
+                          next(v for v in status.versions if v.version == version))
     out = capsys.readouterr().out
     assert "imported" in out and "(onnx," in out and "(torchscript," in out and "served and verified" in out
-    (v_onnx, onnx_out, onnx_record), (v_ts, ts_out, ts_record) = served["policy.onnx"], served["policy.pt"]
-    assert v_ts == v_onnx + 1 > 1
+    (v_onnx, onnx_out, onnx_record), (v_ts, ts_out, ts_record) = imported["policy.onnx"], imported["policy.pt"]
+    assert v_ts == v_onnx + 1 > byo
     for record, fmt in ((onnx_record, "onnx"), (ts_record, "torchscript")):  # gated like a trainer's version
-        checks = {c["name"]: c for c in record.gate}
-        assert record.format == fmt and record.state.name == "LIVE" and record.gate_passed, record
-        assert {"integrity", "consistency"} <= checks.keys() and checks["integrity"]["figures"]["tensors"] == 4
+        checks = {c.name: c for c in record.gate}
+        assert record.format == fmt and record.state == "live" and all(c.passed for c in record.gate), record
+        assert {"integrity", "consistency"} <= checks.keys() and checks["integrity"].figures["tensors"] == 4
     np.testing.assert_allclose(onnx_out["action"], expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(ts_out["action"], expected, rtol=1e-5, atol=1e-6)
-    _, repo = gateway_triton
+    repo = tether_stack.repository
     assert repo.imported_format("byo", v_onnx) == "onnx" and repo.imported_format("byo", v_ts) == "torchscript"
 
 
 @pytest.mark.slow
-def test_the_gateway_refuses_bad_imports_naming_why_and_keeps_serving(files, gateway_triton):
+def test_the_gateway_refuses_bad_imports_naming_why_and_keeps_serving(files, tether_stack, byo):
     import grpc
 
     from protos import policies_pb2_grpc
@@ -232,20 +236,16 @@ def test_the_gateway_refuses_bad_imports_naming_why_and_keeps_serving(files, gat
     wrong = policy_cli.PolicyFile("onnx", good.data, OBS, (Spec("action", np.float32, (3,)),))
     zipped = policy_cli.PolicyFile("torchscript", b"PK\x03\x04 not really a zip", OBS, ACT)
 
-    async def scenario(gw, client):
-        live = (await gw.catalog.resolve("byo")).version
-        refusals = []
-        async with grpc.aio.insecure_channel(gw.address) as channel:
-            stub = policies_pb2_grpc.PoliciesStub(channel)
-            for policy in (truncated, wrong, zipped):
-                with pytest.raises(grpc.aio.AioRpcError) as info:
-                    await stub.Publish(policy_cli.publish_chunks(policy, "byo", probe, expected))
-                refusals.append((info.value.code(), info.value.details()))
-        current = (await gw.catalog.resolve("byo")).version
-        out = await client.infer("byo", current, {"obs": probe["obs"]}, ["action"])
-        return live, current, refusals, out, await client.ready_versions("byo")
-
-    live, current, refusals, out, ready = through_gateway(gateway_triton, scenario)
+    live = rollout(tether_stack, "byo").rollout.live
+    refusals = []
+    with grpc.insecure_channel(tether_stack.gateway) as channel:
+        stub = policies_pb2_grpc.PoliciesStub(channel)
+        for policy in (truncated, wrong, zipped):
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Publish(policy_cli.publish_chunks(policy, "byo", probe, expected), timeout=120)
+            refusals.append((info.value.code(), info.value.details()))
+    current = rollout(tether_stack, "byo").rollout.live
+    out, ready = served(tether_stack, "byo", current, {"obs": probe["obs"]})
     assert live == current and current in ready
     assert all(code == grpc.StatusCode.INVALID_ARGUMENT for code, _ in refusals), refusals
     assert "neither a TorchScript archive nor an ONNX model" in refusals[0][1]
@@ -255,12 +255,8 @@ def test_the_gateway_refuses_bad_imports_naming_why_and_keeps_serving(files, gat
 
 
 @pytest.mark.slow
-def test_a_new_name_creates_a_policy(files, gateway_triton, capsys):
+def test_a_new_name_creates_a_policy(files, tether_stack, capsys):
     folder, module = files
-
-    async def scenario(gw, client):
-        await asyncio.to_thread(tether_main, import_command(gw, folder / "policy.onnx", "--name", "walker"))
-        return await client.ready_versions("walker")
-
-    assert through_gateway(gateway_triton, scenario) == [1]
+    tether_main(import_command(tether_stack, folder / "policy.onnx", "--name", "walker"))
+    assert served(tether_stack, "walker", None, {})[1] == [1]
     assert "as walker v1" in capsys.readouterr().out
