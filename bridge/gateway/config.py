@@ -131,7 +131,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deadline-ms", type=int, default=100, help="per-step inference deadline (Welcome.deadline_ms)")
     p.add_argument("--max-batch", type=int, default=64, help="the most rows in one Triton batch")
     p.add_argument("--triton-timeout", type=float, default=10.0, help="seconds to wait for Triton at start")
-    p.add_argument("--max-inflight", type=int, default=1, help="concurrent Triton batches per policy version")
+    p.add_argument("--max-inflight", type=int, default=1,
+                   help="concurrent Triton batches per policy version (per replica)")
     p.add_argument("--model-repository", type=Path, metavar="PATH[,PATH...]",
                    help="Triton's model repository (to publish new versions); with several --triton replicas one "
                         "shared by all, or one per replica in the same order (versions copied from --artifact-store)")

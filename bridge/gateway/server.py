@@ -81,8 +81,8 @@ class Gateway:
         self.control = self.replicas if self.replicas is not None else \
             PolicyClient(config.triton_url, timeout_s=60.0)  # loads, probes, metadata
         self.catalog = PolicyCatalog(self.control, default=config.policy)
-        self.batcher = MicroBatcher(self._client, max_batch=config.max_batch,
-                                    max_inflight=config.max_inflight)
+        self.batcher = MicroBatcher(self._client, max_batch=config.max_batch,  # --max-inflight is per replica
+                                    max_inflight=config.max_inflight * len(config.triton_urls))
         self.repository = ModelRepository(config.model_repository) if config.model_repository else None
         self.publisher = Publisher(repository=self.repository, client=self.control, limits=config.publish_limits)
         self.registry = open_registry(config.registry, self.repository)
