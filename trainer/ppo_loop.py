@@ -81,8 +81,15 @@ def run_ppo(args: argparse.Namespace) -> dict:
            f"batch {batch}, {config.epochs}x{config.minibatches} steps/update, stale={config.stale} "
            f"max-lag={config.max_version_lag}")
     publisher = BackgroundPublisher(client, served.policy)
-    source = StreamSource(args.gateway, from_offset=offset, shard=rank, num_shards=world, policy=served.policy,
-                          window=max(4 * batch, 4096), expect=(*served.inputs, *served.outputs))
+    if args.experience:  # the JetStream stream: this rank's durable consumer keeps the position (trainer.nats_source)
+        from trainer.nats_source import JetStreamSource
+
+        source = JetStreamSource(args.experience, durable=f"tether-train-{served.policy}-r{rank}", shard=rank,
+                                 num_shards=world, policy=served.policy, window=max(64 * batch, 65536),
+                                 expect=(*served.inputs, *served.outputs))
+    else:
+        source = StreamSource(args.gateway, from_offset=offset, shard=rank, num_shards=world, policy=served.policy,
+                              window=max(4 * batch, 4096), expect=(*served.inputs, *served.outputs))
     assembler = TrajectoryAssembler()
     consumed, dropped, last_return, best_return = offset, 0, float("nan"), float("-inf")
     probe: np.ndarray | None = None
@@ -165,6 +172,8 @@ def run_ppo(args: argparse.Namespace) -> dict:
                                       "iteration": iteration, "samples": samples, "published": published,
                                       "offsets": per_rank(consumed)},
                                 rng=rng_state(learner.generator))
+            if args.experience and (not args.checkpoint_dir or iteration % every == 0):
+                source.commit()  # the checkpoint holding this update is written: the stream may forget its data
             if args.metrics and rank == 0:
                 _append_metrics(args.metrics, {
                     "t": time.time(), "elapsed_s": time.monotonic() - started, "iteration": iteration,

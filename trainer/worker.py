@@ -60,6 +60,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--hidden", type=_hidden, default=(64, 64), help="hidden sizes (offline BC only; "
                    "with a gateway they must match the served architecture)")
     p.add_argument("--experience-dir", default="", help="BC: an experience log, a directory of *.mcap segments")
+    p.add_argument("--experience", default="", metavar="nats://HOST:PORT[,...]",
+                   help="PPO: transitions from the NATS JetStream experience stream (a durable consumer per rank, "
+                        "acknowledged after each checkpoint) instead of the gateway's Experience.Subscribe")
     deprecated_alias(p, "--log-dir", "--experience-dir")
     p.add_argument("--data-policy", default=None, help="BC: only transitions acted by this policy")
     p.add_argument("--checkpoint-dir", default="", help="resume from and save checkpoints here (restarts)")
