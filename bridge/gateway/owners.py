@@ -37,6 +37,7 @@ class SessionOwners:
         self.claims = 0
         self.fenced_sessions = 0  # sessions ended because another gateway claimed them
         self.fenced_writes = 0    # groups of a session's transitions not acknowledged (a stale epoch)
+        self._ids: dict[str, str] = {}  # a vector session's log keys ("<id>/<env>") -> its session id
 
     async def claim(self, session_id: str, log_keys: list[str]) -> int:
         """Claim `session_id` for this gateway: its new epoch (0 without a store). SessionsUnavailable when the
@@ -48,6 +49,9 @@ class SessionOwners:
         except OwnershipUnavailable as exc:
             raise SessionsUnavailable(f"session {session_id!r}: {exc}") from None
         self.claims += 1
+        for key in log_keys:
+            if key != session_id:
+                self._ids[key] = session_id
         if claim.previous is not None and not claim.continues():
             experience = self._gateway.experience
             if experience is not None:
@@ -61,13 +65,20 @@ class SessionOwners:
         """The experience log's `ownership` and `on_fenced` (none without a store)."""
         if self.store is None:
             return {}
-        return {"ownership": self.store.stale, "on_fenced": self.fenced}
+        return {"ownership": self.stale, "on_fenced": self.fenced}
+
+    def stale(self, pairs: set[tuple[str, int]]) -> set[tuple[str, int]]:
+        """The log's check (its writer thread): log keys mapped to their session ids, one query."""
+        ids = self._ids
+        by_id = {(ids.get(key, key), epoch) for key, epoch in pairs}
+        stale = self.store.stale(by_id)
+        return {(key, epoch) for key, epoch in pairs if (ids.get(key, key), epoch) in stale}
 
     def fenced(self, log_key: str, epoch: int) -> None:
         """The log found `log_key`'s epoch stale at an ack (nothing of it acknowledged): fence the session if it
         still runs at that epoch."""
         self.fenced_writes += 1
-        session = self._gateway.sessions.get(log_key) or self._gateway.sessions.get(log_key.rpartition("/")[0])
+        session = self._gateway.sessions.get(self._ids.get(log_key, log_key))
         live = session is not None and session.recorder.epoch == epoch and not session.superseded
         log.warning("session %s: epoch %d is stale, another gateway claimed it: its writes here are not "
                     "acknowledged (fenced)%s", log_key, epoch, "; the session is ended" if live else "")
