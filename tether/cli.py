@@ -13,6 +13,7 @@
     tether certs init runs/certs --client arm_1:robot --client alice:operator
     tether token add alice --role operator --file runs/tokens.json
     tether policy import walker.onnx --policy walker --gateway 127.0.0.1:50051
+    tether cluster up --gateways 2 --tritons 2 --trainer-nodes 2   # PostgreSQL, NATS, replicas, gateways, trainer
 """
 
 from __future__ import annotations

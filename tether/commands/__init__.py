@@ -15,7 +15,7 @@ import importlib
 from types import ModuleType
 
 NAMES = ("demo", "triton", "gateway", "sim", "edge", "train", "rollout", "policy", "status", "estop", "release",
-         "certs", "token", "log", "eval", "archive")
+         "certs", "token", "log", "eval", "archive", "cluster")
 
 
 def load(name: str) -> ModuleType:

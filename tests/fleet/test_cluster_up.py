@@ -1,0 +1,81 @@
+"""`tether cluster up` as a real process: PostgreSQL, a 3-server NATS cluster, a Triton and two gateways start
+and print their addresses; one sim session steps through a gateway; SIGINT stops every process (each role's
+process group is gone afterwards). Small numbers (no trainer nodes: tests/trainer/test_elastic.py covers them)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import sim
+from inference_server import triton_binary
+from inference_server.server import group_members
+from sim.client import run_sessions
+from tether.cluster.nats import nats_server_binary
+from tether.cluster.postgres import postgres_bin_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def _missing() -> str:
+    for name, found in (("PostgreSQL (initdb, postgres)", postgres_bin_dir()), ("nats-server", nats_server_binary())):
+        if not found:
+            return name
+    try:
+        triton_binary()
+    except Exception:  # noqa: BLE001 - any reason it is absent
+        return "tritonserver (nvidia-pytriton)"
+    return ""
+
+
+@pytest.mark.skipif(bool(_missing()), reason=f"needs {_missing()}")
+def test_cluster_up_serves_a_session_and_ctrl_c_stops_every_process(tmp_path):
+    summary = tmp_path / "up.json"
+    out = open(tmp_path / "up.log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen([sys.executable, "-m", "tether", "cluster", "up", "--gateways", "2", "--tritons", "1",
+                             "--trainer-nodes", "0", "--run-dir", str(tmp_path / "run"), "--summary", str(summary)],
+                            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 240
+        while not summary.exists():
+            assert proc.poll() is None, (tmp_path / "up.log").read_text()[-4000:]
+            assert time.monotonic() < deadline, (tmp_path / "up.log").read_text()[-4000:]
+            time.sleep(0.2)
+        roles = {r["role"]: r for r in json.loads(summary.read_text())["roles"]}
+        pids = [p for r in roles.values() for p in r["pids"]]
+        assert list(roles) == ["postgres", "nats", "triton-0", "gateway-0", "gateway-1"]
+        assert roles["postgres"]["address"].startswith("postgresql://tether@127.0.0.1:")
+        assert len(roles["nats"]["address"].split(",")) == 3 and len(roles["nats"]["pids"]) == 3
+        printed = (tmp_path / "up.log").read_text()
+        assert all(r["address"] in printed for r in roles.values())  # the table names every address
+
+        stats = asyncio.run(run_sessions(roles["gateway-1"]["address"],
+                                         lambda i: sim.make("InvertedPendulum-v5", seed=i), envs=1, steps=50))
+        assert stats.steps == 50 and not stats.errors
+
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0, (tmp_path / "up.log").read_text()[-4000:]
+        assert "cluster stopped" in (tmp_path / "up.log").read_text()
+        left = {p: group_members(p) for p in pids if group_members(p)}
+        assert not left, f"processes left behind: {left}"
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for pid in pids:  # whatever a failed stop left
+            for member in group_members(pid):
+                subprocess.run(["kill", "-9", str(member)], check=False)
+        out.close()

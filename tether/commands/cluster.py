@@ -1,0 +1,98 @@
+"""`tether cluster up`: PostgreSQL, a NATS JetStream cluster, Triton replicas, gateways and an elastic
+trainer as real processes on loopback (tether.cluster.up); prints their addresses, stops them all on
+Ctrl-C or SIGTERM.
+
+    tether cluster up --gateways 2 --tritons 2 --trainer-nodes 2 --run-dir runs/cluster --summary up.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+from tether.commands import exit_code, passthrough
+
+HELP = "a local fleet: PostgreSQL, NATS, Triton replicas, gateways, trainer nodes"
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    return passthrough(subparsers, "cluster", HELP)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tether cluster", description="The fleet's roles as local processes.")
+    sub = p.add_subparsers(dest="action", required=True, metavar="{up}")
+    up = sub.add_parser("up", prog="tether cluster up", help="start every role, print the addresses, "
+                        "stop them all on Ctrl-C / SIGTERM",
+                        description="PostgreSQL (registry), a NATS JetStream cluster (experience), Triton "
+                        "replicas, gateways and elastic trainer nodes on loopback; docs/scale_out.md.")
+    up.add_argument("--gateways", type=int, default=2, help="`tether gateway` processes")
+    up.add_argument("--tritons", type=int, default=2, help="tritonserver replicas (one shared model repository)")
+    up.add_argument("--trainer-nodes", type=int, default=2, help="`tether train` nodes (torchrun agents, c10d "
+                    "rendezvous, --nnodes 1:N; 0: no trainer)")
+    up.add_argument("--nats-servers", type=int, default=3, help="nats-server processes (JetStream, routed)")
+    up.add_argument("--env", default="InvertedPendulum-v5", help="the env whose freshly initialised policy is "
+                    "served as v1 (a Gaussian policy when there are trainer nodes)")
+    up.add_argument("--run-dir", default="", help="data, logs and checkpoints (default: a temp dir)")
+    up.add_argument("--summary", default="", metavar="PATH", help="write the roles (role, address, pids) as JSON "
+                    "here once all are up")
+    up.add_argument("--seed", type=int, default=0, help="seed of the initial policy and the trainer")
+    return p
+
+
+def parsers() -> dict[str, argparse.ArgumentParser]:
+    """Every parser of `tether cluster` by prog (the CLI reference and tests/test_cli.py read them)."""
+    return {"tether cluster": parser()}
+
+
+class _Stop(BaseException):  # noqa: N818 - like KeyboardInterrupt: no `except Exception` swallows it
+    """SIGINT / SIGTERM: leave the wait (or the start-up) and stop every role."""
+
+
+def run(args: argparse.Namespace) -> int:
+    a = parser().parse_args(args.argv)
+    return exit_code(up(a))
+
+
+def up(a: argparse.Namespace) -> int:
+    from bridge.common.files import write_json
+    from tether.cluster.up import Cluster, ClusterSpec, roles
+
+    run_dir = Path(a.run_dir or tempfile.mkdtemp(prefix="tether-cluster-"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        spec = ClusterSpec(run_dir=run_dir, gateways=a.gateways, tritons=a.tritons, trainer_nodes=a.trainer_nodes,
+                           nats_servers=a.nats_servers, env=a.env, seed=a.seed)
+    except ValueError as exc:
+        raise SystemExit(f"tether cluster up: {exc}") from None
+
+    def on_term(*_):
+        raise _Stop
+
+    # SIGINT too, explicitly: a process started in the background inherits SIGINT ignored
+    previous = {sig: signal.signal(sig, on_term) for sig in (signal.SIGINT, signal.SIGTERM)}
+    print(f"run dir {run_dir}", flush=True)
+    cluster = Cluster(roles(spec), on_started=lambda name, r: print(f"  started {name} {r.address}", flush=True))
+    try:
+        cluster.start()
+        print(cluster.table(), flush=True)
+        if a.summary:
+            write_json(Path(a.summary), {"run_dir": str(run_dir), "roles": cluster.describe()})
+        print("cluster up; Ctrl-C or SIGTERM stops every process", flush=True)
+        while True:
+            signal.pause()  # until SIGINT or SIGTERM (_Stop)
+    except (KeyboardInterrupt, _Stop):
+        print("stopping the cluster", file=sys.stderr, flush=True)
+    finally:
+        for sig in previous:  # a second Ctrl-C / SIGTERM does not cut the stop short
+            signal.signal(sig, signal.SIG_IGN)
+        try:
+            cluster.stop()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    print("cluster stopped", flush=True)
+    return 0
