@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import time
+import weakref
 from pathlib import Path
 
 __all__ = ["PostgresServer", "PostgresStartError", "postgres_bin_dir"]
@@ -65,6 +66,7 @@ class PostgresServer:
         self.port = port or _free_port()
         self.settings = {"fsync": "off", "max_connections": "200", **(settings or {})}
         self._proc: subprocess.Popen | None = None
+        self._finalizer: weakref.finalize | None = None  # stops the server should this object be dropped or exit
 
     data_dir = property(lambda self: self.directory / "data")
     socket_dir = property(lambda self: self.directory / "socket")
@@ -107,6 +109,7 @@ class PostgresServer:
             with open(self.log_path, "ab") as log:
                 self._proc = subprocess.Popen(self._as_owner(args), stdin=subprocess.DEVNULL, stdout=log,
                                               stderr=subprocess.STDOUT, start_new_session=True)
+            self._finalizer = weakref.finalize(self, _shutdown, self._proc)
             if self._wait_ready(deadline):
                 break
             if time.monotonic() >= deadline:
@@ -141,6 +144,9 @@ class PostgresServer:
         self.start(timeout)
 
     def _reap(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
         if self._proc is not None:
             try:
                 self._proc.wait(10)
@@ -201,3 +207,14 @@ class PostgresServer:
         if os.geteuid() == 0:
             user = pwd.getpwnam("postgres")
             os.chown(path, user.pw_uid, user.pw_gid)
+
+
+def _shutdown(proc: subprocess.Popen) -> None:
+    """At interpreter exit (or when the PostgresServer is dropped): a fast shutdown, SIGKILL if it hangs."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
