@@ -215,7 +215,16 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         if marker.name in _MARKER_NAMES:
             reason = absent(marker.name, *marker.args)
             if reason is not None:
-                pytest.skip(f"{marker.name}: {reason}")
+                _skip_at_the_test(f"{marker.name}: {reason}")
+
+
+def _skip_at_the_test(reason: str) -> None:
+    """Skip, reported at the test's line (as pytest's own skip marker is), not at this plugin's."""
+    try:
+        exc = pytest.skip.Exception(reason, _use_item_location=True)
+    except TypeError:  # a pytest without the keyword
+        pytest.skip(reason)
+    raise exc
 
 
 _MARKER_NAMES = frozenset(m.split("(")[0] for m in MARKERS)
