@@ -2,12 +2,13 @@
 episodes run in process (the same TorchScript file called directly in torch, no gateway), side by side in one
 run: MuJoCo Hopper-v5 and NVIDIA Newton cartpole.
 
-    python benchmarks/eval.py [--episodes 32 --envs 8 --json PATH]
+    python benchmarks/eval.py [--episodes 64 --envs 8 --rounds 2 --json PATH]
 
 Both paths run the same waves (episode i on seed i, `--envs` envs stepped together, `tether.evaluation.episodes`
 semantics), so their returns must agree: the table says whether they are bitwise equal. `tether eval` runs as
 a subprocess, as CI runs it: "eval, episodes" is its episodes' own time (its JSON), "eval, end to end" the whole
-command (start-up of Python, Triton and the gateway included). Writes JSON (default
+command (start-up of Python, Triton and the gateway included). The paths alternate for `--rounds` rounds
+and each reports its best round (the in-process path warms its TorchScript module up first). Writes JSON (default
 benchmarks/results/eval.json). Each policy is a freshly initialised MLP (trainer.policy.MLPPolicy, seed 0).
 """
 
@@ -56,6 +57,9 @@ def in_process(env_id: str, path: Path, *, episodes: int, envs: int) -> dict:
     width = min(envs, episodes)
     env = sim.make(vector_id(env_id), num_envs=width, seed=0)
     name = env.observation_spec()[0].name
+    with torch.inference_mode():  # the profiling executor's first calls
+        for _ in range(3):
+            module(torch.from_numpy(np.ascontiguousarray(env.reset(seed=0).observation[name])))
     returns: list[float] = []
     steps = 0
     start = time.perf_counter()
@@ -101,8 +105,9 @@ def through_eval(env_id: str, path: Path, *, episodes: int, envs: int, folder: P
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--episodes", type=int, default=32)
+    p.add_argument("--episodes", type=int, default=64)
     p.add_argument("--envs", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "eval.json")
     a = p.parse_args()
     torch.set_num_threads(1)
@@ -111,11 +116,20 @@ def main() -> None:
         folder = Path(tmp)
         for env_id in ENVS:
             path = policy_file(env_id, folder / f"{env_id.replace(':', '_')}.pt")
-            local = in_process(env_id, path, episodes=a.episodes, envs=a.envs)
-            remote = through_eval(env_id, path, episodes=a.episodes, envs=a.envs, folder=folder)
+            locals_, remotes = [], []
+            for _ in range(a.rounds):
+                locals_.append(in_process(env_id, path, episodes=a.episodes, envs=a.envs))
+                remotes.append(through_eval(env_id, path, episodes=a.episodes, envs=a.envs, folder=folder))
+            local = max(locals_, key=lambda r: r["episodes_per_min"])
+            remote = max(remotes, key=lambda r: r["episodes_per_min"])
+            remote["end_to_end_episodes_per_min"] = max(r["end_to_end_episodes_per_min"] for r in remotes)
+            if any(r["returns"] != remote["returns"] for r in remotes + locals_):
+                print(f"{env_id}: returns differ between rounds", file=sys.stderr)
             same = local["returns"] == remote["returns"]
             close = bool(np.allclose(local["returns"], remote["returns"], rtol=1e-5, atol=1e-6))
-            rows.append({"env": env_id, "episodes": a.episodes, "envs": a.envs, "in_process": local,
+            rows.append({"env": env_id, "episodes": a.episodes, "envs": a.envs, "rounds": a.rounds,
+                         "rounds_identical": all(r["returns"] == remote["returns"] for r in remotes + locals_),
+                         "in_process": local,
                          "tether_eval": remote, "returns_bitwise_equal": same, "returns_close": close,
                          "mean_episode_steps": local["steps"] / a.episodes})
     print(f"{'env':<17}{'ep. steps':>10}{'in process':>13}{'eval, episodes':>16}{'ratio':>7}"

@@ -69,6 +69,10 @@ class Check:
                 "figures": self.figures}
 
 
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
 def figures(run: EnvRun, *, bound_tolerance: float = 1e-6) -> dict:
     """JSON-ready figures of one run: returns (mean, 95% t interval), lengths, bounds, jerk, latency, errors."""
     mean, low, high = checks.mean_interval(run.returns)
@@ -129,7 +133,7 @@ def judge(env: str, candidate: EnvRun, baseline: EnvRun | None, thresholds: Thre
     if thresholds.max_p99_ms is not None:
         p99 = c["latency_ms"]["p99"]
         ok = p99 is not None and p99 <= thresholds.max_p99_ms
-        found.append(Check(env, "p99_latency", ok, f"step round trip p99 {p99} ms "
+        found.append(Check(env, "p99_latency", ok, f"step round trip p99 {_ms(p99)} ms "
                            f"{'<=' if ok else '>'} {thresholds.max_p99_ms:g} ms",
                            {"p99_ms": p99 if p99 is not None else -1.0, "max_p99_ms": thresholds.max_p99_ms}))
     result["checks"] = [check.to_dict() for check in found]
