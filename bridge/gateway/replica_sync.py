@@ -31,6 +31,8 @@ class VersionCopies:
         """`repository` made to hold exactly the primary's version folders of `model` (and its config)."""
         if repository.root.resolve() == self.primary.root.resolve():
             return
+        if not (self.primary.root / model / "config.pbtxt").exists():
+            return  # not a model of the primary repository: nothing to give the replicas
         want, have = set(self.primary.versions(model)), set(repository.versions(model))
         folder = repository.root / model
         for version in sorted(have - want):  # out of Triton's sight (kept under .retired, as the primary does)

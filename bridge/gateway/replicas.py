@@ -163,9 +163,11 @@ class TritonReplicas:
         self._models.update(models)
         for r in self.replicas:
             try:
-                self._models.update(await r.control.loaded_models())
+                loaded = await r.control.loaded_models()
             except InferenceError:
                 continue  # not up: its watcher brings it in
+            # only models the primary repository holds can be given to every replica
+            self._models.update(m for m in loaded if (self.primary.root / m / "config.pbtxt").exists())
         for r in self.replicas:
             if await self._alive(r.url):
                 await self._join(r)
