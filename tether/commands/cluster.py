@@ -11,6 +11,7 @@ import argparse
 import signal
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from tether.commands import exit_code, passthrough
@@ -75,7 +76,14 @@ def up(a: argparse.Namespace) -> int:
     # SIGINT too, explicitly: a process started in the background inherits SIGINT ignored
     previous = {sig: signal.signal(sig, on_term) for sig in (signal.SIGINT, signal.SIGTERM)}
     print(f"run dir {run_dir}", flush=True)
-    cluster = Cluster(roles(spec), on_started=lambda name, r: print(f"  started {name} {r.address}", flush=True))
+    t0 = [time.monotonic()]
+
+    def started(name: str, running) -> None:
+        now = time.monotonic()
+        print(f"  started {name} {running.address} ({now - t0[0]:.1f} s)", flush=True)
+        t0[0] = now
+
+    cluster = Cluster(roles(spec), on_started=started)
     try:
         cluster.start()
         print(cluster.table(), flush=True)
