@@ -97,3 +97,40 @@ def test_flags(flag):
 
     config = from_arguments(parse_args(["--triton", "127.0.0.1:8001", *flag]))
     assert (config.gateway_id, config.drain_grace_s) == ("gw-7", 0.5)
+
+
+def test_back_on_a_gateway_after_another_owned_the_session_its_log_takes_the_replay_again(triton, tmp_path):
+    """gw-a logged robot-2's steps under epoch 1; gw-b owned it since (epoch 2); back on gw-a (epoch 3) the old
+    records are another epoch's: Welcome says nothing is durable here, and a Replay of an old step is logged
+    again under epoch 3 (not answered as a duplicate)."""
+    registry, log_dir = tmp_path / "registry.sqlite", tmp_path / "experience"
+
+    async def scenario():
+        async with running_gateway(triton.url, policy=triton.policy, experience_dir=log_dir, registry=registry,
+                                   gateway_id="gw-a", fsync_interval_ms=1.0) as gw:
+            channel, call, welcome = await _open(gw.address, hello("robot-2", obs=OBS, act=ACT))
+            replies = [await _step(call, step) for step in range(6)]
+            await call.done_writing()
+            await channel.close()
+            await until(lambda: gw.experience.durable_step("robot-2") == 4, "steps 0..4 durable on gw-a")
+            other = SqliteOwnership(registry)
+            assert other.claim("robot-2", owner="gw-b").epoch == 2
+            other.close()
+            channel, call, welcome = await _open(gw.address, hello("robot-2", obs=OBS, act=ACT))
+            assert (welcome.owner_epoch, welcome.durable_through) == (3, 0)
+            action = replies[3].action
+            nxt = bridge_pb2.Observation(step=4, step_type=bridge_pb2.MID,
+                                         tensors=[encode("observation", np.full(11, 0.04, np.float32))])
+            obs = bridge_pb2.Observation(step=3, step_type=bridge_pb2.MID,
+                                         tensors=[encode("observation", np.full(11, 0.03, np.float32))])
+            await call.write(bridge_pb2.ClientMessage(replay=bridge_pb2.Replay(observation=obs, action=action,
+                                                                              next=nxt)))
+            replayed = (await call.read()).replayed
+            assert (replayed.step, replayed.duplicate) == (3, False)
+            await until(lambda: gw.experience.durable_step("robot-2") == 3, "the replayed step durable again")
+            call.cancel()
+            await channel.close()
+
+    asyncio.run(scenario())
+    records = [(t.step, t.owner_epoch) for t in read_transitions(log_dir) if t.session == "robot-2"]
+    assert records == [(0, 1), (1, 1), (2, 1), (3, 1), (4, 1), (3, 3)]
