@@ -136,6 +136,8 @@ def test_the_trainer_args_parse_and_carry_what_cluster_up_gives_a_trainer_node()
     assert store["command"] == ["python", "-m", "trainer.rendezvous"]
     assert rendezvous_parser().parse_args(store["args"]).port == RENDEZVOUS_PORT
     worker = worker_parser().parse_args(rest)
+    nats_port = _service_port("tether-nats", "client")
+    assert worker.experience.split(",") == [f"nats://tether-nats-{i}.tether-nats:{nats_port}" for i in range(3)]
     assert worker.checkpoint_dir and worker.stop_file.startswith(worker.checkpoint_dir)
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}

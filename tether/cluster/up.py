@@ -25,7 +25,8 @@ Every gateway shares the registry (PostgreSQL), streams experience to the NATS J
 (and keeps its own local log for the trainer's Experience.Subscribe) and routes to every Triton
 replica; the replicas serve one shared model repository. The trainer nodes are `tether train`
 launchers meeting at a c10d rendezvous store of their own (`python -m trainer.rendezvous`), so any
-node may die and rejoin; they train PPO from gateway-0's experience, open-ended (touch
+node may die and rejoin; they train PPO from the JetStream stream (every gateway's sessions; a
+durable consumer per rank) and publish through gateway-0, open-ended (touch
 `<run-dir>/trainer.stop` to end them cleanly) and checkpoint into `<run-dir>/checkpoints`.
 """
 
@@ -191,7 +192,8 @@ def trainer_args(spec: ClusterSpec, up: Mapping[str, Running]) -> list[str]:
     """`tether train`'s flags for every trainer node (deploy/ gives its pods the same)."""
     return ["--nnodes", f"1:{spec.trainer_nodes}", "--rdzv-endpoint", up["rendezvous"].address,
             "--rdzv-id", "tether-cluster", "--rdzv-external", "--nproc", "1", "--max-restarts", "100",
-            "--gateway", up["gateway-0"].address, "--algo", "ppo", "--policy", _policy(spec),
+            "--gateway", up["gateway-0"].address, "--experience", up["nats"].address,
+            "--algo", "ppo", "--policy", _policy(spec),
             "--checkpoint-dir", str(spec.run_dir / "checkpoints"), "--stop-file", str(spec.run_dir / "trainer.stop"),
             "--seed", str(spec.seed)]
 
