@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from bridge.gateway.config import add_arguments, from_arguments
+from bridge.gateway.replica_sync import VersionCopies
 from bridge.gateway.rollout_config import RolloutPlan
 from bridge.registry import Thresholds
 from inference_server import ModelRepository, TritonServer
@@ -97,6 +98,23 @@ def test_the_artifact_store_keeps_a_version_once_and_copies_it_into_another_repo
     assert sorted((tmp_path / "store" / "sha256").iterdir()) == blobs   # materializing stores nothing new
     with pytest.raises(FileExistsError):
         store.materialize(digest, copy)
+
+
+def test_version_copies_follow_the_primary_repository(tmp_path):
+    primary, replica = ModelRepository(tmp_path / "a"), ModelRepository(tmp_path / "b")
+    module = MLPPolicy(OBS[0], ACT[0], seed=0)
+    primary.write_version("p", 1, module, OBS, ACT)
+    primary.write_weights("p", 2, module.state_dict())
+    copies = VersionCopies(primary=primary, store=ArtifactStore(tmp_path / "store"))
+    copies.sync(replica, "p")
+    assert replica.versions("p") == [1, 2]
+    assert (replica.root / "p" / "config.pbtxt").read_text() == (primary.root / "p" / "config.pbtxt").read_text()
+    primary.retire("p", 1)
+    copies.sync(replica, "p")
+    assert replica.versions("p") == [2] and replica.retired_versions("p") == [1]
+    copies.sync(primary, "p")                       # a repository shared with the primary: left as it is
+    copies.sync(replica, "absent")                  # not a model of the primary: nothing to give
+    assert primary.versions("p") == [2] and not (replica.root / "absent").exists()
 
 
 def test_triton_flag_takes_replicas_and_one_address_stays_one():
