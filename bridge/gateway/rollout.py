@@ -113,7 +113,7 @@ class RolloutController:
         self._loop_task: asyncio.Task | None = None
         self.errors: list[str] = []                     # background failures (also logged)
         # a shared registry: the epoch other gateways commit, and the one leader (bridge.gateway.rollout_follow)
-        self.shared = SharedRollout(registry, catch_up=self.follow)
+        self.shared = SharedRollout(registry, catch_up=self.follow, router=self.router)
 
     # -- start, stop, restore ------------------------------------------------------------------------------------
 
@@ -178,9 +178,12 @@ class RolloutController:
                         await self.serving.serve(name, version)
                     except Exception as exc:  # noqa: BLE001 (routed anyway: the registry is the truth; logged)
                         log.error("rollout %s: v%d of epoch %d cannot be served here: %s", name, version, epoch, exc)
+                before = self._rollouts.get(name)
                 self.router.set(rollout)
                 if rollout.live is not None:
                     await self._catalog.promote(name, rollout.live)
+                if rollout.live is not None and (before is None or before.live != rollout.live):
+                    await self._on_probation(name, rollout.live)
                 log.info("rollout %s follows epoch %d: live v%s, canary v%s, shadow v%s", name, epoch, rollout.live,
                          rollout.canary, rollout.shadow)
             return epoch
@@ -279,6 +282,19 @@ class RolloutController:
         """Roll back `version` (None: the live one, and the previous live version is live again)."""
         async with self.lock:
             return await self._rollback(policy, version, who=who, why=why)
+
+    async def _on_probation(self, name: str, live: int) -> None:
+        """Another gateway made `live` live: judged vs the previous live version (by whichever gateway leads),
+        unless a rollback restored it (the registry's "restored: ..." move)."""
+        try:
+            events = await asyncio.to_thread(self.registry.latest_events, name, limit=50)
+        except RegistryError:
+            return
+        entered = [e for e in events if e.kind == "state" and e.version == live and e.to_state == str(State.LIVE)]
+        if entered and not entered[-1].why.startswith("restored:"):
+            self._probation[name] = live
+        else:
+            self._probation.pop(name, None)
 
     async def _rollback(self, policy: str, version: int | None, *, who: str, why: str) -> VersionRecord:
         rollout = self.rollout(policy)
@@ -421,8 +437,13 @@ class RolloutController:
         return needed(rollout, self._publishing.gating.get(name), self._publishing.gate_base.get(name))
 
     def keep(self, name: str) -> set[int]:
-        """The versions of `name` that stay on disk: the rollout's, the gate's, and those sessions act with."""
-        return self._needed(name, self.rollout(name)) | self._in_use(name)
+        """The versions of `name` that stay on disk: the rollout's, the gate's, and those sessions act with (on a
+        shared registry also every candidate or gated version: another gateway's publish may be gating it)."""
+        keep = self._needed(name, self.rollout(name)) | self._in_use(name)
+        if self.registry.shared:  # and those other gateways' sessions stepped with lately
+            keep |= {r.version for r in self.registry.versions(name) if r.state in (State.CANDIDATE, State.GATED)}
+            keep |= self.shared.in_use_elsewhere(name)
+        return keep
 
     async def reconcile(self, name: str) -> None:
         """Unload the versions nobody needs; verify what Triton serves (the leader only, on a shared registry)."""

@@ -38,6 +38,7 @@ class RolloutRouter:
         self._monitors: dict[str, RegressionMonitor] = {}
         self.stats = VersionStats()
         self._shadow_tasks: set[asyncio.Task] = set()
+        self.tap = None  # a shared registry: a SampleTap that ships what sessions show to the leader (rollout_follow)
 
     def set(self, rollout: Rollout) -> None:
         self.rollouts_now[rollout.policy] = rollout
@@ -76,6 +77,8 @@ class RolloutRouter:
         leading N); with a shadow version, it is inferred on the same inputs in a task."""
         self.stats.step(policy.name, policy.version, latency_s=latency_s, error=error, guard=guard)
         self.monitor(policy.name).observe_step(policy.version, latency_s, error, guard)
+        if self.tap is not None:
+            self.tap.step(policy.name, policy.version, latency_s, error, guard)
         if inputs is None or actions is None:
             return
         rollout = self.rollouts_now.get(policy.name)
@@ -101,7 +104,11 @@ class RolloutRouter:
         except Exception:
             divergence = None
         self.stats.shadow(name, version, divergence=divergence)
+        if self.tap is not None:
+            self.tap.shadow(name, version, divergence)
 
     def episode_ended(self, policy: ServedPolicy, episode_return: float) -> None:
         self.stats.episode(policy.name, policy.version, episode_return=episode_return)
         self.monitor(policy.name).observe_episode(policy.version, episode_return)
+        if self.tap is not None:
+            self.tap.episode(policy.name, policy.version, episode_return)

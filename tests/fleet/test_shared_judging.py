@@ -1,0 +1,65 @@
+"""The leader judges the whole fleet's sessions: two gateways on one PostgreSQL registry (in this process, one
+Triton), every session on the follower B. A flipped version published through B goes shadow -> canary on the
+leader A's decisions, fed by the samples B ships, and A rolls the regressed canary back; B's sessions follow."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from bridge.gateway.rollout_config import RolloutPlan
+from bridge.registry import Thresholds
+from inference_server import ModelRepository, TritonServer
+from protos import policies_pb2_grpc
+from tests.conftest import ACT, OBS
+from tests.gateway.helpers import running_gateway, until
+from tests.gateway.rollout_helpers import Fleet, new_policy, publish, variant
+from tether.cluster.postgres import PostgresServer, postgres_bin_dir
+from trainer.policy import MLPPolicy
+
+pytestmark = pytest.mark.skipif(postgres_bin_dir() is None, reason="PostgreSQL's initdb is not installed "
+                                "(/usr/lib/postgresql/*/bin/initdb; Debian package postgresql)")
+
+THRESHOLDS = Thresholds(min_episodes=3, min_steps=12, max_latency_p99_ratio=1e6)  # latency: a shared box jitters
+STAGED = RolloutPlan(mode="staged", shadow_steps=12, canary_labels={"robot": "a"}, canary_episodes=4,
+                     thresholds=THRESHOLDS, tick_s=0.05)
+LABELS = [{"robot": "a"}, {"robot": "a"}, {"robot": "b"}, {"robot": "b"}]
+
+
+def test_the_leader_rolls_back_a_canary_whose_sessions_are_on_another_gateway(tmp_path):
+    repo = ModelRepository(tmp_path / "models")
+    repo.write_version("seed", 1, MLPPolicy(OBS[0], ACT[0], seed=0), OBS, ACT)
+    with PostgresServer(tmp_path / "pg") as pg, \
+            TritonServer(repo.root, models=["seed"], log_path=tmp_path / "triton.log") as server:
+        v1 = new_policy(server, repo, "judged")
+
+        async def scenario():
+            config = dict(triton_timeout_s=60, policy="judged", model_repository=repo.root, registry=pg.url,
+                          rollout=STAGED, switch="episode")
+            async with running_gateway(server.grpc_url, **config) as a, \
+                    running_gateway(server.grpc_url, **config) as b, \
+                    grpc.aio.insecure_channel(b.address) as channel:
+                await until(lambda: a.rollout.leading, "gateway A leading")
+                assert not b.rollout.leading
+                async with Fleet(b, "judged", LABELS) as fleet:
+                    await fleet.round()
+                    reply = await publish(policies_pb2_grpc.PoliciesStub(channel), "judged", variant(v1, flip=True))
+                    assert reply.version == 2
+                    for _ in range(80):
+                        await fleet.round()
+                        assert not fleet.errors, fleet.errors[:3]
+                        if b.registry.get("judged", 2).state == "rolled_back":
+                            break
+                    else:
+                        raise AssertionError(f"v2 is {b.registry.get('judged', 2).state} after 80 rounds")
+                    assert a.rollout.version_stats("judged")[2]["episodes"] >= 3  # B's episodes, judged on A
+                    moves = [(e.to_state, e.who) for e in b.registry.events("judged") if e.version == 2
+                             and e.kind == "state"]
+                    assert moves[-3:] == [("shadow", "auto"), ("canary", "auto"), ("rolled_back", "auto")], moves
+                    await until(lambda: b.rollout.rollouts()["judged"].canary is None, "B following the rollback")
+                    await fleet.round()
+                    assert not fleet.errors and all(vs[-1] == 1 for vs in fleet.versions)
+
+        asyncio.run(scenario())
