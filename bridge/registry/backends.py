@@ -28,6 +28,10 @@ from bridge.registry.errors import RegistryError, RegistryUnavailable
 NOTIFY_CHANNEL = "tether_registry"   # NOTIFY tether_registry, '<epoch>' after every committed change
 WRITE_LOCK_KEY = 7_461_636_801       # pg_advisory_xact_lock: one writer at a time, as SQLite's BEGIN IMMEDIATE
 CONNECT_TIMEOUT_S = 2
+# the server drops a connection whose client went silent (a partitioned or frozen gateway) within ~11 s, and with
+# it that gateway's session-level locks (the leader lock); the client side gives up on unacknowledged sends in 5 s
+SERVER_SIDE_KEEPALIVES = ("-c tcp_keepalives_idle=5 -c tcp_keepalives_interval=2 -c tcp_keepalives_count=3 "
+                          "-c tcp_user_timeout=5000")
 
 
 def is_url(where: object) -> bool:
@@ -134,8 +138,8 @@ def connect(url: str, *, autocommit: bool = True, application_name: str = "tethe
 
     try:
         return psycopg.connect(url, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT_S, keepalives=1,
-                               keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
-                               application_name=application_name)
+                               keepalives_idle=5, keepalives_interval=2, keepalives_count=3, tcp_user_timeout=5000,
+                               application_name=application_name, options=SERVER_SIDE_KEEPALIVES)
     except psycopg.Error as exc:
         raise RegistryUnavailable(f"registry unreachable: {shown(url)}: {_first_line(exc)}") from exc
 
