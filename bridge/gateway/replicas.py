@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 
 import grpc
 import numpy as np
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from bridge.gate.checks import DEFAULT_TOLERANCES, compare_outputs
 from bridge.gateway.policies import ServedPolicy
@@ -457,6 +459,36 @@ class TritonReplicas:
             except Exception as exc:  # the row is what routing relies on; the audit line is a courtesy
                 log.warning("replica %s: auditing %s v%d: %s", url, model, version, exc)
         return row
+
+
+class ReplicaMetrics(Collector):
+    """/metrics of the replicas, read at scrape time: `gateway.figures.metrics.registry.register(ReplicaMetrics(r))`.
+    tether_triton_replica_up{replica} (1 up; 0 down or rejoining), _inflight, _verified_versions, _batches_total,
+    and tether_triton_replica_retries_total (batches retried on another replica)."""
+
+    def __init__(self, replicas: TritonReplicas):
+        self._replicas = replicas
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        up = GaugeMetricFamily("tether_triton_replica_up", "1 while a Triton replica is up (verified versions take "
+                               "batches there); 0 while it is down or rejoining", labels=["replica"])
+        inflight = GaugeMetricFamily("tether_triton_replica_inflight", "Batches in flight on each replica",
+                                     labels=["replica"])
+        verified = GaugeMetricFamily("tether_triton_replica_verified_versions", "Policy versions each replica is "
+                                     "verified for", labels=["replica"])
+        batches = CounterMetricFamily("tether_triton_replica_batches", "Batches routed to each replica",
+                                      labels=["replica"])
+        for r in self._replicas.replicas:
+            up.add_metric([r.url], 1 if r.state == UP else 0)
+            inflight.add_metric([r.url], r.inflight)
+            verified.add_metric([r.url], len(r.verified))
+            batches.add_metric([r.url], r.batches)
+        yield from (up, inflight, verified, batches)
+        yield CounterMetricFamily("tether_triton_replica_retries", "Batches retried on another replica after theirs "
+                                  "was gone", value=self._replicas.retried)
 
 
 def from_config(config) -> TritonReplicas:

@@ -44,6 +44,7 @@ from bridge.gateway.owners import SessionOwners
 from bridge.gateway.policies import PolicyCatalog
 from bridge.gateway.policies_service import PoliciesService
 from bridge.gateway.publisher import Publisher
+from bridge.gateway.replicas import ReplicaMetrics
 from bridge.gateway.replicas import from_config as replicas_from_config
 from bridge.gateway.rollout import RolloutController
 from bridge.gateway.rollout_config import open_registry
@@ -100,6 +101,8 @@ class Gateway:
         # operators' e-stops, durable (the registry, else <experience_dir>/.tether/estops.sqlite), and the held replies
         self.estops = EStops(open_estop_registry(self.registry, config.experience_dir))
         self.figures = FleetFigures(GatewayMetrics(self))  # per-session figures and metrics (bridge.gateway.figures)
+        if self.replicas is not None:  # tether_triton_replica_* in /metrics
+            self.figures.metrics.registry.register(ReplicaMetrics(self.replicas))
         self.fleet = Fleet(self)  # what operators see and do: displays the above, forwards e-stops (bridge.console)
         self.console = None       # the HTTP console, when config.console_port is set
         self.sessions: dict[str, Session | VectorSession] = {}

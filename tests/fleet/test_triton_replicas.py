@@ -162,6 +162,9 @@ def test_a_version_is_verified_on_both_replicas_before_canary(replicas):
             routed = {url for _, url, _, version in gw.replicas.routed if version == 2}
             assert routed == {a.grpc_url, b.grpc_url}   # least busy: both replicas took v2's batches
             check_routing(gw)
+            scraped = gw.figures.metrics.exposition().decode()
+            assert f'tether_triton_replica_up{{replica="{b.grpc_url}"}} 1.0' in scraped
+            assert f'tether_triton_replica_batches_total{{replica="{a.grpc_url}"}}' in scraped
             digest = gw.replicas.copies.digests[("staged", 2)]
             assert (gw.config.artifact_store / "sha256" / digest).exists()
 
