@@ -33,6 +33,11 @@ class TeeLog:
         self.first.resume(session)
         self.second.resume(session)
 
+    def forget(self, session: str) -> None:
+        """Another gateway owned `session` since: both sinks take its steps again (ExperienceLog.forget)."""
+        self.first.forget(session)
+        self.second.forget(session)
+
     def last_step(self, session: str) -> int | None:
         steps = [s for s in (self.first.last_step(session), self.second.last_step(session)) if s is not None]
         return max(steps) if steps else None
