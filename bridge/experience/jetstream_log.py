@@ -222,6 +222,14 @@ class JetStreamLog:
         """The session connected again: after a refusal at the bound its transitions are taken again."""
         self._refusing.pop(session, None)
 
+    def forget(self, session: str) -> None:
+        """Another gateway owned `session` since (bridge.gateway.owners): its steps are taken again from any
+        step (the client replays them under the new epoch; the stream drops msg ids it has) and its
+        `durable_step` restarts from what this epoch acknowledges (as ExperienceLog.forget)."""
+        self._last_step.pop(session, None)
+        self._durable_step.pop(session, None)
+        self._refusing.pop(session, None)
+
     def last_step(self, session: str) -> int | None:
         return self._last_step.get(session)
 
