@@ -23,7 +23,7 @@ import os
 import time
 from pathlib import Path
 
-from bridge.experience.jetstream import SESSION, STEP, STREAM, connect, ensure_stream, parse_servers
+from bridge.experience.jetstream import STREAM, connect, ensure_stream, parse_servers
 from bridge.experience.log import _lock
 from bridge.experience.segment import SegmentWriter, list_segments, repair_segment, scan_segment, segment_name
 from protos import experience_pb2
@@ -158,9 +158,7 @@ class Archiver:
                 first = expected = offset
             t = experience_pb2.Transition.FromString(msg.data)
             t.offset = offset
-            headers = msg.headers or {}
-            session, step = headers.get(SESSION, t.session), int(headers.get(STEP, t.step))
-            self._sessions[session] = max(step, self._sessions.get(session, -1))
+            self._sessions[t.session] = max(t.step, self._sessions.get(t.session, -1))
             stamp = int(msg.metadata.timestamp.timestamp() * 1e9) if msg.metadata.timestamp else time.time_ns()
             records.append((stamp, t.SerializeToString()))
             done.append(msg)

@@ -9,8 +9,8 @@
 One stream (`TETHER_EXPERIENCE`) holds every session's transitions, one subject per session
 (`tether.experience.<session, %-escaped>`), each message one serialized `tether.v1.Transition` with
 the headers `Nats-Msg-Id: <session>:<step>` (the stream drops a retry of a message it has within its
-duplicate window), `Tether-Session`, `Tether-Step` and `Tether-Owner-Epoch` (the gateway's ownership
-epoch of the session when it logged it; 0 without ownership). Consumers (trainers, the archiver)
+duplicate window) and `Tether-Owner-Epoch` (the gateway's ownership epoch of the session when it logged
+it; 0 without ownership). Consumers (trainers, the archiver)
 number transitions by the stream sequence: `Transition.offset = sequence - 1`.
 """
 
@@ -22,12 +22,12 @@ from collections.abc import Sequence
 log = logging.getLogger("tether.experience")
 
 __all__ = ["STREAM", "SUBJECT_PREFIX", "ExperienceStreamError", "connect", "ensure_stream", "headers_of",
-           "parse_servers", "session_of", "subject_of"]
+           "parse_servers", "session_of", "step_of", "subject_of"]
 
 STREAM = "TETHER_EXPERIENCE"
 SUBJECT_PREFIX = "tether.experience"
 DUPLICATE_WINDOW_S = 120.0  # a retry within this of the first publish is dropped by the stream (msg id)
-MSG_ID, SESSION, STEP, OWNER_EPOCH = "Nats-Msg-Id", "Tether-Session", "Tether-Step", "Tether-Owner-Epoch"
+MSG_ID, OWNER_EPOCH = "Nats-Msg-Id", "Tether-Owner-Epoch"
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 
 
@@ -87,8 +87,23 @@ def session_of(subject: str) -> str:
 
 
 def headers_of(session: str, step: int, owner_epoch: int) -> dict[str, str]:
-    """The headers of a transition's message (msg id for idempotent retries, the ownership epoch)."""
-    return {MSG_ID: f"{session}:{step}", SESSION: session, STEP: str(step), OWNER_EPOCH: str(owner_epoch)}
+    """The headers of a transition's message: its msg id (idempotent retries) and the ownership epoch.
+
+    >>> headers_of("robot-1", 7, 2)
+    {'Nats-Msg-Id': 'robot-1:7', 'Tether-Owner-Epoch': '2'}
+    """
+    return {MSG_ID: f"{session}:{step}", OWNER_EPOCH: str(owner_epoch)}
+
+
+def step_of(headers: dict | None) -> int | None:
+    """The step a message's msg id names (`<session>:<step>`), None without one.
+
+    >>> step_of({"Nats-Msg-Id": "a:b:12"}), step_of(None)
+    (12, None)
+    """
+    msg_id = (headers or {}).get(MSG_ID, "")
+    _, colon, step = msg_id.rpartition(":")
+    return int(step) if colon and step.isdigit() else None
 
 
 async def connect(servers: Sequence[str], *, name: str, connect_timeout_s: float = 10.0):

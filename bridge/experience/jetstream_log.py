@@ -11,9 +11,10 @@ only once the replicated stream has a transition.
 
 Publishing is asynchronous with at most `max_inflight` messages awaiting their PubAck. A transition is
 durable (`durable_step`, and so the session's `durable_through`) when the stream acknowledged it and
-every earlier step of its session. A publish that times out (`ack_timeout_s`), finds no responders or
-gets an error (the stream is electing a new leader, the server we were connected to died) sends every
-message not yet acknowledged again, in their order, after a backoff (`retry_min_s` doubling to
+every earlier step of its session. A publish that times out (`ack_timeout_s`), is overtaken (the stream
+acknowledges in send order: a PubAck for a later message means an earlier one was lost, e.g. with the
+server we were connected to), finds no responders or gets an error (the stream is electing a new
+leader) sends every message not yet acknowledged again, in their order, after a backoff (`retry_min_s` doubling to
 `retry_max_s`): the stream drops those it already has (their `Nats-Msg-Id` within the duplicate
 window), so a retry never doubles a transition.
 
@@ -34,7 +35,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from bridge.experience.jetstream import STEP, STREAM, connect, ensure_stream, headers_of, parse_servers, subject_of
+from bridge.experience.jetstream import STREAM, connect, ensure_stream, headers_of, parse_servers, step_of, subject_of
 from bridge.experience.log import Fenced, LogError, LogFull
 from protos import experience_pb2
 
@@ -64,6 +65,7 @@ class JetStreamStats:
     write_errors: int = 0  # = retries (the gauge the local log has)
     pruned: int = 0        # always 0 (the stream's own limits prune)
     fenced: int = 0        # acknowledged by the stream, never durable here: their session's epoch was stale
+    overtaken: int = 0     # go-backs because a PubAck came for a message sent after one still unacknowledged
 
 
 @dataclass(eq=False)
@@ -87,8 +89,8 @@ class JetStreamLog:
     replication when this log creates it (default: 3 with 3 or more servers given, else 1)."""
 
     def __init__(self, servers: str | Sequence[str], *, stream: str = STREAM, replicas: int | None = None,
-                 max_inflight: int = 1024, max_pending: int = 100_000, max_pending_bytes: int = 1 << 30,
-                 ack_timeout_s: float = 1.0, retry_min_s: float = 0.05, retry_max_s: float = 0.5,
+                 max_inflight: int = 256, max_pending: int = 100_000, max_pending_bytes: int = 1 << 30,
+                 ack_timeout_s: float = 2.0, retry_min_s: float = 0.05, retry_max_s: float = 0.5,
                  close_timeout_s: float = 5.0, name: str = "tether-gateway",
                  ownership: Callable[[set[tuple[str, int]]], set[tuple[str, int]]] | None = None,
                  on_fenced: Callable[[str, int], None] | None = None):
@@ -117,6 +119,7 @@ class JetStreamLog:
         self._durable_step: dict[str, int] = {}
         self._refusing: dict[str, int] = {}
         self._per_session: dict[str, deque[_Item]] = {}  # not yet durable, in step order
+        self._subjects: dict[str, str] = {}              # session -> its subject (escaping once)
         self._queue: deque[_Item] = deque()               # to publish (again), in append order
         self._inflight: dict[int, _Item] = {}             # published, awaiting the PubAck (insertion = send order)
         self._sent_at: dict[int, float] = {}
@@ -129,7 +132,7 @@ class JetStreamLog:
         self._stall_since: float | None = None  # pending and nothing acknowledged since
         self._max_payload = 1 << 20
         self._c = dict(appended=0, duplicates=0, durable=0, bytes=0, refused=0, retries=0, stream_duplicates=0,
-                       max_pending=0, max_inflight=0, fenced=0)
+                       max_pending=0, max_inflight=0, fenced=0, overtaken=0)
         self._longest_stall = 0.0
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -204,7 +207,12 @@ class JetStreamLog:
         epoch = int(getattr(transition, "owner_epoch", 0) or 0)
         self._last_step[session] = step
         future = asyncio.get_running_loop().create_future()
-        item = _Item(self._n, session, step, subject_of(session), data, headers_of(session, step, epoch), future,
+        subject = self._subjects.get(session)
+        if subject is None:
+            if len(self._subjects) >= 1 << 16:
+                self._subjects.clear()  # bounded: ids of sessions long gone
+            subject = self._subjects[session] = subject_of(session)
+        item = _Item(self._n, session, step, subject, data, headers_of(session, step, epoch), future,
                      epoch)
         self._n += 1
         self._per_session.setdefault(session, deque()).append(item)
@@ -261,7 +269,9 @@ class JetStreamLog:
             except Exception as exc:  # noqa: BLE001 - the stream is unavailable: Replay's msg ids still dedupe
                 log.warning("experience stream %s: last step of %s unknown (%r)", self.stream, session, exc)
                 return
-            step = int((msg.headers or {}).get(STEP, -1))
+            step = step_of(msg.headers)
+            if step is None:
+                return
             if step > self._last_step.get(session, -1):
                 self._last_step[session] = step
             if step > self._durable_step.get(session, -1):
@@ -282,7 +292,7 @@ class JetStreamLog:
                               bytes=c["bytes"], refused=c["refused"], retries=c["retries"],
                               stream_duplicates=c["stream_duplicates"], max_pending=c["max_pending"],
                               max_inflight=c["max_inflight"], longest_stall_s=stall, degraded=self._degraded or "",
-                              write_errors=c["retries"], fenced=c["fenced"])
+                              write_errors=c["retries"], fenced=c["fenced"], overtaken=c["overtaken"])
 
     async def wait_durable(self, timeout: float) -> bool:
         """Waits until nothing is pending (or the timeout); True if nothing is."""
@@ -305,9 +315,11 @@ class JetStreamLog:
             timeout = max(0.001, min(waits)) if waits else None
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
-            if self._inflight:
-                n = next(iter(self._inflight))
-                if time.monotonic() - self._sent_at[n] >= self.ack_timeout_s:
+            if self._inflight and time.monotonic() - self._sent_at[next(iter(self._inflight))] >= self.ack_timeout_s:
+                for _ in range(3):  # a busy loop may hold PubAcks not yet handed over: let it first
+                    await asyncio.sleep(0)
+                n = next(iter(self._inflight), None)
+                if n is not None and time.monotonic() - self._sent_at[n] >= self.ack_timeout_s:
                     self._go_back(f"no PubAck within {self.ack_timeout_s:g} s (stream leader lost?)")
 
     async def _send(self) -> None:
@@ -340,11 +352,15 @@ class JetStreamLog:
             self._go_back(f"publish refused: {error!r}")
             self._wake.set()
             return
+        overtaken = next(iter(self._inflight)) != item.n  # PubAcks come in send order: an earlier one was lost
         self._inflight.pop(item.n, None)
         self._sent_at.pop(item.n, None)
         if getattr(ack.result(), "duplicate", False):
             self._c["stream_duplicates"] += 1
         self._acked(item)
+        if overtaken:
+            self._c["overtaken"] += 1
+            self._go_back("a PubAck overtook an earlier message (lost on the way: a server or the leader changed)")
         self._wake.set()
 
     def _acked(self, item: _Item) -> None:

@@ -34,7 +34,7 @@ pytestmark = pytest.mark.skipif(nats_server_binary() is None,
 ROOT = Path(__file__).resolve().parents[2]
 SESSIONS = 6
 HZ = 50.0
-ELECTION_BOUND_S = 10.0  # nats-server 2.9's raft: a follower campaigns 4-9 s after the leader's last heartbeat
+ELECTION_BOUND_S = 12.0  # nats-server 2.9: followers campaign 4-9 s after a dead leader's heartbeat; + backoff
 
 
 class Stepper:
@@ -104,9 +104,10 @@ async def _leader_killed(triton, cluster: NatsCluster, tmp_path: Path) -> None:
             at_kill = {s.session.id: s.sent for s in steppers}
             cluster.kill(leader)
             killed = time.monotonic()
-            # every session's durable_through passes what it had sent at the kill, then 20 more
-            await _until(lambda: all(s.session.durable_through >= at_kill[s.session.id] + 20 for s in steppers),
-                         "durable_through past the kill", 60)
+            # every session's durable_through passes what it had sent at the kill, and its replay buffer drains
+            await _until(lambda: all(s.session.durable_through >= at_kill[s.session.id] + 20
+                                     and len(s.session.unacked) <= 10 for s in steppers),
+                         "durable_through past the kill, replay buffers drained", 60)
             recovered = time.monotonic() - killed
         finally:
             for s in steppers:
@@ -118,7 +119,7 @@ async def _leader_killed(triton, cluster: NatsCluster, tmp_path: Path) -> None:
     told = {s.session.id: s.session.durable_through for s in steppers}
     sent = {s.session.id: s.sent for s in steppers}
     print(f"\nNATS stream leader n{leader} killed: durable_through stalled {stall:.2f} s at most "
-          f"({recovered:.2f} s until every session was 20 steps past the kill); replay buffers max "
+          f"({recovered:.2f} s until every session's replay buffer drained); replay buffers max "
           f"{max(s.max_unacked for s in steppers)} steps at {HZ:g} Hz; publisher: retries {stats.retries}, "
           f"longest stall {stats.longest_stall_s:.2f} s, max pending {stats.max_pending}, "
           f"stream duplicates {stats.stream_duplicates}")
@@ -126,7 +127,7 @@ async def _leader_killed(triton, cluster: NatsCluster, tmp_path: Path) -> None:
     assert stall <= ELECTION_BOUND_S, f"durable_through stalled {stall:.2f} s"
     for s in steppers:  # bounded: what a session sent during the stall (plus the reply lag), never more
         assert s.max_unacked <= HZ * (stall + 2.0), (s.session.id, s.max_unacked, stall)
-        assert len(s.session.unacked) <= HZ * 2.0, (s.session.id, len(s.session.unacked))
+        assert len(s.session.unacked) <= 20, (s.session.id, len(s.session.unacked))  # drained (a reply's lag)
 
     archive = tmp_path / "archive"
     archiver = Archiver(cluster.url, archive)
