@@ -220,11 +220,13 @@ class Stepper:
 
 
 def test_a_killed_replica_costs_no_step_and_is_reconciled_before_traffic(replicas):
-    new_policy(replicas, "kill")
-    _, (a, _), (b, _) = replicas
+    """Sessions step throughout; replica b is killed; v2 is published while b is down (verified on a only); b
+    restarts: it gets v2 from the artifact store, loads and verifies v1 and v2, and only then takes batches."""
+    v1 = new_policy(replicas, "kill")
+    _, (a, _), (b, repo_b) = replicas
 
     async def scenario():
-        async with gateway(replicas, "kill") as gw:
+        async with gateway(replicas, "kill") as gw, grpc.aio.insecure_channel(gw.address) as channel:
             stepper = Stepper(gw, "kill", 4)
             tasks = [asyncio.get_running_loop().create_task(stepper.run(i)) for i in range(stepper.count)]
             replica_b = next(r for r in gw.replicas.replicas if r.url == b.grpc_url)
@@ -234,23 +236,29 @@ def test_a_killed_replica_costs_no_step_and_is_reconciled_before_traffic(replica
             await until(lambda: replica_b.state == "down", "the gateway notices replica b is gone")
             lost = len(stepper.replies)
             await until(lambda: len(stepper.replies) >= lost + 40, "steps go on without replica b")
+            reply = await publish(policies_pb2_grpc.PoliciesStub(channel), "kill", variant(v1, scale=1.02))
+            assert reply.version == 2 and repo_b.versions("kill") == [1]   # b is down: v2 waits for it
+            assert gw.replicas.verified_on("kill", 2) == [a.grpc_url]
             await asyncio.to_thread(b.stop)    # removes what the killed server left (its stubs, shared memory)
             restarted = time.time_ns()
             await asyncio.to_thread(b.start)   # same ports, nothing loaded
             await until(lambda: replica_b.state == "up", "replica b is reconciled")
-            await until(lambda: sum(1 for t, url, _, _ in gw.replicas.routed if url == b.grpc_url and t > restarted)
-                        >= 20, "replica b takes batches again")
+            assert repo_b.versions("kill") == [1, 2]
+            await until(lambda: sum(1 for t, url, _, v in gw.replicas.routed if url == b.grpc_url and v == 2
+                                    and t > restarted) >= 20, "replica b takes batches of v2")
             stepper.stop.set()
             await asyncio.gather(*tasks)
             assert stepper.errors() == [] and len(stepper.replies) > lost + 40
-            rows = [r for r in gw.replicas.verifications.rows("kill", 1) if r.replica == b.grpc_url]
-            assert [r.result.split(":")[0] for r in rows] == ["ok", "lost", "ok"]   # verified, lost, verified again
-            first_after = min(t for t, url, _, _ in gw.replicas.routed if url == b.grpc_url and t > restarted)
-            assert rows[-1].verified_at < first_after   # reconciled before it took traffic
-            check_routing(gw)                            # and no batch ever went to an unverified replica
-            good = {v: min(r.verified_at for r in gw.replicas.verifications.rows("kill", v) if r.ok) for v in (1,)}
-            assert all(kind != "action" or (version in good and good[version] < t)
-                       for t, kind, version in stepper.replies)   # no action from an unverified version
+            for version, history in ((1, ["ok", "lost", "ok"]), (2, ["ok"])):  # b's rows: verified, lost, again
+                rows = [r for r in gw.replicas.verifications.rows("kill", version) if r.replica == b.grpc_url]
+                assert [r.result.split(":")[0] for r in rows] == history
+                after = [t for t, url, _, v in gw.replicas.routed
+                         if url == b.grpc_url and v == version and t > restarted]
+                assert not after or rows[-1].verified_at < min(after)   # reconciled before it took traffic
+            check_routing(gw)                               # no batch ever went to an unverified replica
+            good = {v: min(r.verified_at for r in gw.replicas.verifications.rows("kill", v) if r.ok) for v in (1, 2)}
+            assert {version for _, kind, version in stepper.replies if kind == "action"} == {1, 2}
+            assert all(kind != "action" or good[version] < t for t, kind, version in stepper.replies)
             print(f"\nkill -9 of one replica: {len(stepper.replies)} steps, none failed; {gw.replicas.retried} "
                   "batch(es) retried on the other replica")
 
