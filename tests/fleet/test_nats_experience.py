@@ -22,7 +22,10 @@ from bridge.client import Session
 from bridge.experience import read_transitions
 from bridge.experience.archive import Archiver
 from bridge.experience.jetstream import STREAM, connect
-from protos import bridge_pb2
+from bridge.experience.jetstream_log import JetStreamLog
+from bridge.experience.log import ExperienceLog
+from bridge.experience.tee import TeeLog
+from protos import bridge_pb2, experience_pb2
 from protos.codec import encode
 from tests.conftest import ACT, OBS
 from tests.gateway.helpers import hello, running_gateway
@@ -153,3 +156,45 @@ async def _leader_killed(triton, cluster: NatsCluster, tmp_path: Path) -> None:
     again = Archiver(cluster.url, archive)
     assert await again.run(until_caught_up=True) == 0
     assert again.next_offset == archiver.next_offset
+
+
+def _transition(session: str, step: int) -> experience_pb2.Transition:
+    return experience_pb2.Transition(session=session, step=step, policy="tiny",
+                                     observation=[encode("observation", np.full(11, step, np.float32))],
+                                     action=[encode("action", np.zeros(3, np.float32))])
+
+
+def test_tee_msg_id_dedup_and_last_step_from_the_stream(tmp_path):
+    """Beside a local log (TeeLog): durable where both are. A gateway that never saw a session learns its last
+    step from the stream (`prepare`, on Hello); a message sent again under the same msg id is not stored twice."""
+    with NatsCluster(tmp_path / "nats", servers=1) as cluster:
+        asyncio.run(_tee_and_dedup(cluster.url, tmp_path))
+
+
+async def _tee_and_dedup(url: str, tmp_path: Path) -> None:
+    local, stream = ExperienceLog(tmp_path / "log"), JetStreamLog(url)
+    await local.start()
+    await stream.start()
+    tee = TeeLog(local, stream)
+    await asyncio.gather(*(tee.append(_transition("s", i)) for i in range(50)))
+    assert tee.durable_step("s") == 49 and tee.append(_transition("s", 10)) is None
+    await tee.close()
+    assert [t.step for t in read_transitions(tmp_path / "log")] == list(range(50))
+
+    other = JetStreamLog(url)  # another gateway: the session moved there
+    await other.start()
+    try:
+        assert other.last_step("s") is None
+        await other.prepare(["s", "never-seen"])
+        assert (other.last_step("s"), other.durable_step("s"), other.last_step("never-seen")) == (49, 49, None)
+    finally:
+        await other.close()
+    again = JetStreamLog(url)  # one that does not ask: its retry of step 40 is dropped by the stream (msg id)
+    await again.start()
+    try:
+        await again.append(_transition("s", 40))
+        assert again.stats.stream_duplicates == 1
+        info = await again._js.stream_info(STREAM)
+        assert info.state.messages == 50
+    finally:
+        await again.close()
