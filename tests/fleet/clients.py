@@ -80,14 +80,44 @@ def answered(record: Record, step: int, msg: bridge_pb2.ServerMessage) -> None:
         record.after_move += 1
 
 
+class Gate:
+    """Holds in-process sessions between two steps (nothing in flight) while it is closed: `await gate.closed_on(n)`
+    returns once n sessions wait at it; `gate.open()` lets them go."""
+
+    def __init__(self):
+        self._open = asyncio.Event()
+        self._open.set()
+        self.waiting = 0
+
+    async def passage(self) -> None:
+        if not self._open.is_set():
+            self.waiting += 1
+            try:
+                await self._open.wait()
+            finally:
+                self.waiting -= 1
+
+    async def closed_on(self, n: int, timeout: float = 30.0) -> None:
+        self._open.clear()
+        deadline = time.monotonic() + timeout
+        while self.waiting < n:
+            assert time.monotonic() < deadline, f"only {self.waiting} of {n} sessions reached the gate"
+            await asyncio.sleep(0.005)
+
+    def open(self) -> None:
+        self._open.set()
+
+
 async def sim_session(addresses: list[str], record: Record, channels: dict, stop: Path, hz: float, seed: int,
-                      reply_timeout_s: float, balanced: bool) -> None:
+                      reply_timeout_s: float, balanced: bool, gate: Gate | None = None) -> None:
     rng = np.random.default_rng(seed)
     async with Session(addresses, hello(record.id, "fleet:sim"), reconnect_s=30.0, reply_timeout_s=reply_timeout_s,
                        connect_timeout_s=20.0, channels=channels, balanced=balanced) as s:
         record.first_gateway = s.welcome.gateway_id
         step, moves = 0, 0
         while not stop.exists():
+            if gate is not None:
+                await gate.passage()
             msg = await s.step(observation(step, rng))
             if len(s.failovers) != moves:
                 moves = record.moves = len(s.failovers)

@@ -3,8 +3,9 @@ started by the test; a SQLite file where PostgreSQL is not installed).
 
 gw-0 sits behind a TCP proxy that can blackhole it (tests/fleet/blackhole.py: connections stay open, nothing
 is forwarded, what arrives is held). 8 sessions (`bridge.client.Session`, given [proxy, gw-1]) run on gw-0;
-the proxy is blackholed: no reply comes, the client's reply deadline (1 s) sees it, and every session moves
-to gw-1, which claims it (epoch 2). Then the proxy heals: gw-0 gets the held observations, completes the
+the proxy is blackholed at an instant when every session is between two steps (so each one's next observation
+is held, none half-delivered): no reply comes, the client's reply deadline (1 s) sees it, and every session
+moves to gw-1, which claims it (epoch 2). Then the proxy heals: gw-0 gets the held observations, completes the
 transitions they finish and writes them to its log, late, under epoch 1; its log asks ownership before
 acknowledging (one query per group commit), finds epoch 1 stale, acknowledges none of them, and ends the
 sessions (fenced). The merged logs keep gw-1's records for every step gw-1 took over: each acknowledged step
@@ -21,7 +22,7 @@ import time
 import pytest
 
 from tests.fleet.blackhole import Blackhole
-from tests.fleet.clients import READY, Record, sim_session
+from tests.fleet.clients import READY, Gate, Record, sim_session
 from tests.fleet.support import Gateways, check_merged, p50_p99_ms
 from tether.cluster.postgres import PostgresServer, postgres_bin_dir
 
@@ -61,13 +62,16 @@ def test_a_blackholed_gateway_loses_its_sessions_and_its_late_writes_are_fenced(
         proxy = Blackhole(target_port=gateways.ports[0])
         await proxy.start()
         channels: dict = {}
+        gate = Gate()
         tasks = [asyncio.create_task(sim_session([proxy.address, gateways.addresses[1]], r, channels, stop, 20.0, i,
-                                                 REPLY_TIMEOUT_S, False)) for i, r in enumerate(records)]
+                                                 REPLY_TIMEOUT_S, False, gate)) for i, r in enumerate(records)]
         try:
             await _until(lambda: all(len(r.answered) >= READY for r in records), 60, "every session on gw-0")
             assert {r.first_gateway for r in records} == {"gw-0"}
+            await gate.closed_on(SESSIONS)  # every session between two steps: its next observation is held
             cut_at = time.time()
             proxy.block()
+            gate.open()
             await _until(lambda: all(r.moves and r.after_move >= READY for r in records), 60,
                          "every session moved to gw-1 and stepped there")
             held, healed_at = proxy.held_bytes, time.time()
