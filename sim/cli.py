@@ -46,6 +46,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--reconnect-s", type=float, default=0.0, metavar="SECONDS",
                    help="keep a session whose gateway went away trying the addresses of --gateway (A,B: the "
                         "next one first) for this long, resuming with Replay (default 0: the session ends)")
+    p.add_argument("--balanced", action="store_true",
+                   help="with several --gateway addresses: pick the gateway by gRPC round_robin among those whose "
+                        "health says SERVING (first Hello and each failover), instead of the list's order")
     p.add_argument("--status-every", type=float, default=1.0, metavar="SECONDS", help="seconds between status lines")
     p.add_argument("--session-id", metavar="PREFIX", help="session i is called PREFIX-i")
     p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
@@ -96,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             envs=sessions, seconds=args.seconds, steps=args.steps,
             policy=args.policy, on_progress=status, connect_timeout=args.connect_timeout,
             progress_every=args.status_every, labels={"env": args.env, **labels}, episodes=args.episodes,
-            session_prefix=args.session_id, token=args.token,
+            session_prefix=args.session_id, token=args.token, balanced=args.balanced and len(gateways) > 1,
             tls=ClientTls(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key) if args.tls_ca else None))
     except ValueError as e:  # a bad --env or budget: a usage error, like argparse's
         print(f"tether sim: error: {e}", file=sys.stderr)

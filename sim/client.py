@@ -198,7 +198,7 @@ async def _one_session(addresses: list[str], channels: dict, credentials: Creden
                        env: Environment | VectorEnvironment, *, index: int, session_id: str, policy: str,
                        labels: Mapping[str, str], stats: SimStats, budget: _Budget, connect_timeout: float,
                        reply_timeout: float, reconnect_s: float, controller: Controller | None,
-                       episodes: int | None, sessions: list[Session]) -> None:
+                       episodes: int | None, sessions: list[Session], balanced: bool = False) -> None:
     vector = isinstance(env, VectorEnvironment)
     hello = bridge_pb2.Hello(
         session_id=session_id, policy=policy, source=getattr(env, "source", f"sim:{type(env).__name__}"),
@@ -207,7 +207,8 @@ async def _one_session(addresses: list[str], channels: dict, credentials: Creden
         labels={"env_index": str(index), **labels},
         num_envs=env.num_envs if vector else 0, batched=vector)
     session = Session(addresses, hello, credentials=credentials, connect_timeout_s=connect_timeout,
-                      reply_timeout_s=reply_timeout, reconnect_s=0.0 if vector else reconnect_s, channels=channels)
+                      reply_timeout_s=reply_timeout, reconnect_s=0.0 if vector else reconnect_s, channels=channels,
+                      balanced=balanced)
     sessions.append(session)
     try:
         await session.open()
@@ -237,7 +238,8 @@ async def run_sessions(target: str | Sequence[str], make_env: Callable[[int], En
                        reconnect_s: float = 0.0, controller: Controller | None = None,
                        until: Callable[[SimStats], bool] | None = None, episodes: int | None = None,
                        session_prefix: str | None = None, tls: ClientTls | None = None,
-                       token: str | None = None, sessions_out: list[Session] | None = None) -> SimStats:
+                       token: str | None = None, sessions_out: list[Session] | None = None,
+                       balanced: bool = False) -> SimStats:
     """Run `envs` sessions against the gateway at `target` (HOST:PORT, or a list of them to fail over
     across) until `seconds` or `steps` (total env steps over all sessions, exact) runs out; return their
     `SimStats`. A `VectorEnvironment` from `make_env` gets a vectorised session (see `run_vector_sessions`).
@@ -252,6 +254,8 @@ async def run_sessions(target: str | Sequence[str], make_env: Callable[[int], En
     `token`: a robot token NAME.SECRET (`tether token add NAME --role robot`) for a gateway that checks
     tokens, sent as `authorization: Bearer` on every stream (in plaintext only to a loopback address).
     `sessions_out`: a list that receives the `bridge.client.Session`s (their `failovers`, ...).
+    `balanced`: several addresses are one gRPC channel that picks a healthy gateway by round_robin and health
+    checking, for the first Hello and each failover (bridge.client.session's docstring).
 
     Raises ConnectionError if no gateway is reachable within `connect_timeout`,
     SessionError if it rejects a session or breaks the protocol, TimeoutError if a reply takes
@@ -290,7 +294,7 @@ async def run_sessions(target: str | Sequence[str], make_env: Callable[[int], En
                         addresses, channels, credentials, env, index=i, session_id=f"{prefix}-{i}", policy=policy,
                         labels=labels or {}, stats=stats, budget=budget, connect_timeout=connect_timeout,
                         reply_timeout=reply_timeout, reconnect_s=reconnect_s, controller=controller,
-                        episodes=quotas[i], sessions=sessions))
+                        episodes=quotas[i], sessions=sessions, balanced=balanced))
         except BaseExceptionGroup as group:
             first = group.exceptions[0]
             if len(group.exceptions) > 1:
