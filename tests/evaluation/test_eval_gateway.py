@@ -59,3 +59,20 @@ def test_without_a_token_the_gateway_refuses_and_the_eval_exits_2(secured):
                       timeout=120)
     assert run.returncode == 2, run.stdout + run.stderr
     assert "UNAUTHENTICATED" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_the_same_version_from_the_model_repository_in_an_embedded_stack_gives_bitwise_the_same_returns(secured):
+    stack, folder = secured
+    served = folder / "served.json"
+    if not served.exists():  # when run alone
+        test_a_served_policy_is_evaluated_over_tls_with_a_robot_token(secured)
+    run = tether_eval("pointmass:1", *EPISODES, "--model-repository", stack.repository.root,
+                      "--summary", folder / "embedded.json")
+    assert run.returncode == 0, run.stdout + run.stderr
+    embedded = json.loads((folder / "embedded.json").read_text())
+    over_tls = json.loads(served.read_text())
+    keys = ("seeds", "returns", "lengths", "jerk", "bound_violations")
+    assert {k: embedded["envs"][0]["candidate"][k] for k in keys} == {k: over_tls["envs"][0]["candidate"][k]
+                                                                       for k in keys}
+    sha = embedded["policies"]["candidate"]["sha256"]
+    assert sha == __import__("hashlib").sha256(read_policy_file(folder / "good.pt").data).hexdigest()

@@ -3,12 +3,14 @@
     tether eval policy.pt --env InvertedPendulum-v5 --episodes 10 --min-return 900
     tether eval policy.pt --baseline live.pt --env Hopper-v5 --env newton:cartpole --episodes 20 --seed 0 \\
         --max-regression 10% --max-bound-violations 0 --max-p99-ms 50 --junit eval.xml --summary eval.json
-    tether eval hopper_v5:3 --baseline hopper_v5:2 --gateway gw.lab:50051 --tls-ca ca.crt --token $TOKEN
+    tether eval hopper_v5:3 --baseline hopper_v5:2 --model-repository runs/demo/models --env Hopper-v5
+    tether eval hopper_v5:3 --baseline hopper_v5 --gateway gw.lab:50051 --tls-ca ca.crt --token $TOKEN
 
-A POLICY is a TorchScript archive or an ONNX file (specs from the file), or NAME[:VERSION] of a policy the
-gateway given with --gateway already serves (VERSION: the version its sessions must act with; pin it
-with `tether rollout pin` first). Without --gateway the stack is embedded: a Triton and a `tether gateway`
-on free loopback ports serve the files (as models `candidate` and `baseline`), torn down at the end.
+A POLICY is a TorchScript archive or an ONNX file (specs from the file), or NAME[:VERSION]: a version in
+the model repository given with --model-repository (default: its newest), or a policy the gateway given
+with --gateway already serves (VERSION: the version its sessions must act with; pin it with `tether
+rollout pin` first). Without --gateway the stack is embedded: a Triton and a `tether gateway` on free
+loopback ports serve the policies (as models `candidate` and `baseline`), torn down at the end.
 With --gateway, a file is imported there (`tether policy import`'s path, an operator token) as a new
 policy `eval_<sha256[:12]>`, so no robot acts with it.
 
@@ -65,6 +67,9 @@ def parser() -> argparse.ArgumentParser:
                           "operator to import a file)")
     next(a for a in group._group_actions if a.dest == "gateway").help = (
         "an existing gateway to evaluate through (default: an embedded Triton + gateway on free loopback ports)")
+    p.add_argument("--model-repository", type=Path, metavar="DIR",
+                   help="a Triton model repository (e.g. runs/demo/models) that NAME[:VERSION] policies are taken "
+                        "from, served by the embedded stack")
     p.add_argument("--run-dir", type=Path, help="the embedded stack's directory (logs, model repository); "
                    "default: a temporary one, removed after")
     p.add_argument("--connect-timeout", type=float, default=30.0, help="seconds to wait for the gateway")
@@ -134,9 +139,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         sources = {"candidate": _source(args.policy)}
         if args.baseline:
             sources["baseline"] = _source(args.baseline)
-        if not args.gateway and any(s.path is None for s in sources.values()):
-            raise ValueError("a policy given as NAME[:VERSION] needs --gateway (the gateway that serves it); "
-                             "without --gateway give .pt/.onnx files")
+        if not args.gateway and not args.model_repository and any(s.path is None for s in sources.values()):
+            raise ValueError("a policy given as NAME[:VERSION] needs --model-repository (where its versions are) "
+                             "or --gateway (the gateway that serves it); or give .pt/.onnx files")
+        if args.gateway and args.model_repository:
+            raise ValueError("--model-repository is for the embedded stack; with --gateway, NAME[:VERSION] names "
+                             "what that gateway serves")
     except ValueError as exc:
         print(f"tether eval: error: {exc}", file=sys.stderr)
         return 2
@@ -173,22 +181,47 @@ def _evaluate(args, envs: list[str], sources: dict[str, _Source], thresholds) ->
             from tether.stack import Stack, StackError
 
             run_dir = args.run_dir or Path(tmp)
-            stack = Stack(run_dir, models=list(files), gateway_args=["--deadline-ms", "10000"])
+            stack = Stack(run_dir, models=list(sources), gateway_args=["--deadline-ms", "10000"])
             for role, f in files.items():
                 stack.repository.write_artifact(role, 1, f.format, f.data, f.inputs, f.outputs)
+            for role, source in sources.items():
+                if source.path is None:
+                    sha[role] = _copy_version(args.model_repository, source, stack.repository.root / role)
             try:
                 stack.start()
             except (StackError, RuntimeError, OSError) as exc:
                 raise _SetupError(f"the embedded stack did not start: {exc}") from None
             try:
                 triton = stack.triton.version
-                served = {role: (role, None) for role in files}
+                served = {role: (role, None) for role in sources}
                 results, found = _run_all(args, stack.gateway, None, envs, served, thresholds)
             finally:
                 stack.close()
     seconds = time.monotonic() - started
     _output(args, envs, sources, sha, triton, results, found, seconds)
     return 0 if all(c.passed for c in found) else 1
+
+
+def _copy_version(repository: Path, source: _Source, target: Path) -> str:
+    """NAME:VERSION of `repository` (default: its newest version) as version 1 of the model at `target` (the
+    version folder is self-contained: its TorchScript/ONNX file and Triton wrapper); returns the sha256 of the
+    served file. _SetupError naming what is missing."""
+    import shutil
+
+    model = Path(repository) / source.name
+    versions = sorted(int(p.name) for p in model.glob("[0-9]*") if p.is_dir() and p.name.isdigit())
+    version = source.version if source.version is not None else (versions[-1] if versions else None)
+    if version is None or version not in versions or not (model / "config.pbtxt").is_file():
+        raise _SetupError(f"{source.label}: no version {version} of model {source.name!r} in {repository} "
+                          f"(versions there: {versions})")
+    target.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(model / str(version), target / "1")
+    config = (model / "config.pbtxt").read_text().replace(f'name: "{source.name}"', f'name: "{target.name}"', 1)
+    (target / "config.pbtxt").write_text(config)
+    artifact = target / "1" / "artifact.json"
+    served = json.loads(artifact.read_text())["file"] if artifact.exists() else \
+        next(n for n in ("policy.onnx", "policy.pt") if (target / "1" / n).exists())
+    return hashlib.sha256((target / "1" / served).read_bytes()).hexdigest()
 
 
 def _credentials(args):
