@@ -15,7 +15,9 @@ import pytest
 
 from tests.evaluation.policies import linear_policy
 
-pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+# real processes: a loaded 2-core machine stretches them
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.slow,
+              pytest.mark.requires_triton, pytest.mark.requires_mujoco, pytest.mark.timeout(900)]
 
 PENDULUM = ["--env", "InvertedPendulum-v5", "--max-episode-steps", "100", "--episodes", "4", "--envs", "4"]
 
@@ -77,4 +79,4 @@ def test_usage_errors_exit_2(tmp_path, capsys):
     assert "--max-regression needs --baseline" in capsys.readouterr().err
     assert main([str(good), "--baseline", str(good), "--max-regression", "ten"]) == 2
     assert "'ten'" in capsys.readouterr().err
-    assert main(["pointmass:1"]) == 2 and "needs --gateway" in capsys.readouterr().err
+    assert main(["pointmass:1"]) == 2 and "needs --model-repository" in capsys.readouterr().err

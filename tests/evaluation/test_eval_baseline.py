@@ -11,7 +11,9 @@ import pytest
 from tests.evaluation.policies import linear_policy
 from tests.evaluation.test_eval import failures, tether_eval
 
-pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+# real processes: a loaded 2-core machine stretches them
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.slow,
+              pytest.mark.requires_triton, pytest.mark.timeout(900)]
 
 
 def test_the_paired_comparison_catches_a_10_percent_regression_and_not_an_identical_policy(tmp_path):

@@ -14,7 +14,9 @@ from tests.evaluation.test_eval import failures, tether_eval
 from tether.policy_cli import read_policy_file
 from tether.stack import Stack
 
-pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+# real processes: a loaded 2-core machine stretches them
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.slow,
+              pytest.mark.requires_triton, pytest.mark.timeout(900)]
 
 EPISODES = ["--env", "PointMass", "--episodes", "6", "--envs", "3"]
 
