@@ -117,7 +117,10 @@ class TritonServer:
     """One `tritonserver` subprocess serving `repository` with explicit model control."""
 
     def __init__(self, repository: Path | str, *, host: str = "127.0.0.1", grpc_port: int | None = None,
-                 http_port: int | None = None, models: Sequence[str] = (), log_path: Path | None = None):
+                 http_port: int | None = None, models: Sequence[str] = (), log_path: Path | None = None,
+                 die_with_parent: bool = False):
+        """`die_with_parent`: the kernel sends tritonserver SIGTERM when the thread that started it ends,
+        e.g. when this process is SIGKILLed (PR_SET_PDEATHSIG; start it from the main thread)."""
         if isinstance(models, str):
             raise TypeError(f"models must be a sequence of names, got the string {models!r}")
         self.repository = Path(repository)
@@ -128,6 +131,7 @@ class TritonServer:
             self.http_port = free_port(host)
         self.models = tuple(models)
         self.log_path = Path(log_path) if log_path is not None else None
+        self.die_with_parent = die_with_parent
         self._proc: subprocess.Popen | None = None
         self._workdir: Path | None = None
         self._finalizer: weakref.finalize | None = None
@@ -174,7 +178,8 @@ class TritonServer:
                 f"--backend-config=python,shm-region-prefix-name={self._shm_prefix}"]
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log,
-                                          stderr=subprocess.STDOUT, env=triton_env(), start_new_session=True)
+                                          stderr=subprocess.STDOUT, env=triton_env(), start_new_session=True,
+                                          preexec_fn=parent_death_signal() if self.die_with_parent else None)
         self._finalizer = weakref.finalize(self, _cleanup, self._proc, self._workdir, self._shm_prefix)
         deadline = time.monotonic() + timeout
         while not self._ready():
@@ -258,6 +263,19 @@ class TritonServer:
                                     f"{self.log_tail(1500)}") from None
         finally:
             client.close()
+
+
+def parent_death_signal(sig: int = signal.SIGTERM):
+    """A `preexec_fn` that has the kernel send the child `sig` when the thread that started it ends
+    (PR_SET_PDEATHSIG). libc's prctl is found here, in the parent: the child only calls it."""
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def preexec() -> None:  # in the child, between fork and exec
+        prctl(1, int(sig))  # PR_SET_PDEATHSIG
+
+    return preexec
 
 
 def _cleanup(proc: subprocess.Popen, workdir: Path, shm_prefix: str) -> None:

@@ -78,7 +78,7 @@ def test_a_sample_project_gets_the_stack_its_sims_and_a_teardown_that_leaves_not
     pids_file = tmp_path / "pids.json"
     monkeypatch.setenv("SAMPLE_PIDS", str(pids_file))
     _sample(pytester, docs_sample("conftest.py"), test_policy=docs_sample("test_policy.py"), test_checks=CHECKS)
-    result = pytester.runpytest_subprocess("-ra", timeout=240)
+    result = pytester.runpytest_subprocess("-ra", timeout=480)  # bounded: a loaded machine starts Triton slowly
     gpu = absent("requires_gpu") is None  # the docs' GPU test skips without one
     result.assert_outcomes(passed=2 + gpu, failed=1, skipped=2 - gpu)
     out = result.stdout.str()
@@ -96,14 +96,14 @@ def test_sigterm_to_the_run_still_tears_the_stack_down(pytester, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q"], cwd=pytester.path, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env={**os.environ, "SAMPLE_PIDS": str(pids_file)})
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300
         while not pids_file.exists() or not pids_file.read_text():
             assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "the sample's stack did not start within 120 s"
+            assert time.monotonic() < deadline, "the sample's stack did not start within 300 s"
             time.sleep(0.1)
         pids = json.loads(pids_file.read_text())
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
+        out, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -113,7 +113,7 @@ def test_sigterm_to_the_run_still_tears_the_stack_down(pytester, tmp_path):
 
 
 def test_a_stack_that_fails_to_start_stops_what_it_started(tmp_path):
-    stack = Stack(tmp_path, gateway_args=["--max-batch", "0"], timeout_s=60)
+    stack = Stack(tmp_path, gateway_args=["--max-batch", "0"])
     with pytest.raises(StackError, match="gateway did not start") as info:
         stack.start()
     assert "max" in str(info.value).lower()  # the gateway's own refusal, from its log

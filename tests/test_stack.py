@@ -1,6 +1,6 @@
 """tether.stack.Stack secured (TLS + tokens): its own clients get through with the credentials it hands
 out (sims in process, `tether sim` with its flags, a policy import), a plaintext client and a client
-without a token do not; closing it leaves none of its processes."""
+without a token do not; closing it leaves none of its processes, nor does its owner's SIGKILL."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 
 import grpc
 import pytest
@@ -64,3 +65,27 @@ def test_a_secured_stack_serves_its_own_credentials_and_refuses_others(tmp_path)
         mine = asyncio.run(run_sims(stack, env, episodes=1, policy="mine"))
         assert version == 1 and mine.policy_versions == {1: mine.steps} and not mine.errors
     assert not [pid for pid in pids.values() if group_members(pid)], "a process of the stack outlived close()"
+
+
+CHILD = """
+import json, sys, time
+from tether.stack import Stack
+stack = Stack(sys.argv[1]).start()       # bare: Triton without models, a gateway without a policy
+print(json.dumps(stack.pids), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_sigkilled_owner_leaves_no_stack_behind(tmp_path):
+    """The owner cannot clean up after SIGKILL: the kernel sends Triton and the gateway SIGTERM (PDEATHSIG)."""
+    owner = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = json.loads(owner.stdout.readline() or "{}")
+        assert set(pids) == {"triton", "gateway"}, f"the stack did not start (exit {owner.poll()})"
+    finally:
+        owner.kill()
+        owner.wait()
+    deadline = time.monotonic() + 60  # Triton's exit timeout is 1 s, the gateway drains: bounded, not timed
+    while (left := [pid for pid in pids.values() if group_members(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, f"processes outlived their SIGKILLed owner by 60 s: {left}"

@@ -16,9 +16,9 @@ The gateway is a subprocess, not a task in the caller's event loop: it is what a
 event loop never competes with the test's, and a hung or crashed gateway cannot take the caller
 with it. Both processes lead their own process group; `close()` (idempotent, also run by a
 finalizer at interpreter exit and when `start()` fails half-way) stops each group, SIGKILL after a
-grace period, so nothing outlives the stack. A process SIGKILLed itself cannot clean up: the
-gateway then gets SIGTERM from the kernel (PR_SET_PDEATHSIG, when started on the main thread);
-tritonserver does not.
+grace period, so nothing outlives the stack. A caller SIGKILLed itself cannot clean up: Triton and
+the gateway then get SIGTERM from the kernel (PR_SET_PDEATHSIG, when the stack was started on the
+main thread: the signal follows the thread that started them).
 
 `GatewayProcess` and `stop_process` are the process pieces the demo topology (tether.topology),
 benchmarks and tests share.
@@ -27,7 +27,6 @@ benchmarks and tests share.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
@@ -38,18 +37,13 @@ import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from inference_server.server import group_members
+from inference_server.server import group_members, parent_death_signal
 
 __all__ = ["GatewayProcess", "Stack", "StackError", "gateway_process", "stop_process"]
 
 
 class StackError(RuntimeError):
     """A part of the stack did not start or refused a request; the message names it and where its log is."""
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def stop_process(proc: subprocess.Popen, *, grace_s: float = 10.0) -> None:
@@ -114,7 +108,7 @@ class GatewayProcess:
             raise StackError(f"gateway already started (pid {self.proc.pid})")
         log = open(self.log_path, "a")  # noqa: SIM115 - closed by _stop, after the process
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True,
-                                     preexec_fn=_die_with_parent if self.die_with_parent else None)
+                                     preexec_fn=parent_death_signal() if self.die_with_parent else None)
         address: list[str] = []
         ready = threading.Event()
 
@@ -167,20 +161,25 @@ class Stack:
     `envs`: a freshly initialised policy per env (named `tether.topology.policy_name(env)`, e.g.
     `invertedpendulum_v5`), served as v1 (`stochastic`: a Gaussian policy, as PPO trains). `models`:
     more models already in `directory/models` to load. `policy`: the gateway's default policy (default:
-    the first of those). `gateway_args`: more `tether gateway` flags (`--gate-eval-env ...`).
+    the first of those). `deadline_ms`: the gateway's per-step inference deadline (None: its default,
+    100 ms, a robot's; a loaded CI runner stalls longer). `gateway_args`: more `tether gateway` flags
+    (`--gate-eval-env ...`). `timeout_s`: for each process to be ready.
     """
 
     def __init__(self, directory: Path | str, *, envs: Sequence[str] = (), models: Sequence[str] = (),
-                 policy: str | None = None, secure: bool = False, gateway_args: Sequence[str] = (),
-                 seed: int = 0, stochastic: bool = False, timeout_s: float = 60.0):
+                 policy: str | None = None, secure: bool = False, deadline_ms: int | None = None,
+                 gateway_args: Sequence[str] = (), seed: int = 0, stochastic: bool = False, timeout_s: float = 120.0):
         for what, value in (("envs", envs), ("models", models), ("gateway_args", gateway_args)):
             if isinstance(value, str):
                 raise TypeError(f"{what} must be a sequence, got the string {value!r}")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        if deadline_ms is not None and deadline_ms <= 0:
+            raise ValueError(f"deadline_ms must be positive, got {deadline_ms}")
         self.directory = Path(directory)
         self.envs, self.models, self.policy = tuple(envs), tuple(models), policy
-        self.secure, self.gateway_args, self.seed, self.stochastic = secure, tuple(gateway_args), seed, stochastic
+        self.secure, self.deadline_ms, self.gateway_args = secure, deadline_ms, tuple(gateway_args)
+        self.seed, self.stochastic = seed, stochastic
         self.timeout_s = timeout_s
         self.triton = None  # inference_server.TritonServer once started
         self._gateway: GatewayProcess | None = None
@@ -247,14 +246,18 @@ class Stack:
                 names = [write_initial_policy(repo, env, seed=self.seed, stochastic=self.stochastic)
                          for env in self.envs]
             names += [m for m in self.models if m not in names]
-            self.triton = TritonServer(repo.root, models=names, log_path=self.directory / "triton.log")
+            main_thread = threading.current_thread() is threading.main_thread()  # PDEATHSIG follows the thread
+            self.triton = TritonServer(repo.root, models=names, log_path=self.directory / "triton.log",
+                                       die_with_parent=main_thread)
             self._exit.callback(self.triton.stop)
             self.triton.start(timeout=self.timeout_s)
-            args = ["--model-repository", str(repo.root), *self._security_args(), *self.gateway_args]
+            args = ["--model-repository", str(repo.root), *self._security_args()]
+            if self.deadline_ms is not None:
+                args += ["--deadline-ms", str(self.deadline_ms)]
+            args += self.gateway_args  # last: the caller's flags win
             self._gateway = GatewayProcess(triton_url=self.triton.grpc_url, policy=self.policy or next(iter(names), ""),
                                            log_path=self.directory / "gateway.log", extra_args=args,
-                                           timeout=self.timeout_s,
-                                           die_with_parent=threading.current_thread() is threading.main_thread())
+                                           timeout=self.timeout_s, die_with_parent=main_thread)
             self._exit.callback(self._gateway.stop)
             self._gateway.start()
         except BaseException:

@@ -32,9 +32,11 @@ Fixtures:
   failed tests or not, and on SIGTERM (e.g. a cancelled CI job). A test that fails while using it
   gets the end of the gateway's log in its report. Skipped, naming the binary, where tritonserver
   is missing (ini `tether_missing = fail` to fail instead).
-- `tether_stack_options`: the Stack's keywords (envs, models, policy, secure, gateway_args, seed,
-  stochastic); from the ini options `tether_envs`, `tether_secure`, `tether_gateway_args` unless a
-  conftest overrides the fixture (at the stack's scope).
+- `tether_stack_options`: the Stack's keywords (envs, models, policy, secure, deadline_ms,
+  gateway_args, seed, stochastic); from the ini options `tether_envs`, `tether_secure`,
+  `tether_gateway_args` unless a conftest overrides the fixture (at the stack's scope). The gateway's
+  per-step deadline is 2 s (ini `tether_deadline_ms`) unless they give `deadline_ms`: a test asserts
+  behaviour, a loaded CI runner stalls, and the gateway's own 100 ms is a robot's.
 - `tether_sim`: `tether_sim(env, *, episodes=|steps=|seconds=, envs=1, seed=0, policy=None,
   num_envs=8)` runs sims through the stack's gateway (sim.client, the same path as `tether sim`)
   and returns a `SimResult` (returns per episode, mean return, steps, errors, round trips).
@@ -162,7 +164,7 @@ class ImportedPolicy:
 
 async def run_sims(stack, env: str, *, episodes: int | None = None, steps: int | None = None,
                    seconds: float | None = None, envs: int = 1, seed: int = 0, policy: str | None = None,
-                   num_envs: int = 8, reply_timeout: float = 30.0) -> SimResult:
+                   num_envs: int = 8, connect_timeout: float = 60.0, reply_timeout: float = 30.0) -> SimResult:
     """`envs` sessions of `env` against `stack`'s gateway (single-env sessions seeded seed, seed+1, ...;
     a vector env id such as `newton:cartpole` gives `envs` vectorised sessions of `num_envs` worlds, with a
     `steps` or `seconds` budget). `policy`: default the stack's policy for `env` (when the stack made one),
@@ -180,7 +182,8 @@ async def run_sims(stack, env: str, *, episodes: int | None = None, steps: int |
         def make(i: int):
             return sim.make(env, seed=seed + i)
     stats = await run_sessions(stack.gateway, make, envs=envs, episodes=episodes, steps=steps, seconds=seconds,
-                               policy=policy, reply_timeout=reply_timeout, **stack.sim_kwargs())
+                               policy=policy, connect_timeout=connect_timeout, reply_timeout=reply_timeout,
+                               **stack.sim_kwargs())
     return SimResult(env=env, policy=policy, returns=tuple(stats.returns), steps=stats.steps,
                      errors=dict(stats.errors), policy_versions=dict(stats.policy_versions), rtt_ms=stats.rtt_ms(),
                      summary=stats.summary())
@@ -199,6 +202,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                   default=[])
     parser.addini("tether_secure", "tether_stack serves over TLS and checks tokens", type="bool", default=False)
     parser.addini("tether_gateway_args", "more `tether gateway` flags for tether_stack", type="args", default=[])
+    parser.addini("tether_deadline_ms", "tether_stack's per-step inference deadline, unless tether_stack_options "
+                  "gives deadline_ms (default 2000: a loaded CI runner stalls; the gateway's own is 100)",
+                  default="2000")
     parser.addini("tether_policy", "a policy file for the tether_policy fixture (--tether-policy)", default="")
     parser.addini("tether_missing", "skip (default) or fail a test whose tether_stack cannot start for lack of "
                   "tritonserver", default="skip")
@@ -266,7 +272,8 @@ def tether_stack(tether_stack_options: dict, tmp_path_factory: pytest.TempPathFa
         if pytestconfig.getini("tether_missing") == "fail":
             pytest.fail(f"tether_stack: {reason}")
         pytest.skip(f"tether_stack: {reason}")
-    stack = Stack(tmp_path_factory.mktemp("tether-stack"), **tether_stack_options)
+    options = {"deadline_ms": int(pytestconfig.getini("tether_deadline_ms")), **tether_stack_options}
+    stack = Stack(tmp_path_factory.mktemp("tether-stack"), **options)
     with _sigterm_stops_the_run():
         stack.start()
         try:
