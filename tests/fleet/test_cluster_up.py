@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import psycopg
 import pytest
 
 import sim
@@ -23,6 +24,17 @@ from tether.cluster.postgres import postgres_bin_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
+ENV = "InvertedPendulum-v5"
+
+
+async def _stream_messages(url: str) -> int:
+    from bridge.experience.jetstream import STREAM, connect
+
+    nc = await connect(url.split(","), name="test_cluster_up")
+    try:
+        return (await nc.jetstream().stream_info(STREAM)).state.messages
+    finally:
+        await nc.close()
 
 
 def _missing() -> str:
@@ -58,9 +70,15 @@ def test_cluster_up_serves_a_session_and_ctrl_c_stops_every_process(tmp_path):
         printed = (tmp_path / "up.log").read_text()
         assert all(r["address"] in printed for r in roles.values())  # the table names every address
 
-        stats = asyncio.run(run_sessions(roles["gateway-1"]["address"],
-                                         lambda i: sim.make("InvertedPendulum-v5", seed=i), envs=1, steps=50))
+        sessions: list = []
+        stats = asyncio.run(run_sessions(roles["gateway-1"]["address"], lambda i: sim.make(ENV, seed=i), envs=1,
+                                         steps=50, sessions_out=sessions))
         assert stats.steps == 50 and not stats.errors
+        # the gateways are wired to the shared services: the session's owner is in PostgreSQL, its steps in the stream
+        with psycopg.connect(roles["postgres"]["address"]) as db:
+            owners = dict(db.execute("SELECT session, owner FROM session_owners").fetchall())
+        assert owners.get(sessions[0].id) == "gateway-1", owners
+        assert asyncio.run(_stream_messages(roles["nats"]["address"])) >= 50
 
         proc.send_signal(signal.SIGINT)
         assert proc.wait(60) == 0, (tmp_path / "up.log").read_text()[-4000:]
