@@ -50,7 +50,11 @@ from protos.codec import Spec, decode_all
 log = logging.getLogger("tether.gateway")
 
 UP, DOWN, JOINING = "up", "down", "joining"
-LOST_CODES = frozenset({"UNAVAILABLE", None})  # the replica is gone (refused, reset, stream closed): try another
+LOST_CODES = frozenset({"UNAVAILABLE", None})  # the replica is gone (refused, reset, closed): marked down
+# a batch's inference stream also ends INTERNAL when its server is killed (per-request errors come back as
+# INVALID_ARGUMENT on the stream, so INTERNAL is the stream's, not a bad input): marked down, the batch goes elsewhere.
+# Not for loads: a version that fails to load is the publish's error, not the replica's.
+ROUTE_LOST_CODES = LOST_CODES | {"INTERNAL"}
 
 
 class ReplicaVerificationFailed(SwapFailed):
@@ -276,7 +280,7 @@ class TritonReplicas:
             try:
                 return await (best.hot if hot else best.control).infer(model, version, inputs, outputs)
             except InferenceError as exc:
-                if exc.code not in LOST_CODES:
+                if exc.code not in ROUTE_LOST_CODES:
                     raise
                 tried.append(best.url)
                 self.retried += 1
