@@ -152,3 +152,9 @@ def test_the_model_repository_is_one_volume_shared_by_the_replicas_and_the_gatew
     mount = next(m for m in _container(workload)["volumeMounts"] if m["mountPath"] == "/models")
     assert volumes[mount["name"]]["persistentVolumeClaim"]["claimName"] == "tether-models"
     assert _find("PersistentVolumeClaim", "tether-models")["spec"]["accessModes"] == ["ReadWriteMany"]
+
+
+def test_the_kustomization_lists_every_manifest():
+    (kustomization,) = [d for d in DOCS if d["kind"] == "Kustomization"]
+    assert sorted(kustomization["resources"]) == sorted(p.name for p in DEPLOY.glob("*.yaml")
+                                                        if p.name != "kustomization.yaml")
