@@ -42,8 +42,9 @@ def replicas(tmp_path_factory):
     repo_a, repo_b = ModelRepository(root / "a"), ModelRepository(root / "b")
     repo_a.root.mkdir()
     repo_b.root.mkdir()
-    a = TritonServer(repo_a.root, log_path=root / "triton-a.log")
-    b = TritonServer(repo_b.root, log_path=root / "triton-b.log")
+    # die_with_parent: a pytest killed outright leaves no tritonserver behind
+    a = TritonServer(repo_a.root, log_path=root / "triton-a.log", die_with_parent=True)
+    b = TritonServer(repo_b.root, log_path=root / "triton-b.log", die_with_parent=True)
     with a, b:
         yield root, (a, repo_a), (b, repo_b)
 
@@ -241,6 +242,7 @@ def test_a_killed_replica_costs_no_step_and_is_reconciled_before_traffic(replica
             assert gw.replicas.verified_on("kill", 2) == [a.grpc_url]
             await asyncio.to_thread(b.stop)    # removes what the killed server left (its stubs, shared memory)
             restarted = time.time_ns()
+            b.die_with_parent = False          # started from a worker thread: it must outlive that thread
             await asyncio.to_thread(b.start)   # same ports, nothing loaded
             await until(lambda: replica_b.state == "up", "replica b is reconciled")
             assert repo_b.versions("kill") == [1, 2]
