@@ -183,6 +183,7 @@ def _gateway(spec: ClusterSpec, i: int, up: Mapping[str, Running]) -> Running:
 def _rendezvous(spec: ClusterSpec, up: Mapping[str, Running]) -> Running:
     from trainer.rendezvous import READY
 
+    (spec.run_dir / "trainer.stop").unlink(missing_ok=True)  # a stop file of an earlier run in this folder
     proc = _Process("rendezvous", [sys.executable, "-m", "trainer.rendezvous", "--port", "0"],
                     spec.run_dir / "rendezvous.log", ready=READY)
     return _Started(proc.address, proc.stop, lambda: [proc.pid])
