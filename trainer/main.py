@@ -33,6 +33,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bridge.common.net import is_loopback
 from trainer.channel import ENV
 from trainer.worker import parser as worker_parser
 
@@ -93,10 +94,6 @@ def _endpoint(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _is_loopback(host: str) -> bool:
-    return host == "localhost" or host.startswith("127.") or host == "::1"
-
-
 def command(worker_args: list[str], *, nproc: int, max_restarts: int, nnodes: str = "1", rdzv_endpoint: str = "",
             rdzv_id: str = "tether", rdzv_external: bool = False, local_addr: str = "") -> list[str]:
     """The torchrun command line for `worker_args`: `--standalone` without `rdzv_endpoint`, else c10d.
@@ -115,7 +112,7 @@ def command(worker_args: list[str], *, nproc: int, max_restarts: int, nnodes: st
         conf = ("is_host=false," if rdzv_external else "") + RDZV_CONF
         launch = [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
                   f"--rdzv-id={rdzv_id}", f"--rdzv-conf={conf}"]
-        local_addr = local_addr or ("127.0.0.1" if _is_loopback(host) else "")
+        local_addr = local_addr or ("127.0.0.1" if is_loopback(host) else "")
         if local_addr:
             launch.append(f"--local-addr={local_addr}")
     return [sys.executable, "-m", "torch.distributed.run", *launch, f"--nproc-per-node={nproc}",
@@ -159,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="tether-train-") as tmp:
         summary_path = launcher.summary or str(Path(tmp) / "summary.json")
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-        if not launcher.rdzv_endpoint or _is_loopback(_endpoint(launcher.rdzv_endpoint)[0]):
+        if not launcher.rdzv_endpoint or is_loopback(_endpoint(launcher.rdzv_endpoint)[0]):
             env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's pairs on loopback
         if launcher.rdzv_endpoint:  # a new store per rendezvous round (see trainer.dist.init)
             env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
