@@ -130,7 +130,10 @@ class Archiver:
         finally:
             await asyncio.to_thread(self._finish)
             if nc is not None:
-                await nc.drain()
+                try:
+                    await asyncio.wait_for(nc.drain(), 5.0)  # bounded: the servers may all be gone
+                except Exception:  # noqa: BLE001 - closing anyway
+                    await nc.close()
             os.close(lock)
 
     async def _take(self, js, msgs, not_found) -> None:

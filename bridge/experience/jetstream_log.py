@@ -172,8 +172,10 @@ class JetStreamLog:
         if lost:
             log.warning("experience stream %s: closed with %d transitions not acknowledged (their clients keep "
                         "them for Replay)", self.stream, len(lost))
-        with contextlib.suppress(Exception):
-            await self._nc.drain()
+        try:
+            await asyncio.wait_for(self._nc.drain(), 5.0)  # bounded: the servers may all be gone
+        except Exception:  # noqa: BLE001 - closing anyway
+            await self._nc.close()
 
     async def __aenter__(self) -> JetStreamLog:
         await self.start()
