@@ -280,8 +280,17 @@ class JetStreamLog:
                 self._durable_step[session] = step
 
         names = list(dict.fromkeys(sessions))
-        for i in range(0, len(names), 64):
-            await asyncio.gather(*(one(s) for s in names[i:i + 64]))
+        limit = asyncio.Semaphore(64)
+
+        async def bounded(session: str) -> None:
+            async with limit:
+                await one(session)
+
+        try:  # a Hello waits at most about one request timeout, even while the stream elects a leader
+            await asyncio.wait_for(asyncio.gather(*(bounded(s) for s in names)), self.ack_timeout_s + 0.5)
+        except TimeoutError:
+            log.warning("experience stream %s: last steps of %d sessions not all read in time (the stream "
+                        "drops replayed duplicates by msg id anyway)", self.stream, len(names))
 
     @property
     def stats(self) -> JetStreamStats:
