@@ -73,6 +73,7 @@ def _left(pids: dict[str, int]) -> dict[str, list[int]]:
     return {role: members for role, pid in pids.items() if (members := group_members(pid))}
 
 
+@pytest.mark.slow
 def test_a_sample_project_gets_the_stack_its_sims_and_a_teardown_that_leaves_nothing(pytester, tmp_path,
                                                                                        monkeypatch):
     pids_file = tmp_path / "pids.json"
@@ -89,6 +90,7 @@ def test_a_sample_project_gets_the_stack_its_sims_and_a_teardown_that_leaves_not
     assert not _left(pids), f"processes outlived the sample run: {_left(pids)}"
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_run_still_tears_the_stack_down(pytester, tmp_path):
     """A cancelled CI job sends SIGTERM: the plugin turns it into an interrupted run whose teardown runs."""
     pids_file = tmp_path / "pids.json"
@@ -112,6 +114,7 @@ def test_sigterm_to_the_run_still_tears_the_stack_down(pytester, tmp_path):
     assert not _left(pids), f"processes outlived the terminated run: {_left(pids)}"
 
 
+@pytest.mark.slow
 def test_a_stack_that_fails_to_start_stops_what_it_started(tmp_path):
     stack = Stack(tmp_path, gateway_args=["--max-batch", "0"])
     with pytest.raises(StackError, match="gateway did not start") as info:

@@ -213,7 +213,8 @@ class Stack:
 
     @property
     def pids(self) -> dict[str, int]:
-        """The process (and process group) ids: {"triton": pid, "gateway": pid} of what runs now."""
+        """The process (and process group) ids it started: {"triton": pid, "gateway": pid} (Triton's only
+        while it runs): for checking that none is left, e.g. with inference_server.server.group_members."""
         out = {}
         if self.triton is not None and self.triton.pid is not None:
             out["triton"] = self.triton.pid
