@@ -450,7 +450,17 @@ def model(result: dict, a: argparse.Namespace) -> dict:
                  **plan(rows_per_s=10000 * a.sim_hz, rows_per_message=256, gateway=gateway, triton=triton,
                         max_batch=max(a.max_batch, 256), transition=stored)},
         "check": check(result["configs"], os.cpu_count() or 1)}
+    out["conclusion"] = conclusion(out["check"])
     return out
+
+
+def conclusion(rows: list[dict]) -> str:
+    """Two gateways against one, as measured here, as predicted for this machine and on hosts of their own."""
+    two = [r for r in rows if r["config"] == CONFIGS[1][0]]
+    parts = [f"{r['kind']} x{r['measured_vs_first']} measured, x{r['predicted_vs_first']} predicted here, "
+             f"x{r['own_hosts_vs_first']} on own hosts" for r in two]
+    return (f"2 gateways vs 1 on these {os.cpu_count()} shared cores: " + "; ".join(parts)
+            + ". Gateways on one machine share its cores: they scale like hosts only on hosts of their own.")
 
 
 def print_table(result: dict) -> None:
@@ -483,6 +493,7 @@ def print_table(result: dict) -> None:
         print(f"{r['config']:<24}{r['kind']:<12}{r['measured']:>9.0f}{r['predicted']:>10}{r['ratio']:>7}  "
               f"{r['binding']:<25}{r['measured_vs_first']:>9}{r['predicted_vs_first']:>9}{r['own_hosts_vs_first']:>10}"
               f"{r['cores_used']:>7}{r['cpu_per_step_vs_first']:>9}")
+    print(conclusion(m["check"]))
     print("(steps/s; predicted = the lowest ceiling with the 1-gateway, 1-Triton block's CPU per step of every role;"
           " own hosts = each gateway and replica on its own cores; cores = CPU seconds of every role / wall, what the"
           " block got of the shared machine; cpu/step = CPU per step of all roles against the first configuration)")
