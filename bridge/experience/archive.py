@@ -8,16 +8,18 @@ so `tether log`, behaviour cloning (`LogDataset`) and Foxglove read the archive 
 
 It reads with its own durable pull consumer (`tether-archive` by default; one archiver per consumer
 name) and acknowledges a message only after the segment holding it is fsynced, so a killed archiver
-loses nothing: the stream delivers what it had not acknowledged again, and what the segments already
-hold (offset < next_offset) is acknowledged and skipped. Offsets are the stream's sequence - 1 (written
-into each transition's `offset`), so the segments are the stream, message for message. A sequence the
-stream no longer holds (its limits deleted it) is a gap: the segment is finished and the next starts at
-the following offset. The directory is locked (`.lock`) as a gateway's log directory is.
+loses nothing: at start it finishes the segment it left open and makes its consumer again from the
+sequence after the last one its segments hold, so what was delivered and not yet written comes again at
+once, and what the segments already hold (offset < next_offset) is skipped. Offsets are the stream's
+sequence - 1 (written into each transition's `offset`), so the segments are the stream, message for
+message. A sequence the stream no longer holds (its limits deleted it) is a gap: the segment is finished
+and the next starts at the following offset. The directory is locked (`.lock`) as a gateway's log directory is.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -107,9 +109,13 @@ class Archiver:
             js = nc.jetstream(timeout=10.0)
             info = await ensure_stream(js, stream=self.stream, replicas=3 if len(self.servers) >= 3 else 1)
             last_seq = info.state.last_seq
+            # the segments say where to go on: the consumer is made again from there (a killed archiver's
+            # delivered, unacknowledged messages come at once, not after the ack wait)
+            with contextlib.suppress(NotFoundError):
+                await js.delete_consumer(self.stream, self.durable)
             config = ConsumerConfig(durable_name=self.durable, ack_policy=AckPolicy.EXPLICIT,
-                                    deliver_policy=DeliverPolicy.ALL, ack_wait=self.ack_wait_s,
-                                    max_ack_pending=max(4 * self.batch, 10_000))
+                                    deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self.next_offset + 1,
+                                    ack_wait=self.ack_wait_s, max_ack_pending=max(4 * self.batch, 10_000))
             sub = await js.pull_subscribe("", durable=self.durable, stream=self.stream, config=config)
             idle_since = time.monotonic()
             while not (stop is not None and stop.is_set()):
