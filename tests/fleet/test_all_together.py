@@ -15,7 +15,7 @@ machine answered ~7% of steps with a StepError (the sim then applies a safe acti
 
 Measured, three runs in a row on this 2-core machine at load 17-23 (other jobs): 500 reached 182-271 s
 after the sims started (4-6 min in all, the cluster's start included); a fourth at load ~5: 99 s (117 s in
-all). gateway-1's sessions resumed on gateway-0 0.09-0.30 s after the kill, replaying 1-2 steps each."""
+all). gateway-1's sessions resumed on gateway-0 0.06-0.30 s after the kill, replaying 1-4 steps each."""
 
 from __future__ import annotations
 
