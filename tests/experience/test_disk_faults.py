@@ -120,11 +120,13 @@ def test_at_the_bound_a_session_is_refused_in_order_until_it_resumes(tmp_path, f
 
 def test_the_bound_in_bytes(tmp_path, fault):
     async def scenario():
-        one = transition("a", 0).ByteSize()
-        async with ExperienceLog(tmp_path / "log", max_pending_bytes=2 * one + 1, retry_min_s=0.01) as log:
+        sizes = [_as_logged(transition("a", i), offset=i).ByteSize() for i in range(3)]
+        # two measured stay under the bound, three reach it: whether or not the writer thread measured
+        # the first ones before the third was appended
+        async with ExperienceLog(tmp_path / "log", max_pending_bytes=sum(sizes), retry_min_s=0.01) as log:
             fault.write_text("ENOSPC")
             kept = [log.append(transition("a", i)) for i in range(3)]
-            await _until(lambda: log.stats.pending_bytes >= 3 * one - 3, "the writer measured them")
+            await _until(lambda: log.stats.pending_bytes >= sum(sizes), "the writer measured them")
             with pytest.raises(LogFull):
                 log.append(transition("b", 0))
             fault.unlink()
@@ -174,3 +176,9 @@ def test_retention_prunes_finished_segments_oldest_first_by_size_and_by_age(tmp_
 def _gateway_of(log) -> SimpleNamespace:
     """A MetricsSource (bridge.gateway.views) with nothing but the log: no sessions, registry or rollout."""
     return SimpleNamespace(sessions={}, experience=log, registry=None, rollout=None)
+
+
+def _as_logged(t, *, offset: int):
+    """The transition as the log serializes it (append assigns its offset)."""
+    t.offset = offset
+    return t
