@@ -47,7 +47,9 @@ class InferStream:
                 return await future
         except grpc.aio.AioRpcError as exc:
             raise StreamError(exc.code().name, exc.details() or "stream failed") from exc
-        except grpc.aio.UsageError as exc:  # the stream closed under us: fail this one, reopen later
+        except (grpc.aio.UsageError, asyncio.InvalidStateError) as exc:
+            # the stream closed under us (a write to a call that already ended: "RPC already finished." when
+            # its server was killed): fail this one as UNAVAILABLE; the reader's end reopens it for the next
             raise StreamError("UNAVAILABLE", f"stream closed: {exc}") from exc
         except TimeoutError:
             raise StreamError("DEADLINE_EXCEEDED", f"no answer within {timeout_s:g} s") from None

@@ -1,0 +1,40 @@
+"""The inference stream's errors: a stream that ended under a request fails it as UNAVAILABLE (what the replicas
+route around), never with a bare asyncio error."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2
+
+from inference_server.stream import InferStream, StreamError
+
+
+def _request(policy: str) -> service_pb2.ModelInferRequest:
+    request = service_pb2.ModelInferRequest(model_name=policy, model_version="1")
+    observation = np.zeros((1, 11), np.float32)
+    request.inputs.add(name="observation", datatype="FP32", shape=observation.shape)
+    request.raw_input_contents.append(observation.tobytes())
+    request.outputs.add(name="action")
+    return request
+
+
+def test_a_write_to_a_stream_that_already_ended_is_unavailable(triton):
+    async def scenario():
+        stream = InferStream(triton.url)
+        try:
+            reply = await stream.infer(_request(triton.policy), timeout_s=30)
+            assert reply.model_name == triton.policy
+            stream._call.cancel()  # the call ends (as when its server is killed) before its reader noticed
+            with pytest.raises(StreamError) as error:
+                await stream.infer(_request(triton.policy), timeout_s=30)
+            assert error.value.code == "UNAVAILABLE" and "RPC already finished" in error.value.detail
+            await asyncio.wait_for(stream._reader, 30)  # the reader saw the end: the next request reopens
+            reply = await stream.infer(_request(triton.policy), timeout_s=30)
+            assert reply.model_name == triton.policy
+        finally:
+            await stream.close()
+
+    asyncio.run(scenario())
