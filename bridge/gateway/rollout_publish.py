@@ -163,9 +163,10 @@ class PublishPipeline:
             await self._host.serving.verify_replicas(name, version, header)  # several replicas: each, recorded
             incumbent = self._host.rollout(name).live
             action_spec = self._host.action_spec(name, served)
+            serving = repo.serving_format(name, version)  # torch or onnxruntime: the consistency tolerance
         # the gate's checks without the rollout lock (an evaluation in simulation takes tens of seconds)
         checks = await self._host.gate.check_served(policy=name, version=version, incumbent=incumbent, header=header,
-                                              action_spec=action_spec)
+                                                    action_spec=action_spec, serving=serving)
         await self._write(self._registry.record_gate, name, version, [c.to_dict() for c in checks])
         failed = [c for c in checks if not c.passed]
         if failed:
