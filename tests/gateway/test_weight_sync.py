@@ -107,8 +107,8 @@ def test_the_consistency_check_rejects_a_served_onnx_version_that_is_not_the_tra
             parent = repo.versions(name)[-1]
             right = trained(repo, name, parent, seed=10)
             wrong = trained(repo, name, parent, seed=10)
-            with torch.no_grad():  # one weight off by 1e-3: a subtly wrong export
-                wrong.net[0].weight[0, 0] += 1e-3
+            with torch.no_grad():  # one weight off by 1e-2: the mean moves by ~3e-4, 6x the ONNX tolerance
+                wrong.net[0].weight[0, 0] += 1e-2
             batch = probe(10)
             refused = []
             with PolicyClient(gw.address) as client:
