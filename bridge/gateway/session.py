@@ -348,6 +348,8 @@ class Session(SessionBase):
                 raise TensorError("action.policy", f"{action.policy[:64]!r} is not this session's policy "
                                                    f"{self.policy.name!r}")
             log_prob = replayed_log_prob(action.log_prob, 1)
+            if log_prob is not None and not np.isfinite(log_prob).all():
+                raise TensorError("action.log_prob", f"non-finite log-probability {log_prob[0]}")
         except TensorError as exc:
             return self._error(obs.step, Code.INVALID_OBSERVATION, exc.field, f"replay: {exc}")
         self._last_step = obs.step
@@ -363,15 +365,13 @@ class Session(SessionBase):
 
 
 def replayed_log_prob(values, rows: int) -> np.ndarray | None:
-    """A Replay's `Action.log_prob`: None (a deterministic policy), or `rows` finite values (TensorError otherwise)."""
+    """A Replay's `Action.log_prob`: None (a deterministic policy), or `rows` values (TensorError for another count;
+    the caller checks that they are finite: a single env's step as a whole, a vectorised one's per row)."""
     if not values:
         return None
     if len(values) != rows:
         raise TensorError("action.log_prob", f"{len(values)} values for {rows} row(s)")
-    log_prob = np.fromiter(values, np.float32, count=rows)
-    if not np.isfinite(log_prob).all():
-        raise TensorError("action.log_prob", "contains NaN or infinite values")
-    return log_prob
+    return np.fromiter(values, np.float32, count=rows)
 
 
 def _checked_tensors(specs: tuple[Spec, ...], tensors, prefix: str) -> dict[str, np.ndarray]:

@@ -117,13 +117,15 @@ class VectorSession(SessionBase):
                                                    f"{self.policy.name!r}")
         except TensorError as exc:
             return self._error(obs.step, Code.INVALID_OBSERVATION, exc.field, f"replay: {exc}")
-        for spec in self.action_spec:
+        duplicate = all(r.next_step > obs.step for r in self.recorder.recorders)
+        self._last_step = obs.step
+        self._track_episodes(obs, batch)  # the observation rows complete the envs' previous steps
+        for spec in self.action_spec:     # a row whose action is not finite is not logged
             if spec.dtype.kind == "f":
                 finite = np.isfinite(actions[spec.name].reshape(self.num_envs, -1)).all(axis=1)
                 batch._flag(~finite, f"action.{spec.name}", "contains NaN or infinite values")
-        duplicate = all(r.next_step > obs.step for r in self.recorder.recorders)
-        self._last_step = obs.step
-        self._track_episodes(obs, batch)
+        if log_prob is not None:
+            batch._flag(~np.isfinite(log_prob), "action.log_prob", "contains NaN or infinite values")
         self._observation, self._action, self._acted = batch.observation, actions, ~batch.bad
         if self.recorder.logging:
             reply = bridge_pb2.Action(step=obs.step, policy=action.policy, policy_version=action.policy_version,
