@@ -28,7 +28,8 @@ client in `Action.log_prob`, one per row, when the session logs).
 through the same accounting as a live step without inference: the replayed action rows (and their
 `log_prob`) are what env i logs for that step, and the observation that follows on the stream (the next
 Replay's, or the live step resent after them) completes it. The checks apply per row: a row whose
-observation, action or log-probability is not finite is not logged (as a live step's bad row); a malformed
+observation, action or log-probability is not finite is not logged (as a live step's bad row), nor is a step
+an operator's e-stop held (`Action.estop`: it drops what is pending, as live); a malformed
 step (names, dtypes, shapes, env_* or log_prob lengths, another policy) is one StepError. Each env's
 transition is logged once: the log takes a step of `"<id>/<i>"` only above the last it has (a replayed
 step that every env already has is answered `duplicate`), and `durable_through` is the lowest over the envs.
@@ -106,6 +107,10 @@ class VectorSession(SessionBase):
         if self._last_step is not None and obs.step <= self._last_step:
             self.recorder.recorders[0].duplicates += 1
             return bridge_pb2.ServerMessage(replayed=bridge_pb2.Replayed(step=obs.step, duplicate=True))
+        if action.estop:  # an operator's e-stop held it (safe action rows, no policy): as live, nothing is logged
+            self._last_step = obs.step
+            self.drop_pending()
+            return bridge_pb2.ServerMessage(replayed=bridge_pb2.Replayed(step=obs.step))
         try:
             batch = _Batch.check(obs, self.observation_spec, self.num_envs)
             actions = _decode(action.tensors, self.action_spec, self.num_envs, "action")
@@ -119,7 +124,11 @@ class VectorSession(SessionBase):
             return self._error(obs.step, Code.INVALID_OBSERVATION, exc.field, f"replay: {exc}")
         duplicate = all(r.next_step > obs.step for r in self.recorder.recorders)
         self._last_step = obs.step
-        self._track_episodes(obs, batch)  # the observation rows complete the envs' previous steps
+        router, self._router = self._router, None  # the episodes a replay ends were the old gateway's to judge
+        try:
+            self._track_episodes(obs, batch)  # the observation rows complete the envs' previous steps
+        finally:
+            self._router = router
         for spec in self.action_spec:     # a row whose action is not finite is not logged
             if spec.dtype.kind == "f":
                 finite = np.isfinite(actions[spec.name].reshape(self.num_envs, -1)).all(axis=1)

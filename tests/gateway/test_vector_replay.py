@@ -155,6 +155,17 @@ def test_vector_replay_checks_each_row_keeps_log_probs_and_logs_each_env_once(ga
                 assert s.welcome.durable_through == 2 and s.welcome.next_step == 2
                 dup = await replay(s, _observation(1, mid), _action(1, name, np.zeros((N, 1)), []))
                 assert dup.replayed.duplicate
+                fresh = await replay(s, _observation(2, mid), _action(2, name, np.zeros((N, 1)), [-9.0] * N))
+                assert fresh.replayed.step == 2 and not fresh.replayed.duplicate
+                held = _action(3, name, np.zeros((N, 1)), [])
+                held.estop, held.estop_id = True, "e1"   # an operator's e-stop held step 3: step 2 gets no successor
+                assert (await replay(s, _observation(3, mid), held)).replayed.step == 3
+                live = bridge_pb2.Observation(step=4, env_step_types=mid, env_rewards=[1.0] * N,
+                                              tensors=[encode("observation", np.zeros((N, 4), np.float32))])
+                await s.call.write(bridge_pb2.ClientMessage(observation=live))
+                assert (await s.call.read()).WhichOneof("kind") == "action"
+            await until(lambda: not gw.sessions, "the gateway closed r's stream")
+        assert max(t.step for t in read_transitions(log_dir)) == 1, "nothing of a step an e-stop held is logged"
 
     asyncio.run(scenario())
 
