@@ -44,8 +44,8 @@ def test_kill_9_mid_stream_vector_sessions_replay_and_log_every_answered_env_ste
                                                                                         unused_port):
     server, name = gaussian
     log_dir, gateway_log = tmp_path / "experience", tmp_path / "gateway.log"
-    args = ("--deadline-ms", "2000")
-    first = start_gateway(server.grpc_url, unused_port, log_dir, gateway_log, *args)
+    args = ("--deadline-ms", "2000", "--fsync-interval-ms", "100")  # a longer group commit: more to replay
+    first = start_gateway(server.grpc_url, unused_port, log_dir, gateway_log, "--policy", name, *args)
     restarted, done = threading.Event(), threading.Event()
     sessions_out = []
 
@@ -96,6 +96,8 @@ def test_kill_9_mid_stream_vector_sessions_replay_and_log_every_answered_env_ste
         assert len(lengths) == 1, (s.id, lengths)
         answered += lengths.pop() + 1
     assert answered * N == stats.steps, "every env step the policy answered, logged once"
+    print(f"{stats.steps} env steps answered, {len(offsets)} transitions logged; replayed "
+          f"{[len(m.replayed) for m in moves]} steps of {N} rows, resumed in {[round(m.seconds, 2) for m in moves]} s")
 
 
 def _observation(step: int, step_types, value: float = 0.0, rewards=None) -> bridge_pb2.Observation:
