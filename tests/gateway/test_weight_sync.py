@@ -27,7 +27,7 @@ from trainer.worker import probe_outputs
 
 ENV = "InvertedPendulum-v5"
 OBS = (Spec("observation", np.float32, (4,)),)
-PUBLISHES = 5
+PUBLISHES = 6  # the first warms up (the gateway's first ONNX export imports torch.onnx and onnxruntime): not timed
 REGRESSION_S = 2.0  # the target is 0.5 s median; only a clear regression fails
 
 
@@ -78,9 +78,10 @@ def test_publish_to_served_is_sub_second_through_onnxruntime_and_within_its_tole
                     assert gw.rollout.rollout(name).live == reply.version  # served and live, no other step
                 return seconds, errors
 
-    seconds, errors = asyncio.run(scenario())
-    print(f"publish -> served: median {statistics.median(seconds):.3f} s, max {max(seconds):.3f} s; "
-          f"max abs error {max(errors):.2e}")
+    all_seconds, errors = asyncio.run(scenario())
+    seconds = all_seconds[1:]
+    print(f"publish -> served: median {statistics.median(seconds):.3f} s, max {max(seconds):.3f} s (first, warming "
+          f"up: {all_seconds[0]:.3f} s); max abs error {max(errors):.2e}")
     assert statistics.median(seconds) < REGRESSION_S, seconds
     assert max(errors) <= SERVING_TOLERANCES["onnx"]["float32"][1], errors
 
