@@ -18,6 +18,7 @@ Usage (plain text: writing a version TorchScripts the module):
     repo.state_dict("policy", 2)                  # the weights a version serves
     repo.retire("policy", 1)                      # out of Triton's sight (kept under root/.retired)
     repo.write_artifact("mine", 1, "onnx", data, inputs, outputs)  # an imported file, served as it is
+    repo.serving_format("policy", 2)              # "torchscript" (torch) or "onnx" (onnxruntime) in Triton
 
 Errors come early and name the bad value:
 
@@ -157,6 +158,15 @@ class ModelRepository:
         """"torchscript" or "onnx" for a version written by `write_artifact`, None otherwise."""
         path = self.root / _check_model_name(model) / str(version) / _ARTIFACT_JSON
         return json.loads(path.read_text())["format"] if path.exists() else None
+
+    def serving_format(self, model: str, version: int) -> str:
+        """The runtime that serves `version` in Triton: "onnx" (onnxruntime: `serve="onnx"` or an
+        imported ONNX file) or "torchscript" (torch); FileNotFoundError for a version not on disk."""
+        folder = self.root / _check_model_name(model) / str(version)
+        if not folder.is_dir():
+            raise FileNotFoundError(f"version {version} of model {model!r} is not in {self.root}")
+        return self.imported_format(model, version) or ("onnx" if (folder / "policy.onnx").exists()
+                                                        else "torchscript")
 
     def _plan(self, model: str, version: int, inputs: tuple[Spec, ...], outputs: tuple[Spec, ...],
               max_batch_size: int, max_queue_delay_us: int) -> tuple[Path, Path, str]:

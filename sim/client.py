@@ -207,7 +207,7 @@ async def _one_session(addresses: list[str], channels: dict, credentials: Creden
         labels={"env_index": str(index), **labels},
         num_envs=env.num_envs if vector else 0, batched=vector)
     session = Session(addresses, hello, credentials=credentials, connect_timeout_s=connect_timeout,
-                      reply_timeout_s=reply_timeout, reconnect_s=0.0 if vector else reconnect_s, channels=channels,
+                      reply_timeout_s=reply_timeout, reconnect_s=reconnect_s, channels=channels,
                       balanced=balanced)
     sessions.append(session)
     try:

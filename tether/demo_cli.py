@@ -1,6 +1,8 @@
 """`tether demo` and `tether triton`: the whole topology in one process tree, and tritonserver alone.
 
     tether demo --env Hopper-v5 --envs 8 --seconds 10 --summary out/summary.json
+    tether demo --train --env newton:cartpole --envs 64          # PPO from a vectorised session
+    tether demo --train --env InvertedPendulum-v5 --envs 8 --sessions 1
     tether triton --model-repository runs/models --init Hopper-v5
 """
 
@@ -18,8 +20,11 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tether demo", description="Triton + gateway + MuJoCo sims, closed loop.")
     p.add_argument("--env", help="gymnasium id or newton:<task> (default Hopper-v5; InvertedPendulum-v5 with --train)")
     p.add_argument("--envs", type=int, default=8,
-                   help="envs per vectorised session (with --train: single-env sessions)")
-    p.add_argument("--sessions", type=int, default=1, help="vectorised sessions (not with --train)")
+                   help="envs per vectorised session (with --train and a MuJoCo --env without --sessions: "
+                        "single-env sessions)")
+    p.add_argument("--sessions", type=int,
+                   help="vectorised sessions of --envs envs each (default 1; with --train: learn from vectorised "
+                        "sessions)")
     p.add_argument("--seconds", type=float, help="default 10 s; 240 s with --train")
     output_flags(p, summary=True, summary_help="write the summary as JSON here")
     p.add_argument("--run-dir", type=Path, help="model repository and logs (default: a temp dir)")

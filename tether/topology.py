@@ -3,8 +3,10 @@
     Triton (subprocess) ◀── gateway (subprocess `tether gateway`) ◀── M vectorised sessions of N envs
                                                                        (MuJoCo or Newton, this process)
 
-and with `train=True` (N single-env MuJoCo sessions, the path the PPO trainer learns from) the
-learning loop around it:
+and with `train=True` the learning loop around it, learning from N single-env MuJoCo sessions, or, for a
+vector env (`newton:cartpole`) or with `sessions` given, from M vectorised sessions of N envs (each env's
+transitions are logged as `<session>/<i>`: per-env trajectories; vectorised sessions replay after a
+reconnect like single-env ones):
 
     gateway ── experience log (run_dir/experience) ──▶ trainer (subprocess `tether train`, torchrun)
        ▲                                                   │
@@ -45,10 +47,15 @@ def is_vector_env(env_id: str) -> bool:
     return sim.is_vector(env_id)
 
 
-def write_initial_policy(repo: ModelRepository, env_id: str, *, seed: int = 0, stochastic: bool = False) -> str:
+def write_initial_policy(repo: ModelRepository, env_id: str, *, seed: int = 0, stochastic: bool = False,
+                         serve: str | None = None) -> str:
     """A freshly initialised policy for `env_id`, written as version 1 of its model; returns the
     name. `stochastic`: a Gaussian policy that samples in Triton and reports its log-probability
-    (what PPO learns from); otherwise a deterministic MLP."""
+    (what PPO learns from); otherwise a deterministic MLP. `serve`: its runtime in Triton, and
+    that of every version published over it ("torchscript" | "onnx"); by default onnxruntime for
+    the stochastic (trained) policy: a version then goes live in ~0.3 s instead of ~1.5-10 s, the
+    stub not importing torch (benchmarks/weight_sync.py)."""
+    serve = serve or ("onnx" if stochastic else "torchscript")
     env = sim.make(env_id)  # the one env registry (sim.registry): a vector id gives a vector env of one
     try:
         observation, action = env.observation_spec(), env.action_spec()
@@ -58,17 +65,18 @@ def write_initial_policy(repo: ModelRepository, env_id: str, *, seed: int = 0, s
     if not repo.versions(name):
         if stochastic:
             module = GaussianPolicy(observation[0], action[0], seed=seed, log_std_init=0.0)
-            repo.write_version(name, 1, module, observation, GaussianPolicy.output_specs(action[0]))
+            repo.write_version(name, 1, module, observation, GaussianPolicy.output_specs(action[0]), serve=serve)
         else:
-            repo.write_version(name, 1, MLPPolicy(observation[0], action[0], seed=seed), observation, action)
+            repo.write_version(name, 1, MLPPolicy(observation[0], action[0], seed=seed), observation, action,
+                               serve=serve)
     return name
 
 
 @dataclass(frozen=True, kw_only=True)
 class DemoConfig:
     env: str = "Hopper-v5"
-    envs: int = 8                    # envs per vectorised session (with `train`: single-env sessions)
-    sessions: int = 1                # vectorised sessions (not with `train`)
+    envs: int = 8                    # envs per vectorised session (with `train`: single-env sessions, see `vector`)
+    sessions: int | None = None      # vectorised sessions (default 1; with `train`, given: vectorised sessions)
     seconds: float = 10.0
     summary: Path | None = None
     run_dir: Path | None = None
@@ -76,18 +84,22 @@ class DemoConfig:
     trainer_nproc: int = 2
     seed: int = 0
     stop_at_return: float | None = None  # end early once the mean return of the last 20 episodes reaches it
+    serve: str | None = None         # the policy's runtime in Triton (write_initial_policy's default when None)
 
     def __post_init__(self):
         if self.envs < 1:
             raise ValueError(f"--envs must be at least 1, got {self.envs}")
-        if self.sessions < 1:
+        if self.sessions is not None and self.sessions < 1:
             raise ValueError(f"--sessions must be at least 1, got {self.sessions}")
-        if self.train and is_vector_env(self.env):
-            raise ValueError(f"--train learns from single-env MuJoCo sessions; {self.env!r} is a vector env")
         if self.seconds <= 0:
             raise ValueError(f"--seconds must be positive, got {self.seconds}")
         if self.trainer_nproc < 1:
             raise ValueError(f"--trainer-nproc must be at least 1, got {self.trainer_nproc}")
+
+    @property
+    def vector(self) -> bool:
+        """Vectorised sessions: always without `train`; with it, for a vector env or with `sessions` given."""
+        return not self.train or self.sessions is not None or is_vector_env(self.env)
 
 
 class _Progress:
@@ -145,7 +157,7 @@ def run_demo(config: DemoConfig) -> dict:
     run_dir = config.run_dir or Path(tempfile.mkdtemp(prefix="tether-demo-"))
     run_dir.mkdir(parents=True, exist_ok=True)
     repo = ModelRepository(run_dir / "models")
-    name = write_initial_policy(repo, config.env, seed=config.seed, stochastic=config.train)
+    name = write_initial_policy(repo, config.env, seed=config.seed, stochastic=config.train, serve=config.serve)
     kind = "Gaussian policy, sampled in Triton" if config.train else "MLP"
     print(f"run dir {run_dir}\npolicy  {name} v{repo.versions(name)[-1]} (freshly initialised {kind})", flush=True)
     gateway_args: tuple[str, ...] = ()
@@ -169,20 +181,21 @@ def run_demo(config: DemoConfig) -> dict:
                                                     seconds=config.seconds + 30))
                 print(f"trainer PPO, {config.trainer_nproc} ranks (torchrun), log {run_dir / 'trainer.log'}")
             progress = _Progress()
-            if config.train:
+            if not config.vector:
                 print(f"sim     {config.envs} x {config.env} for {config.seconds:g} s", flush=True)
                 stats = asyncio.run(run_sessions(gw, lambda i: sim.make(config.env, seed=config.seed + i),
                                                  envs=config.envs, seconds=config.seconds, on_progress=progress,
                                                  reconnect_s=10.0, until=_reached(config.stop_at_return)))
             else:
-                print(f"sim     {config.sessions} vectorised session(s) x {config.envs} envs of {config.env} "
+                sessions = config.sessions or 1
+                print(f"sim     {sessions} vectorised session(s) x {config.envs} envs of {config.env} "
                       f"for {config.seconds:g} s", flush=True)
                 stats = asyncio.run(run_vector_sessions(
                     gw, lambda i: sim.make(config.env, num_envs=config.envs, seed=config.seed + i * config.envs),
-                    sessions=config.sessions, seconds=config.seconds, on_progress=progress,
-                    until=_reached(config.stop_at_return)))
+                    sessions=sessions, seconds=config.seconds, on_progress=progress,
+                    reconnect_s=10.0 if config.train else 0.0, until=_reached(config.stop_at_return)))
         summary = stats.summary()
-        summary["envs_per_session"] = 1 if config.train else config.envs
+        summary["envs_per_session"] = config.envs if config.vector else 1
         summary["triton_version"] = triton.version
         if config.train:
             reached = progress.first_reaching(500.0)

@@ -53,8 +53,9 @@ class BackgroundPublisher:
 
     def submit(self, state_dict: Mapping[str, torch.Tensor], *, lineage: policies_pb2.Lineage,
                probe_inputs: Mapping[str, np.ndarray], probe_outputs: Mapping[str, np.ndarray],
-               atol: float = 1e-4) -> None:
-        """Publish a snapshot of `state_dict` (copied now: training may go on)."""
+               atol: float = 0.0) -> None:
+        """Publish a snapshot of `state_dict` (copied now: training may go on). `atol` 0: the gate's
+        consistency tolerance for the version's serving format (bridge.gate.checks.SERVING_TOLERANCES)."""
         if not self.idle:
             raise RuntimeError("a publish is in flight, or its outcome was not taken with result()")
         snapshot = {k: v.detach().to("cpu", copy=True) for k, v in state_dict.items()}

@@ -57,6 +57,8 @@ class _Session:
     steps: list[experience_pb2.Transition] = field(default_factory=list)
     held: experience_pb2.Transition | None = None
     last: tuple[int, int] = (-1, -1)  # (episode, step) of the newest transition seen
+    last_step: int = -1  # the highest step seen: a step above it is new even where the episode count went down (a
+    # vectorised session's env counts its episodes from 0 again on a new gateway)
     episode: int = -1
     episode_return: float = 0.0
     episode_length: int = 0
@@ -66,7 +68,8 @@ class _Session:
 class TrajectoryAssembler:
     """Feed transitions in log order (`add`); `take` the segments ready for an update.
 
-    Also keeps the undiscounted return of every episode seen from its FIRST step to its end
+    A vectorised session's env i is its own session here (`"<id>/<i>"`: per-env trajectories). Also keeps the
+    undiscounted return of every episode seen from its FIRST step to its end
     (`take_episode_returns`). A gap in a session's steps (lost or filtered transitions) closes its
     segment at the last transition whose successor is known.
     """
@@ -79,13 +82,15 @@ class TrajectoryAssembler:
 
     def add(self, t: experience_pb2.Transition) -> None:
         s = self._sessions.setdefault(t.session, _Session())
-        if (t.episode, t.step) <= s.last:
+        if (t.episode, t.step) <= s.last and t.step <= s.last_step:
             return  # a duplicate or an out-of-order repeat
-        s.last = (t.episode, t.step)
+        s.last, s.last_step = (t.episode, t.step), max(s.last_step, t.step)
         self._track_return(s, t)
         if s.held is not None:
             h, s.held = s.held, None
-            if t.episode == h.episode and t.step == h.step + 1:
+            # its successor: the next step of the same episode (a MID step continues it even where the episode
+            # count differs: a vectorised session's env after its gateway changed counts from 0 again)
+            if t.step == h.step + 1 and (t.episode == h.episode or t.step_type == 2):  # tether.v1.MID
                 s.steps.append(h)
                 self.ready += 1
             else:  # h's successor is missing: h cannot be bootstrapped, close what precedes it

@@ -13,8 +13,11 @@ When the gateway logs experience (`Welcome.logging`), the session keeps every st
 says it is durable (`durable_through`). If the stream breaks (UNAVAILABLE, the gateway gone), the session
 moves to the next address of the list (round robin, back to the same one for a list of one), says Hello
 with the same session id and resends, as `Replay`, what was not acknowledged durable, then sends the step
-again; it keeps trying for `reconnect_s` (0: it raises `ConnectionError` at once). A single-env session
-replays; a batched one reconnects without replay (the gateway has no vector Replay).
+again; it keeps trying for `reconnect_s` (0: it raises `ConnectionError` at once). A vectorised session
+(`hello.batched`) replays its N-row steps the same way, without `Replay.next` (the next message on the
+stream completes a replayed step); the gateway logs each env's transition of a replayed step once. A
+replayed `Action` carries the `log_prob` it was answered with, so the logged transition keeps the acting
+policy's log-probability.
 
 Across gateways with their own logs, what the first made durable but had not yet acknowledged when it
 died is logged again by the second: at-least-once, one (session, step) key, never a lost step
@@ -231,7 +234,7 @@ class Session:
                     raise Broken(f"session {self.id}: gateway {self.address} gone ({e}) and none of "
                                  f"{self.gateways} back within {self.reconnect_s:g} s") from None
                 await self._failover(deadline)
-        if self.logging and not self.hello_msg.batched:
+        if self.logging:
             self.unacked.append((observation, msg.action if msg.WhichOneof("kind") == "action" else None))
         self._durable(msg.durable_through)
         return msg
@@ -333,7 +336,7 @@ class Session:
             if action is None:
                 continue  # answered by an error: no transition to log
             replay = bridge_pb2.Replay(observation=obs, action=action)
-            if i + 1 < len(entries):
+            if i + 1 < len(entries) and not self.hello_msg.batched:
                 replay.next.CopyFrom(entries[i + 1][0])
             await self._write(bridge_pb2.ClientMessage(replay=replay))
             self.replayed += 1

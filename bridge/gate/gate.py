@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from bridge.gate import checks
-from bridge.gate.checks import DEFAULT_TOLERANCES, CheckResult
+from bridge.gate.checks import DEFAULT_TOLERANCES, SERVING_TOLERANCES, CheckResult
 from bridge.gate.samples import LogIndex, recent_observations
 from protos import policies_pb2
 from protos.codec import Spec, TensorError, decode_all
@@ -72,6 +72,9 @@ class GateConfig:
     bound_tolerance: float = 1e-6        # of the bound range
     max_jerk: float | None = None        # max |a_t - a_{t-1}| / range; None = reported, not judged
     tolerances: Mapping[str, tuple[float, float]] = field(default_factory=lambda: DEFAULT_TOLERANCES, hash=False)
+    # per serving format ("torchscript", "onnx"), over `tolerances`: how close Triton's runtime serves the trainer's
+    serving_tolerances: Mapping[str, Mapping[str, tuple[float, float]]] = field(
+        default_factory=lambda: SERVING_TOLERANCES, hash=False)
     require_probe: bool = True           # no probe batch in the header: consistency fails (else: skipped)
     reuse_incumbent: bool = True         # the incumbent's returns are evaluated once per (policy, version)
 
@@ -94,6 +97,19 @@ class GateConfig:
         for dtype, pair in self.tolerances.items():
             if len(pair) != 2 or not all(0 <= x < float("inf") for x in pair):
                 raise ValueError(f"GateConfig.tolerances[{dtype!r}] must be (rtol, atol) >= 0, got {pair!r}")
+        for serving, table in self.serving_tolerances.items():
+            for dtype, pair in table.items():
+                if len(pair) != 2 or not all(0 <= x < float("inf") for x in pair):
+                    raise ValueError(f"GateConfig.serving_tolerances[{serving!r}][{dtype!r}] must be (rtol, atol) "
+                                     f">= 0, got {pair!r}")
+
+    def tolerances_for(self, serving: str | None) -> Mapping[str, tuple[float, float]]:
+        """(rtol, atol) per dtype for a version served by `serving` ("torchscript", "onnx"; None: unknown).
+
+        >>> GateConfig().tolerances_for("onnx")["float32"], GateConfig().tolerances_for(None)["float32"]
+        ((1e-05, 4e-05), (0.0001, 0.0001))
+        """
+        return {**self.tolerances, **self.serving_tolerances.get(serving or "", {})}
 
     def env_for(self, policy: str) -> str | None:
         """The env `policy`'s candidates are evaluated in (None: not evaluated)."""
@@ -121,10 +137,12 @@ class Gate:
         return replace(result, figures={**result.figures, "seconds": round(time.monotonic() - started, 4)})
 
     async def check_served(self, *, policy: str, version: int, incumbent: int | None,
-                           header: policies_pb2.PublishHeader, action_spec: Sequence[Spec]) -> list[CheckResult]:
-        """Consistency, action sanity and evaluation of `version` as Triton serves it (cheapest first)."""
+                           header: policies_pb2.PublishHeader, action_spec: Sequence[Spec],
+                           serving: str | None = None) -> list[CheckResult]:
+        """Consistency, action sanity and evaluation of `version` as Triton serves it (cheapest first).
+        `serving`: the version's runtime ("torchscript", "onnx"), which picks the consistency tolerance."""
         action_spec = tuple(action_spec)
-        results = [await self._guarded("consistency", self.consistency(policy, version, header)),
+        results = [await self._guarded("consistency", self.consistency(policy, version, header, serving=serving)),
                    await self._guarded("action_sanity", self.action_sanity(policy, version, action_spec)),
                    await self._guarded("evaluation", self.evaluation(policy, version, incumbent))]
         for r in results:
@@ -147,8 +165,10 @@ class Gate:
             return result
         return replace(result, figures={**result.figures, "seconds": round(time.monotonic() - started, 4)})
 
-    async def consistency(self, policy: str, version: int, header: policies_pb2.PublishHeader) -> CheckResult:
-        """The probe batch through Triton at exactly `version` against the trainer's outputs."""
+    async def consistency(self, policy: str, version: int, header: policies_pb2.PublishHeader, *,
+                          serving: str | None = None) -> CheckResult:
+        """The probe batch through Triton at exactly `version` against the trainer's outputs, within the
+        tolerance of its serving format (GateConfig.tolerances_for), or the header's atol when it sets one."""
         try:
             inputs, expected = decode_all(header.probe_inputs), decode_all(header.probe_outputs)
         except TensorError as exc:
@@ -159,9 +179,11 @@ class Gate:
                 else CheckResult.skipped("consistency", why)
         served = await self.client.infer(policy, version, inputs, sorted(expected))
         try:
-            return checks.compare_outputs(served, expected, tolerances=self.config.tolerances, atol=header.atol)
+            result = checks.compare_outputs(served, expected, tolerances=self.config.tolerances_for(serving),
+                                            atol=header.atol)
         except ValueError as exc:
             return CheckResult("consistency", False, {}, str(exc))
+        return replace(result, detail=f"{result.detail} (served by {serving})") if serving else result
 
     async def evaluation(self, policy: str, version: int, incumbent: int | None) -> CheckResult:
         """K episodes of the candidate and of the incumbent, same seeds, one after the other."""

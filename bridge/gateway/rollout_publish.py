@@ -151,21 +151,29 @@ class PublishPipeline:
         await self._write(self._registry.record_gate, name, version, [artifact.to_dict()])
         if not artifact.passed:
             raise PublishError(f"policy {name!r} v{version} rejected by the gate: integrity: {artifact.detail}")
+        marks = [("integrity", time.monotonic())]
         async with self._host.lock:  # the swap: what is on disk and what Triton serves change together
             keep = self._host.keep(name) | {base}
             # the write step is one call (Publisher.write): safetensors over the base's architecture, or an imported
             # file; folder and tether.json fsynced before any registry state depends on them
             await asyncio.to_thread(self._host.serving.retire, repo, name, keep)  # the load_model below unloads these
             await self._publisher.write(name, version, header, weights, base)
+            marks.append(("write", time.monotonic()))
             ready = await self._publisher.load(name, version)
             await self._host.serving.verify_ready(name)  # the unloads took effect too
+            marks.append(("load", time.monotonic()))
             served = await self._catalog.ensure(name, version)
             await self._host.serving.verify_replicas(name, version, header)  # several replicas: each, recorded
             incumbent = self._host.rollout(name).live
             action_spec = self._host.action_spec(name, served)
+            serving = repo.serving_format(name, version)  # torch or onnxruntime: the consistency tolerance
+            marks.append(("metadata", time.monotonic()))
         # the gate's checks without the rollout lock (an evaluation in simulation takes tens of seconds)
         checks = await self._host.gate.check_served(policy=name, version=version, incumbent=incumbent, header=header,
-                                              action_spec=action_spec)
+                                                    action_spec=action_spec, serving=serving)
+        marks.append(("served checks", time.monotonic()))
+        log.info("policy %s v%d served by %s: %s", name, version, serving,
+                 ", ".join(f"{what} {b - a:.3f} s" for (_, a), (what, b) in zip(marks, marks[1:], strict=False)))
         await self._write(self._registry.record_gate, name, version, [c.to_dict() for c in checks])
         failed = [c for c in checks if not c.passed]
         if failed:

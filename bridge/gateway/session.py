@@ -310,6 +310,8 @@ class Session(SessionBase):
         self._acted = (arrays, actions)
         if self.recorder.logging:
             log_prob = float(result[LOG_PROB].reshape(-1)[0]) if LOG_PROB in result else None
+            if log_prob is not None:  # the client keeps it for a Replay: the replayed transition has it too
+                action.log_prob.append(log_prob)
             self.recorder.acted(obs, action, log_prob)
         return reply
 
@@ -330,7 +332,8 @@ class Session(SessionBase):
         return arrays
 
     def replay(self, replay: bridge_pb2.Replay) -> bridge_pb2.ServerMessage:
-        """A step answered before a reconnect, resent for the log (no inference)."""
+        """A step answered before a reconnect, resent for the log (no inference), with the acting log-probability
+        it was answered with (`Action.log_prob`)."""
         self.settle()
         obs, action = replay.observation, replay.action
         if self._last_step is not None and obs.step <= self._last_step:
@@ -344,18 +347,31 @@ class Session(SessionBase):
             if action.policy != self.policy.name:  # the log's lineage: only what this session's policy answered
                 raise TensorError("action.policy", f"{action.policy[:64]!r} is not this session's policy "
                                                    f"{self.policy.name!r}")
+            log_prob = replayed_log_prob(action.log_prob, 1)
+            if log_prob is not None and not np.isfinite(log_prob).all():
+                raise TensorError("action.log_prob", f"non-finite log-probability {log_prob[0]}")
         except TensorError as exc:
             return self._error(obs.step, Code.INVALID_OBSERVATION, exc.field, f"replay: {exc}")
         self._last_step = obs.step
         self._acted = (arrays, actions)
         if self.recorder.logging:
-            self.recorder.acted(obs, action, None)
+            self.recorder.acted(obs, action, None if log_prob is None else float(log_prob[0]))
         if following is not None:  # complete it now; without `next` it waits for the live observation
             ended = following.step_type == bridge_pb2.LAST
             outcome = self._reward(following, after)
             self.recorder.completed(following, outcome, ended=ended or bool(outcome.end_reason))
         return bridge_pb2.ServerMessage(replayed=bridge_pb2.Replayed(step=obs.step))
 
+
+
+def replayed_log_prob(values, rows: int) -> np.ndarray | None:
+    """A Replay's `Action.log_prob`: None (a deterministic policy), or `rows` values (TensorError for another count;
+    the caller checks that they are finite: a single env's step as a whole, a vectorised one's per row)."""
+    if not values:
+        return None
+    if len(values) != rows:
+        raise TensorError("action.log_prob", f"{len(values)} values for {rows} row(s)")
+    return np.fromiter(values, np.float32, count=rows)
 
 
 def _checked_tensors(specs: tuple[Spec, ...], tensors, prefix: str) -> dict[str, np.ndarray]:

@@ -21,8 +21,18 @@ observations, e.g. Isaac Lab, sends none: those rows then read the reset observa
 experience log, env i logs its transitions as session `"<id>/<i>"`, episode = the gateway's count of
 env i's ended episodes, step = the stream's step. The policy version follows the catalog at every
 step (one request, one version per session: the router's choice for the session id and labels); each
-transition records the version that acted. Replay (after a
-reconnect) is not supported for vectorised sessions: it is answered with a StepError.
+transition records the version that acted, and with a stochastic policy its log-probability (also sent to the
+client in `Action.log_prob`, one per row, when the session logs).
+
+`replay(Replay)` (after a reconnect: the client resends the N-row steps not yet acknowledged durable) goes
+through the same accounting as a live step without inference: the replayed action rows (and their
+`log_prob`) are what env i logs for that step, and the observation that follows on the stream (the next
+Replay's, or the live step resent after them) completes it. The checks apply per row: a row whose
+observation, action or log-probability is not finite is not logged (as a live step's bad row), nor is a step
+an operator's e-stop held (`Action.estop`: it drops what is pending, as live); a malformed
+step (names, dtypes, shapes, env_* or log_prob lengths, another policy) is one StepError. Each env's
+transition is logged once: the log takes a step of `"<id>/<i>"` only above the last it has (a replayed
+step that every env already has is answered `duplicate`), and `durable_through` is the lowest over the envs.
 
     session = VectorSession(session_id="v", source="newton:cartpole", policy=served, num_envs=64,
                             observation_spec=obs_specs, action_spec=act_specs, batcher=batcher,
@@ -40,7 +50,15 @@ import numpy as np
 from bridge.gateway.batcher import MicroBatcher
 from bridge.gateway.policies import LOG_PROB, ServedPolicy
 from bridge.gateway.recorder import RecorderGroup, RewardOutcome
-from bridge.gateway.session import InferenceFailed, Rewards, SessionBase, SessionStats, VersionRouter, infer_within
+from bridge.gateway.session import (
+    InferenceFailed,
+    Rewards,
+    SessionBase,
+    SessionStats,
+    VersionRouter,
+    infer_within,
+    replayed_log_prob,
+)
 from bridge.rewards import RewardFunction
 from protos import bridge_pb2
 from protos.codec import Spec, TensorError, decode, dtype_to_numpy, encode
@@ -78,10 +96,51 @@ class VectorSession(SessionBase):
         self._action_dtypes = {s.name: s.dtype for s in action_spec}
         self.stats = SessionStats()
         self._use(policy)
+        if self.recorder.logging:  # every env's log has the steps up to here: replays of them are duplicates
+            have = min(r.next_step for r in self.recorder.recorders) - 1
+            self._last_step = have if have >= 0 else None
 
     def replay(self, replay: bridge_pb2.Replay) -> bridge_pb2.ServerMessage:
-        return self._error(replay.observation.step, Code.INVALID_OBSERVATION, "replay",
-                           "replay is not supported for vectorised sessions")
+        """An N-row step answered before a reconnect, resent for the log (no inference; see the module docstring)."""
+        self.settle()
+        obs, action = replay.observation, replay.action
+        if self._last_step is not None and obs.step <= self._last_step:
+            self.recorder.recorders[0].duplicates += 1
+            return bridge_pb2.ServerMessage(replayed=bridge_pb2.Replayed(step=obs.step, duplicate=True))
+        if action.estop:  # an operator's e-stop held it (safe action rows, no policy): as live, nothing is logged
+            self._last_step = obs.step
+            self.drop_pending()
+            return bridge_pb2.ServerMessage(replayed=bridge_pb2.Replayed(step=obs.step))
+        try:
+            batch = _Batch.check(obs, self.observation_spec, self.num_envs)
+            actions = _decode(action.tensors, self.action_spec, self.num_envs, "action")
+            log_prob = replayed_log_prob(action.log_prob, self.num_envs)
+            if replay.HasField("next"):  # checked; the next message on the stream completes the step
+                _Batch.check(replay.next, self.observation_spec, self.num_envs)
+            if action.policy != self.policy.name:  # the log's lineage: only what this session's policy answered
+                raise TensorError("action.policy", f"{action.policy[:64]!r} is not this session's policy "
+                                                   f"{self.policy.name!r}")
+        except TensorError as exc:
+            return self._error(obs.step, Code.INVALID_OBSERVATION, exc.field, f"replay: {exc}")
+        duplicate = all(r.next_step > obs.step for r in self.recorder.recorders)
+        self._last_step = obs.step
+        router, self._router = self._router, None  # the episodes a replay ends were the old gateway's to judge
+        try:
+            self._track_episodes(obs, batch)  # the observation rows complete the envs' previous steps
+        finally:
+            self._router = router
+        for spec in self.action_spec:     # a row whose action is not finite is not logged
+            if spec.dtype.kind == "f":
+                finite = np.isfinite(actions[spec.name].reshape(self.num_envs, -1)).all(axis=1)
+                batch._flag(~finite, f"action.{spec.name}", "contains NaN or infinite values")
+        if log_prob is not None:
+            batch._flag(~np.isfinite(log_prob), "action.log_prob", "contains NaN or infinite values")
+        self._observation, self._action, self._acted = batch.observation, actions, ~batch.bad
+        if self.recorder.logging:
+            reply = bridge_pb2.Action(step=obs.step, policy=action.policy, policy_version=action.policy_version,
+                                      timing=action.timing)
+            self._log_acted(obs, batch, reply, actions, log_prob)
+        return bridge_pb2.ServerMessage(replayed=bridge_pb2.Replayed(step=obs.step, duplicate=duplicate))
 
     async def handle(self, obs: bridge_pb2.Observation) -> bridge_pb2.ServerMessage:
         received = time.time_ns()
@@ -193,7 +252,11 @@ class VectorSession(SessionBase):
             self.stats.count_error(error.code)
         self._observation, self._action, self._acted = batch.observation, actions, good
         if self.recorder.logging:
-            self._log_acted(obs, batch, action, actions, result.get(LOG_PROB))
+            log_prob = result.get(LOG_PROB)
+            if log_prob is not None:  # the client keeps it for a Replay: the replayed transitions have it too
+                log_prob = log_prob.reshape(self.num_envs, -1)[:, 0]
+                action.log_prob.extend(log_prob.tolist())
+            self._log_acted(obs, batch, action, actions, log_prob)
         return bridge_pb2.ServerMessage(action=action)
 
     def _log_acted(self, obs, batch: _Batch, action: bridge_pb2.Action, actions: dict[str, np.ndarray],
@@ -206,7 +269,7 @@ class VectorSession(SessionBase):
             act = bridge_pb2.Action(step=obs.step, tensors=[encode(name, value[i]) for name, value in actions.items()],
                                     policy=action.policy, policy_version=action.policy_version, timing=action.timing,
                                     episode=int(self._episodes[i]))
-            self.recorder.recorders[i].acted(row, act, None if log_prob is None else float(log_prob[i].reshape(-1)[0]))
+            self.recorder.recorders[i].acted(row, act, None if log_prob is None else float(log_prob[i]))
 
 
 class _Batch:

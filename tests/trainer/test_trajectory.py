@@ -122,3 +122,20 @@ def test_stale_drop_masks_and_importance_weights_are_truncated():
     torch.testing.assert_close(weight, expected)
     with pytest.raises(ValueError, match="stale 'sometimes'"):
         PPOConfig(stale="sometimes")
+
+
+def test_vector_env_keys_are_per_env_trajectories_across_a_gateway_change():
+    """A vectorised session's envs are logged as "<id>/<i>" with the gateway's count of each env's episodes; a new
+    gateway (a failover, a restart) counts from 0 again while the steps go on: nothing is taken for a duplicate,
+    and the MID step after the change continues the same segment."""
+    asm = TrajectoryAssembler()
+    for env in range(2):
+        for step in range(4):
+            asm.add(tr(step, session=f"v/{env}", episode=3))
+        for step in range(4, 7):  # the new gateway: episode 0 for the same episode
+            asm.add(tr(step, session=f"v/{env}", episode=0, terminated=step == 6))
+    segments = asm.take()
+    assert [(s.session, [t.step for t in s.transitions], s.terminated) for s in segments] == [
+        ("v/0", list(range(7)), True), ("v/1", list(range(7)), True)]
+    asm.add(tr(5, session="v/0", episode=0))  # a repeat of a step already seen: dropped
+    assert asm.ready == 0 and asm.take() == []

@@ -179,7 +179,7 @@ class Timing(_message.Message):
     def __init__(self, t_sent_ns: _Optional[int] = ..., gateway_recv_ns: _Optional[int] = ..., infer_start_ns: _Optional[int] = ..., infer_end_ns: _Optional[int] = ..., gateway_send_ns: _Optional[int] = ...) -> None: ...
 
 class Action(_message.Message):
-    __slots__ = ("step", "tensors", "policy", "policy_version", "timing", "episode", "env_errors", "episode_ends", "estop", "estop_id", "released_estop")
+    __slots__ = ("step", "tensors", "policy", "policy_version", "timing", "episode", "env_errors", "episode_ends", "estop", "estop_id", "released_estop", "log_prob")
     STEP_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
@@ -191,6 +191,7 @@ class Action(_message.Message):
     ESTOP_FIELD_NUMBER: _ClassVar[int]
     ESTOP_ID_FIELD_NUMBER: _ClassVar[int]
     RELEASED_ESTOP_FIELD_NUMBER: _ClassVar[int]
+    LOG_PROB_FIELD_NUMBER: _ClassVar[int]
     step: int
     tensors: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
     policy: str
@@ -202,7 +203,8 @@ class Action(_message.Message):
     estop: bool
     estop_id: str
     released_estop: str
-    def __init__(self, step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., policy: _Optional[str] = ..., policy_version: _Optional[int] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., episode: _Optional[int] = ..., env_errors: _Optional[_Iterable[_Union[EnvError, _Mapping]]] = ..., episode_ends: _Optional[_Iterable[_Union[EpisodeEnd, _Mapping]]] = ..., estop: _Optional[bool] = ..., estop_id: _Optional[str] = ..., released_estop: _Optional[str] = ...) -> None: ...
+    log_prob: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., policy: _Optional[str] = ..., policy_version: _Optional[int] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., episode: _Optional[int] = ..., env_errors: _Optional[_Iterable[_Union[EnvError, _Mapping]]] = ..., episode_ends: _Optional[_Iterable[_Union[EpisodeEnd, _Mapping]]] = ..., estop: _Optional[bool] = ..., estop_id: _Optional[str] = ..., released_estop: _Optional[str] = ..., log_prob: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class EnvError(_message.Message):
     __slots__ = ("env", "code", "field", "message")

@@ -1,0 +1,169 @@
+"""Weight sync: publish -> served for the demo MLPs (the Gaussian policies `tether demo --train` trains), one
+serving runtime against another, measured the way the trainer publishes (PolicyClient.publish: safetensors,
+a probe batch and the trainer's reference outputs, through the gateway's whole publish pipeline: integrity,
+version folder written, Triton load_model, READY, the probe served at exactly the new version, live).
+
+    python benchmarks/weight_sync.py [--publishes 8 --envs InvertedPendulum-v5 Hopper-v5
+                                      --train-seconds 60 --json benchmarks/results/weight_sync.json]
+
+Runtimes: `torchscript` (each version a Triton python-backend stub that imports torch) and `onnx` (the same
+architecture exported to ONNX when the version is written, served by onnxruntime: the stub does not import
+torch). Part 1 publishes `--publishes` versions of each (env, runtime) into one Triton and gateway (quiet: no
+sessions), timing each publish at the client (first byte to reply) and recording the consistency check's max abs
+error. Part 2 (`--train-seconds` > 0) runs `tether demo --train` on InvertedPendulum-v5 (8 single-env sessions,
+PPO with 2 ranks) for that long with each runtime and reads the trainer's log: each publish's seconds as the
+gateway reported them, and the policy lag of every PPO batch (versions behind the newest, mean per batch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import sim
+from bridge.common.percentiles import p50_p99
+from inference_server import ModelRepository
+from protos import policies_pb2
+from tether.stack import Stack
+from tether.topology import DemoConfig, policy_name, run_demo, write_json
+from trainer.policy import GaussianPolicy
+from trainer.weights import PolicyClient
+from trainer.worker import probe_outputs
+
+RUNTIMES = ("torchscript", "onnx")
+PUBLISHED = re.compile(r"published \S+ v(\d+) .*?, ([0-9.]+) s, max error ([0-9.e+-]+)\)")
+LAG = re.compile(r"ppo it \d+ .* lag ([0-9.]+)v \(max (\d+)\)")
+
+
+def specs(env_id: str):
+    env = sim.make(env_id)
+    try:
+        return env.observation_spec(), env.action_spec()
+    finally:
+        env.close()
+
+
+def publish_loop(client: PolicyClient, model: str, obs_spec, act_spec, count: int) -> list[dict]:
+    """`count` new versions of `model` (the served weights, perturbed), each as the trainer publishes one."""
+    served = client.fetch(model)
+    policy = GaussianPolicy(obs_spec[0], act_spec[0])
+    policy.load_state_dict(served.state_dict)
+    rng = np.random.default_rng(0)
+    rows, parent = [], served.version
+    for i in range(count):
+        with torch.no_grad():
+            for p in policy.net.parameters():
+                p.add_(0.01 * torch.from_numpy(rng.standard_normal(tuple(p.shape)).astype(np.float32)))
+        probe = (rng.standard_normal((16, *obs_spec[0].shape)) * 2).astype(np.float32)
+        start = time.monotonic()
+        reply = client.publish(model, policy.state_dict(), probe_inputs={obs_spec[0].name: probe},
+                               probe_outputs=probe_outputs(policy, probe),
+                               lineage=policies_pb2.Lineage(parent_version=parent, trainer_step=i, trainer="bench"))
+        rows.append({"version": reply.version, "publish_to_served_s": time.monotonic() - start,
+                     "server_s": reply.load_seconds, "max_abs_error": reply.max_abs_error})
+        parent = reply.version
+    return rows
+
+
+def quiet(envs: list[str], publishes: int, directory: Path) -> dict:
+    repo = ModelRepository(directory / "models")
+    models = {}
+    for env_id in envs:
+        obs, act = specs(env_id)
+        for runtime in RUNTIMES:
+            name = f"{policy_name(env_id)}_{runtime}"
+            repo.write_version(name, 1, GaussianPolicy(obs[0], act[0], seed=0, log_std_init=0.0), obs,
+                               GaussianPolicy.output_specs(act[0]), serve=runtime)
+            models[name] = (env_id, runtime, obs, act)
+    results = {}
+    with Stack(directory, models=list(models), deadline_ms=2000) as stack, PolicyClient(stack.gateway) as client:
+        for name, (env_id, runtime, obs, act) in models.items():
+            rows = publish_loop(client, name, obs, act, publishes)
+            results[name] = {"env": env_id, "runtime": runtime, "publishes": rows,
+                             **summary([r["publish_to_served_s"] for r in rows]),
+                             "max_abs_error": max(r["max_abs_error"] for r in rows)}
+            print(f"  {env_id:<20} {runtime:<12} publish -> served median {results[name]['median_s']:.3f} s, "
+                  f"p99 {results[name]['p99_s']:.3f} s, max abs error {results[name]['max_abs_error']:.2e}",
+                  flush=True)
+    return results
+
+
+def training(runtime: str, seconds: float, directory: Path) -> dict:
+    run_dir = directory / f"train_{runtime}"
+    config = DemoConfig(env="InvertedPendulum-v5", envs=8, train=True, seconds=seconds, run_dir=run_dir,
+                        serve=runtime)
+    demo = run_demo(config)
+    log = (run_dir / "trainer.log").read_text()
+    published = [(int(v), float(s), float(e)) for v, s, e in PUBLISHED.findall(log)]
+    lags = [(float(mean), int(most)) for mean, most in LAG.findall(log)]
+    return {"runtime": runtime, "seconds": seconds, "versions": len(published),
+            **summary([s for _, s, _ in published]),
+            "max_abs_error": max((e for *_, e in published), default=None),
+            "batches": len(lags), "lag_versions_mean": float(np.mean([m for m, _ in lags])) if lags else None,
+            "lag_versions_max": max((m for _, m in lags), default=None),
+            "recent_return": demo.get("recent_return"), "seconds_to_500": demo.get("seconds_to_500"),
+            "publish_s": [s for _, s, _ in published]}
+
+
+def summary(values: list[float]) -> dict:
+    if not values:
+        return {"median_s": None, "p99_s": None, "max_s": None}
+    p50, p99 = p50_p99(np.asarray(values))
+    return {"median_s": float(p50), "p99_s": float(p99), "max_s": float(max(values))}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--publishes", type=int, default=8, help="versions published per (env, runtime), quiet")
+    p.add_argument("--envs", nargs="+", default=["InvertedPendulum-v5", "Hopper-v5"])
+    p.add_argument("--train-seconds", type=float, default=0.0,
+                   help="also train InvertedPendulum-v5 this long per runtime (0: skip)")
+    p.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "weight_sync.json")
+    a = p.parse_args(argv)
+    if a.publishes < 1:
+        p.error(f"--publishes must be >= 1, got {a.publishes}")
+    result: dict = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                                "load_avg_1m": os.getloadavg()[0]},
+                    "config": {"publishes": a.publishes, "envs": a.envs, "train_seconds": a.train_seconds}}
+    with tempfile.TemporaryDirectory(prefix="tether-weight-sync-") as tmp:
+        print("quiet: publish -> served per (env, runtime)", flush=True)
+        result["quiet"] = quiet(a.envs, a.publishes, Path(tmp) / "quiet")
+        if a.train_seconds > 0:
+            result["training"] = {}
+            for runtime in RUNTIMES:
+                print(f"training InvertedPendulum-v5 for {a.train_seconds:g} s, versions served by {runtime}",
+                      flush=True)
+                result["training"][runtime] = training(runtime, a.train_seconds, Path(tmp))
+    result["machine"]["load_avg_1m_after"] = os.getloadavg()[0]
+    print_table(result)
+    write_json(a.json, result)
+    return result
+
+
+def print_table(r: dict) -> None:
+    def s(x):
+        return "-" if x is None else f"{x:.3f}"
+
+    print(f"\n{'what':<44} {'median s':>9} {'p99 s':>7} {'max s':>7} {'max abs err':>11}")
+    for q in r["quiet"].values():
+        print(f"{'quiet ' + q['env'] + ' ' + q['runtime']:<44} {s(q['median_s']):>9} {s(q['p99_s']):>7} "
+              f"{s(q['max_s']):>7} {q['max_abs_error']:>11.2e}")
+    for runtime, t in r.get("training", {}).items():
+        err = "-" if t["max_abs_error"] is None else f"{t['max_abs_error']:.2e}"
+        print(f"{'training pendulum ' + runtime + ' (' + str(t['versions']) + ' versions)':<44} "
+              f"{s(t['median_s']):>9} {s(t['p99_s']):>7} {s(t['max_s']):>7} {err:>11}")
+        print(f"    lag per batch: mean {s(t['lag_versions_mean'])} versions, max {t['lag_versions_max']} "
+              f"({t['batches']} batches); return {t['recent_return']}, to 500 after {t['seconds_to_500']} s")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,144 @@
+"""Weight sync in the learning loop: the trainer's policy (a Gaussian MLP, as `tether demo --train` writes it) is
+served by onnxruntime, so a published version is served within a fraction of a second; the gate's consistency
+check (the probe batch at exactly the new version against the trainer's outputs, within the ONNX tolerance) still
+rejects a version whose served outputs are not the trainer's."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import statistics
+import time
+
+import grpc
+import numpy as np
+import pytest
+import torch
+
+from bridge.gate.checks import SERVING_TOLERANCES
+from inference_server import ModelRepository, TritonServer, onnx_export
+from protos import policies_pb2, policies_pb2_grpc
+from protos.codec import Spec, encode_all
+from tests.gateway.helpers import running_gateway
+from tether.topology import write_initial_policy
+from trainer.policy import GaussianPolicy
+from trainer.weights import PolicyClient
+from trainer.worker import probe_outputs
+
+ENV = "InvertedPendulum-v5"
+OBS = (Spec("observation", np.float32, (4,)),)
+PUBLISHES = 6  # the first warms up (the gateway's first ONNX export imports torch.onnx and onnxruntime): not timed
+REGRESSION_S = 2.0  # the target is 0.5 s median; only a clear regression fails
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    repo = ModelRepository(tmp_path_factory.mktemp("weight_sync") / "models")
+    name = write_initial_policy(repo, ENV, stochastic=True)  # the learning loop's policy: served by onnxruntime
+    assert repo.serving_format(name, 1) == "onnx"
+    with TritonServer(repo.root, models=[name], log_path=repo.root.parent / "triton.log") as server:
+        yield server, repo, name
+
+
+def trained(repo: ModelRepository, name: str, version: int, seed: int) -> GaussianPolicy:
+    """The served weights of `version`, moved as an update would move them."""
+    served = repo.state_dict(name, version)
+    action = Spec("action", np.float32, (1,), low=(-3.0,), high=(3.0,))
+    policy = GaussianPolicy(OBS[0], action)
+    policy.load_state_dict(served)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in policy.net.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=generator))
+    return policy
+
+
+def probe(seed: int) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal((16, 4)) * 2).astype(np.float32)
+
+
+def test_publish_to_served_is_sub_second_through_onnxruntime_and_within_its_tolerance(served):
+    server, repo, name = served
+
+    async def scenario():
+        async with running_gateway(server.grpc_url, policy=name, model_repository=repo.root) as gw:
+            with PolicyClient(gw.address) as client:
+                seconds, errors = [], []
+                for i in range(PUBLISHES):
+                    parent = repo.versions(name)[-1]
+                    policy, batch = trained(repo, name, parent, seed=i), probe(i)
+                    started = time.monotonic()
+                    reply = await asyncio.to_thread(
+                        client.publish, name, policy.state_dict(), probe_inputs={"observation": batch},
+                        probe_outputs=probe_outputs(policy, batch),
+                        lineage=policies_pb2.Lineage(parent_version=parent, trainer_step=i, trainer="test"))
+                    seconds.append(time.monotonic() - started)
+                    errors.append(reply.max_abs_error)
+                    assert reply.version == parent + 1 and repo.serving_format(name, reply.version) == "onnx"
+                    assert gw.rollout.rollout(name).live == reply.version  # served and live, no other step
+                return seconds, errors
+
+    all_seconds, errors = asyncio.run(scenario())
+    seconds = all_seconds[1:]
+    print(f"publish -> served: median {statistics.median(seconds):.3f} s, max {max(seconds):.3f} s (first, warming "
+          f"up: {all_seconds[0]:.3f} s); max abs error {max(errors):.2e}")
+    assert statistics.median(seconds) < REGRESSION_S, seconds
+    assert max(errors) <= SERVING_TOLERANCES["onnx"]["float32"][1], errors
+
+
+def onnx_import(repo: ModelRepository, name: str, policy: GaussianPolicy, reference: GaussianPolicy,
+                batch: np.ndarray) -> policies_pb2.PublishHeader:
+    """`policy` exported to ONNX, published as an imported file whose reference outputs are `reference`'s."""
+    outputs = GaussianPolicy.output_specs(Spec("action", np.float32, (1,), low=(-3.0,), high=(3.0,)))
+    data = onnx_export.export(torch.jit.script(policy), OBS, outputs)
+    header = policies_pb2.PublishHeader(
+        policy=name, format="onnx", size=len(data), sha256=hashlib.sha256(data).hexdigest(),
+        inputs=[s.to_proto() for s in OBS], outputs=[s.to_proto() for s in outputs],
+        probe_inputs=encode_all({"observation": batch}), probe_outputs=encode_all(probe_outputs(reference, batch)),
+        lineage=policies_pb2.Lineage(parent_version=repo.versions(name)[-1], trainer="test"))
+    return header, data
+
+
+def test_the_consistency_check_rejects_a_served_onnx_version_that_is_not_the_trainers(served):
+    server, repo, name = served
+
+    async def scenario():
+        async with running_gateway(server.grpc_url, policy=name, model_repository=repo.root) as gw:
+            live = gw.rollout.rollout(name).live
+            parent = repo.versions(name)[-1]
+            right = trained(repo, name, parent, seed=10)
+            wrong = trained(repo, name, parent, seed=10)
+            with torch.no_grad():  # one weight off by 1e-2: the mean moves by ~3e-4, 6x the ONNX tolerance
+                wrong.net[0].weight[0, 0] += 1e-2
+            batch = probe(10)
+            refused = []
+            with PolicyClient(gw.address) as client:
+                # the trainer's weights, served by onnxruntime, against the outputs of other weights
+                try:
+                    await asyncio.to_thread(client.publish, name, wrong.state_dict(),
+                                            probe_inputs={"observation": batch},
+                                            probe_outputs=probe_outputs(right, batch),
+                                            lineage=policies_pb2.Lineage(parent_version=parent, trainer="test"))
+                except grpc.RpcError as exc:
+                    refused.append(exc)
+            # an ONNX file whose weights differ from the reference outputs it came with
+            header, data = onnx_import(repo, name, wrong, right, batch)
+            async with grpc.aio.insecure_channel(gw.address) as channel:
+                stub = policies_pb2_grpc.PoliciesStub(channel)
+                chunks = [policies_pb2.PublishChunk(header=header), policies_pb2.PublishChunk(data=data)]
+                try:
+                    await stub.Publish(iter(chunks))
+                except grpc.aio.AioRpcError as exc:
+                    refused.append(exc)
+                # the right ONNX file passes: the tolerance is not what refused the wrong one
+                header, data = onnx_import(repo, name, right, right, batch)
+                chunks = [policies_pb2.PublishChunk(header=header), policies_pb2.PublishChunk(data=data)]
+                accepted = await stub.Publish(iter(chunks))
+            return live, refused, accepted, gw.rollout.rollout(name).live
+
+    live, refused, accepted, now = asyncio.run(scenario())
+    assert len(refused) == 2, refused
+    for exc in refused:
+        assert exc.code() == grpc.StatusCode.FAILED_PRECONDITION and "consistency" in exc.details(), exc.details()
+    assert accepted.max_abs_error <= SERVING_TOLERANCES["onnx"]["float32"][1]
+    assert now == accepted.version and accepted.version > live
