@@ -99,7 +99,7 @@ class Welcome(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., policy: _Optional[str] = ..., policy_version: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., server_version: _Optional[str] = ..., durable_through: _Optional[int] = ..., reward_version: _Optional[str] = ..., logging: _Optional[bool] = ..., next_step: _Optional[int] = ..., owner_epoch: _Optional[int] = ..., gateway_id: _Optional[str] = ...) -> None: ...
 
 class Observation(_message.Message):
-    __slots__ = ("step", "t_sent_ns", "step_type", "tensors", "reward", "terminated", "applied_action", "guard", "episode", "env_step_types", "env_rewards", "env_terminated", "env_truncated", "final_observation")
+    __slots__ = ("step", "t_sent_ns", "step_type", "tensors", "reward", "terminated", "applied_action", "guard", "episode", "env_step_types", "env_rewards", "env_terminated", "env_truncated", "final_observation", "intervention", "env_interventions")
     STEP_FIELD_NUMBER: _ClassVar[int]
     T_SENT_NS_FIELD_NUMBER: _ClassVar[int]
     STEP_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -114,6 +114,8 @@ class Observation(_message.Message):
     ENV_TERMINATED_FIELD_NUMBER: _ClassVar[int]
     ENV_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     FINAL_OBSERVATION_FIELD_NUMBER: _ClassVar[int]
+    INTERVENTION_FIELD_NUMBER: _ClassVar[int]
+    ENV_INTERVENTIONS_FIELD_NUMBER: _ClassVar[int]
     step: int
     t_sent_ns: int
     step_type: StepType
@@ -128,7 +130,9 @@ class Observation(_message.Message):
     env_terminated: _containers.RepeatedScalarFieldContainer[bool]
     env_truncated: _containers.RepeatedScalarFieldContainer[bool]
     final_observation: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
-    def __init__(self, step: _Optional[int] = ..., t_sent_ns: _Optional[int] = ..., step_type: _Optional[_Union[StepType, str]] = ..., tensors: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., reward: _Optional[float] = ..., terminated: _Optional[bool] = ..., applied_action: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., guard: _Optional[_Union[GuardReport, _Mapping]] = ..., episode: _Optional[int] = ..., env_step_types: _Optional[_Iterable[_Union[StepType, str]]] = ..., env_rewards: _Optional[_Iterable[float]] = ..., env_terminated: _Optional[_Iterable[bool]] = ..., env_truncated: _Optional[_Iterable[bool]] = ..., final_observation: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ...) -> None: ...
+    intervention: bool
+    env_interventions: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, step: _Optional[int] = ..., t_sent_ns: _Optional[int] = ..., step_type: _Optional[_Union[StepType, str]] = ..., tensors: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., reward: _Optional[float] = ..., terminated: _Optional[bool] = ..., applied_action: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., guard: _Optional[_Union[GuardReport, _Mapping]] = ..., episode: _Optional[int] = ..., env_step_types: _Optional[_Iterable[_Union[StepType, str]]] = ..., env_rewards: _Optional[_Iterable[float]] = ..., env_terminated: _Optional[_Iterable[bool]] = ..., env_truncated: _Optional[_Iterable[bool]] = ..., final_observation: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., intervention: _Optional[bool] = ..., env_interventions: _Optional[_Iterable[bool]] = ...) -> None: ...
 
 class Replay(_message.Message):
     __slots__ = ("observation", "action", "next")
@@ -149,20 +153,22 @@ class Replayed(_message.Message):
     def __init__(self, step: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class GuardReport(_message.Message):
-    __slots__ = ("clamped", "rate_limited", "watchdog", "estop", "estopped", "gateway_estop")
+    __slots__ = ("clamped", "rate_limited", "watchdog", "estop", "estopped", "gateway_estop", "interventions")
     CLAMPED_FIELD_NUMBER: _ClassVar[int]
     RATE_LIMITED_FIELD_NUMBER: _ClassVar[int]
     WATCHDOG_FIELD_NUMBER: _ClassVar[int]
     ESTOP_FIELD_NUMBER: _ClassVar[int]
     ESTOPPED_FIELD_NUMBER: _ClassVar[int]
     GATEWAY_ESTOP_FIELD_NUMBER: _ClassVar[int]
+    INTERVENTIONS_FIELD_NUMBER: _ClassVar[int]
     clamped: int
     rate_limited: int
     watchdog: int
     estop: int
     estopped: bool
     gateway_estop: str
-    def __init__(self, clamped: _Optional[int] = ..., rate_limited: _Optional[int] = ..., watchdog: _Optional[int] = ..., estop: _Optional[int] = ..., estopped: _Optional[bool] = ..., gateway_estop: _Optional[str] = ...) -> None: ...
+    interventions: int
+    def __init__(self, clamped: _Optional[int] = ..., rate_limited: _Optional[int] = ..., watchdog: _Optional[int] = ..., estop: _Optional[int] = ..., estopped: _Optional[bool] = ..., gateway_estop: _Optional[str] = ..., interventions: _Optional[int] = ...) -> None: ...
 
 class Timing(_message.Message):
     __slots__ = ("t_sent_ns", "gateway_recv_ns", "infer_start_ns", "infer_end_ns", "gateway_send_ns")

@@ -26,7 +26,7 @@ from protos.tether.v1 import bridge_pb2 as protos_dot_tether_dot_v1_dot_bridge__
 from protos.tether.v1 import tensor_pb2 as protos_dot_tether_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!protos/tether/v1/experience.proto\x12\ttether.v1\x1a\x1dprotos/tether/v1/bridge.proto\x1a\x1dprotos/tether/v1/tensor.proto\"\xab\x05\n\nTransition\x12\x0e\n\x06offset\x18\x01 \x01(\x04\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x0f\n\x07\x65pisode\x18\x03 \x01(\x04\x12\x0c\n\x04step\x18\x04 \x01(\x04\x12&\n\tstep_type\x18\x05 \x01(\x0e\x32\x13.tether.v1.StepType\x12&\n\x0bobservation\x18\x06 \x03(\x0b\x32\x11.tether.v1.Tensor\x12!\n\x06\x61\x63tion\x18\x07 \x03(\x0b\x32\x11.tether.v1.Tensor\x12)\n\x0e\x61pplied_action\x18\x08 \x03(\x0b\x32\x11.tether.v1.Tensor\x12%\n\x05guard\x18\t \x01(\x0b\x32\x16.tether.v1.GuardReport\x12\x0e\n\x06reward\x18\n \x01(\x01\x12<\n\x0creward_terms\x18\x0b \x03(\x0b\x32&.tether.v1.Transition.RewardTermsEntry\x12\x12\n\nterminated\x18\x0c \x01(\x08\x12\x11\n\ttruncated\x18\r \x01(\x08\x12+\n\x10next_observation\x18\x0e \x03(\x0b\x32\x11.tether.v1.Tensor\x12\x0e\n\x06policy\x18\x0f \x01(\t\x12\x16\n\x0epolicy_version\x18\x10 \x01(\x03\x12\x16\n\x0ereward_version\x18\x11 \x01(\t\x12\x14\n\x0chas_log_prob\x18\x12 \x01(\x08\x12\x10\n\x08log_prob\x18\x13 \x01(\x02\x12!\n\x06timing\x18\x14 \x01(\x0b\x32\x11.tether.v1.Timing\x12\x0e\n\x06source\x18\x15 \x01(\t\x12\x12\n\nenv_reward\x18\x16 \x01(\x01\x12\x13\n\x0bowner_epoch\x18\x17 \x01(\x04\x1a\x32\n\x10RewardTermsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"n\n\x10SubscribeRequest\x12*\n\x05start\x18\x01 \x01(\x0b\x32\x19.tether.v1.SubscribeStartH\x00\x12&\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x17.tether.v1.SubscribeAckH\x00\x42\x06\n\x04kind\"{\n\x0eSubscribeStart\x12\x13\n\x0b\x66rom_offset\x18\x01 \x01(\x04\x12\x0e\n\x06window\x18\x02 \x01(\r\x12\x11\n\tmax_batch\x18\x03 \x01(\r\x12\r\n\x05shard\x18\x04 \x01(\r\x12\x12\n\nnum_shards\x18\x05 \x01(\r\x12\x0e\n\x06policy\x18\x06 \x01(\t\"&\n\x0cSubscribeAck\x12\x16\n\x0ethrough_offset\x18\x01 \x01(\x04\"c\n\x0f\x45xperienceBatch\x12*\n\x0btransitions\x18\x01 \x03(\x0b\x32\x15.tether.v1.Transition\x12\x13\n\x0bnext_offset\x18\x02 \x01(\x04\x12\x0f\n\x07log_end\x18\x03 \x01(\x04\x32V\n\nExperience\x12H\n\tSubscribe\x12\x1b.tether.v1.SubscribeRequest\x1a\x1a.tether.v1.ExperienceBatch(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!protos/tether/v1/experience.proto\x12\ttether.v1\x1a\x1dprotos/tether/v1/bridge.proto\x1a\x1dprotos/tether/v1/tensor.proto\"\xc1\x05\n\nTransition\x12\x0e\n\x06offset\x18\x01 \x01(\x04\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x0f\n\x07\x65pisode\x18\x03 \x01(\x04\x12\x0c\n\x04step\x18\x04 \x01(\x04\x12&\n\tstep_type\x18\x05 \x01(\x0e\x32\x13.tether.v1.StepType\x12&\n\x0bobservation\x18\x06 \x03(\x0b\x32\x11.tether.v1.Tensor\x12!\n\x06\x61\x63tion\x18\x07 \x03(\x0b\x32\x11.tether.v1.Tensor\x12)\n\x0e\x61pplied_action\x18\x08 \x03(\x0b\x32\x11.tether.v1.Tensor\x12%\n\x05guard\x18\t \x01(\x0b\x32\x16.tether.v1.GuardReport\x12\x0e\n\x06reward\x18\n \x01(\x01\x12<\n\x0creward_terms\x18\x0b \x03(\x0b\x32&.tether.v1.Transition.RewardTermsEntry\x12\x12\n\nterminated\x18\x0c \x01(\x08\x12\x11\n\ttruncated\x18\r \x01(\x08\x12+\n\x10next_observation\x18\x0e \x03(\x0b\x32\x11.tether.v1.Tensor\x12\x0e\n\x06policy\x18\x0f \x01(\t\x12\x16\n\x0epolicy_version\x18\x10 \x01(\x03\x12\x16\n\x0ereward_version\x18\x11 \x01(\t\x12\x14\n\x0chas_log_prob\x18\x12 \x01(\x08\x12\x10\n\x08log_prob\x18\x13 \x01(\x02\x12!\n\x06timing\x18\x14 \x01(\x0b\x32\x11.tether.v1.Timing\x12\x0e\n\x06source\x18\x15 \x01(\t\x12\x12\n\nenv_reward\x18\x16 \x01(\x01\x12\x13\n\x0bowner_epoch\x18\x17 \x01(\x04\x12\x14\n\x0cintervention\x18\x18 \x01(\x08\x1a\x32\n\x10RewardTermsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"n\n\x10SubscribeRequest\x12*\n\x05start\x18\x01 \x01(\x0b\x32\x19.tether.v1.SubscribeStartH\x00\x12&\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x17.tether.v1.SubscribeAckH\x00\x42\x06\n\x04kind\"{\n\x0eSubscribeStart\x12\x13\n\x0b\x66rom_offset\x18\x01 \x01(\x04\x12\x0e\n\x06window\x18\x02 \x01(\r\x12\x11\n\tmax_batch\x18\x03 \x01(\r\x12\r\n\x05shard\x18\x04 \x01(\r\x12\x12\n\nnum_shards\x18\x05 \x01(\r\x12\x0e\n\x06policy\x18\x06 \x01(\t\"&\n\x0cSubscribeAck\x12\x16\n\x0ethrough_offset\x18\x01 \x01(\x04\"c\n\x0f\x45xperienceBatch\x12*\n\x0btransitions\x18\x01 \x03(\x0b\x32\x15.tether.v1.Transition\x12\x13\n\x0bnext_offset\x18\x02 \x01(\x04\x12\x0f\n\x07log_end\x18\x03 \x01(\x04\x32V\n\nExperience\x12H\n\tSubscribe\x12\x1b.tether.v1.SubscribeRequest\x1a\x1a.tether.v1.ExperienceBatch(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,17 +36,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TRANSITION_REWARDTERMSENTRY']._loaded_options = None
   _globals['_TRANSITION_REWARDTERMSENTRY']._serialized_options = b'8\001'
   _globals['_TRANSITION']._serialized_start=111
-  _globals['_TRANSITION']._serialized_end=794
-  _globals['_TRANSITION_REWARDTERMSENTRY']._serialized_start=744
-  _globals['_TRANSITION_REWARDTERMSENTRY']._serialized_end=794
-  _globals['_SUBSCRIBEREQUEST']._serialized_start=796
-  _globals['_SUBSCRIBEREQUEST']._serialized_end=906
-  _globals['_SUBSCRIBESTART']._serialized_start=908
-  _globals['_SUBSCRIBESTART']._serialized_end=1031
-  _globals['_SUBSCRIBEACK']._serialized_start=1033
-  _globals['_SUBSCRIBEACK']._serialized_end=1071
-  _globals['_EXPERIENCEBATCH']._serialized_start=1073
-  _globals['_EXPERIENCEBATCH']._serialized_end=1172
-  _globals['_EXPERIENCE']._serialized_start=1174
-  _globals['_EXPERIENCE']._serialized_end=1260
+  _globals['_TRANSITION']._serialized_end=816
+  _globals['_TRANSITION_REWARDTERMSENTRY']._serialized_start=766
+  _globals['_TRANSITION_REWARDTERMSENTRY']._serialized_end=816
+  _globals['_SUBSCRIBEREQUEST']._serialized_start=818
+  _globals['_SUBSCRIBEREQUEST']._serialized_end=928
+  _globals['_SUBSCRIBESTART']._serialized_start=930
+  _globals['_SUBSCRIBESTART']._serialized_end=1053
+  _globals['_SUBSCRIBEACK']._serialized_start=1055
+  _globals['_SUBSCRIBEACK']._serialized_end=1093
+  _globals['_EXPERIENCEBATCH']._serialized_start=1095
+  _globals['_EXPERIENCEBATCH']._serialized_end=1194
+  _globals['_EXPERIENCE']._serialized_start=1196
+  _globals['_EXPERIENCE']._serialized_end=1282
 # @@protoc_insertion_point(module_scope)

@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Transition(_message.Message):
-    __slots__ = ("offset", "session", "episode", "step", "step_type", "observation", "action", "applied_action", "guard", "reward", "reward_terms", "terminated", "truncated", "next_observation", "policy", "policy_version", "reward_version", "has_log_prob", "log_prob", "timing", "source", "env_reward", "owner_epoch")
+    __slots__ = ("offset", "session", "episode", "step", "step_type", "observation", "action", "applied_action", "guard", "reward", "reward_terms", "terminated", "truncated", "next_observation", "policy", "policy_version", "reward_version", "has_log_prob", "log_prob", "timing", "source", "env_reward", "owner_epoch", "intervention")
     class RewardTermsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -40,6 +40,7 @@ class Transition(_message.Message):
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     ENV_REWARD_FIELD_NUMBER: _ClassVar[int]
     OWNER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    INTERVENTION_FIELD_NUMBER: _ClassVar[int]
     offset: int
     session: str
     episode: int
@@ -63,7 +64,8 @@ class Transition(_message.Message):
     source: str
     env_reward: float
     owner_epoch: int
-    def __init__(self, offset: _Optional[int] = ..., session: _Optional[str] = ..., episode: _Optional[int] = ..., step: _Optional[int] = ..., step_type: _Optional[_Union[_bridge_pb2.StepType, str]] = ..., observation: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., action: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., applied_action: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., guard: _Optional[_Union[_bridge_pb2.GuardReport, _Mapping]] = ..., reward: _Optional[float] = ..., reward_terms: _Optional[_Mapping[str, float]] = ..., terminated: _Optional[bool] = ..., truncated: _Optional[bool] = ..., next_observation: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., policy: _Optional[str] = ..., policy_version: _Optional[int] = ..., reward_version: _Optional[str] = ..., has_log_prob: _Optional[bool] = ..., log_prob: _Optional[float] = ..., timing: _Optional[_Union[_bridge_pb2.Timing, _Mapping]] = ..., source: _Optional[str] = ..., env_reward: _Optional[float] = ..., owner_epoch: _Optional[int] = ...) -> None: ...
+    intervention: bool
+    def __init__(self, offset: _Optional[int] = ..., session: _Optional[str] = ..., episode: _Optional[int] = ..., step: _Optional[int] = ..., step_type: _Optional[_Union[_bridge_pb2.StepType, str]] = ..., observation: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., action: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., applied_action: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., guard: _Optional[_Union[_bridge_pb2.GuardReport, _Mapping]] = ..., reward: _Optional[float] = ..., reward_terms: _Optional[_Mapping[str, float]] = ..., terminated: _Optional[bool] = ..., truncated: _Optional[bool] = ..., next_observation: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., policy: _Optional[str] = ..., policy_version: _Optional[int] = ..., reward_version: _Optional[str] = ..., has_log_prob: _Optional[bool] = ..., log_prob: _Optional[float] = ..., timing: _Optional[_Union[_bridge_pb2.Timing, _Mapping]] = ..., source: _Optional[str] = ..., env_reward: _Optional[float] = ..., owner_epoch: _Optional[int] = ..., intervention: _Optional[bool] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
     __slots__ = ("start", "ack")

@@ -16,18 +16,20 @@ class PublishChunk(_message.Message):
     def __init__(self, header: _Optional[_Union[PublishHeader, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class Lineage(_message.Message):
-    __slots__ = ("parent_version", "trainer_step", "data_offset", "reward_version", "trainer")
+    __slots__ = ("parent_version", "trainer_step", "data_offset", "reward_version", "trainer", "algo")
     PARENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     TRAINER_STEP_FIELD_NUMBER: _ClassVar[int]
     DATA_OFFSET_FIELD_NUMBER: _ClassVar[int]
     REWARD_VERSION_FIELD_NUMBER: _ClassVar[int]
     TRAINER_FIELD_NUMBER: _ClassVar[int]
+    ALGO_FIELD_NUMBER: _ClassVar[int]
     parent_version: int
     trainer_step: int
     data_offset: int
     reward_version: str
     trainer: str
-    def __init__(self, parent_version: _Optional[int] = ..., trainer_step: _Optional[int] = ..., data_offset: _Optional[int] = ..., reward_version: _Optional[str] = ..., trainer: _Optional[str] = ...) -> None: ...
+    algo: str
+    def __init__(self, parent_version: _Optional[int] = ..., trainer_step: _Optional[int] = ..., data_offset: _Optional[int] = ..., reward_version: _Optional[str] = ..., trainer: _Optional[str] = ..., algo: _Optional[str] = ...) -> None: ...
 
 class PublishHeader(_message.Message):
     __slots__ = ("policy", "format", "size", "sha256", "lineage", "probe_inputs", "probe_outputs", "atol", "inputs", "outputs")
@@ -119,7 +121,7 @@ class GateCheck(_message.Message):
     def __init__(self, name: _Optional[str] = ..., passed: _Optional[bool] = ..., figures: _Optional[_Mapping[str, float]] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class VersionStats(_message.Message):
-    __slots__ = ("steps", "episodes", "mean_return", "latency_p50_ms", "latency_p99_ms", "errors", "guard_interventions", "shadow_steps", "shadow_divergence", "shadow_errors")
+    __slots__ = ("steps", "episodes", "mean_return", "latency_p50_ms", "latency_p99_ms", "errors", "guard_interventions", "shadow_steps", "shadow_divergence", "shadow_errors", "intervention_steps", "intervention_rate")
     STEPS_FIELD_NUMBER: _ClassVar[int]
     EPISODES_FIELD_NUMBER: _ClassVar[int]
     MEAN_RETURN_FIELD_NUMBER: _ClassVar[int]
@@ -130,6 +132,8 @@ class VersionStats(_message.Message):
     SHADOW_STEPS_FIELD_NUMBER: _ClassVar[int]
     SHADOW_DIVERGENCE_FIELD_NUMBER: _ClassVar[int]
     SHADOW_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    INTERVENTION_STEPS_FIELD_NUMBER: _ClassVar[int]
+    INTERVENTION_RATE_FIELD_NUMBER: _ClassVar[int]
     steps: int
     episodes: int
     mean_return: float
@@ -140,7 +144,9 @@ class VersionStats(_message.Message):
     shadow_steps: int
     shadow_divergence: float
     shadow_errors: int
-    def __init__(self, steps: _Optional[int] = ..., episodes: _Optional[int] = ..., mean_return: _Optional[float] = ..., latency_p50_ms: _Optional[float] = ..., latency_p99_ms: _Optional[float] = ..., errors: _Optional[int] = ..., guard_interventions: _Optional[int] = ..., shadow_steps: _Optional[int] = ..., shadow_divergence: _Optional[float] = ..., shadow_errors: _Optional[int] = ...) -> None: ...
+    intervention_steps: int
+    intervention_rate: float
+    def __init__(self, steps: _Optional[int] = ..., episodes: _Optional[int] = ..., mean_return: _Optional[float] = ..., latency_p50_ms: _Optional[float] = ..., latency_p99_ms: _Optional[float] = ..., errors: _Optional[int] = ..., guard_interventions: _Optional[int] = ..., shadow_steps: _Optional[int] = ..., shadow_divergence: _Optional[float] = ..., shadow_errors: _Optional[int] = ..., intervention_steps: _Optional[int] = ..., intervention_rate: _Optional[float] = ...) -> None: ...
 
 class Rollout(_message.Message):
     __slots__ = ("live", "previous_live", "shadow", "canary", "canary_fraction", "canary_labels", "pins", "mode")
