@@ -38,6 +38,8 @@ import weakref
 from collections.abc import Sequence
 from pathlib import Path
 
+from bridge.common.processes import parent_death_signal
+
 _EXIT_TIMEOUT_S = 1  # Triton's own grace after SIGTERM; a python-backend model takes ~2 s to unload
 _STOP_GRACE_S = 15.0  # ours, before SIGKILL
 _LOG_TAIL_CHARS = 3000
@@ -263,19 +265,6 @@ class TritonServer:
                                     f"{self.log_tail(1500)}") from None
         finally:
             client.close()
-
-
-def parent_death_signal(sig: int = signal.SIGTERM):
-    """A `preexec_fn` that has the kernel send the child `sig` when the thread that started it ends
-    (PR_SET_PDEATHSIG). libc's prctl is found here, in the parent: the child only calls it."""
-    import ctypes
-
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-
-    def preexec() -> None:  # in the child, between fork and exec
-        prctl(1, int(sig))  # PR_SET_PDEATHSIG
-
-    return preexec
 
 
 def _cleanup(proc: subprocess.Popen, workdir: Path, shm_prefix: str) -> None:

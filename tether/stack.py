@@ -37,7 +37,8 @@ import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from inference_server.server import group_members, parent_death_signal
+from bridge.common.processes import parent_death_signal
+from inference_server.server import group_members
 
 __all__ = ["GatewayProcess", "Stack", "StackError", "gateway_process", "stop_process"]
 

@@ -23,8 +23,6 @@ Status lines come on stderr; the summary (rank 0's) is the last line on stdout.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
 import json
 import os
 import signal
@@ -34,6 +32,7 @@ import tempfile
 from pathlib import Path
 
 from bridge.common.net import is_loopback
+from bridge.common.processes import parent_death_signal
 from trainer.channel import ENV
 from trainer.worker import parser as worker_parser
 
@@ -119,11 +118,6 @@ def command(worker_args: list[str], *, nproc: int, max_restarts: int, nnodes: st
             f"--max-restarts={max_restarts}", "--monitor-interval=0.5", "-m", "trainer.worker", *worker_args]
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 def main(argv: list[str] | None = None) -> int:
     launcher, rest = _launcher().parse_known_args(argv)
     if launcher.help:
@@ -167,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd = command([*rest, "--summary", summary_path], nproc=launcher.nproc, max_restarts=launcher.max_restarts,
                       nnodes=launcher.nnodes, rdzv_endpoint=launcher.rdzv_endpoint, rdzv_id=launcher.rdzv_id,
                       rdzv_external=launcher.rdzv_external, local_addr=launcher.local_addr)
-        proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=parent_death_signal())
         try:
             rc = proc.wait()
         except BaseException:

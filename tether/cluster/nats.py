@@ -13,21 +13,20 @@ once. The binary is Debian's `/usr/sbin/nats-server` (or `nats-server` on PATH, 
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
-import threading
 import time
 import urllib.error
 import urllib.request
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
+
+from bridge.common.processes import parent_death_signal
 
 __all__ = ["NatsCluster", "NatsStartError", "nats_server_binary"]
 
@@ -58,11 +57,6 @@ class _Ports:
     client: int
     cluster: int
     http: int
-
-
-def _die_with_parent() -> None:  # in the child between fork and exec: a killed test or tool leaves no server behind
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _stop(proc: subprocess.Popen, grace: float = _STOP_GRACE_S) -> None:
@@ -153,8 +147,7 @@ class NatsCluster:
         with open(self.log_path(i), "ab") as log:
             self._procs[i] = subprocess.Popen([binary, "-c", str(config)], stdin=subprocess.DEVNULL, stdout=log,
                                               stderr=subprocess.STDOUT, start_new_session=True,
-                                              preexec_fn=_die_with_parent if threading.current_thread()
-                                              is threading.main_thread() else None)  # PDEATHSIG follows the thread
+                                              preexec_fn=parent_death_signal(signal.SIGKILL, main_thread_only=True))
         if self._finalizer is None:
             self._finalizer = weakref.finalize(self, _stop_all, self._procs)
 

@@ -32,10 +32,7 @@ durable consumer per rank) and publish through gateway-0, open-ended (touch
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import functools
-import signal
 import subprocess
 import sys
 import threading
@@ -43,6 +40,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
+
+from bridge.common.processes import parent_death_signal
 
 __all__ = ["Cluster", "ClusterError", "ClusterSpec", "Role", "Running", "roles"]
 
@@ -207,11 +206,6 @@ def _trainer(spec: ClusterSpec, i: int, up: Mapping[str, Running]) -> Running:
     return _Started(where, proc.stop, lambda: [proc.pid])
 
 
-def _die_with_parent() -> None:  # in the child between fork and exec
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 class _Process:
     """A subprocess leading its own process group, output to `log_path`; with `ready`, the address is
     the rest of the first stdout line starting with it."""
@@ -221,8 +215,7 @@ class _Process:
         self._log = open(log_path, "a")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(list(cmd), cwd=_ROOT, stdout=subprocess.PIPE if ready else self._log,
                                      stderr=self._log, text=True, start_new_session=True,
-                                     preexec_fn=_die_with_parent if threading.current_thread()
-                                     is threading.main_thread() else None)
+                                     preexec_fn=parent_death_signal(main_thread_only=True))
         self.pid, self.address = self.proc.pid, ""
         if ready:
             got = threading.Event()
