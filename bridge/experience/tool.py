@@ -7,7 +7,8 @@
 The export is LeRobotDataset-like without parquet: one `.npz` per episode,
 `data/chunk-000/episode_000000.npz` with columns `observation.<tensor>`, `action.<tensor>`,
 `applied_action.<tensor>`, `reward`, `terminated`, `truncated`, `step`, `offset`, `timestamp_ns`,
-`policy_version`, `log_prob` (NaN when not stochastic), `frame_index`, `episode_index`; plus
+`policy_version`, `log_prob` (NaN when not stochastic), `intervention` (a person's command was applied:
+`applied_action` is theirs, `action` the policy's own), `frame_index`, `episode_index`; plus
 `meta/info.json` (features with dtype and shape, totals) and `meta/episodes.jsonl`. Read it with
 `np.load(path)`: no Tether needed. Reading the log never changes it (a torn tail is read up to its
 last complete record). A record that cannot be used (not a transition, a tensor that does not decode,
@@ -91,6 +92,7 @@ def inspect(path: str | Path) -> dict:
     episodes: dict[tuple[str, int], dict] = {}
     versions: Counter[str] = Counter()
     rewards: Counter[str] = Counter()
+    interventions = 0
     skips = _Skips()
     for t in read_transitions(log_dir, on_skip=skips.record):
         if not skips.usable(t):
@@ -105,6 +107,7 @@ def inspect(path: str | Path) -> dict:
         ep["done"] = ep["done"] or t.terminated or t.truncated
         versions[f"{t.policy}:{t.policy_version}"] += 1
         rewards[t.reward_version or "-"] += 1
+        interventions += t.intervention
     done = [e["return"] for e in episodes.values() if e["done"]]
     starts = [s["start_ns"] for s in segments if s["transitions"]]
     ends = [s["end_ns"] for s in segments if s["transitions"]]
@@ -121,6 +124,7 @@ def inspect(path: str | Path) -> dict:
                      "last": done[-1]} if done else None),
         "policy_versions": dict(sorted(versions.items())),
         "reward_versions": dict(sorted(rewards.items())),
+        "interventions": interventions,
         "time_span_s": (max(ends) - min(starts)) / 1e9 if starts else 0.0,
         "skipped": skips.count,
         "first_skipped": skips.first,
@@ -144,6 +148,9 @@ def print_summary(s: dict, out=None) -> None:
     row("bytes", f"{s['bytes']} ({s['bytes'] / 1e6:.1f} MB)")
     row("time span", f"{s['time_span_s']:.1f} s")
     row("reward versions", ", ".join(f"{k} ({v})" for k, v in s["reward_versions"].items()) or "-")
+    if s.get("interventions"):
+        row("interventions", f"{s['interventions']} transitions a person's command acted "
+                             f"({s['interventions'] / max(s['transitions'], 1):.1%})")
     if s.get("skipped"):
         first = s["first_skipped"]
         row("skipped", f"{s['skipped']} unusable record(s) (first: offset {first['offset']}: {first['problem']})")
@@ -186,6 +193,7 @@ class _Episode:
         c["timestamp_ns"].append(t.timing.gateway_recv_ns)
         c["policy_version"].append(t.policy_version)
         c["log_prob"].append(t.log_prob if t.has_log_prob else np.nan)
+        c["intervention"].append(t.intervention)
         self.terminated, self.truncated = t.terminated, t.truncated
 
     @property
@@ -194,7 +202,8 @@ class _Episode:
 
     def arrays(self) -> dict[str, np.ndarray]:
         dtypes = {"reward": np.float64, "terminated": np.bool_, "truncated": np.bool_, "step": np.int64,
-                  "offset": np.int64, "timestamp_ns": np.int64, "policy_version": np.int64, "log_prob": np.float32}
+                  "offset": np.int64, "timestamp_ns": np.int64, "policy_version": np.int64, "log_prob": np.float32,
+                  "intervention": np.bool_}
         out = {k: np.asarray(v, dtype=dtypes.get(k)) if k in dtypes else np.stack(v) for k, v in self.cols.items()}
         out["frame_index"] = np.arange(self.length, dtype=np.int64)
         out["episode_index"] = np.full(self.length, self.index, dtype=np.int64)

@@ -140,7 +140,7 @@ class Recorder:
             reward=outcome.reward, reward_terms=outcome.terms, terminated=terminated,
             truncated=ended and not terminated, policy=action.policy, policy_version=action.policy_version,
             reward_version=self.reward_version, timing=action.timing, source=self.source,
-            env_reward=following.reward, owner_epoch=self.epoch)
+            env_reward=following.reward, owner_epoch=self.epoch, intervention=following.intervention)
         t.observation.extend(obs.tensors)
         t.action.extend(action.tensors)
         t.applied_action.extend(following.applied_action or action.tensors)  # sims step what they got

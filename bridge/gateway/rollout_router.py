@@ -72,11 +72,14 @@ class RolloutRouter:
 
     def stepped(self, policy: ServedPolicy, *, latency_s: float, error: bool, guard: int,
                 inputs: Mapping[str, np.ndarray] | None = None, actions: Mapping[str, np.ndarray] | None = None,
-                deadline_s: float = 0.0, rows: bool = False) -> None:
+                deadline_s: float = 0.0, rows: bool = False, interventions: int = 0, env_steps: int = 1) -> None:
         """One step's outcome (a vectorised session's step counts once; `rows`: inputs/actions have a
-        leading N); with a shadow version, it is inferred on the same inputs in a task."""
-        self.stats.step(policy.name, policy.version, latency_s=latency_s, error=error, guard=guard)
-        self.monitor(policy.name).observe_step(policy.version, latency_s, error, guard)
+        leading N; `interventions` of its `env_steps` env steps reported a person's command applied); with a
+        shadow version, it is inferred on the same inputs in a task."""
+        self.stats.step(policy.name, policy.version, latency_s=latency_s, error=error, guard=guard,
+                        interventions=interventions, env_steps=env_steps)
+        self.monitor(policy.name).observe_step(policy.version, latency_s, error, guard,
+                                               interventions=interventions / env_steps if env_steps else 0.0)
         if self.tap is not None:
             self.tap.step(policy.name, policy.version, latency_s, error, guard)
         if inputs is None or actions is None:

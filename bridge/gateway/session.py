@@ -52,7 +52,7 @@ class VersionRouter(Protocol):
 
     def stepped(self, policy: ServedPolicy, *, latency_s: float, error: bool, guard: int,
                 inputs: Mapping[str, np.ndarray] | None = None, actions: Mapping[str, np.ndarray] | None = None,
-                deadline_s: float = 0.0, rows: bool = False) -> None: ...
+                deadline_s: float = 0.0, rows: bool = False, interventions: int = 0, env_steps: int = 1) -> None: ...
 
     def episode_ended(self, policy: ServedPolicy, episode_return: float) -> None: ...
 
@@ -129,19 +129,21 @@ class SessionBase:
                                      reason=reason, env=env)
 
     def _tell_router(self, latency_s: float, *, error: bool, guard: int, inputs=None, actions=None,
-                     rows: bool = False) -> None:
+                     rows: bool = False, interventions: int = 0, env_steps: int = 1) -> None:
         """Keep a step's outcome for the router (per-version figures, the canary's monitor, the shadow):
-        `settle` tells it once the reply is sent."""
+        `settle` tells it once the reply is sent. `interventions`: of the `env_steps` env steps this observation
+        completed, those whose applied action was a person's (`Observation.intervention`, `env_interventions`)."""
         if self._router is not None:
-            self._report = (self.policy, latency_s, error, guard, inputs, actions, rows)
+            self._report = (self.policy, latency_s, error, guard, inputs, actions, rows, interventions, env_steps)
 
     def settle(self) -> None:
         """The last step's bookkeeping that its reply did not need (idempotent; `flush` and the next step call it)."""
         report, self._report = self._report, None
         if report is not None:
-            policy, latency_s, error, guard, inputs, actions, rows = report
+            policy, latency_s, error, guard, inputs, actions, rows, interventions, env_steps = report
             self._router.stepped(policy, latency_s=latency_s, error=error, guard=guard, inputs=inputs,
-                                 actions=actions, deadline_s=self._deadline_s, rows=rows)
+                                 actions=actions, deadline_s=self._deadline_s, rows=rows,
+                                 interventions=interventions, env_steps=env_steps)
 
     def flush(self) -> None:
         """Settle and log what the last reply completed (the servicer calls it once the reply is sent)."""
@@ -180,6 +182,7 @@ class Session(SessionBase):
                                              reward_version=self.rewards.version)
         self._router = router
         self._guard_pending = 0  # edge guard interventions reported since the last step
+        self._intervened = False  # this observation reports the last step's applied action as a person's
         self._switch_every_step = switch == "step"
         self._batcher = batcher
         self._deadline_s = deadline_s
@@ -218,6 +221,7 @@ class Session(SessionBase):
         if obs.HasField("guard"):
             self._guard_pending += max(0, guard_total(obs.guard) - guard_total(self.stats.guard))
             self.stats.guard = obs.guard
+        self._intervened = obs.intervention and self._acted is not None  # a person acted for the last step
         end_reason = self._track_episode(obs, arrays)
         if obs.step_type == bridge_pb2.LAST or end_reason:
             return self._end_episode(obs.step, end_reason)
@@ -291,12 +295,13 @@ class Session(SessionBase):
                                                             outputs=self._outputs),
                                         deadline_s=self._deadline_s, policy=self.policy)
         except InferenceFailed as exc:
-            self._tell_router((time.time_ns() - received) / 1e9, error=True, guard=self._take_guard())
+            self._tell_router((time.time_ns() - received) / 1e9, error=True, guard=self._take_guard(),
+                              interventions=int(self._intervened))
             return self._error(obs.step, exc.code, "", str(exc))
         finished = time.time_ns()
         actions = {name: result[name].astype(dtype, copy=False) for name, dtype in self._action_dtypes.items()}
         self._tell_router((finished - received) / 1e9, error=False, guard=self._take_guard(), inputs=inputs,
-                          actions=actions)
+                          actions=actions, interventions=int(self._intervened))
         self.stats.steps += 1
         reply = bridge_pb2.ServerMessage()  # filled in place: a constructor's message argument is a copy
         action = reply.action

@@ -88,6 +88,7 @@ class VectorSession(SessionBase):
         self._length = np.zeros(n, np.int64)
         self._episodes = np.zeros(n, np.int64)       # ended episodes per env
         self._acted = np.zeros(n, bool)              # env i's row got a policy action last step
+        self._intervened = (0, 0)                    # (env steps a person acted, env steps completed) this step
         self._has_previous = np.zeros(n, bool)       # env i has an action before the acted one (smoothness)
         self._observation: dict[str, np.ndarray] = {}
         self._action: dict[str, np.ndarray] = {}
@@ -174,6 +175,8 @@ class VectorSession(SessionBase):
         reasons: dict[int, str] = {}
         everyone = bool(self._acted.all())
         idx = np.arange(self.num_envs) if everyone else np.flatnonzero(self._acted)
+        # of the env steps this observation completes, those a person acted (the router's per-version figures)
+        self._intervened = (int(np.count_nonzero(batch.interventions[idx])), int(idx.size))
         if idx.size:
             rows = slice(None) if everyone else idx  # all rows: views, no gathers
 
@@ -212,7 +215,7 @@ class VectorSession(SessionBase):
             ended = bool(last[i]) or bool(result.terminate[j])
             row = bridge_pb2.Observation(step=obs.step, t_sent_ns=obs.t_sent_ns, step_type=int(batch.step_types[i]),
                                          reward=float(batch.rewards[i]), terminated=bool(batch.terminated[i]),
-                                         episode=int(self._episodes[i]))
+                                         episode=int(self._episodes[i]), intervention=bool(batch.interventions[i]))
             if ended and batch.has_final:
                 row.tensors.extend(encode(name, value[i]) for name, value in following.items())
             outcome = RewardOutcome.of_row(result, j, end_reason=reasons.get(i, "") if not last[i] else "")
@@ -230,7 +233,8 @@ class VectorSession(SessionBase):
                                                                  outputs=self._outputs),
                                         deadline_s=self._deadline_s, policy=self.policy)
         except InferenceFailed as exc:
-            self._tell_router((time.time_ns() - received) / 1e9, error=True, guard=0)
+            self._tell_router((time.time_ns() - received) / 1e9, error=True, guard=0,
+                              interventions=self._intervened[0], env_steps=self._intervened[1])
             self.drop_pending()
             return self._error(obs.step, exc.code, "", str(exc))
         finished = time.time_ns()
@@ -241,7 +245,8 @@ class VectorSession(SessionBase):
         good = ~batch.bad
         # per-version figures and the shadow (one version per session, all rows), told after the reply
         self._tell_router((finished - received) / 1e9, error=False, guard=0,
-                          inputs=None if batch.bad.any() else inputs, actions=actions, rows=True)
+                          inputs=None if batch.bad.any() else inputs, actions=actions, rows=True,
+                          interventions=self._intervened[0], env_steps=self._intervened[1])
         self.stats.steps += int(good.sum())
         timing = bridge_pb2.Timing(t_sent_ns=obs.t_sent_ns, gateway_recv_ns=received, infer_start_ns=started,
                                    infer_end_ns=finished, gateway_send_ns=time.time_ns())
@@ -308,6 +313,7 @@ class _Batch:
             raise TensorError("env_step_types", f"unknown step type(s) {bad}")
         batch.rewards = _per_env(obs.env_rewards, n, "env_rewards", np.float64)
         batch.terminated = _per_env(obs.env_terminated, n, "env_terminated", bool)
+        batch.interventions = _per_env(obs.env_interventions, n, "env_interventions", bool)
         batch.observation = _decode(obs.tensors, specs, n, "observation")
         if obs.final_observation:
             batch.final = _decode(obs.final_observation, specs, n, "final_observation")

@@ -68,6 +68,7 @@ class _Window:
         self.latency: deque[float] = deque(maxlen=t.window_steps)
         self.errors: deque[bool] = deque(maxlen=t.window_steps)
         self.guard: deque[int] = deque(maxlen=t.window_steps)
+        self.interventions: deque[float] = deque(maxlen=t.window_steps)  # per step: the share a person acted
 
     def figures(self, prefix: str) -> dict[str, float]:
         steps = len(self.latency)
@@ -80,6 +81,7 @@ class _Window:
             out[f"{prefix}latency_p99_s"] = percentile_sorted(ordered, 99)
             out[f"{prefix}error_rate"] = sum(self.errors) / steps
             out[f"{prefix}guard_per_1k_steps"] = 1000.0 * sum(self.guard) / steps
+            out[f"{prefix}intervention_rate"] = sum(self.interventions) / steps
         return out
 
 
@@ -93,17 +95,22 @@ class RegressionMonitor:
     def observe_episode(self, version: int, episode_return: float) -> None:
         self._window(version).returns.append(float(episode_return))
 
-    def observe_step(self, version: int, latency_s: float, error: bool, guard_interventions: int) -> None:
+    def observe_step(self, version: int, latency_s: float, error: bool, guard_interventions: int, *,
+                     interventions: float = 0.0) -> None:
+        """`interventions`: the share of the step's env steps a person's command acted (0 or 1 for one env);
+        recorded in the figures (`intervention_rate`), not judged."""
         w = self._window(version)
         w.latency.append(float(latency_s))
         w.errors.append(bool(error))
         w.guard.append(int(guard_interventions))
+        w.interventions.append(float(interventions))
 
     def forget(self, version: int) -> None:
         self._windows.pop(version, None)
 
     def summary(self, version: int) -> dict[str, float]:
-        """episodes, steps, return_mean, latency_p50_s/p99_s, error_rate, guard_per_1k_steps over the windows."""
+        """episodes, steps, return_mean, latency_p50_s/p99_s, error_rate, guard_per_1k_steps, intervention_rate
+        over the windows."""
         w = self._windows.get(version)
         return w.figures("") if w is not None else {"episodes": 0.0, "steps": 0.0}
 

@@ -22,6 +22,7 @@ def make_run(run_dir):
         for k in range(length):
             step = ep * 5 + k
             t = transition("s0", step, episode=ep, reward=float(step), version=1)
+            t.intervention = ep == 0 and k in (1, 2)  # a person's command acted at steps 1 and 2
             if k == length - 1 and end:
                 setattr(t, end, True)
                 t.next_observation.append(codec.encode("observation", np.zeros(11, np.float32)))
@@ -43,6 +44,7 @@ def test_inspect_summarises_the_log(tmp_path, capsys):
     assert (s["transitions"], s["sessions"], s["episodes"], s["completed_episodes"]) == (len(items), 2, 4, 3)
     assert s["offsets"] == [0, len(items) - 1]
     assert s["policy_versions"] == {"pi:1": 13, "pi:2": 4} and s["reward_versions"] == {"r1": 17}
+    assert s["interventions"] == 2
     assert s["returns"]["max"] == sum(range(5, 10)) and s["returns"]["min"] == 2.0
     assert len(s["segments"]) > 1 and all(seg["finished"] for seg in s["segments"])
     assert s["bytes"] == sum(p.stat().st_size for p in (tmp_path / "experience").iterdir())
@@ -65,6 +67,7 @@ def test_export_writes_a_flat_per_episode_dataset(tmp_path):
     assert ep0["reward"].tolist() == [0, 1, 2, 3, 4] and ep0["terminated"].tolist() == [False] * 4 + [True]
     assert ep0["next_observation.observation"].shape == (1, 11)
     assert np.isnan(ep0["log_prob"]).all() and ep0["episode_index"].tolist() == [0] * 5
+    assert ep0["intervention"].tolist() == [False, True, True, False, False]
     cam = np.load(tmp_path / "out/data/chunk-000/episode_000002.npz")
     assert cam["observation.image"].shape == (4, 8, 8, 3) and cam["observation.image"].dtype == np.uint8
     assert cam["observation.image"][1].tobytes() == transition("s1", 1, image=(8, 8, 3)).observation[1].data

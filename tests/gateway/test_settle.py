@@ -31,7 +31,8 @@ class HeardSteps:
     def acting(self, policy, session_id, labels):
         return None
 
-    def stepped(self, policy, *, latency_s, error, guard, inputs=None, actions=None, deadline_s=0.0, rows=False):
+    def stepped(self, policy, *, latency_s, error, guard, inputs=None, actions=None, deadline_s=0.0, rows=False,
+                interventions=0, env_steps=1):
         assert not error and actions is not None
         self.steps.append(latency_s)
 

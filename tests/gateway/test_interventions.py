@@ -1,0 +1,98 @@
+"""A person's interventions as data, through a real gateway and Triton: sessions (one env, and vectorised) that
+report `Observation.intervention` / `env_interventions` get them logged as `Transition.intervention` (the policy's
+own action beside the applied one), and per version in RolloutStatus' VersionStats (intervention_steps,
+intervention_rate) and in the regression monitor's figures (what promotions and rollbacks record)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import numpy as np
+import pytest
+
+from bridge.experience import read_transitions
+from inference_server import ModelRepository, TritonServer
+from protos import bridge_pb2, policies_pb2, policies_pb2_grpc
+from protos.codec import decode, encode
+from tests.conftest import ACT, OBS
+from tests.gateway.helpers import RawSession, hello, running_gateway, until
+from tests.gateway.rollout_helpers import new_policy
+from trainer.policy import MLPPolicy
+
+N = 4                       # envs of the vectorised session
+PERSON = np.array([0.9, -0.9, 0.5], np.float32)   # what the person's command applied
+STEPS = 10                  # MID steps of the single-env episode
+FLAGGED = {3, 4, 5}         # observations whose previous step a person acted
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    repo = ModelRepository(tmp_path_factory.mktemp("interventions") / "models")
+    repo.write_version("seed", 1, MLPPolicy(OBS[0], ACT[0], seed=0), OBS, ACT)
+    with TritonServer(repo.root, models=["seed"], log_path=repo.root.parent / "triton.log") as server:
+        yield server, repo
+
+
+async def _send(s: RawSession, obs: bridge_pb2.Observation) -> bridge_pb2.ServerMessage:
+    await s.call.write(bridge_pb2.ClientMessage(observation=obs))
+    return await s.call.read()
+
+
+def test_interventions_are_logged_and_counted_per_version(served, tmp_path):
+    server, repo = served
+    new_policy(server, repo, "iv")
+    log_dir = tmp_path / "experience"
+    rng = np.random.default_rng(0)
+
+    async def scenario():
+        async with running_gateway(server.grpc_url, triton_timeout_s=60, policy="iv", model_repository=repo.root,
+                                   experience_dir=log_dir) as gw, grpc.aio.insecure_channel(gw.address) as channel:
+            async with RawSession(gw.address, hello("one", obs=OBS, act=ACT, policy="iv")) as s:
+                for t in range(STEPS + 2):
+                    kind = bridge_pb2.FIRST if t == 0 else bridge_pb2.LAST if t == STEPS + 1 else bridge_pb2.MID
+                    obs = bridge_pb2.Observation(step=t, step_type=kind, reward=1.0, intervention=t in FLAGGED,
+                                                 tensors=[encode("observation", rng.standard_normal(11, np.float32))])
+                    if t in FLAGGED:   # the edge reports the person's command as applied
+                        obs.applied_action.append(encode("action", PERSON))
+                    reply = await _send(s, obs)
+                    assert reply.WhichOneof("kind") == ("episode_end" if t == STEPS + 1 else "action"), reply
+            vector = bridge_pb2.Hello(session_id="vec", policy="iv", source="test", num_envs=N, batched=True,
+                                      observation_spec=[OBS[0].to_proto()], action_spec=[ACT[0].to_proto()])
+            async with RawSession(gw.address, vector) as s:
+                for t in range(3):   # step 1 reports env 2 and step 2 envs 0, 2 as a person's
+                    flags = [[False] * N, [False, False, True, False], [True, False, True, False]][t]
+                    rows = rng.standard_normal((N, 11), np.float32)
+                    obs = bridge_pb2.Observation(step=t, env_step_types=[bridge_pb2.MID if t else bridge_pb2.FIRST] * N,
+                                                 env_rewards=[1.0] * N, env_interventions=flags,
+                                                 tensors=[encode("observation", rows)])
+                    assert (await _send(s, obs)).WhichOneof("kind") == "action"
+                bad = bridge_pb2.Observation(step=3, env_step_types=[bridge_pb2.MID] * N, env_rewards=[1.0] * N,
+                                             env_interventions=[True],
+                                             tensors=[encode("observation", np.zeros((N, 11), np.float32))])
+                error = (await _send(s, bad)).error
+                assert error.field == "env_interventions" and "1 values for 4 envs" in error.message
+            await until(lambda: not gw.sessions, "the gateway closed both streams")
+            stats = (await policies_pb2_grpc.PoliciesStub(channel).RolloutStatus(
+                policies_pb2.RolloutStatusRequest(policy="iv"))).versions
+            figures = gw.rollout.router.monitor("iv").summary(1)
+        v1 = next(v for v in stats if v.version == 1).stats
+        # one env: 11 acted steps, 3 a person's; vector: 3 steps, 3 env steps a person's of the 8 completed
+        assert v1.intervention_steps == 3 + 3
+        assert v1.intervention_rate == pytest.approx(6 / (11 + 8))
+        assert figures["intervention_rate"] == pytest.approx((3 + 1 / 4 + 2 / 4) / (11 + 3))
+        return v1
+
+    v1 = asyncio.run(scenario())
+    logged = {(t.session, t.step): t for t in read_transitions(log_dir)}
+    one = [logged[("one", t)] for t in range(STEPS + 1)]
+    assert [t.step for t in one if t.intervention] == [f - 1 for f in sorted(FLAGGED)]
+    for t in one:
+        applied, action = decode(t.applied_action[0]), decode(t.action[0])
+        if t.intervention:    # the person's command applied, the policy's own action beside it
+            assert np.array_equal(applied, PERSON) and not np.allclose(action, PERSON)
+        else:
+            assert np.array_equal(applied, action)
+    flagged = sorted((s, t.step) for (s, _), t in logged.items() if s.startswith("vec/") and t.intervention)
+    assert flagged == [("vec/0", 1), ("vec/2", 0), ("vec/2", 1)]
+    print(f"\nVersionStats v1: intervention_steps {v1.intervention_steps}, rate {v1.intervention_rate:.3f}")
