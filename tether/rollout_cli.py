@@ -117,6 +117,23 @@ def main(argv: list[str] | None = None) -> None:
         print(render(reply, events=a.events if a.command == "list" else 5))
 
 
+def lineage_chain(versions, v: policies_pb2.PolicyVersion, *, hops: int = 4) -> str:
+    """Where `v` came from, through its parents: "ppo <- v2 bc <- v1" (the trainer's algo; a parent that is
+    not among `versions` ends the chain), then the trainer step that produced `v`."""
+    by_version = {x.version: x for x in versions}
+    parts, seen, cur = [v.lineage.algo or "?"], {v.version}, v
+    while cur.lineage.trainer and len(parts) <= hops:
+        parent = cur.lineage.parent_version
+        cur = by_version.get(parent)
+        if not parent or parent in seen:
+            break
+        seen.add(parent)
+        parts.append(f"v{parent}" + (f" {cur.lineage.algo}" if cur is not None and cur.lineage.algo else ""))
+        if cur is None:
+            break
+    return " <- ".join(parts) + f" (step {v.lineage.trainer_step})"
+
+
 def render(reply: policies_pb2.RolloutStatusReply, *, events: int = 10) -> str:
     """The rollout as a table, then who gets what, freshness and the recent audit log."""
     r = reply.rollout
@@ -127,7 +144,7 @@ def render(reply: policies_pb2.RolloutStatusReply, *, events: int = 10) -> str:
                                        "FAIL " + ",".join(c.name for c in v.gate if not c.passed))
         s = v.stats
         shadow = f"{s.shadow_divergence:.3g} ({s.shadow_steps})" if s.shadow_steps else "-"
-        lineage = f"parent v{v.lineage.parent_version} step {v.lineage.trainer_step}" if v.lineage.trainer else ""
+        lineage = lineage_chain(reply.versions, v) if v.lineage.trainer else ""
         rows.append((f"v{v.version}", v.state, str(v.sessions), gate, str(s.steps), str(s.episodes),
                      f"{s.mean_return:.4g}" if s.episodes else "-", f"{s.latency_p99_ms:.2f}" if s.steps else "-",
                      str(s.errors), str(s.guard_interventions), shadow, lineage))

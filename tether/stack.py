@@ -267,6 +267,21 @@ class Stack:
             raise
         return self
 
+    def restart_gateway(self) -> str:
+        """Stop the gateway (SIGTERM: it drains) and start it again with the same flags and log, Triton kept: it
+        starts from what the old one kept on disk (registry, experience log). Returns its new address."""
+        old = self._gateway
+        if old is None or old.proc is None:
+            raise StackError("the stack is not started: use `with Stack(...) as stack` or stack.start()")
+        old.stop()
+        new = GatewayProcess(triton_url=self.triton_url, policy="", log_path=old.log_path, timeout=old.timeout,
+                             die_with_parent=old.die_with_parent)
+        new.cmd = list(old.cmd)  # the same command line (its --port 0: a fresh port)
+        self._gateway = new
+        self._exit.callback(new.stop)
+        new.start()
+        return new.address
+
     def close(self) -> None:
         """Stop the gateway, then Triton (each process group; SIGKILL after a grace period). Idempotent."""
         self._exit.close()

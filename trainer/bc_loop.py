@@ -116,7 +116,7 @@ def run_bc(args: argparse.Namespace) -> dict:
             reply = client.publish(policy_name, policy.state_dict(), lineage=policies_pb2.Lineage(
                 parent_version=parent, trainer_step=learner.steps,
                 data_offset=dataset.transitions[-1].offset + 1,
-                reward_version=dataset.transitions[-1].reward_version, trainer=trainer_id("bc")),
+                reward_version=dataset.transitions[-1].reward_version, trainer=trainer_id("bc"), algo="bc"),
                 probe_inputs={obs_spec.name: probe}, probe_outputs=probe_outputs(policy, probe), atol=1e-4)
             version = reply.version
             status(f"bc published {policy_name} v{version} ({reply.load_seconds:.2f} s)")

@@ -162,7 +162,8 @@ def run_ppo(args: argparse.Namespace) -> dict:
                 if rank == 0 and shared is not None:  # submitted once the publisher is free (newest wins)
                     pending = {"iteration": iteration, "state_dict": _snapshot(learner.policy),
                                "lineage": {"trainer_step": learner.steps, "data_offset": max(offsets),
-                                           "reward_version": reward_version, "trainer": trainer_id("ppo")},
+                                           "reward_version": reward_version, "trainer": trainer_id("ppo"),
+                                           "algo": "ppo"},
                                "probe_inputs": {obs_name: shared},
                                "probe_outputs": probe_outputs(learner.policy, shared)}
             if args.checkpoint_dir and iteration % every == 0:

@@ -4,7 +4,8 @@ rollout RPCs (RolloutStatus, Promote, Rollback, Pin, SetCanary) call the control
 the authorizer names (viewer to read, operator to change). Typed errors become gRPC statuses here.
 
 Publish is admitted against the publisher's caps (publishes in flight, bytes held: RESOURCE_EXHAUSTED
-past them) and audited under the caller's authenticated identity. Nothing here blocks the event loop:
+past them), streams its chunks to disk (never held whole in memory) and is audited under the caller's
+authenticated identity. Nothing here blocks the event loop:
 Fetch's model load and the registry reads behind the replies run in threads, and the audit events a
 reply carries are the newest N (one indexed read), never the whole log.
 """
@@ -41,18 +42,13 @@ class PoliciesService(policies_pb2_grpc.PoliciesServicer):
             header = first.header
             if header.size > MAX_WEIGHTS_BYTES:
                 raise PublishError(f"size {header.size} exceeds the {MAX_WEIGHTS_BYTES >> 30} GiB limit")
-            async with self._gateway.publisher.admission.hold(header.size):  # PublishRefused past the caps
-                parts, received = [], 0
-                async for chunk in request_iterator:
-                    if chunk.WhichOneof("kind") != "data":
-                        raise PublishError("after the header, a Publish stream carries only data chunks")
-                    parts.append(chunk.data)
-                    received += len(chunk.data)
-                    if received > header.size:
-                        raise PublishError(f"more than the {header.size} bytes the header announced")
-                data = b"".join(parts)  # one copy of the weights
-                del parts
-                return await self._gateway.rollout.publish(header, data, who=who)  # the audit names `who`
+            publisher = self._gateway.publisher
+            publisher.repository()  # PublishError before any byte is taken when this gateway cannot publish
+            async with publisher.admission.hold(header.size):  # PublishRefused past the caps
+                # streamed to a file, hashed on the way (bridge.gateway.uploads): never held whole in memory;
+                # the file is gone when the publish ends, however it ends
+                async with publisher.uploads().receive(header, request_iterator) as upload:
+                    return await self._gateway.rollout.publish(header, upload, who=who)  # the audit names `who`
         except GatewayError as exc:
             await context.abort(exc.status, str(exc))
 
@@ -201,7 +197,7 @@ def version_proto(record: VersionRecord, out: policies_pb2.PolicyVersion, *, ses
     for key in ("parent_version", "trainer_step", "data_offset"):
         if key in lineage:
             setattr(out.lineage, key, int(lineage[key]))
-    for key in ("reward_version", "trainer"):
+    for key in ("reward_version", "trainer", "algo"):
         if key in lineage:
             setattr(out.lineage, key, str(lineage[key]))
     for check in record.gate:

@@ -169,7 +169,7 @@ function renderVersions(s) {
       }
       return el("tr", { "data-policy": p.policy, "data-version": v.version },
         el("td", {}, "v" + v.version), el("td", { class: "vstate" }, pill(v.state)), el("td", { class: "num" }, v.sessions),
-        el("td", {}, lin.parent_version ? `from v${lin.parent_version}` : "", lin.trainer_step ? ` · step ${lin.trainer_step}` : "",
+        el("td", {}, lin.algo ? `${lin.algo} ` : "", lin.parent_version ? `from v${lin.parent_version}` : "", lin.trainer_step ? ` · step ${lin.trainer_step}` : "",
           lin.trainer ? el("div", { class: "figs" }, lin.trainer) : null),
         el("td", {}, ...gate), el("td", { class: "figs" }, figures), el("td", {}, ...buttons));
     });
