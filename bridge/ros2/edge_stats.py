@@ -34,6 +34,9 @@ class EdgeStats:
     overruns: int = 0              # control periods that started late by a whole period
     ticks: int = 0                 # control periods run
     starved: int = 0               # chunk mode: periods that found no queued action (after the first chunk)
+    person_commands: int = 0       # of the commands, a person's (the intervention topic), through the guard
+    overridden: int = 0            # policy actions not sent because a person's command held
+    interventions: int = 0         # observations sent reporting a person's applied command (GuardReport.interventions)
     errors: Counter[str] = field(default_factory=Counter)   # StepError codes and the node's own
     skipped: Counter[str] = field(default_factory=Counter)  # periods without an observation, why
     rtt_ns: deque[int] = field(default_factory=lambda: deque(maxlen=10_000))  # observation -> reply

@@ -79,6 +79,16 @@ inference doubles, ~1.1 -> ~2.2 ms, and so does each socket hop), so a 100 Hz cl
 twice the back-to-back round trip; the node's own share is the assembly before the send (~0.3 ms)
 and the thread hops between the control thread and gRPC (~0.1-0.3 ms).
 
+A person's command (see `bridge.ros2.intervention`): with an `intervention:` block in the topic map,
+messages on its topic (the action's type and layout: a joystick's or a leader arm's command) override the
+policy while they keep arriving within `hold_s` (default two control periods; a dead man's switch: the
+override ends by itself when they stop). The command goes out through the same guard, at once on arrival
+and every period while it holds (clamped, rate-limited, and never over an e-stop: a latched guard sends its
+safe action); the policy's replies are not sent meanwhile (`stats.overridden`), but it is still asked every
+step, so the gateway logs its action beside the person's: the next observation reports the person's guarded
+command as `applied_action` with `intervention=True`, and `GuardReport.interventions` counts such steps.
+Teleop goes on while the gateway is down (the guard's watchdog is fed by the person's commands).
+
 E-stop (see `bridge.ros2.estop`): True on the topic map's e-stop topic latches the guard, False
 does not release it; a release on `release_topic` does if it verifies against the node's release
 tokens (`EdgeConfig.release_tokens`, `bridge.ros2.release_auth`: signed with an operator's token,
@@ -123,6 +133,7 @@ from bridge.ros2.edge_config import EdgeConfig, EdgeConfigError, unmeasured_comm
 from bridge.ros2.edge_stats import EdgeStats
 from bridge.ros2.estop import ESTOP_TOPIC
 from bridge.ros2.guard import GATEWAY_ESTOP, GuardConfig, GuardDecision, GuardError, SafetyGuard
+from bridge.ros2.intervention import Teleop
 from bridge.ros2.link import GatewayLink, LinkDown, LinkReply, LinkUp
 from bridge.ros2.release_auth import ReleaseAuthority, ReleaseError
 from bridge.ros2.tensor_layout import TensorLayout
@@ -141,6 +152,7 @@ __all__ = ["CommandRecord", "EdgeError", "EdgeNode"]
 Code = bridge_pb2.StepError.Code
 _STATE_PERIOD_S = 1.0
 _STATE = object()                  # event: a new state arrived while the node wants one
+_TELEOP = object()                 # event: a person's command arrived on the intervention topic
 _LOG_EVERY_S = 5.0
 _SETTLE_S = 3.0                    # on stop or failure: the longest ramp to the safe action the node waits out
 
@@ -168,14 +180,15 @@ class _Operator:                   # an e-stop (latch=True/False on the e-stop t
 @dataclass(frozen=True)
 class CommandRecord:
     """One published command: when (monotonic, the guard's clock), the control tick, the values sent,
-    what produced it (None for the guard's own safe action) and whether the guard clamped or
-    rate-limited it."""
+    what produced it (None for the guard's own safe action and for a person's command), whether the guard
+    clamped or rate-limited it, and whether it was a person's command (the intervention topic)."""
 
     t: float
     tick: int
     sent: np.ndarray
     source: CommandSource | None
     limited: bool
+    person: bool = False
 
 
 class EdgeNode:
@@ -206,6 +219,12 @@ class EdgeNode:
             raise EdgeConfigError("the first command must start from the robot's measured pose, but the topic "
                                   "map's " + "; ".join(unmeasured))
         horizon = config.chunk
+        self._teleop: Teleop | None = None
+        if topic_map.intervention is not None:
+            if horizon:
+                raise EdgeConfigError(f"intervention: not with chunk={horizon} (a chunk session reports no "
+                                      "applied_action, so a person's command could not be logged beside the policy's)")
+            self._teleop = Teleop(hold_s=topic_map.intervention.hold_s or 2.0 / config.rate_hz)
         self._queue: ActionQueue | None = None
         self._reply_layout = self._action_layout
         if horizon:
@@ -251,6 +270,8 @@ class EdgeNode:
         self._step = 0
         self._in_flight: _InFlight | None = None
         self._applied: dict[str, np.ndarray] | None = None    # the last command's arrays (encoded when sent)
+        self._person = False                     # the last command was a person's (the intervention topic)
+        self._teleop_tick = -1                   # the control tick a person's command last went out in
         self._next_state = 0.0
         self._warned: set[str] = set()
         self._logged: dict[str, float] = {}
@@ -279,6 +300,9 @@ class EdgeNode:
         t.subscribe(self.estop_topic, messages.BOOL, self._on_estop, reliable=True, depth=1, durable=True)
         t.subscribe(self.estop_topic, messages.BOOL, self._on_estop, reliable=self._estop_reliable)
         t.subscribe(self.config.release_topic, messages.STRING, self._on_release, reliable=True)
+        if self._teleop is not None:
+            entry = self.topic_map.intervention.entry
+            t.subscribe(entry.topic, entry.type, self._on_teleop, reliable=entry.reliable)
         self._t0 = time.monotonic()
         self._link.start()
         self._thread.start()
@@ -320,6 +344,7 @@ class EdgeNode:
         return (f"edge {time.monotonic() - self._t0:7.1f}s  gateway {link}  obs {s.observations}  "
                 f"actions {s.actions}  commands {s.commands} (safe {s.safe_commands})  rtt p50/p99 {rtt_text}  "
                 f"{f'starved {s.starved}/{s.ticks}  ' if self._queue is not None else ''}"
+                f"{f'interventions {s.interventions}  ' if self._teleop is not None else ''}"
                 f"errors {dict(s.errors)}  undelivered {self._delivery_errors()}  "
                 f"guard clamped={g.clamped} rate_limited={g.rate_limited} "
                 f"watchdog={g.watchdog} estop={g.estop}{'  ESTOPPED' if g.estopped else ''}"
@@ -339,6 +364,10 @@ class EdgeNode:
         if self._want_state:
             self._want_state = False
             self._events.put(_STATE)
+
+    def _on_teleop(self, msg: object) -> None:
+        self._teleop.received(msg, now=time.monotonic())
+        self._events.put(_TELEOP)
 
     def _on_estop(self, msg: object) -> None:
         if msg.data:
@@ -418,6 +447,8 @@ class EdgeNode:
             self._link.reset(f"no reply to step {flight.step} within {self.config.reply_timeout_s:g} s")
         self.stats.ticks += 1
         published = self._execute_chunk(now) if self._queue is not None else False
+        if self._teleop is not None:     # a person's command, every period while it holds
+            published = self._teleop_tick == self._ticks or self._apply_teleop(now)
         self._ticks += 1
         if not published and (decision := self.guard.tick()) is not None:
             self._publish(decision, None)
@@ -436,6 +467,24 @@ class EdgeNode:
         if decision is None:
             return False
         self._publish(decision, source)
+        return True
+
+    def _apply_teleop(self, now: float) -> bool:
+        """The held person's command through the guard and out; False if none holds (or it could not go out)."""
+        msg = self._teleop.held(now=now)
+        if msg is None:
+            return False
+        self._teleop_tick = self._ticks
+        try:
+            vector = self.topic_map.intervention_vector(msg)
+        except messages.MessageError as exc:     # held, but nothing to send: the guard's watchdog takes over
+            self.stats.errors["BAD_MESSAGE"] += 1
+            self._warn_once(str(exc))
+            return False
+        decision = self._filter(vector)
+        if decision is None:
+            return False
+        self._publish(decision, None, person=True)
         return True
 
     def _maybe_send(self, now: float, *, timer: bool) -> None:
@@ -460,6 +509,9 @@ class EdgeNode:
     def _handle(self, event: object) -> None:
         if event is _STATE:
             self._maybe_send(time.monotonic(), timer=False)
+        elif event is _TELEOP:
+            if self._teleop_tick != self._ticks:      # at most one person's command per period
+                self._apply_teleop(time.monotonic())
         elif isinstance(event, LinkReply):
             self._on_reply(event)
             if self._fresh:
@@ -527,9 +579,11 @@ class EdgeNode:
         if any(now - received[e.topic] > self.config.stale_after_s for e in self.topic_map.observation):
             self.stats.skipped["stale"] += 1
             return False
-        if not self._link.send(self._message(arrays, step_type, report), generation=self._generation):
+        msg = self._message(arrays, step_type, report)
+        if not self._link.send(msg, generation=self._generation):
             self.stats.skipped["disconnected"] += 1
             return False
+        self.stats.interventions += msg.observation.intervention
         with self._latest_lock:
             self._fresh = False
         self._in_flight = _InFlight(self._step, now, self._ticks)
@@ -548,7 +602,9 @@ class EdgeNode:
         self._obs_layout.fill(obs.tensors, arrays)
         if self._applied is not None and self._queue is None:   # a chunk session's action is the chunk
             obs.applied_action.extend(self._action_layout.encode(self._applied))
+            obs.intervention = self._person
         obs.guard.CopyFrom(report)
+        obs.guard.interventions = self.stats.interventions + obs.intervention
         return msg
 
     def _on_reply(self, event: LinkReply) -> None:
@@ -586,6 +642,9 @@ class EdgeNode:
             return
         self.stats.actions += 1
         self.stats.policy_version = action.policy_version
+        if self._teleop is not None and self._teleop.held(now=time.monotonic()) is not None:
+            self.stats.overridden += 1   # a person's command acts; the policy's is only logged (the gateway's)
+            return
         if self._queue is not None:      # (H, size): each tensor's (H, n) side by side
             horizon = self._queue.horizon
             parts = self._reply_layout.split(vector)
@@ -641,8 +700,8 @@ class EdgeNode:
             self._warn_once(f"invalid action from the gateway: {exc}")
         return None
 
-    def _publish(self, decision: GuardDecision, source: CommandSource | None) -> None:
-        """Commands out first; then what the next observation reports as applied."""
+    def _publish(self, decision: GuardDecision, source: CommandSource | None, *, person: bool = False) -> None:
+        """Commands out first; then what the next observation reports as applied (and whether a person's)."""
         arrays = self._action_layout.split(decision.sent)
         for entry, msg in self.topic_map.commands(arrays):
             self._publishers[entry.topic](msg)
@@ -651,8 +710,10 @@ class EdgeNode:
         self.stats.commands += 1
         safe = decision.requested is None or decision.estopped
         self.stats.safe_commands += safe
+        self._person = person and not safe       # an e-stop's safe action is the guard's, never a person's
+        self.stats.person_commands += self._person
         self.command_log.append(CommandRecord(decision.t, self._ticks, decision.sent, None if safe else source,
-                                              decision.clamped or decision.rate_limited))
+                                              decision.clamped or decision.rate_limited, self._person))
 
     def _publish_state(self) -> None:
         self._state_publisher(messages.bool_msg(self.guard.estopped))

@@ -83,10 +83,21 @@ class TopicEntry:
 
 
 @dataclass(frozen=True)
+class InterventionEntry:
+    """The teleop topic a person's command comes in on (a joystick, a leader arm): the action entry's
+    message type, joints and tensors; the override holds while messages arrive within `hold_s`
+    (None: the node's default, two control periods)."""
+
+    entry: TopicEntry
+    hold_s: float | None = None
+
+
+@dataclass(frozen=True)
 class TopicMap:
     observation: tuple[TopicEntry, ...]
     action: tuple[TopicEntry, ...]
     estop: TopicEntry | None = None
+    intervention: InterventionEntry | None = None
 
     def observation_specs(self) -> tuple[Spec, ...]:
         return tuple(t.spec for e in self.observation for t in e.tensors)
@@ -175,6 +186,29 @@ class TopicMap:
                 out.append((entry, messages.from_arrays(entry.type, arrays, joints=entry.joints)))
         return out
 
+    def intervention_vector(self, msg: object) -> np.ndarray:
+        """A person's command from the intervention topic as the guard's command vector (action tensors
+        concatenated in spec order, float64). MessageError if the message does not fit the layout.
+
+            >>> tm = parse_topic_map({**yaml.safe_load(DEFAULT_TOPIC_MAP.read_text()),
+            ...                       "intervention": {"topic": "/teleop/commands", "hold_s": 0.05}})
+            >>> tm.intervention.entry.topic, tm.intervention.entry.type, tm.intervention.hold_s
+            ('/teleop/commands', 'std_msgs/msg/Float64MultiArray', 0.05)
+            >>> tm.intervention_vector(messages.float64_array(np.arange(6.0))).tolist()
+            [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+        """
+        entry = self.intervention.entry
+        arrays = messages.to_arrays(msg, joints=entry.joints)
+        parts = []
+        for tm in entry.tensors:
+            arr = arrays.get(tm.field)
+            if arr is None or arr.shape != tm.spec.shape:
+                got = "nothing" if arr is None else f"shape {list(arr.shape)}"
+                raise messages.MessageError(f"{entry.topic}: {entry.type}.{tm.field} has {got}, tensor "
+                                            f"{tm.spec.name!r} expects {list(tm.spec.shape)}")
+            parts.append(np.asarray(arr, np.float64).reshape(-1))
+        return np.concatenate(parts)
+
     def estop_active(self, msg: object) -> bool:
         """Whether an e-stop topic message asks to stop."""
         return bool(msg.data)
@@ -215,9 +249,9 @@ def load_topic_map(path: str | Path) -> TopicMap:
 
 
 def parse_topic_map(data: object, *, source: str = "topic map") -> TopicMap:
-    """Validate an already-loaded topic map (a mapping with observation/action/estop)."""
+    """Validate an already-loaded topic map (a mapping with observation/action/estop/intervention)."""
     ctx = _Ctx(source)
-    top = ctx.mapping(data, "", {"observation", "action", "estop"}, {"observation", "action"})
+    top = ctx.mapping(data, "", {"observation", "action", "estop", "intervention"}, {"observation", "action"})
     obs = _entries(ctx, top["observation"], "observation", action=False)
     act = _entries(ctx, top["action"], "action", action=True)
     estop = None
@@ -225,7 +259,9 @@ def parse_topic_map(data: object, *, source: str = "topic map") -> TopicMap:
         estop = _entry(ctx, top["estop"], "estop", action=True, tensors=False)
         if estop.type != messages.BOOL:
             raise ctx.error("estop.type", f"{estop.type!r} must be {messages.BOOL}")
-    topics = [c.topic for e in (*obs, *act, *([estop] if estop else [])) for c in (e.per_joint or (e,))]
+    intervention = None if top.get("intervention") is None else _intervention(ctx, top["intervention"], act)
+    extra = [e for e in (estop, intervention and intervention.entry) if e]
+    topics = [c.topic for e in (*obs, *act, *extra) for c in (e.per_joint or (e,))]
     for topic in topics:
         if topics.count(topic) > 1:
             raise ctx.error("topic", f"{topic} is listed more than once")
@@ -234,7 +270,38 @@ def parse_topic_map(data: object, *, source: str = "topic map") -> TopicMap:
         for name in names:
             if names.count(name) > 1:
                 raise ctx.error(part, f"tensor name {name!r} is used more than once")
-    return TopicMap(obs, act, estop)
+    return TopicMap(obs, act, estop, intervention)
+
+
+def _intervention(ctx: _Ctx, value: object, act: tuple[TopicEntry, ...]) -> InterventionEntry:
+    """`intervention: {topic, reliable, hold_s}`: the person's command in the (one) action entry's type and layout."""
+    d = ctx.mapping(value, "intervention", {"topic", "type", "reliable", "hold_s"}, {"topic"})
+    if len(act) != 1 or act[0].per_joint:
+        raise ctx.error("intervention", "the person's command comes as one message in the action's layout, so the "
+                                        "topic map needs exactly one action topic without {joint}, got "
+                                        f"{[e.topic for e in act]}")
+    action = act[0]
+    try:
+        typed = messages.ros_type(str(d.get("type", action.type)))
+    except messages.MessageError as exc:
+        raise ctx.error("intervention.type", str(exc)) from None
+    if typed != action.type:
+        raise ctx.error("intervention.type", f"{d['type']!r}: the intervention topic carries the action's type "
+                                             f"{action.type}")
+    try:
+        topic = ros_topic(str(d["topic"]))
+    except TransportError as exc:
+        raise ctx.error("intervention.topic", str(exc)) from None
+    rel = d.get("reliable", True)
+    if not isinstance(rel, bool):
+        raise ctx.error("intervention.reliable", f"{rel!r} is not true or false")
+    hold = d.get("hold_s")
+    if hold is not None and (isinstance(hold, bool) or not isinstance(hold, int | float) or not math.isfinite(hold)
+                             or hold <= 0):
+        raise ctx.error("intervention.hold_s", f"expected seconds > 0 (the override ends this long after the last "
+                                               f"message), got {hold!r}")
+    entry = TopicEntry(topic, action.type, rel, action.joints, action.tensors)
+    return InterventionEntry(entry, None if hold is None else float(hold))
 
 
 def _entries(ctx: _Ctx, value: object, key: str, *, action: bool) -> tuple[TopicEntry, ...]:

@@ -171,3 +171,27 @@ def test_velocity_limits_and_the_measured_command():
     short = dataclasses.replace(js, position=np.array([2.0]))          # as a peer may send it
     assert tmap.measured_command({"/joint_states": short}) is None      # a malformed state is no pose
     assert parse_topic_map(BASE).measured_command({"/joint_states": js}) is None   # the Twist part
+
+
+def test_the_intervention_topic_takes_the_action_layout_and_bad_blocks_are_named():
+    one = {**BASE, "action": BASE["action"][:1], "intervention": {"topic": "/teleop", "hold_s": 0.04}}
+    tmap = parse_topic_map(one)
+    entry = tmap.intervention.entry
+    assert (entry.topic, entry.type, entry.joints, tmap.intervention.hold_s) == (
+        "/teleop", "std_msgs/msg/Float64MultiArray", ("a", "b"), 0.04)
+    assert tmap.intervention_vector(messages.float64_array([0.5, -3.0])).tolist() == [0.5, -3.0]  # the guard clamps
+    with pytest.raises(messages.MessageError, match=r"/teleop: .*data has shape \[3\], tensor 'action' expects \[2\]"):
+        tmap.intervention_vector(messages.float64_array([0.0, 0.0, 0.0]))
+    assert parse_topic_map({**one, "intervention": {"topic": "/teleop"}}).intervention.hold_s is None  # node's default
+    for block, message in [
+            ({"topic": "/teleop", "hold_s": 0}, r"intervention.hold_s: expected seconds > 0"),
+            ({"topic": "/teleop", "hold_s": True}, r"intervention.hold_s"),
+            ({"topic": "/teleop", "type": "geometry_msgs/msg/Twist"}, r"intervention.type: .*carries the action's"),
+            ({"topic": "/teleop", "type": "no/Such"}, r"intervention.type: unknown ROS 2 message type"),
+            ({"topic": "/cmd"}, r"topic: /cmd is listed more than once"),
+            ({"topic": "/teleop", "rate": 3}, r"intervention.rate: unknown key"),
+            ({"hold_s": 0.1}, r"intervention.topic: missing")]:
+        with pytest.raises(TopicMapError, match=message):
+            parse_topic_map({**one, "intervention": block})
+    with pytest.raises(TopicMapError, match=r"intervention: .*exactly one action topic"):
+        parse_topic_map({**BASE, "intervention": {"topic": "/teleop"}})
