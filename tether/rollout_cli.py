@@ -138,7 +138,7 @@ def render(reply: policies_pb2.RolloutStatusReply, *, events: int = 10) -> str:
     """The rollout as a table, then who gets what, freshness and the recent audit log."""
     r = reply.rollout
     rows = [("version", "state", "sessions", "gate", "steps", "episodes", "return", "p99 ms", "errors", "guard",
-             "shadow div", "lineage")]
+             "person", "shadow div", "lineage")]
     for v in reply.versions:
         gate = "-" if not v.gate else ("pass" if all(c.passed for c in v.gate) else
                                        "FAIL " + ",".join(c.name for c in v.gate if not c.passed))
@@ -147,7 +147,8 @@ def render(reply: policies_pb2.RolloutStatusReply, *, events: int = 10) -> str:
         lineage = lineage_chain(reply.versions, v) if v.lineage.trainer else ""
         rows.append((f"v{v.version}", v.state, str(v.sessions), gate, str(s.steps), str(s.episodes),
                      f"{s.mean_return:.4g}" if s.episodes else "-", f"{s.latency_p99_ms:.2f}" if s.steps else "-",
-                     str(s.errors), str(s.guard_interventions), shadow, lineage))
+                     str(s.errors), str(s.guard_interventions),
+                     f"{s.intervention_rate:.1%}" if s.intervention_steps else "-", shadow, lineage))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [f"policy {reply.policy} (rollout {r.mode or '?'})"]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]

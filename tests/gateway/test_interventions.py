@@ -18,6 +18,7 @@ from protos.codec import decode, encode
 from tests.conftest import ACT, OBS
 from tests.gateway.helpers import RawSession, hello, running_gateway, until
 from tests.gateway.rollout_helpers import new_policy
+from tether.rollout_cli import render
 from trainer.policy import MLPPolicy
 
 N = 4                       # envs of the vectorised session
@@ -73,14 +74,16 @@ def test_interventions_are_logged_and_counted_per_version(served, tmp_path):
                 error = (await _send(s, bad)).error
                 assert error.field == "env_interventions" and "1 values for 4 envs" in error.message
             await until(lambda: not gw.sessions, "the gateway closed both streams")
-            stats = (await policies_pb2_grpc.PoliciesStub(channel).RolloutStatus(
-                policies_pb2.RolloutStatusRequest(policy="iv"))).versions
+            status = await policies_pb2_grpc.PoliciesStub(channel).RolloutStatus(
+                policies_pb2.RolloutStatusRequest(policy="iv"))
             figures = gw.rollout.router.monitor("iv").summary(1)
-        v1 = next(v for v in stats if v.version == 1).stats
+        v1 = next(v for v in status.versions if v.version == 1).stats
         # one env: 11 acted steps, 3 a person's; vector: 3 steps, 3 env steps a person's of the 8 completed
         assert v1.intervention_steps == 3 + 3
         assert v1.intervention_rate == pytest.approx(6 / (11 + 8))
         assert figures["intervention_rate"] == pytest.approx((3 + 1 / 4 + 2 / 4) / (11 + 3))
+        table = render(status).splitlines()   # tether rollout list: the "person" column
+        assert "person" in table[1].split() and "31.6%" in next(line for line in table if line.startswith("v1 "))
         return v1
 
     v1 = asyncio.run(scenario())
