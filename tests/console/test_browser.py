@@ -186,6 +186,8 @@ def test_console_shows_the_fleet_and_operator_clicks_need_a_token(served, tmp_pa
                             "'live → rolled_back') && r.textContent.includes('operator:alice'))")
                         assert await page.locator(change).count() >= 3
                         await page.wait_for_selector('#versions tr[data-version="1"] .state-live')
+                        # a person's intervention rate per version (the sims never step in: "-")
+                        assert await page.text_content('#versions tr[data-version="1"] td.person') == "-"
                         await page.wait_for_function(  # the running robot moves to v1 at its next episode
                             "document.querySelector('#sessions tr[data-session=\"hopper_2-0\"] td.version')"
                             ".textContent === 'walker v1'", timeout=30_000)

@@ -171,11 +171,14 @@ function renderVersions(s) {
         el("td", {}, "v" + v.version), el("td", { class: "vstate" }, pill(v.state)), el("td", { class: "num" }, v.sessions),
         el("td", {}, lin.algo ? `${lin.algo} ` : "", lin.parent_version ? `from v${lin.parent_version}` : "", lin.trainer_step ? ` · step ${lin.trainer_step}` : "",
           lin.trainer ? el("div", { class: "figs" }, lin.trainer) : null),
-        el("td", {}, ...gate), el("td", { class: "figs" }, figures), el("td", {}, ...buttons));
+        el("td", {}, ...gate),
+        el("td", { class: "num person", title: `${st.intervention_steps || 0} steps a person's command acted (intervention topic)` },
+          st.intervention_steps ? `${(100 * st.intervention_rate).toFixed(1)}%` : "-"),
+        el("td", { class: "figs" }, figures), el("td", {}, ...buttons));
     });
     return el("div", { class: "policy", "data-policy": p.policy },
       el("h3", {}, p.policy, " ", el("span", { class: "muted" }, summary)), actions,
-      el("table", {}, el("thead", {}, el("tr", {}, ...["version", "state", "sessions", "lineage", "gate checks", "runtime", ""].map((h) => el("th", {}, h)))),
+      el("table", {}, el("thead", {}, el("tr", {}, ...["version", "state", "sessions", "lineage", "gate checks", "person", "runtime", ""].map((h) => el("th", {}, h)))),
         el("tbody", {}, ...rows)));
   }));
 }
