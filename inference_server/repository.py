@@ -209,27 +209,40 @@ class ModelRepository:
         final = self.root / model / str(version)
         if final.exists():
             raise FileExistsError(f"version {version} of model {model!r} already exists at {final}")
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.jit")
-            scripted = torch.jit.load(str(self.root / model / str(base) / "policy.pt"), map_location="cpu")
-            check_weights(scripted.state_dict(), weights)
-            scripted.load_state_dict(dict(weights), strict=True)
-            buffer = io.BytesIO()
-            torch.jit.save(scripted, buffer)
-        base_onnx = self.root / model / str(base) / "policy.onnx"
-        exported = onnx_export.export(scripted, *read_specs("onnx", base_onnx.read_bytes())) \
-            if base_onnx.exists() else None
         staging = Path(tempfile.mkdtemp(prefix=f".v{version}-", dir=self.root / model))
         try:
-            (staging / "policy.pt").write_bytes(buffer.getvalue())
-            if exported is not None:
-                (staging / "policy.onnx").write_bytes(exported)
-            _install_wrapper(_WRAPPERS["onnx" if exported is not None else "torchscript"], staging)
-            os.chmod(staging, 0o755)
+            self.build_weights(model, weights, base_version=base, into=staging)
             _install(staging, final)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
+        return final
+
+    def build_weights(self, model: str, weights: Mapping[str, torch.Tensor], *, base_version: int,
+                      into: Path) -> None:
+        """`write_weights`' version folder built in the empty folder `into` (on this repository's file system),
+        not installed: `install(model, version, into)` moves it in. A separate process can build it."""
+        base = self.root / _check_model_name(model) / str(base_version)
+        self._refuse_imported(model, base_version, "new weights over its architecture")
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.jit")
+            scripted = torch.jit.load(str(base / "policy.pt"), map_location="cpu")
+            check_weights(scripted.state_dict(), weights)
+            scripted.load_state_dict(dict(weights), strict=True)
+            torch.jit.save(scripted, str(into / "policy.pt"))  # straight to the file: no copy of it in memory
+        base_onnx = base / "policy.onnx"
+        if base_onnx.exists():  # the base's graph with these weights put in (exported again if it cannot be)
+            graph = base_onnx.read_bytes()
+            (into / "policy.onnx").write_bytes(onnx_export.reweight(graph, scripted, *read_specs("onnx", graph)))
+        _install_wrapper(_WRAPPERS["onnx" if base_onnx.exists() else "torchscript"], into)
+        os.chmod(into, 0o755)
+
+    def install(self, model: str, version: int, built: Path) -> Path:
+        """A folder made by `build_weights` renamed into place as `version`, durably (fsynced)."""
+        final = self.root / _check_model_name(model) / str(version)
+        if final.exists():
+            raise FileExistsError(f"version {version} of model {model!r} already exists at {final}")
+        _install(Path(built), final)
         return final
 
     def state_dict(self, model: str, version: int) -> dict[str, torch.Tensor]:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from protos import policies_pb2
-from trainer.weights import PolicyClient, to_safetensors
+from trainer.weights import PolicyClient, safetensors_parts
 
 __all__ = ["FATAL", "RETRY", "BackgroundPublisher", "served_version_of"]
 
@@ -94,5 +94,8 @@ def served_version_of(listing: policies_pb2.PolicyList, state_dict: Mapping[str,
                       ) -> policies_pb2.PolicyVersion | None:
     """The served version whose weights are exactly `state_dict` (same safetensors sha256), if any:
     after a restart, the checkpoint's weights may already have been published."""
-    digest = hashlib.sha256(to_safetensors(state_dict)).hexdigest()
+    digest = hashlib.sha256()
+    for part in safetensors_parts(state_dict):  # the bytes `PolicyClient.publish` sends, never joined
+        digest.update(part)
+    digest = digest.hexdigest()
     return next((v for v in listing.versions if v.sha256 == digest), None)

@@ -13,6 +13,8 @@ the same architecture. The call loop (needs a gateway):
     reply.version                                         # the new served version
 
 Transport only: how weights are applied (strict load, which outputs are probed) is the caller's.
+A version travels in 1 MiB chunks cut straight from the tensors' memory (`safetensors_parts`), or from a
+safetensors file on disk (`publish_file`): a 1 GB policy is never copied whole to be sent.
 
     >>> import torch
     >>> blob = to_safetensors({"w": torch.ones(2)})
@@ -23,8 +25,11 @@ Transport only: how weights are applied (strict load, which outputs are probed) 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping, Sequence
+import json
+import struct
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -35,7 +40,7 @@ from trainer.channel import gateway_channel
 from trainer.policy import GaussianPolicy, MLPPolicy
 
 __all__ = ["ARCHS", "PolicyClient", "ServedPolicy", "WeightsError", "build_policy", "from_safetensors",
-           "hidden_sizes", "to_safetensors"]
+           "hidden_sizes", "safetensors_parts", "to_safetensors"]
 
 ARCHS = ("gaussian", "mlp")
 CHUNK_BYTES = 1 << 20
@@ -59,10 +64,37 @@ class ServedPolicy:
     published_unix_ns: int
 
 
-def to_safetensors(state_dict: Mapping[str, torch.Tensor]) -> bytes:
-    from safetensors.torch import save
+_SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+                       torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+                       torch.uint8: "U8", torch.bool: "BOOL"}
 
-    return save({k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()})
+
+def safetensors_parts(state_dict: Mapping[str, torch.Tensor]) -> list[bytes | memoryview]:
+    """The safetensors file of `state_dict` as pieces: its header, then each tensor's own memory (CPU tensors are
+    not copied). Tensors in the order safetensors writes them (wider dtypes first, then by name).
+
+    >>> parts = safetensors_parts({"w": torch.ones(2), "n": torch.zeros(1, dtype=torch.int64)})
+    >>> from_safetensors(b"".join(parts))["w"].tolist(), sum(len(p) for p in parts) % 8
+    ([1.0, 1.0], 0)
+    """
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
+    header, offset = {}, 0
+    for name in sorted(tensors, key=lambda k: (-tensors[k].element_size(), k)):
+        t = tensors[name]
+        if t.dtype not in _SAFETENSORS_DTYPES:
+            raise ValueError(f"{name}: dtype {t.dtype} has no safetensors name")
+        size = t.numel() * t.element_size()
+        header[name] = {"dtype": _SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return [struct.pack("<Q", len(text)) + text,
+            *(memoryview(tensors[name].reshape(-1).view(torch.uint8).numpy()) for name in header)]
+
+
+def to_safetensors(state_dict: Mapping[str, torch.Tensor]) -> bytes:
+    return b"".join(safetensors_parts(state_dict))
 
 
 def from_safetensors(blob: bytes) -> dict[str, torch.Tensor]:
@@ -156,16 +188,44 @@ class PolicyClient:
         for name, t in state_dict.items():
             if t.is_floating_point() and not bool(torch.isfinite(t).all()):
                 raise ValueError(f"{name}: refusing to publish NaN or infinite weights")
-        blob = to_safetensors(state_dict)
+        parts = safetensors_parts(state_dict)  # views of the tensors: nothing joined
+        return self._publish(policy, lambda: parts, lineage=lineage, probe_inputs=probe_inputs,
+                             probe_outputs=probe_outputs, atol=atol, chunk_bytes=chunk_bytes)
+
+    def publish_file(self, policy: str, path: Path | str, *, lineage: policies_pb2.Lineage,
+                     probe_inputs: Mapping[str, np.ndarray], probe_outputs: Mapping[str, np.ndarray],
+                     atol: float = 0.0, chunk_bytes: int = CHUNK_BYTES) -> policies_pb2.PublishReply:
+        """Send a safetensors file as a new version of `policy`, read from disk twice in chunks (its digest,
+        then the stream): a version larger than memory is never held here."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"no safetensors file at {path}")
+
+        def parts() -> Iterator[bytes]:
+            with path.open("rb") as f:
+                while block := f.read(chunk_bytes):
+                    yield block
+
+        return self._publish(policy, parts, lineage=lineage, probe_inputs=probe_inputs, probe_outputs=probe_outputs,
+                             atol=atol, chunk_bytes=chunk_bytes)
+
+    def _publish(self, policy: str, parts, *, lineage, probe_inputs, probe_outputs, atol: float,
+                 chunk_bytes: int) -> policies_pb2.PublishReply:
+        """`parts()`: the version's bytes, in pieces (called twice: the digest, then the stream)."""
+        if chunk_bytes < 1:
+            raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
+        digest, size = hashlib.sha256(), 0
+        for part in parts():
+            digest.update(part)
+            size += len(part)
         header = policies_pb2.PublishHeader(
-            policy=policy, format="safetensors", size=len(blob), sha256=hashlib.sha256(blob).hexdigest(),
-            lineage=lineage, probe_inputs=codec.encode_all(probe_inputs),
-            probe_outputs=codec.encode_all(probe_outputs), atol=atol)
+            policy=policy, format="safetensors", size=size, sha256=digest.hexdigest(), lineage=lineage,
+            probe_inputs=codec.encode_all(probe_inputs), probe_outputs=codec.encode_all(probe_outputs), atol=atol)
 
         def chunks() -> Iterator[policies_pb2.PublishChunk]:
             yield policies_pb2.PublishChunk(header=header)
-            for i in range(0, len(blob), chunk_bytes):
-                yield policies_pb2.PublishChunk(data=blob[i:i + chunk_bytes])
+            for data in _chunked(parts(), chunk_bytes):
+                yield policies_pb2.PublishChunk(data=data)
 
         return self._stub.Publish(chunks(), timeout=self.timeout_s, wait_for_ready=True)
 
@@ -177,3 +237,19 @@ class PolicyClient:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _chunked(parts: Iterable[bytes | memoryview], size: int) -> Iterator[bytes]:
+    """`parts` re-cut into pieces of `size` bytes (the last shorter): one piece in memory at a time."""
+    pending = bytearray()
+    for part in parts:
+        view = memoryview(part).cast("B")
+        while view:
+            take = size - len(pending)
+            pending += view[:take]
+            view = view[take:]
+            if len(pending) == size:
+                yield bytes(pending)
+                pending.clear()
+    if pending:
+        yield bytes(pending)

@@ -103,14 +103,16 @@ class GateReport:
 
 
 def integrity(weights: Mapping[str, torch.Tensor], architecture: Mapping[str, torch.Tensor] | None, *,
-              sha256: str | None = None, data: bytes | None = None, max_named: int = 5) -> CheckResult:
+              sha256: str | None = None, data: bytes | None = None, digest: str | None = None,
+              max_named: int = 5) -> CheckResult:
     """Expected tensor names, dtypes and shapes (against `architecture`'s state dict, when given),
-    every value finite, and (given `data` and `sha256`) the digest. Names each bad tensor."""
+    every value finite, and (given `sha256` and `data`, or the `digest` of the bytes computed as they
+    arrived) the digest. Names each bad tensor."""
     import torch  # here, not at import: the gateway's config and CLI import this package
     problems: list[str] = [] if weights else ["the artifact holds no tensors"]
     figures: dict[str, float] = {"tensors": float(len(weights))}
-    if sha256 is not None and data is not None:
-        digest = hashlib.sha256(data).hexdigest()
+    if sha256 is not None and (data is not None or digest is not None):
+        digest = digest.lower() if digest is not None else hashlib.sha256(data).hexdigest()
         figures["sha256_ok"] = float(digest == sha256.lower())
         if digest != sha256.lower():
             problems.append(f"sha256 mismatch: the bytes hash to {digest}, the header says {sha256}")

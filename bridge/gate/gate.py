@@ -129,21 +129,25 @@ class Gate:
         self._log_index = LogIndex()  # where the log's messages are (used from one thread at a time)
 
     def check_artifact(self, weights: Mapping[str, torch.Tensor], architecture: Mapping[str, torch.Tensor] | None,
-                       *, sha256: str | None = None, data: bytes | None = None) -> CheckResult:
+                       *, sha256: str | None = None, data: bytes | None = None,
+                       digest: str | None = None) -> CheckResult:
         """Integrity: expected tensor names, dtypes and shapes (vs `architecture`), all finite, and
-        the sha256 of `data` when both are given (the publisher checks it on receipt)."""
+        the sha256 of `data` (or the `digest` computed on receipt) against the header's `sha256`."""
         started = time.monotonic()
-        result = checks.integrity(weights, architecture, sha256=sha256, data=data)
+        result = checks.integrity(weights, architecture, sha256=sha256, data=data, digest=digest)
         return replace(result, figures={**result.figures, "seconds": round(time.monotonic() - started, 4)})
 
     async def check_served(self, *, policy: str, version: int, incumbent: int | None,
                            header: policies_pb2.PublishHeader, action_spec: Sequence[Spec],
                            serving: str | None = None) -> list[CheckResult]:
-        """Consistency, action sanity and evaluation of `version` as Triton serves it (cheapest first).
+        """Consistency and action sanity (at once), then evaluation of `version` as Triton serves it.
         `serving`: the version's runtime ("torchscript", "onnx"), which picks the consistency tolerance."""
         action_spec = tuple(action_spec)
-        results = [await self._guarded("consistency", self.consistency(policy, version, header, serving=serving)),
-                   await self._guarded("action_sanity", self.action_sanity(policy, version, action_spec)),
+        # consistency and action sanity together: the sanity check's log read (a thread) overlaps the probe's
+        # round trip to the version's fresh Triton stub (its first request)
+        results = [*await asyncio.gather(
+                       self._guarded("consistency", self.consistency(policy, version, header, serving=serving)),
+                       self._guarded("action_sanity", self.action_sanity(policy, version, action_spec))),
                    await self._guarded("evaluation", self.evaluation(policy, version, incumbent))]
         for r in results:
             log.info("gate %s v%d %s: %s %s", policy, version, r.name, "passed" if r.passed else "FAILED", r.detail)

@@ -2,13 +2,19 @@
 The flow (registry, gate, rollout) is `bridge.gateway.rollout.RolloutController.publish`.
 
     publisher = Publisher(repository=ModelRepository(root), client=policy_client)
+    async with publisher.uploads().receive(header, chunks) as upload:   # streamed to disk (bridge.gateway.uploads)
+        integrity, weights = await publisher.check(header, upload, "pendulum", 3, gate)  # large: built apart
+        await publisher.write("pendulum", 4, header, weights, base=3)   # version folder + tether.json
     weights, architecture = publisher.decode(header, data, "pendulum", base=3)   # PublishError if unreadable
-    await publisher.write("pendulum", 4, header, weights, base=3)   # version folder + tether.json
     ready = await publisher.load("pendulum", 4)     # load_model; VerificationFailed unless v4 is READY
     await publisher.withdraw("pendulum", 4)         # retired again and unloaded (a refused version)
     header, data = publisher.fetch("pendulum", 4)   # a version's weights, as published
     async with publisher.admission.hold(header.size):  # PublishRefused (RESOURCE_EXHAUSTED) past the caps
         ...                                            # receive the chunks, publish
+
+Large versions: a safetensors upload above `PublishLimits.inline_bytes` is checked (integrity) and its version
+folder built by a child process at a lower CPU priority (bridge.gateway.version_build); `write` renames it
+into place. Smaller ones are decoded and written in the gateway's threads (no process to start).
 
 Durability: the version folder (its files, the folder, the model folder) and its tether.json are
 fsynced before `write` returns, so no registry state that names the version is committed before the
@@ -24,13 +30,17 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import safetensors.torch
 from google.protobuf import json_format
 
 from bridge.common.files import write_text
+from bridge.gate.checks import CheckResult
 from bridge.gateway.errors import GatewayError
+from bridge.gateway.uploads import Upload, Uploads
+from bridge.gateway.version_build import BuildFailed, build_apart
 from inference_server import ModelRepository, PolicyClient
 from inference_server.artifact import ARTIFACT_FILES, ArtifactError, ImportedFile, imported_file
 from protos import policies_pb2
@@ -64,13 +74,15 @@ class PublishRefused(GatewayError):
 @dataclass(frozen=True, kw_only=True)
 class PublishLimits:
     """Publishes in flight at once (receiving, waiting for the gate, gated) and the bytes they may hold
-    together (each counts the size its header announces, from the header to its reply)."""
+    together (each counts the size its header announces, from the header to its reply); versions above
+    `inline_bytes` are checked and built by a child process (streamed to disk either way)."""
 
     max_inflight: int = 4
     max_bytes: int = 4 << 30
+    inline_bytes: int = 16 << 20
 
     def __post_init__(self):
-        for name in ("max_inflight", "max_bytes"):
+        for name in ("max_inflight", "max_bytes", "inline_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"PublishLimits.{name} must be an integer >= 1, got {value!r}")
@@ -117,11 +129,34 @@ class Publisher:
         self._repo = repository
         self._client = client
         self.admission = PublishAdmission(limits)
+        self._uploads: Uploads | None = None
 
     def repository(self) -> ModelRepository:
         if self._repo is None:
             raise PublishError("this gateway was started without --model-repository: it cannot publish")
         return self._repo
+
+    def uploads(self) -> Uploads:
+        """Where Publish streams go (root/.incoming; what a killed gateway left there is removed at first use)."""
+        if self._uploads is None:
+            self._uploads = Uploads(self.repository().root / ".incoming")
+        return self._uploads
+
+    async def check(self, header: policies_pb2.PublishHeader, upload: Upload, name: str, base: int | None,
+                    gate) -> tuple[CheckResult, dict | ImportedFile | Path | None]:
+        """The gate's integrity check of an upload and what `write` takes: the weights (decoded here, in a
+        thread) or, for a safetensors file above `inline_bytes`, the version folder a child process built."""
+        if header.format == "safetensors" and upload.size > self.admission.limits.inline_bytes and base is not None:
+            try:
+                return await build_apart(root=self.repository().root, model=name, base=base, upload=upload,
+                                         sha256=header.sha256)
+            except BuildFailed as exc:
+                raise PublishError(f"policy {name!r}: {exc}") from exc
+        data = await asyncio.to_thread(upload.read)
+        weights, architecture = await asyncio.to_thread(self.decode, header, data, name, base)
+        integrity = await asyncio.to_thread(gate.check_artifact, weights, architecture, sha256=header.sha256,
+                                            digest=upload.sha256)
+        return integrity, weights
 
     def decode(self, header: policies_pb2.PublishHeader, data: bytes, name: str,
                base: int) -> tuple[dict, dict | None]:
@@ -142,7 +177,9 @@ class Publisher:
         fsynced (files and folders) before it returns."""
         repo = self.repository()
         try:
-            if isinstance(weights, ImportedFile):  # `tether policy import`: the file as it is, never run here
+            if isinstance(weights, Path):  # built apart (a large version): a rename into place
+                await asyncio.to_thread(repo.install, name, version, weights)
+            elif isinstance(weights, ImportedFile):  # `tether policy import`: the file as it is, never run here
                 await asyncio.to_thread(repo.write_artifact, name, version, weights.format, weights.data,
                                         weights.inputs, weights.outputs)
             else:

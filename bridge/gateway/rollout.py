@@ -12,7 +12,7 @@ each session acts with.
                                 publisher=publisher, repository=repo, plan=RolloutPlan(mode="staged"), gate=gate,
                                 in_use=lambda policy: {3})
     await rollout.start(["hopper"])             # restore after a restart, register what Triton serves
-    reply = await rollout.publish(header, data, who="trainer:ppo@host")
+    reply = await rollout.publish(header, upload, who="trainer:ppo@host")
     rollout.acting("hopper", "arm_2", {"robot": "arm_2"})     # the ServedPolicy this session acts with
     await rollout.promote("hopper", 4, State.CANARY, who="operator:alice", why="try it", fraction=0.1)
     await rollout.rollback("hopper", who="operator:alice", why="jerky")   # the live one; the previous is back
@@ -69,6 +69,7 @@ from bridge.gateway.rollout_publish import PublishPipeline
 from bridge.gateway.rollout_router import RolloutRouter
 from bridge.gateway.rollout_serving import ServingReconciler, needed
 from bridge.gateway.rollout_views import Freshness
+from bridge.gateway.uploads import Upload
 from bridge.registry import (
     WITHDRAWN,
     DuplicateVersion,
@@ -231,10 +232,11 @@ class RolloutController:
 
     # -- publish (bridge.gateway.rollout_publish) ---------------------------------------------------------------
 
-    async def publish(self, header: policies_pb2.PublishHeader, data: bytes, *,
+    async def publish(self, header: policies_pb2.PublishHeader, upload: Upload, *,
                       who: str | None = None) -> policies_pb2.PublishReply:
-        """Register, gate, write, load, verify and roll out one new version (PublishPipeline.publish)."""
-        return await self._publishing.publish(header, data, who=who)
+        """Register, gate, write, load, verify and roll out one new version (PublishPipeline.publish);
+        `upload`: its bytes, streamed to disk (bridge.gateway.uploads)."""
+        return await self._publishing.publish(header, upload, who=who)
 
     def numbered(self, name: str, version: int) -> None:
         self.fresh.numbered(name, version)

@@ -2,7 +2,7 @@
 entered into the plan, or rejected and withdrawn (the live version keeps serving throughout).
 
     pipeline = PublishPipeline(host=controller, registry=registry, catalog=catalog, publisher=publisher)
-    reply = await pipeline.publish(header, data, who="trainer:ppo@host")   # PublishError / VerificationFailed /
+    reply = await pipeline.publish(header, upload, who="trainer:ppo@host")   # PublishError / VerificationFailed /
                                                                           # GateSuperseded when refused
     pipeline.gating          # {policy: the version in the gate now}, pipeline.gate_base: its architecture's base
 
@@ -28,6 +28,7 @@ from bridge.gateway.policies import PolicyCatalog, ServedPolicy
 from bridge.gateway.publisher import GateSuperseded, Publisher, PublishError, VerificationFailed
 from bridge.gateway.rollout_io import spec_dicts
 from bridge.gateway.rollout_serving import ServingReconciler
+from bridge.gateway.uploads import Upload
 from bridge.registry import WITHDRAWN, Registry, Rollout, State
 from protos import policies_pb2
 from protos.codec import Spec, TensorError, specs_from_proto
@@ -62,9 +63,10 @@ class PublishPipeline:
         self.gating: dict[str, int] = {}     # policy -> the version in the gate now
         self.gate_base: dict[str, int] = {}  # policy -> the version whose architecture it builds on
 
-    async def publish(self, header: policies_pb2.PublishHeader, data: bytes, *,
+    async def publish(self, header: policies_pb2.PublishHeader, upload: Upload, *,
                       who: str | None = None) -> policies_pb2.PublishReply:
-        """Register, gate, write, load, verify and roll out one new version (see the module docstring).
+        """Register, gate, write, load, verify and roll out one new version (see the module docstring);
+        `upload`: its bytes on disk (bridge.gateway.uploads).
         `who`: the publisher's authenticated identity (the audit's who); the trainer name the client
         wrote in the lineage is only a detail. Returns the PublishReply; a version the gate refuses
         raises (PublishError / VerificationFailed / GateSuperseded) naming why, after it was withdrawn."""
@@ -90,8 +92,10 @@ class PublishPipeline:
                 self.gating[name] = version
                 if base is not None:
                     self.gate_base[name] = base  # kept on disk (not retired) until the publish ends
+            numbered = time.monotonic()
             try:
-                reply, incumbent, passed = await self._gate_and_load(name, version, base, header, data)
+                reply, incumbent, passed = await self._gate_and_load(name, version, base, header, upload)
+                checked = time.monotonic()
                 async with self._host.lock:  # short: re-check what the gate judged against, then enter the plan
                     note = self.still_valid(name, version, incumbent)
                     await self._write(self._registry.move, name, version, State.GATED, who="gate",
@@ -106,10 +110,12 @@ class PublishPipeline:
                 async with self._host.lock:
                     await self._reject(name, version, exc)
                 raise
-        reply.load_seconds = time.monotonic() - started
-        log.info("policy %s v%d published by %s (parent v%d, trainer step %d): %s, %.2f s", name, version, who,
-                 header.lineage.parent_version, header.lineage.trainer_step,
-                 self._registry.get(name, version).state, reply.load_seconds)
+        done = time.monotonic()
+        reply.load_seconds = done - started
+        log.info("policy %s v%d published by %s (parent v%d, trainer step %d): %s, %.2f s (numbered %.3f s, "
+                 "integrity to served checks %.3f s, into the plan %.3f s)", name, version, who,
+                 header.lineage.parent_version, header.lineage.trainer_step, self._registry.get(name, version).state,
+                 reply.load_seconds, numbered - started, checked - numbered, done - checked)
         return reply
 
     def still_valid(self, name: str, version: int, incumbent: int | None) -> str:
@@ -140,14 +146,14 @@ class PublishPipeline:
             raise
 
     async def _gate_and_load(self, name: str, version: int, base: int | None, header: policies_pb2.PublishHeader,
-                             data: bytes) -> tuple[policies_pb2.PublishReply, int | None, list[str]]:
+                             upload: Upload) -> tuple[policies_pb2.PublishReply, int | None, list[str]]:
         """Integrity, then (under the rollout lock, short) the version folder written and loaded, then the
         served checks (consistency, action sanity, evaluation) without the lock. Returns the reply, the
         incumbent the checks judged against, and the names of the checks passed."""
         repo = self._publisher.repository()
-        weights, architecture = await asyncio.to_thread(self._publisher.decode, header, data, name, base)
-        artifact = await asyncio.to_thread(self._host.gate.check_artifact, weights, architecture, sha256=header.sha256,
-                                           data=data)  # a 100 MB model: ~0.4 s of hashing and scanning, off the loop
+        # decoded and checked in a thread, or (a large version) checked and built by a child process at a lower
+        # priority: the sessions' steps never wait on it (Publisher.check)
+        artifact, weights = await self._publisher.check(header, upload, name, base, self._host.gate)
         await self._write(self._registry.record_gate, name, version, [artifact.to_dict()])
         if not artifact.passed:
             raise PublishError(f"policy {name!r} v{version} rejected by the gate: integrity: {artifact.detail}")
