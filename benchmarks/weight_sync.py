@@ -42,6 +42,10 @@ from trainer.worker import probe_outputs
 RUNTIMES = ("torchscript", "onnx")
 PUBLISHED = re.compile(r"published \S+ v(\d+) .*?, ([0-9.]+) s, max error ([0-9.e+-]+)\)")
 LAG = re.compile(r"ppo it \d+ .* lag ([0-9.]+)v \(max (\d+)\)")
+SERVED_BY = re.compile(r"policy \S+ v(\d+) served by \w+: (.*)$", re.MULTILINE)
+PHASE = re.compile(r"([a-z ]+) ([0-9.]+) s")
+ENDS = re.compile(r"policy \S+ v(\d+) published by .*\(numbered ([0-9.]+) s, integrity to served checks ([0-9.]+) s, "
+                  r"into the plan ([0-9.]+) s\)")
 
 
 def specs(env_id: str):
@@ -88,9 +92,11 @@ def quiet(envs: list[str], publishes: int, directory: Path) -> dict:
     with Stack(directory, models=list(models), deadline_ms=2000) as stack, PolicyClient(stack.gateway) as client:
         for name, (env_id, runtime, obs, act) in models.items():
             rows = publish_loop(client, name, obs, act, publishes)
+            log = (directory / "gateway.log").read_text()
             results[name] = {"env": env_id, "runtime": runtime, "publishes": rows,
                              **summary([r["publish_to_served_s"] for r in rows]),
-                             "max_abs_error": max(r["max_abs_error"] for r in rows)}
+                             "max_abs_error": max(r["max_abs_error"] for r in rows),
+                             "phases": phases(log, name=name, versions={r["version"] for r in rows})}
             print(f"  {env_id:<20} {runtime:<12} publish -> served median {results[name]['median_s']:.3f} s, "
                   f"p99 {results[name]['p99_s']:.3f} s, max abs error {results[name]['max_abs_error']:.2e}",
                   flush=True)
@@ -111,7 +117,26 @@ def training(runtime: str, seconds: float, directory: Path) -> dict:
             "batches": len(lags), "lag_versions_mean": float(np.mean([m for m, _ in lags])) if lags else None,
             "lag_versions_max": max((m for _, m in lags), default=None),
             "recent_return": demo.get("recent_return"), "seconds_to_500": demo.get("seconds_to_500"),
-            "publish_s": [s for _, s, _ in published]}
+            "publish_s": [s for _, s, _ in published],
+            "phases": phases((run_dir / "gateway.log").read_text(), name=None, versions={v for v, _, _ in published})}
+
+
+def phases(log: str, *, name: str | None, versions: set[int]) -> dict:
+    """Median and max seconds of each phase of a publish, from the gateway's log lines (bridge.gateway.
+    rollout_publish): numbered, [integrity], write, load, metadata, served checks, into the plan."""
+    found: dict[str, list[float]] = {}
+    for line in log.splitlines():
+        if name is not None and f"policy {name} v" not in line:
+            continue
+        served, ends = SERVED_BY.search(line), ENDS.search(line)
+        if served and int(served.group(1)) in versions:
+            for what, seconds in PHASE.findall(served.group(2)):
+                found.setdefault(what.strip(), []).append(float(seconds))
+        if ends and int(ends.group(1)) in versions:
+            numbered, between, plan = map(float, ends.groups()[1:])
+            found.setdefault("numbered", []).append(numbered)
+            found.setdefault("into the plan", []).append(plan)
+    return {what: {"median_s": float(np.median(v)), "max_s": float(max(v)), "n": len(v)} for what, v in found.items()}
 
 
 def summary(values: list[float]) -> dict:
@@ -157,12 +182,20 @@ def print_table(r: dict) -> None:
     for q in r["quiet"].values():
         print(f"{'quiet ' + q['env'] + ' ' + q['runtime']:<44} {s(q['median_s']):>9} {s(q['p99_s']):>7} "
               f"{s(q['max_s']):>7} {q['max_abs_error']:>11.2e}")
+        print_phases(q.get("phases", {}))
     for runtime, t in r.get("training", {}).items():
         err = "-" if t["max_abs_error"] is None else f"{t['max_abs_error']:.2e}"
         print(f"{'training pendulum ' + runtime + ' (' + str(t['versions']) + ' versions)':<44} "
               f"{s(t['median_s']):>9} {s(t['p99_s']):>7} {s(t['max_s']):>7} {err:>11}")
+        print_phases(t.get("phases", {}))
         print(f"    lag per batch: mean {s(t['lag_versions_mean'])} versions, max {t['lag_versions_max']} "
               f"({t['batches']} batches); return {t['recent_return']}, to 500 after {t['seconds_to_500']} s")
+
+
+def print_phases(found: dict) -> None:
+    if found:
+        print("    phases, median (max) s: " + ", ".join(f"{what} {p['median_s']:.3f} ({p['max_s']:.2f})"
+                                                       for what, p in found.items()))
 
 
 if __name__ == "__main__":
