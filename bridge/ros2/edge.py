@@ -162,7 +162,8 @@ def write_report(node: EdgeNode, path: Path) -> None:
                   "safe_commands": s.safe_commands, "ticks": s.ticks, "starved": s.starved, "overruns": s.overruns,
                   "connects": s.connects, "errors": dict(s.errors), "skipped": dict(s.skipped),
                   "rtt_ms": s.rtt_ms(), "gateway_ms": s.gateway_ms(), "inference_ms": s.inference_ms(),
-                  "policy_version": s.policy_version,
+                  "policy_version": s.policy_version, "person_commands": s.person_commands,
+                  "overridden": s.overridden, "interventions": s.interventions,
                   "undelivered": {} if errors is None else errors.counts},
         "link": node.link_counts(),
         "guard": {"clamped": g.clamped, "rate_limited": g.rate_limited, "watchdog": g.watchdog, "estop": g.estop,
@@ -170,7 +171,8 @@ def write_report(node: EdgeNode, path: Path) -> None:
                   "velocity_limit": list(node.guard.config.velocity_limit or ())},
         "commands": [{"t": r.t, "tick": r.tick, "sent": r.sent.tolist(), "limited": r.limited,
                       **({"chunk": r.source.chunk, "index": r.source.index, "policy_version": r.source.policy_version,
-                          "ensembled": r.source.ensembled} if r.source else {"safe": True})}
+                          "ensembled": r.source.ensembled} if r.source else
+                         {"person": True} if r.person else {"safe": True})}
                      for r in list(node.command_log)],
     }
     write_json(path, report, indent=None)  # bridge.common.files: atomic and durable

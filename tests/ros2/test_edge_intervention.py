@@ -8,6 +8,7 @@ the robot's arrival times give each command's latency from its teleop message).
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -18,6 +19,7 @@ import yaml
 from bridge.experience import read_transitions
 from bridge.ros2 import messages
 from bridge.ros2.dds import DdsTransport
+from bridge.ros2.edge import write_report
 from bridge.ros2.edge_config import EdgeConfig, EdgeConfigError, guard_config
 from bridge.ros2.node import EdgeNode
 from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, parse_topic_map
@@ -104,6 +106,7 @@ def test_a_teleop_stream_overrides_the_policy_through_the_guard_and_is_logged(ro
                 teleop.close()
             ours = [c for c in robot.since(teleop.sent[0]) if is_person(np.array(c["data"]))]
             interventions = node.stats.interventions
+        write_report(node, tmp_path / "summary.json")   # tether edge --summary
         gw.stop()    # the log is fsynced and closed
     finally:
         gw.close()
@@ -141,6 +144,9 @@ def test_a_teleop_stream_overrides_the_policy_through_the_guard_and_is_logged(ro
     for t in logged:
         if not t.intervention:
             assert not np.allclose(decode(t.applied_action[0])[1:], CLAMPED, atol=1e-5)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["stats"]["person_commands"] == sum(c.get("person", False) for c in summary["commands"]) >= 25
+    assert summary["stats"]["overridden"] > 0 and summary["stats"]["interventions"] == interventions
     reported = [t.guard.interventions for t in logged]
     assert reported == sorted(reported) and reported[-1] >= len(marked) and interventions >= len(marked)
 
