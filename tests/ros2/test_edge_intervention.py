@@ -178,7 +178,11 @@ def test_teleop_never_overrides_an_estop(ros_domain, robot, triton):
     assert all(np.allclose(c["data"], POLICY) for c in during)   # "hold": the last command before the latch
 
 
-def test_teleop_with_action_chunks_is_refused_up_front():
+def test_teleop_holds_two_control_periods_by_default_and_is_refused_with_action_chunks():
+    default = parse_topic_map({**yaml.safe_load(DEFAULT_TOPIC_MAP.read_text()), "intervention": {"topic": TELEOP}})
+    node = EdgeNode(config=EdgeConfig(gateway="127.0.0.1:50051", rate_hz=100.0), topic_map=default, transport=None,
+                    guard=guard_config(default, deadline_s=0.05))
+    assert node._teleop.hold_s == pytest.approx(0.02)
     with pytest.raises(EdgeConfigError, match=r"intervention: not with chunk=5 .*applied_action"):
         EdgeNode(config=EdgeConfig(gateway="127.0.0.1:50051", chunk=5), topic_map=TMAP, transport=None,
                  guard=guard_config(TMAP, deadline_s=0.05))
