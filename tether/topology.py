@@ -8,7 +8,7 @@ vector env (`newton:cartpole`) or with `sessions` given, from M vectorised sessi
 transitions are logged as `<session>/<i>`: per-env trajectories; vectorised sessions replay after a
 reconnect like single-env ones):
 
-    gateway ── experience log (run_dir/experience) ──▶ trainer (subprocess `tether train`, torchrun)
+    gateway ── experience log (run_dir/experience) ──▶ trainer (subprocess `tether train --algo ppo|sac`)
        ▲                                                   │
        └──────────── Policies.Publish (new versions) ◀─────┘
 
@@ -27,6 +27,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 import sim
 from bridge.common import files as common_files
@@ -64,12 +66,29 @@ def write_initial_policy(repo: ModelRepository, env_id: str, *, seed: int = 0, s
     name = policy_name(env_id)
     if not repo.versions(name):
         if stochastic:
-            module = GaussianPolicy(observation[0], action[0], seed=seed, log_std_init=0.0)
+            module = GaussianPolicy(observation[0], action[0], seed=seed, log_std_init=initial_log_std(action[0]))
             repo.write_version(name, 1, module, observation, GaussianPolicy.output_specs(action[0]), serve=serve)
         else:
             repo.write_version(name, 1, MLPPolicy(observation[0], action[0], seed=seed), observation, action,
                                serve=serve)
     return name
+
+
+def initial_log_std(action) -> float:
+    """The fresh Gaussian policy's exploration: std = a quarter of the action's range, at most 1 (1 without
+    bounds). A [-1, 1] actuator (Hopper, Newton's cartpole) starts at 0.5: at std 1 about a third of the samples
+    fall outside the bounds (clipped by the actuator) and PPO spends its first updates shrinking the std
+    (Newton's cartpole: std 1.07 -> 1.00 over 11 versions); InvertedPendulum's [-3, 3] keeps 1.
+
+    >>> from protos.codec import Spec
+    >>> round(initial_log_std(Spec("a", "float32", (1,), low=(-1.0,), high=(1.0,))), 3), initial_log_std(
+    ...     Spec("a", "float32", (1,), low=(-3.0,), high=(3.0,))), initial_log_std(Spec("a", "float32", (2,)))
+    (-0.693, 0.0, 0.0)
+    """
+    if not action.low or not action.high:
+        return 0.0
+    span = float(np.min(np.asarray(action.high, np.float64) - np.asarray(action.low, np.float64)))
+    return float(np.log(min(1.0, span / 4))) if np.isfinite(span) and span > 0 else 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,6 +104,8 @@ class DemoConfig:
     seed: int = 0
     stop_at_return: float | None = None  # end early once the mean return of the last 20 episodes reaches it
     serve: str | None = None         # the policy's runtime in Triton (write_initial_policy's default when None)
+    algo: str = "ppo"                # with `train`: "ppo" (torchrun, trainer_nproc ranks) or "sac" (one rank)
+    trainer_args: tuple[str, ...] = ()  # more `tether train` flags, e.g. ("--seed-log", DIR, "--utd", "2")
 
     def __post_init__(self):
         if self.envs < 1:
@@ -95,6 +116,8 @@ class DemoConfig:
             raise ValueError(f"--seconds must be positive, got {self.seconds}")
         if self.trainer_nproc < 1:
             raise ValueError(f"--trainer-nproc must be at least 1, got {self.trainer_nproc}")
+        if self.algo not in ("ppo", "sac"):
+            raise ValueError(f"--algo must be ppo or sac, got {self.algo!r}")
 
     @property
     def vector(self) -> bool:
@@ -127,20 +150,21 @@ def _reached(target: float | None):
 
 @contextlib.contextmanager
 def trainer_process(*, gateway: str, policy: str, run_dir: Path, nproc: int, seed: int, seconds: float,
-                    extra_args: tuple[str, ...] = (), ready_timeout: float = 180.0) -> Iterator[subprocess.Popen]:
-    """`tether train --algo ppo` against the gateway, its output in run_dir/trainer.log; yields once
+                    extra_args: tuple[str, ...] = (), ready_timeout: float = 180.0,
+                    algo: str = "ppo") -> Iterator[subprocess.Popen]:
+    """`tether train --algo ppo|sac` against the gateway, its output in run_dir/trainer.log; yields once
     the trainer has fetched the policy and reads the stream (its ranks are up: under load, starting
     torchrun and its ranks takes tens of seconds, which the sims would otherwise spend acting with v1)."""
     log_path = run_dir / "trainer.log"
     log = open(log_path, "a")  # noqa: SIM115 - closed below, after the process
     start = log.tell()
-    cmd = [sys.executable, "-m", "tether", "train", "--gateway", gateway, "--algo", "ppo", "--policy", policy,
+    cmd = [sys.executable, "-m", "tether", "train", "--gateway", gateway, "--algo", algo, "--policy", policy,
            "--nproc", str(nproc), "--seed", str(seed), "--checkpoint-dir", str(run_dir / "checkpoints"),
            "--seconds", str(seconds), "--summary", str(run_dir / "trainer.json"), *extra_args]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + ready_timeout
-        while "[trainer] ppo:" not in log_path.read_text()[start:]:
+        while f"[trainer] {algo}:" not in log_path.read_text()[start:]:
             if proc.poll() is not None or time.monotonic() > deadline:
                 why = f"exited ({proc.returncode})" if proc.poll() is not None else f"not ready in {ready_timeout:g} s"
                 raise RuntimeError(f"trainer {why}; see {log_path}:\n" + log_path.read_text()[start:][-2000:])
@@ -176,10 +200,11 @@ def run_demo(config: DemoConfig) -> dict:
                                                      log_path=run_dir / "gateway.log", extra_args=gateway_args))
             print(f"gateway {gw}\nconsole http://127.0.0.1:{console_port}/ (metrics at /metrics)", flush=True)
             if config.train:
-                stack.enter_context(trainer_process(gateway=gw, policy=name, run_dir=run_dir,
-                                                    nproc=config.trainer_nproc, seed=config.seed,
-                                                    seconds=config.seconds + 30))
-                print(f"trainer PPO, {config.trainer_nproc} ranks (torchrun), log {run_dir / 'trainer.log'}")
+                nproc = 1 if config.algo == "sac" else config.trainer_nproc
+                stack.enter_context(trainer_process(gateway=gw, policy=name, run_dir=run_dir, nproc=nproc,
+                                                    seed=config.seed, seconds=config.seconds + 30,
+                                                    algo=config.algo, extra_args=config.trainer_args))
+                print(f"trainer {config.algo.upper()}, {nproc} rank(s) (torchrun), log {run_dir / 'trainer.log'}")
             progress = _Progress()
             if not config.vector:
                 print(f"sim     {config.envs} x {config.env} for {config.seconds:g} s", flush=True)
