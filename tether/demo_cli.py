@@ -3,6 +3,7 @@
     tether demo --env Hopper-v5 --envs 8 --seconds 10 --summary out/summary.json
     tether demo --train --env newton:cartpole --envs 64          # PPO from a vectorised session
     tether demo --train --env InvertedPendulum-v5 --envs 8 --sessions 1
+    tether demo --train --algo sac --envs 4                      # off-policy SAC (one rank) instead of PPO
     tether triton --model-repository runs/models --init Hopper-v5
 """
 
@@ -30,7 +31,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", type=Path, help="model repository and logs (default: a temp dir)")
     p.add_argument("--train", action="store_true",
                    help="the learning loop: log experience, train PPO (torchrun), publish versions as it learns")
-    p.add_argument("--trainer-nproc", type=int, default=2, help="trainer ranks")
+    p.add_argument("--trainer-nproc", type=int, default=2, help="trainer ranks (PPO; SAC runs on one)")
+    p.add_argument("--algo", choices=("ppo", "sac"), default="ppo", help="with --train: the learner, on-policy PPO "
+                   "or off-policy SAC (`tether train --algo`)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sims (and the trainer)")
     return p
 
@@ -45,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     seconds = a.seconds or (240.0 if a.train else 10.0)
     try:
         config = DemoConfig(env=env, envs=a.envs, sessions=a.sessions, seconds=seconds, summary=a.summary,
-                            run_dir=a.run_dir, train=a.train, trainer_nproc=a.trainer_nproc, seed=a.seed)
+                            run_dir=a.run_dir, train=a.train, trainer_nproc=a.trainer_nproc, seed=a.seed,
+                            algo=a.algo)
     except ValueError as exc:
         p.error(str(exc))
     try:

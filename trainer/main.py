@@ -3,6 +3,7 @@
     tether train --gateway 127.0.0.1:50051 --algo ppo --policy pendulum --nproc 2 --max-restarts 3 \\
         --checkpoint-dir runs/x/ckpt --seed 0 --seconds 180 --target-return 900
     tether train --algo bc --arch mlp --experience-dir runs/x/log --steps 2000 --nproc 2 --out bc.safetensors
+    tether train --gateway 127.0.0.1:50051 --algo sac --policy pendulum --seed-log runs/old/experience --seconds 120
 
 Elastic, on several nodes (the same command on each; `python -m trainer.rendezvous` serves the
 c10d store so that any node may die; a node that dies and comes back rejoins, and every
@@ -34,6 +35,7 @@ from pathlib import Path
 from bridge.common.net import is_loopback
 from bridge.common.processes import parent_death_signal
 from trainer.channel import ENV
+from trainer.worker import check as worker_check
 from trainer.worker import parser as worker_parser
 
 __all__ = ["command", "main", "parsers"]
@@ -43,7 +45,8 @@ _ROOT = Path(__file__).resolve().parent.parent
 
 def _launcher() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tether train", add_help=False)
-    p.add_argument("--nproc", type=int, default=2, help="ranks (processes) on this machine")
+    p.add_argument("--nproc", type=int, default=None, help="ranks (processes) on this machine (default 2; --algo sac: "
+                   "1, its only choice)")
     p.add_argument("--max-restarts", type=int, default=3, help="torchrun restarts of a failed group")
     p.add_argument("--nnodes", default="1", metavar="MIN:MAX", help="nodes (N or MIN:MAX, elastic); more than "
                    "one needs --rdzv-endpoint")
@@ -124,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__.strip(), file=sys.stderr)
         worker_parser().print_help(sys.stderr)
         return 0
-    if launcher.nproc < 1:
+    if launcher.nproc is not None and launcher.nproc < 1:
         raise SystemExit(f"tether train: --nproc must be >= 1, got {launcher.nproc}")
     if launcher.max_restarts < 0:
         raise SystemExit(f"tether train: --max-restarts must be >= 0, got {launcher.max_restarts}")
@@ -133,7 +136,11 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"tether train: --nnodes {launcher.nnodes} needs --rdzv-endpoint HOST:PORT (c10d)")
     if launcher.rdzv_endpoint:
         _endpoint(launcher.rdzv_endpoint)
-    checked = worker_parser().parse_args(rest)  # bad options fail here, before torchrun starts
+    checked = worker_check(worker_parser().parse_args(rest))  # bad options fail here, before torchrun starts
+    if checked.algo == "sac" and ((launcher.nproc or 1) > 1 or nnodes_range(launcher.nnodes)[1] > 1):
+        raise SystemExit(f"tether train: --algo sac runs on one rank (one learner owns the replay); got --nproc "
+                         f"{launcher.nproc} --nnodes {launcher.nnodes}: give --nproc 1")
+    nproc = launcher.nproc or (1 if checked.algo == "sac" else 2)
     for name in ("tls_ca", "tls_cert", "tls_key"):
         if getattr(launcher, name) and not Path(getattr(launcher, name)).is_file():
             raise SystemExit(f"tether train: --{name.replace('_', '-')} {getattr(launcher, name)!r} is not a file")
@@ -142,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     if checked.algo == "bc" and not Path(checked.experience_dir or "/nonexistent").is_dir():
         raise SystemExit(f"tether train: --algo bc needs --experience-dir DIR (an existing directory; formerly "
                          f"--log-dir), got {checked.experience_dir!r}")
-    if checked.max_ahead and checked.publish_every != 1:
+    if checked.algo == "ppo" and checked.max_ahead and checked.publish_every != 1:
         raise SystemExit(f"tether train: --max-ahead {checked.max_ahead} needs --publish-every 1 (the learner waits "
                          f"for its own updates to be served), got --publish-every {checked.publish_every}")
     if not (checked.steps or checked.seconds or checked.target_return is not None or checked.stop_file):
@@ -158,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             if getattr(launcher, name):
                 env[variable] = str(getattr(launcher, name))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH", "")) if p)
-        cmd = command([*rest, "--summary", summary_path], nproc=launcher.nproc, max_restarts=launcher.max_restarts,
+        cmd = command([*rest, "--summary", summary_path], nproc=nproc, max_restarts=launcher.max_restarts,
                       nnodes=launcher.nnodes, rdzv_endpoint=launcher.rdzv_endpoint, rdzv_id=launcher.rdzv_id,
                       rdzv_external=launcher.rdzv_external, local_addr=launcher.local_addr)
         proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=parent_death_signal())

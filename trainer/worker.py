@@ -1,7 +1,8 @@
 """One trainer process under torchrun: `python -m torch.distributed.run ... -m trainer.worker ARGS`.
 
 Every rank runs the same loop (PPO from the experience stream, or BC from the log); gradients
-are averaged by DDP, rank 0 publishes new versions and all ranks learn the version number.
+are averaged by DDP, rank 0 publishes new versions and all ranks learn the version number. SAC
+(off-policy, from a replay of the stream and of seed logs: trainer.sac_loop) runs on one rank.
 `trainer.main` builds the torchrun command; run one rank by hand (no process group) with:
 
     python -m trainer.worker --algo bc --experience-dir runs/x/log --steps 100 --out policy.safetensors
@@ -51,10 +52,11 @@ def _positive(kind):
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tether train", description="Distributed PPO / BC trainer (one rank).")
+    p = argparse.ArgumentParser(prog="tether train", description="Distributed PPO / BC trainer, SAC (one rank).")
     p.add_argument("--gateway", default="", help="HOST:PORT of the gateway (Experience + Policies)")
-    p.add_argument("--algo", choices=("ppo", "bc"), required=True,
-                   help="ppo: on-policy from live sessions; bc: behaviour cloning from a log")
+    p.add_argument("--algo", choices=("ppo", "bc", "sac"), required=True,
+                   help="ppo: on-policy from live sessions; bc: behaviour cloning from a log; sac: off-policy from "
+                        "a replay of the stream, seed logs and demonstrations (one rank)")
     p.add_argument("--policy", default="", help="the served policy to train (empty: the gateway's default)")
     p.add_argument("--arch", choices=ARCHS, default="gaussian", help="the policy network")
     p.add_argument("--hidden", type=_hidden, default=(64, 64), help="hidden sizes (offline BC only; "
@@ -93,8 +95,9 @@ def parser() -> argparse.ArgumentParser:
                    help="with --stale drop: the most versions behind a step may be acted")
     p.add_argument("--rho-max", type=float, default=1.0, help="truncation of importance weights")
     p.add_argument("--from-offset", type=_positive(int), default=0, help="PPO: first log offset to read")
-    p.add_argument("--publish-every", type=_positive(int), default=1, help="PPO: iterations between publishes "
-                   "(0: never); BC publishes at the end when --gateway is given")
+    p.add_argument("--publish-every", type=_positive(int), default=None, help="PPO: iterations between publishes "
+                   "(default 1; 0: never); SAC: updates between publishes (default 250); BC publishes at the end "
+                   "when --gateway is given")
     p.add_argument("--max-ahead", type=_positive(int), default=1, help="PPO: updates the learner may be ahead of "
                    "the version the sessions act with; it waits (reading on) for its publish beyond that (0: never "
                    "waits; needs --publish-every 1)")
@@ -102,6 +105,21 @@ def parser() -> argparse.ArgumentParser:
                    help="PPO: running observation mean/std inside the served policy")
     p.add_argument("--value-norm", action=argparse.BooleanOptionalAction, default=True,
                    help="PPO: the critic learns normalised returns")
+    p.add_argument("--seed-log", action="append", default=[], metavar="DIR",
+                   help="SAC: a previous run's experience log (MCAP segments) seeding the offline half of the "
+                        "replay (repeatable)")
+    p.add_argument("--demos", action="append", default=[], metavar="DIR",
+                   help="SAC: demonstrations (MCAP segments) for the offline half, learned on their applied "
+                        "actions (repeatable)")
+    p.add_argument("--utd", type=_positive(float), default=1.0,
+                   help="SAC: updates per new transition (replay ratio; the learner's speed caps it)")
+    p.add_argument("--buffer-size", type=_positive(int), default=200_000, help="SAC: rows per replay half")
+    p.add_argument("--learning-starts", type=_positive(int), default=500,
+                   help="SAC: rows in the replay before the first update")
+    p.add_argument("--tau", type=float, default=0.005, help="SAC: target critics' Polyak rate")
+    p.add_argument("--init-alpha", type=float, default=0.1, help="SAC: initial entropy temperature (then tuned "
+                   "towards an entropy of -action size)")
+    p.add_argument("--critic-hidden", type=_hidden, default=(128, 128), help="SAC: hidden sizes of each Q critic")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast")
     p.add_argument("--out", default="", help="rank 0 writes the final policy weights (safetensors) here")
     p.add_argument("--summary", default="", help="rank 0 writes a JSON summary here")
@@ -202,8 +220,35 @@ def probe_outputs(policy: torch.nn.Module, probe: np.ndarray) -> dict[str, np.nd
         return {"action": policy(x).float().cpu().numpy()}
 
 
+def check(args: argparse.Namespace) -> argparse.Namespace:
+    """Defaults that depend on --algo, and what no rank should start with (SystemExit naming the flag)."""
+    if args.publish_every is None:
+        args.publish_every = 250 if args.algo == "sac" else 1
+    if args.algo == "sac":
+        if not args.gateway:
+            raise SystemExit("tether train: --algo sac needs --gateway HOST:PORT (it learns from the stream and "
+                             "publishes there)")
+        if args.arch != "gaussian":
+            raise SystemExit(f"tether train: --algo sac needs --arch gaussian (a stochastic actor), got {args.arch}")
+        if args.experience:
+            raise SystemExit("tether train: --algo sac reads Experience.Subscribe; --experience (NATS) is PPO's")
+        for flag, dirs in (("--seed-log", args.seed_log), ("--demos", args.demos)):
+            for d in dirs:
+                if not Path(d).is_dir():
+                    raise SystemExit(f"tether train: {flag} {d!r} is not a directory")
+        if args.buffer_size < 1:
+            raise SystemExit(f"tether train: --buffer-size must be >= 1, got {args.buffer_size}")
+        if not 0 < args.tau <= 1:
+            raise SystemExit(f"tether train: --tau must be in (0, 1], got {args.tau}")
+        if not args.init_alpha > 0:
+            raise SystemExit(f"tether train: --init-alpha must be > 0, got {args.init_alpha}")
+    elif args.seed_log or args.demos:
+        raise SystemExit(f"tether train: --seed-log and --demos are SAC's (--algo sac), not {args.algo}'s")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args = check(parser().parse_args(argv))
     if args.algo == "ppo" and not args.gateway:
         raise SystemExit("tether train: --algo ppo needs --gateway HOST:PORT")
     if args.algo == "ppo" and args.arch != "gaussian":
@@ -220,6 +265,10 @@ def main(argv: list[str] | None = None) -> int:
             from trainer.ppo_loop import run_ppo
 
             summary = run_ppo(args)
+        elif args.algo == "sac":
+            from trainer.sac_loop import run_sac
+
+            summary = run_sac(args)
         else:
             from trainer.bc_loop import run_bc
 

@@ -1,4 +1,4 @@
-"""`tether train`: distributed PPO / BC training under torchrun (trainer.main)."""
+"""`tether train`: distributed PPO / BC training under torchrun, SAC on one rank (trainer.main)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 
 from tether.commands import exit_code, passthrough
 
-HELP = "distributed PPO / BC training under torchrun"
+HELP = "distributed PPO / BC training under torchrun, off-policy SAC on one rank"
 
 
 def register(subparsers) -> argparse.ArgumentParser:
