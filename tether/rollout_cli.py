@@ -117,20 +117,29 @@ def main(argv: list[str] | None = None) -> None:
         print(render(reply, events=a.events if a.command == "list" else 5))
 
 
-def lineage_chain(versions, v: policies_pb2.PolicyVersion, *, hops: int = 4) -> str:
-    """Where `v` came from, through its parents: "ppo <- v2 bc <- v1" (the trainer's algo; a parent that is
-    not among `versions` ends the chain), then the trainer step that produced `v`."""
+def lineage_chain(versions, v: policies_pb2.PolicyVersion) -> str:
+    """Where `v` came from, through its parents, each with its trainer's algo, then the trainer step that made `v`:
+    "ppo <- v3 ppo <- ... <- v2 bc <- v1 (step 8)" (a run of versions by the same algo is shortened to its ends; a
+    parent not among `versions` ends the chain)."""
     by_version = {x.version: x for x in versions}
-    parts, seen, cur = [v.lineage.algo or "?"], {v.version}, v
-    while cur.lineage.trainer and len(parts) <= hops:
+    ancestors, seen, cur = [], {v.version}, v
+    while cur is not None and cur.lineage.trainer and cur.lineage.parent_version not in seen:
         parent = cur.lineage.parent_version
-        cur = by_version.get(parent)
-        if not parent or parent in seen:
+        if not parent:
             break
         seen.add(parent)
-        parts.append(f"v{parent}" + (f" {cur.lineage.algo}" if cur is not None and cur.lineage.algo else ""))
-        if cur is None:
-            break
+        cur = by_version.get(parent)
+        ancestors.append((parent, cur.lineage.algo if cur is not None else ""))
+    parts, skipped = [v.lineage.algo or "?"], False
+    for k, (version, algo) in enumerate(ancestors):
+        keep = k in (0, len(ancestors) - 1) or algo != ancestors[k - 1][1] or algo != ancestors[k + 1][1]
+        if not keep:
+            skipped = True
+            continue
+        if skipped:
+            parts.append("...")
+            skipped = False
+        parts.append(f"v{version}" + (f" {algo}" if algo else ""))
     return " <- ".join(parts) + f" (step {v.lineage.trainer_step})"
 
 
