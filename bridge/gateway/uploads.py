@@ -8,7 +8,7 @@
 
 The file is written as `<pid>-<id>.part`, fsynced and renamed to `<pid>-<id>.upload` once every byte the
 header announced has arrived: no half-written upload is ever taken for a whole one. Writing and hashing run
-in a thread, a few MiB at a time, so the event loop (the sessions' steps) never waits on them.
+in threads at a lower CPU priority, 1 MiB at a time, so the event loop (the sessions' steps) never waits on them.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import os
 import shutil
+import threading
 import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -30,7 +31,15 @@ from bridge.gateway.errors import GatewayError
 from protos import policies_pb2
 
 FLUSH_BYTES = 1 << 20  # received bytes written (and hashed) together, in a thread
-_POOL = ThreadPoolExecutor(2, thread_name_prefix="upload")
+NICE = 10  # the writing threads' CPU priority (Linux: per thread), below the gateway's event loop and the sims
+
+
+def _lower_priority() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
+
+
+_POOL = ThreadPoolExecutor(2, thread_name_prefix="upload", initializer=_lower_priority)
 
 
 class UploadError(GatewayError):
