@@ -3,12 +3,13 @@ serving runtime against another, measured the way the trainer publishes (PolicyC
 a probe batch and the trainer's reference outputs, through the gateway's whole publish pipeline: integrity,
 version folder written, Triton load_model, READY, the probe served at exactly the new version, live).
 
-    python benchmarks/weight_sync.py [--publishes 8 --envs InvertedPendulum-v5 Hopper-v5
+    python benchmarks/weight_sync.py [--publishes 8 --envs InvertedPendulum-v5 Hopper-v5 --write-versions 20
                                       --train-seconds 60 --json benchmarks/results/weight_sync.json]
 
 Runtimes: `torchscript` (each version a Triton python-backend stub that imports torch) and `onnx` (the same
-architecture exported to ONNX when the version is written, served by onnxruntime: the stub does not import
-torch). Part 1 publishes `--publishes` versions of each (env, runtime) into one Triton and gateway (quiet: no
+architecture in ONNX, served by onnxruntime: the stub does not import torch). Part 0 (`--write-versions`) times
+what the gateway does to a new onnxruntime version's file (its parent's graph re-weighted) against exporting it
+again. Part 1 publishes `--publishes` versions of each (env, runtime) into one Triton and gateway (quiet: no
 sessions), timing each publish at the client (first byte to reply) and recording the consistency check's max abs
 error. Part 2 (`--train-seconds` > 0) runs `tether demo --train` on InvertedPendulum-v5 (8 single-env sessions,
 PPO with 2 ranks) for that long with each runtime and reads the trainer's log: each publish's seconds as the
@@ -76,6 +77,39 @@ def publish_loop(client: PolicyClient, model: str, obs_spec, act_spec, count: in
                      "server_s": reply.load_seconds, "max_abs_error": reply.max_abs_error})
         parent = reply.version
     return rows
+
+
+def write_cost(envs: list[str], versions: int) -> dict:
+    """The ONNX file of a new version, exported (`onnx_export.export`) against re-weighted from its parent's
+    (`onnx_export.reweight`, what the gateway does), interleaved in this process: median CPU and wall ms."""
+    from inference_server import onnx_export
+    from inference_server.artifact import read_specs
+
+    results = {}
+    for env_id in envs:
+        obs, act = specs(env_id)
+        policy = GaussianPolicy(obs[0], act[0], seed=0, log_std_init=0.0)
+        base = onnx_export.export(torch.jit.script(policy), obs, GaussianPolicy.output_specs(act[0]))
+        io_specs = read_specs("onnx", base)
+        times: dict[str, tuple[list[float], list[float]]] = {"export": ([], []), "reweight": ([], [])}
+        for i in range(2 * versions + 4):
+            with torch.no_grad():
+                for p in policy.parameters():
+                    p.add_(0.01 * torch.randn_like(p))
+            scripted, how = torch.jit.script(policy), ("export", "reweight")[i % 2]
+            cpu, wall = time.process_time(), time.perf_counter()
+            if how == "export":
+                onnx_export.export(scripted, *io_specs)
+            else:
+                onnx_export.reweight(base, scripted, *io_specs)
+            if i >= 4:  # the first of each warm up
+                times[how][0].append(time.process_time() - cpu)
+                times[how][1].append(time.perf_counter() - wall)
+        results[env_id] = {how: {"cpu_ms": 1000 * float(np.median(c)), "wall_ms": 1000 * float(np.median(w))}
+                           for how, (c, w) in times.items()}
+        print(f"  {env_id:<20} ONNX file of a version: export {results[env_id]['export']['cpu_ms']:.0f} CPU-ms, "
+              f"re-weighted {results[env_id]['reweight']['cpu_ms']:.0f} CPU-ms", flush=True)
+    return results
 
 
 def quiet(envs: list[str], publishes: int, directory: Path) -> dict:
@@ -152,13 +186,19 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--envs", nargs="+", default=["InvertedPendulum-v5", "Hopper-v5"])
     p.add_argument("--train-seconds", type=float, default=0.0,
                    help="also train InvertedPendulum-v5 this long per runtime (0: skip)")
+    p.add_argument("--write-versions", type=int, default=20,
+                   help="versions whose ONNX file is exported and re-weighted, interleaved (0: skip)")
     p.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "weight_sync.json")
     a = p.parse_args(argv)
     if a.publishes < 1:
         p.error(f"--publishes must be >= 1, got {a.publishes}")
     result: dict = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
                                 "load_avg_1m": os.getloadavg()[0]},
-                    "config": {"publishes": a.publishes, "envs": a.envs, "train_seconds": a.train_seconds}}
+                    "config": {"publishes": a.publishes, "envs": a.envs, "train_seconds": a.train_seconds,
+                               "write_versions": a.write_versions}}
+    if a.write_versions > 0:
+        print("write: a version's ONNX file, exported or re-weighted", flush=True)
+        result["write"] = write_cost(a.envs, a.write_versions)
     with tempfile.TemporaryDirectory(prefix="tether-weight-sync-") as tmp:
         print("quiet: publish -> served per (env, runtime)", flush=True)
         result["quiet"] = quiet(a.envs, a.publishes, Path(tmp) / "quiet")
@@ -178,6 +218,10 @@ def print_table(r: dict) -> None:
     def s(x):
         return "-" if x is None else f"{x:.3f}"
 
+    for env_id, w in r.get("write", {}).items():
+        print(f"\nONNX file of a {env_id} version: export {w['export']['cpu_ms']:.0f} CPU-ms "
+              f"({w['export']['wall_ms']:.0f} ms), re-weighted {w['reweight']['cpu_ms']:.0f} CPU-ms "
+              f"({w['reweight']['wall_ms']:.0f} ms)")
     print(f"\n{'what':<44} {'median s':>9} {'p99 s':>7} {'max s':>7} {'max abs err':>11}")
     for q in r["quiet"].values():
         print(f"{'quiet ' + q['env'] + ' ' + q['runtime']:<44} {s(q['median_s']):>9} {s(q['p99_s']):>7} "
