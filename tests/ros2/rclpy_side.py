@@ -11,6 +11,10 @@ zero safe action, whose e-stop state publisher rclpy then destroys: the next pub
 rclpy's own error. Prints {"failure": ..., "estopped": ..., "reason": ..., "commands": [...]} with the
 commands a subscription on the same transport received, once the node's loop has ended.
 
+`teleop`: a person's command stream from rclpy: Float64MultiArray [1 + 0.001 i, 7.0 x (n-1)] on
+/teleop/commands at 100 Hz for --seconds once an edge node subscribes; prints {"event": "ready"} when
+matched, then {"event": "done", "sent": [monotonic time of message i, ...]}.
+
 `relay`: a `RclpyTransport` that answers every JointState on /joint_states with a
 Float64MultiArray on /policy_controller/commands holding its positions (in --joints order),
 and prints each state it got as {"stamp": s, "position": [...]}. It prints {"event": "ready"} once
@@ -111,13 +115,31 @@ def failsafe(domain: int) -> dict:
                 "held": held, "commands": commands}
 
 
+def teleop(domain: int, joints: int, seconds: float) -> None:
+    with RclpyTransport(domain_id=domain, node_name="tether_teleop") as transport:
+        publish = transport.publisher("/teleop/commands", messages.FLOAT64_ARRAY)
+        if not wait_for_subscribers(publish, timeout=20):
+            raise SystemExit("no edge node subscribed to /teleop/commands within 20 s")
+        print(json.dumps({"event": "ready"}), flush=True)
+        sent: list[float] = []
+        start = time.monotonic()
+        for i in range(int(seconds * 100)):
+            sent.append(time.monotonic())
+            publish(messages.float64_array([1.0 + 0.001 * i] + [7.0] * (joints - 1)))
+            time.sleep(max(0.0, start + (i + 1) * 0.01 - time.monotonic()))
+        print(json.dumps({"event": "done", "sent": sent}), flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=("selftest", "relay", "failsafe"))
+    parser.add_argument("mode", choices=("selftest", "relay", "failsafe", "teleop"))
     parser.add_argument("--domain", type=int, required=True)
     parser.add_argument("--joints", default="")
+    parser.add_argument("--seconds", type=float, default=0.5)
     args = parser.parse_args()
-    if args.mode == "selftest":
+    if args.mode == "teleop":
+        teleop(args.domain, len(args.joints.split(",")), args.seconds)
+    elif args.mode == "selftest":
         print(json.dumps(selftest(args.domain)), flush=True)
     elif args.mode == "failsafe":
         print(json.dumps(failsafe(args.domain)), flush=True)

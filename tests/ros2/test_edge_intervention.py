@@ -9,6 +9,7 @@ the robot's arrival times give each command's latency from its teleop message).
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 
@@ -27,6 +28,7 @@ from bridge.ros2.transport import wait_for_subscribers
 from inference_server import ModelRepository, TritonServer
 from protos.codec import decode
 from tests.ros2.edge_support import EchoVelocity, GatewayThread, Robot, joint_specs, running_edge, wait_until
+from tests.ros2.ros_env import ROOT, ROS_PYTHON, needs_rclpy, ros_env
 
 TELEOP = "/teleop/commands"
 HOLD_S = 0.1                # the override ends this long after the last teleop message
@@ -186,3 +188,26 @@ def test_teleop_holds_two_control_periods_by_default_and_is_refused_with_action_
     with pytest.raises(EdgeConfigError, match=r"intervention: not with chunk=5 .*applied_action"):
         EdgeNode(config=EdgeConfig(gateway="127.0.0.1:50051", chunk=5), topic_map=TMAP, transport=None,
                  guard=guard_config(TMAP, deadline_s=0.05))
+
+
+@needs_rclpy
+def test_an_rclpy_teleop_node_overrides_the_policy(ros_domain, robot, triton):
+    """The person's commands from a real rclpy node (a joystick driver's side) reach the robot clamped."""
+    gw = GatewayThread(triton.grpc_url)
+    try:
+        address = gw.start()
+        with running_edge(ros_domain, address, TMAP, policy="echo6", rate_hz=RATE_HZ):
+            robot.send(f"const {POLICY}")
+            wait_until(lambda: sum(np.allclose(c["data"], POLICY) for c in robot.commands) >= 10, timeout=30,
+                       what="10 policy commands")
+            side = subprocess.run([str(ROS_PYTHON), str(ROOT / "tests/ros2/rclpy_side.py"), "teleop", "--domain",
+                                   str(ros_domain), "--joints", ",".join(JOINTS), "--seconds", "0.5"],
+                                  env=ros_env(ros_domain), capture_output=True, text=True, timeout=120)
+            assert side.returncode == 0, side.stderr[-2000:]
+            sent = json.loads(side.stdout.splitlines()[-1])["sent"]
+            robot.wait_for(lambda d: np.allclose(d, POLICY), after=sent[-1], timeout=10,
+                           what="the policy's command after the rclpy teleop stream stopped")
+    finally:
+        gw.close()
+    ours = [np.array(c["data"]) for c in robot.since(sent[0]) if is_person(np.array(c["data"]))]
+    assert len(ours) >= 10 and all(((d >= LOW) & (d <= HIGH)).all() for d in ours)
