@@ -29,6 +29,7 @@ from trainer.sources import LogDataset, StreamSource, _misfit
 from trainer.weights import PolicyClient, build_policy, hidden_sizes
 from trainer.worker import (
     load_checkpoint,
+    maybe_fail,
     param_digests,
     probe_outputs,
     restore_rng,
@@ -141,12 +142,14 @@ def run_sac(args: argparse.Namespace) -> dict:
                 version = code
                 published.append(code)
             if len(replay) >= max(args.learning_starts, 1) and due >= 1:
+                steps_before = learner.steps
                 for _ in range(min(int(due), CHUNK)):
                     stats = learner.update(replay.sample(batch, rng))
                     due -= 1
-                    if args.steps and learner.steps >= args.steps:
-                        break
-                if args.checkpoint_dir and learner.steps // every > (learner.steps - CHUNK) // every:
+                    if (args.steps and learner.steps >= args.steps) or learner.steps % every == 0:
+                        break  # a checkpoint's step is a multiple of --checkpoint-every
+                maybe_fail(args, learner.steps)
+                if args.checkpoint_dir and learner.steps // every > steps_before // every:
                     checkpoint.save(args.checkpoint_dir, step=learner.steps, model=learner.model,
                                     optimizer=learner.optimizer, rng=rng_state(),
                                     meta={"algo": "sac", "version": version, "parent": parent, "published": published,
