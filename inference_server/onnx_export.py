@@ -119,9 +119,12 @@ def _with_weights(data: bytes, weights: dict[str, torch.Tensor], *, mark: bool) 
         return None
     for init in model.graph.initializer:
         tensor = weights.get(init.name)
-        array = None if tensor is None else tensor.detach().contiguous().numpy()
-        if array is None or tuple(init.dims) != array.shape \
-                or onnx.helper.tensor_dtype_to_np_dtype(init.data_type) != array.dtype:
+        try:  # a dtype numpy has no type for (bfloat16): no by-name file
+            array = None if tensor is None else tensor.detach().contiguous().numpy()
+            expected = onnx.helper.tensor_dtype_to_np_dtype(init.data_type)
+        except (TypeError, KeyError):
+            return None
+        if array is None or tuple(init.dims) != array.shape or expected != array.dtype:
             return None
         init.CopyFrom(numpy_helper.from_array(array, init.name))
     if mark:
