@@ -3,7 +3,7 @@
 without swaps, in one run.
 
     python benchmarks/hot_swap.py [--sessions 4 --period-ms 20 --deadline-ms 50 --small-swaps 5
-                                   --big-swaps 3 --quiet-s 6 --json benchmarks/results/hot_swap.json]
+                                   --big-swaps 3 --huge-swaps 1 --quiet-s 6 --json benchmarks/results/hot_swap.json]
 
 Triton and the gateway (`--switch step`: a session acts with a new version from its next step)
 are subprocesses; the sims are a subprocess of this script (`--worker`), N Hopper-v5 sessions
@@ -15,8 +15,10 @@ gated, served by Triton, verified on the probe batch and live). Steps sent insid
 
 Models: `small` (a 64x64 MLP served by torch), `small_ort` (the same, written with serve="onnx":
 its versions are served by onnxruntime), `onnx` (the MLP imported as an ONNX file, as `tether
-policy import` sends it), `big` (a 5000x5000 MLP, 25 M parameters, ~100 MB, served by torch).
-The sessions act with `small`, which its swaps move them to; the other swaps run beside them.
+policy import` sends it), `big` (a 5000x5000 MLP, 25 M parameters, ~100 MB, served by torch), `huge`
+(`--huge-swaps`: a 16000x16000 MLP, 256 M parameters, ~1 GB, written to a safetensors file and sent from
+disk with `PolicyClient.publish_file`). The sessions act with `small`, which its swaps move them to; the
+other swaps run beside them. Each swap records the gateway's resident memory growth (sampled every 5 ms).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -42,12 +45,16 @@ from bridge.common.percentiles import p50_p99
 from inference_server import ModelRepository, TritonServer
 from protos import bridge_pb2, policies_pb2, policies_pb2_grpc
 from protos.codec import decode_all, encode, encode_all
-from tether.topology import gateway_process, write_json
+from tether.stack import GatewayProcess
+from tether.topology import write_json
 from trainer.policy import MLPPolicy
+from trainer.weights import PolicyClient, safetensors_parts
 
-SMALL, ORT, BIG, ONNX = "swap_mlp", "swap_mlp_ort", "swap_big", "swap_onnx"
+SMALL, ORT, BIG, ONNX, HUGE = "swap_mlp", "swap_mlp_ort", "swap_big", "swap_onnx", "swap_huge"
 BIG_HIDDEN = (5000, 5000)  # 11*5000 + 5000*5000 + 5000*3 ≈ 25.1 M float32 parameters ≈ 100 MB
+HUGE_HIDDEN = (16000, 16000)  # ≈ 256.2 M float32 parameters ≈ 1.02 GB
 CHUNK = 1 << 20
+KINDS = ("small", "small_ort", "onnx", "big", "huge")
 LINGER_S = 0.5  # steps this long after a swap's reply still count as "during" it
 KIND = {"action": 0, "episode_end": 1, "error": 2}
 
@@ -185,6 +192,70 @@ def publish_import(stub, name: str, data: bytes, obs_spec, act_spec) -> dict:
             "max_abs_error": reply.max_abs_error, "ready_versions": list(reply.ready_versions)}
 
 
+def publish_from_file(client: PolicyClient, module: torch.nn.Module, path: Path, observation_spec, *,
+                      parent: int) -> dict:
+    """`module`'s weights written to a safetensors file (from the tensors' memory, as a trainer's checkpoint),
+    then sent from disk in 1 MiB chunks (`PolicyClient.publish_file`: a digest pass, then the stream)."""
+    t0 = time.monotonic()
+    with path.open("wb") as f:
+        for part in safetensors_parts(module.state_dict()):
+            f.write(part)
+    size = path.stat().st_size
+    probe = np.random.default_rng(parent).standard_normal((4, *observation_spec.shape)).astype(np.float32)
+    with torch.no_grad():
+        reference = module(torch.from_numpy(probe)).numpy()
+    t_start = time.monotonic()
+    reply = client.publish_file(HUGE, path, lineage=policies_pb2.Lineage(parent_version=parent, trainer="bench"),
+                                probe_inputs={observation_spec.name: probe}, probe_outputs={"action": reference})
+    t_end = time.monotonic()
+    path.unlink()
+    stream_s = t_end - t_start
+    return {"policy": HUGE, "version": reply.version, "bytes": size, "serialise_s": t_start - t0, "sha256_s": 0.0,
+            "start_ns": int(t_start * 1e9), "end_ns": int(t_end * 1e9), "publish_to_live_s": stream_s,
+            "server_s": reply.load_seconds, "client_send_s": 0.0, "transfer_s": stream_s - reply.load_seconds,
+            "transfer_mb_s": size / 1e6 / max(stream_s - reply.load_seconds, 1e-9),
+            "max_abs_error": reply.max_abs_error, "ready_versions": list(reply.ready_versions)}
+
+
+class RssPeak:
+    """A process's resident memory sampled every 5 ms in a thread: `growth_mib` = peak - at the start.
+
+        with RssPeak(pid) as rss:
+            ...
+        rss.growth_mib
+    """
+
+    def __init__(self, pid: int):
+        self.pid, self.start, self.peak = pid, 0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> RssPeak:
+        self.start = self.peak = _rss_kib(self.pid)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def growth_mib(self) -> float:
+        return (self.peak - self.start) / 1024
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, _rss_kib(self.pid))
+            time.sleep(0.005)
+
+
+def _rss_kib(pid: int, field: str = "VmRSS") -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
 def receive_costs(module: torch.nn.Module) -> dict:
     """CPU and wall seconds of what the gateway does with a big publish's bytes on receipt, one by one
     (CPU time is what a quiet machine would take; wall time here includes the other processes)."""
@@ -246,6 +317,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     p.add_argument("--deadline-ms", type=float, default=50.0, help="a step answered later than this is missed")
     p.add_argument("--small-swaps", type=int, default=5)
     p.add_argument("--big-swaps", type=int, default=3)
+    p.add_argument("--huge-swaps", type=int, default=0, help="~1 GB MLP versions, streamed from a file on disk")
     p.add_argument("--onnx-swaps", type=int, default=5, help="the small MLP imported as ONNX (onnxruntime in Triton)")
     p.add_argument("--gap-s", type=float, default=1.0, help="pause between swaps")
     p.add_argument("--quiet-s", type=float, default=6.0, help="stepping without swaps, before and after")
@@ -265,14 +337,19 @@ def main(argv: list[str] | None = None) -> dict | None:
     repo.write_version(ORT, 1, small, obs_spec, act_spec, serve="onnx")  # trainer versions served by onnxruntime
     repo.write_version(BIG, 1, big, obs_spec, act_spec)
     repo.write_artifact(ONNX, 1, "onnx", onnx_file(small, obs_spec[0]), obs_spec, act_spec)
+    huge = MLPPolicy(obs_spec[0], act_spec[0], hidden=HUGE_HIDDEN, seed=0).eval() if a.huge_swaps else None
+    if huge is not None:
+        repo.write_version(HUGE, 1, huge, obs_spec, act_spec)
     big_mb = sum(t.numel() * t.element_size() for t in big.state_dict().values()) / 1e6
     print(f"run dir {run_dir}; big model {sum(p.numel() for p in big.parameters()) / 1e6:.1f} M parameters, "
           f"{big_mb:.0f} MB", flush=True)
     swaps: list[dict] = []
-    with TritonServer(repo.root, models=[SMALL, ORT, BIG, ONNX], log_path=run_dir / "triton.log") as triton, \
-            gateway_process(triton_url=triton.grpc_url, policy=SMALL, log_path=run_dir / "gateway.log",
-                            extra_args=("--model-repository", str(repo.root), "--switch", "step",
-                                        "--deadline-ms", str(int(a.deadline_ms)))) as gw:
+    models = [SMALL, ORT, BIG, ONNX] + ([HUGE] if huge is not None else [])
+    with TritonServer(repo.root, models=models, log_path=run_dir / "triton.log") as triton, \
+            GatewayProcess(triton_url=triton.grpc_url, policy=SMALL, log_path=run_dir / "gateway.log",
+                           extra_args=("--model-repository", str(repo.root), "--switch", "step",
+                                       "--deadline-ms", str(int(a.deadline_ms)))) as gateway:
+        gw = gateway.address
         out = run_dir / "steps.npy"
         worker = subprocess.Popen([sys.executable, __file__, "--worker", gw, str(a.sessions), str(out),
                                    "--period-ms", str(a.period_ms)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -288,10 +365,20 @@ def main(argv: list[str] | None = None) -> dict | None:
                                         ("big", big, a.big_swaps)):
                 name = names[kind]
                 for i in range(count):
-                    swap = publish(stub, name, perturbed(module, i), obs_spec[0], parent=1 + i)
-                    swaps.append({"model": kind, **swap})
+                    with RssPeak(gateway.pid) as rss:
+                        swap = publish(stub, name, perturbed(module, i), obs_spec[0], parent=1 + i)
+                    swaps.append({"model": kind, **swap, "gateway_rss_growth_mib": rss.growth_mib})
                     print(f"  {kind} v{swap['version']}: publish -> live {swap['publish_to_live_s']:.2f} s "
                           f"(server {swap['server_s']:.2f} s), {swap['transfer_mb_s']:.0f} MB/s", flush=True)
+                    time.sleep(a.gap_s)
+            with PolicyClient(gw, timeout_s=900) as client:
+                for i in range(a.huge_swaps):
+                    with RssPeak(gateway.pid) as rss:
+                        swap = publish_from_file(client, perturbed(huge, i), run_dir / "huge.safetensors",
+                                                 obs_spec[0], parent=1 + i)
+                    swaps.append({"model": "huge", **swap, "gateway_rss_growth_mib": rss.growth_mib})
+                    print(f"  huge v{swap['version']}: publish -> live {swap['publish_to_live_s']:.2f} s (server "
+                          f"{swap['server_s']:.2f} s), gateway RSS +{rss.growth_mib:.0f} MiB", flush=True)
                     time.sleep(a.gap_s)
             for i in range(a.onnx_swaps):
                 try:
@@ -300,11 +387,12 @@ def main(argv: list[str] | None = None) -> dict | None:
                 except grpc.RpcError as exc:
                     print(f"  onnx import refused: {exc.details()}", flush=True)
                     break
-                swaps.append({"model": "onnx", **swap})
+                swaps.append({"model": "onnx", **swap, "gateway_rss_growth_mib": 0.0})
                 print(f"  onnx v{swap['version']}: publish -> live {swap['publish_to_live_s']:.2f} s", flush=True)
                 time.sleep(a.gap_s)
             time.sleep(a.quiet_s)
             channel.close()
+            gateway_hwm_mib = _rss_kib(gateway.pid, "VmHWM") / 1024
         finally:
             worker.stdin.write("stop\n")
             worker.stdin.close()
@@ -325,18 +413,20 @@ def main(argv: list[str] | None = None) -> dict | None:
                     "load_avg_1m": os.getloadavg()[0]},
         "triton_version": version,
         "config": {k: getattr(a, k) for k in ("sessions", "period_ms", "deadline_ms", "small_swaps", "big_swaps",
-                                              "onnx_swaps", "gap_s", "quiet_s")},
+                                              "huge_swaps", "onnx_swaps", "gap_s", "quiet_s")},
         "big_model_mb": big_mb,
+        "gateway_peak_rss_mib": gateway_hwm_mib,
         "swaps": swaps,
         "small": _summary([s for s in swaps if s["model"] == "small"]),
         "big": _summary([s for s in swaps if s["model"] == "big"]),
         "small_ort": _summary([s for s in swaps if s["model"] == "small_ort"]),
         "onnx": _summary([s for s in swaps if s["model"] == "onnx"]),
+        "huge": _summary([s for s in swaps if s["model"] == "huge"]),
         "first_action_with_new_version_s": first_acted,
         "steps_without_swaps": stats(rows[~during], a.deadline_ms),
         "steps_during_swaps": stats(rows[during], a.deadline_ms),
         "steps_during_swaps_of": {kind: stats(rows[_within(rows, [s for s in swaps if s["model"] == kind])],
-                                              a.deadline_ms) for kind in ("small", "small_ort", "big", "onnx")},
+                                              a.deadline_ms) for kind in KINDS},
     }
     result["receive_costs_big"] = receive_costs(big)
     print_table(result)
@@ -356,18 +446,23 @@ def _within(rows: np.ndarray, swaps: list[dict]) -> np.ndarray:
 def _summary(swaps: list[dict]) -> dict:
     if not swaps:
         return {}
-    keys = ("publish_to_live_s", "server_s", "transfer_s", "transfer_mb_s", "serialise_s", "sha256_s")
+    keys = ("publish_to_live_s", "server_s", "transfer_s", "transfer_mb_s", "serialise_s", "sha256_s",
+            "gateway_rss_growth_mib")
     return {k: {"median": float(np.median([s[k] for s in swaps])), "max": float(np.max([s[k] for s in swaps]))}
             for k in keys}
 
 
 def print_table(r: dict) -> None:
-    print(f"\n{'model':<10}{'MB':>8}{'publish->live s':>17}{'server s':>10}{'transfer MB/s':>15}")
-    for kind in ("small", "small_ort", "onnx", "big"):
+    print(f"\n{'model':<10}{'MB':>8}{'publish->live s':>17}{'server s':>10}{'transfer MB/s':>15}"
+          f"{'missed':>8}{'errors':>8}{'longest ms':>12}{'gw RSS +MiB':>13}")
+    for kind in KINDS:
         rows = [s for s in r["swaps"] if s["model"] == kind]
         if rows:
+            during = r["steps_during_swaps_of"][kind]
             print(f"{kind:<10}{rows[0]['bytes'] / 1e6:>8.2f}{r[kind]['publish_to_live_s']['median']:>17.2f}"
-                  f"{r[kind]['server_s']['median']:>10.2f}{r[kind]['transfer_mb_s']['median']:>15.0f}")
+                  f"{r[kind]['server_s']['median']:>10.2f}{r[kind]['transfer_mb_s']['median']:>15.0f}"
+                  f"{during.get('past_deadline', 0):>8}{during.get('errors', 0):>8}{during.get('max_ms', 0):>12.0f}"
+                  f"{r[kind]['gateway_rss_growth_mib']['max']:>13.0f}")
     print(f"\n{'control steps':<16}{'steps':>8}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'missed':>8}{'errors':>8}")
     phases = {key.removeprefix("steps_"): r[key] for key in ("steps_without_swaps", "steps_during_swaps")}
     phases.update({f"  {kind} swaps": r["steps_during_swaps_of"][kind] for kind in r["steps_during_swaps_of"]})
@@ -378,6 +473,7 @@ def print_table(r: dict) -> None:
     costs = r["receive_costs_big"]
     print(f"\non receipt of {costs['mb']:.0f} MB: " + ", ".join(f"{k} {v['cpu_s']:.2f} CPU-s" for k, v in
                                                           costs["steps"].items()))
+    print(f"gateway peak RSS (VmHWM) over the run: {r['gateway_peak_rss_mib']:.0f} MiB")
     print(f"(missed: answered after {r['config']['deadline_ms']:g} ms; load average {r['machine']['load_avg_1m']:.1f} "
           f"on {r['machine']['cpus']} CPUs)")
 
