@@ -86,6 +86,33 @@ def test_fetch_then_publish_round_trip():
         assert gw.newest() == 2
 
 
+def test_a_version_on_disk_is_published_from_the_file_in_chunks(tmp_path):
+    """`publish_file`: a safetensors file sent from disk (a digest pass, then the stream), as the trainer sends a
+    version too large to hold twice; `safetensors_parts` writes the bytes `safetensors.torch.save` would."""
+    from safetensors.torch import save
+
+    from trainer.weights import safetensors_parts
+    with StandIn(OBS, ACT, policy="p", seed=3) as gw, PolicyClient(gw.address, timeout_s=20) as client:
+        policy = build_policy("gaussian", (OBS,), client.fetch("p").outputs)
+        policy.load_state_dict(client.fetch("p").state_dict)
+        with torch.no_grad():
+            policy.net[0].weight.mul_(1.5)
+        assert b"".join(safetensors_parts(policy.state_dict())) == save(policy.state_dict())
+        path = tmp_path / "v2.safetensors"
+        with path.open("wb") as f:
+            for part in safetensors_parts(policy.state_dict()):
+                f.write(part)
+        probe = np.random.default_rng(1).normal(size=(4, 4)).astype(np.float32)
+        reply = client.publish_file("p", path, lineage=policies_pb2.Lineage(parent_version=1),
+                                    probe_inputs={"observation": probe}, probe_outputs=probe_outputs(policy, probe),
+                                    atol=1e-4, chunk_bytes=1000)
+        assert reply.version == 2
+        assert all(torch.equal(client.fetch("p").state_dict[k], v) for k, v in policy.state_dict().items())
+        with pytest.raises(FileNotFoundError, match="no safetensors file"):
+            client.publish_file("p", tmp_path / "missing.safetensors", lineage=policies_pb2.Lineage(),
+                                probe_inputs={}, probe_outputs={})
+
+
 def test_garbage_weights_are_named():
     with pytest.raises(WeightsError, match="not a safetensors blob"):
         from_safetensors(b"\x00" * 10)
