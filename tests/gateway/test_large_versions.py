@@ -1,11 +1,13 @@
 """A large version (~100 MB) published to a gateway process while sessions act on the same policy at a fixed
 rate: the swap costs them no step error, the gateway streams the bytes to disk (its peak memory grows far less
-than the version's size), and a publish cut off mid-stream or with a wrong sha256 leaves no file behind while
-the live version keeps serving. Real tritonserver, gateway process, gRPC over loopback."""
+than the version's size), and a publish cut off mid-stream, with a wrong sha256 or of bytes that are not
+safetensors leaves no file behind while the live version keeps serving. Real tritonserver, gateway process,
+gRPC over loopback."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import signal
 import subprocess
 import sys
@@ -159,14 +161,18 @@ def test_a_publish_cut_off_or_with_a_wrong_sha256_leaves_no_file_and_the_live_ve
         # the whole version, with a sha256 that is not its own: the gate's integrity check refuses it
         with pytest.raises(grpc.RpcError) as refused:
             await asyncio.to_thread(_publish_with_wrong_sha256, gateway.address, state, probe_inputs, probe_outputs)
+        # 20 MiB that are not safetensors, with their true sha256: the build process says so
+        with pytest.raises(grpc.RpcError) as unreadable:
+            await asyncio.to_thread(_publish_bytes, gateway.address, bytes(20 << 20))
         n = len(replies)
         await until(lambda: len(replies) >= n + 3, "the session still acting after the refusals")
         stop.set()
         await session
-        return live, replies, refused.value
+        return live, replies, refused.value, unreadable.value
 
-    live, replies, refused = asyncio.run(main())
+    live, replies, refused, unreadable = asyncio.run(main())
     assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT and "sha256 mismatch" in refused.details()
+    assert unreadable.code() == grpc.StatusCode.INVALID_ARGUMENT and "not a safetensors file" in unreadable.details()
     assert incoming(repo) == []
     assert sorted(p.name for p in (repo.root / "wide").iterdir()) == folders  # no version folder added
     assert all(r[0] == "action" and r[1] == live for r in replies), replies[-5:]
@@ -191,6 +197,15 @@ def _publish_with_wrong_sha256(address: str, state, probe_inputs, probe_outputs)
 
     with sync_channel(address) as channel:
         policies_pb2_grpc.PoliciesStub(channel).Publish(chunks(), timeout=180)
+
+
+def _publish_bytes(address: str, data: bytes) -> None:
+    header = policies_pb2.PublishHeader(policy="wide", format="safetensors", size=len(data),
+                                        sha256=hashlib.sha256(data).hexdigest())
+    chunks = [policies_pb2.PublishChunk(header=header)]
+    chunks += [policies_pb2.PublishChunk(data=data[i:i + (1 << 20)]) for i in range(0, len(data), 1 << 20)]
+    with sync_channel(address) as channel:
+        policies_pb2_grpc.PoliciesStub(channel).Publish(iter(chunks), timeout=180)
 
 
 # a publisher that announces 100 MiB, sends 40 and then waits to be killed
