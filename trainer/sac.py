@@ -49,13 +49,13 @@ class SACConfig:
     """SAC hyperparameters (`target_entropy` None: -action size)."""
 
     gamma: float = 0.99
-    tau: float = 0.005               # Polyak averaging of the target critics per update
-    actor_lr: float = 1e-3
-    critic_lr: float = 1e-3
-    alpha_lr: float = 1e-3
+    tau: float = 0.02                # Polyak averaging of the target critics per update
+    actor_lr: float = 3e-3
+    critic_lr: float = 3e-3
+    alpha_lr: float = 3e-3
     init_alpha: float = 0.1
     target_entropy: float | None = None
-    critic_hidden: tuple[int, ...] = (256, 256)
+    critic_hidden: tuple[int, ...] = (64, 64)
     layer_norm: bool = True          # LayerNorm in the critics (RLPD: keeps Q bounded on offline data)
     max_grad_norm: float = 10.0
 

@@ -80,7 +80,8 @@ def parser() -> argparse.ArgumentParser:
                    help="PPO: transitions per update over all ranks (0: 1024); BC: per-rank batch (0: 256)")
     p.add_argument("--epochs", type=_positive(int), default=10, help="PPO: epochs per update")
     p.add_argument("--minibatches", type=_positive(int), default=8, help="PPO: minibatches per epoch")
-    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
+    p.add_argument("--lr", type=float, default=None, help="Adam learning rate (default 1e-3; SAC: 3e-3, actor, "
+                   "critics and temperature)")
     p.add_argument("--gamma", type=float, default=0.99, help="PPO: discount")
     p.add_argument("--lam", type=float, default=0.95, help="PPO: GAE lambda")
     p.add_argument("--clip", type=float, default=0.2, help="PPO: ratio clip")
@@ -116,10 +117,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--buffer-size", type=_positive(int), default=200_000, help="SAC: rows per replay half")
     p.add_argument("--learning-starts", type=_positive(int), default=500,
                    help="SAC: rows in the replay before the first update")
-    p.add_argument("--tau", type=float, default=0.005, help="SAC: target critics' Polyak rate")
+    p.add_argument("--tau", type=float, default=0.02, help="SAC: target critics' Polyak rate per update")
     p.add_argument("--init-alpha", type=float, default=0.1, help="SAC: initial entropy temperature (then tuned "
                    "towards an entropy of -action size)")
-    p.add_argument("--critic-hidden", type=_hidden, default=(128, 128), help="SAC: hidden sizes of each Q critic")
+    p.add_argument("--critic-hidden", type=_hidden, default=(64, 64), help="SAC: hidden sizes of each Q critic")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast")
     p.add_argument("--out", default="", help="rank 0 writes the final policy weights (safetensors) here")
     p.add_argument("--summary", default="", help="rank 0 writes a JSON summary here")
@@ -224,6 +225,8 @@ def check(args: argparse.Namespace) -> argparse.Namespace:
     """Defaults that depend on --algo, and what no rank should start with (SystemExit naming the flag)."""
     if args.publish_every is None:
         args.publish_every = 250 if args.algo == "sac" else 1
+    if args.lr is None:
+        args.lr = 3e-3 if args.algo == "sac" else 1e-3
     if args.algo == "sac":
         if not args.gateway:
             raise SystemExit("tether train: --algo sac needs --gateway HOST:PORT (it learns from the stream and "
