@@ -3,7 +3,8 @@ this machine), in four parts, each a learning curve with the moments new version
 
 - pendulum: time and env steps to a return of 500 on InvertedPendulum-v5 from one vectorised session of 8 envs,
   PPO on 2 ranks, the median of `--runs` runs (target <= 20 s);
-- sac: SAC's env steps to 500 on InvertedPendulum-v5 (`tether train --algo sac`, one rank) against PPO's;
+- sac: SAC's env steps to 500 on InvertedPendulum-v5 from the same session of 8 envs (`tether train --algo sac`,
+  one rank) against PPO's;
 - cartpole: newton:cartpole, one vectorised session of 64 worlds, the return after `--cartpole-seconds`;
 - hopper: Hopper-v5, one vectorised session of `--hopper-envs` envs, the return after `--hopper-seconds`
   (target >= 1000 after 600 s);
@@ -122,8 +123,8 @@ def sac(a, tmp, out_dir, ppo: dict | None) -> dict:
     if "algo" not in {f.name for f in dataclasses.fields(DemoConfig)}:
         return {"gap": "`tether demo --train --algo sac` does not exist in this tree"}
     try:
-        run = one_run("sac", config(a, tmp, "sac", env="InvertedPendulum-v5", envs=a.sac_envs, seconds=a.sac_seconds,
-                                    stop_at_return=500.0, algo="sac"))
+        run = one_run("sac", config(a, tmp, "sac", env="InvertedPendulum-v5", envs=a.sac_envs, sessions=1,
+                                    seconds=a.sac_seconds, stop_at_return=500.0, algo="sac"))
     except Exception as exc:  # a part that fails is reported, the others still run
         return {"gap": f"SAC run failed: {type(exc).__name__}: {exc}"[:2000]}
     ppo_runs = (ppo or {}).get("runs") or []
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts of {PARTS}")
     p.add_argument("--runs", type=int, default=5, help="pendulum runs (the median is reported)")
     p.add_argument("--pendulum-seconds", type=float, default=180.0, help="limit of each pendulum run")
-    p.add_argument("--sac-envs", type=int, default=4, help="SAC: single-env sessions")
+    p.add_argument("--sac-envs", type=int, default=8, help="SAC: envs of its one vectorised session (as PPO's)")
     p.add_argument("--sac-seconds", type=float, default=240.0)
     p.add_argument("--cartpole-seconds", type=float, default=120.0)
     p.add_argument("--hopper-envs", type=int, default=64)
