@@ -91,9 +91,11 @@ def run_sac(args: argparse.Namespace) -> dict:
         rng.bit_generator.state = meta["np_rng"]
         version, parent, published, consumed = meta["version"], meta["parent"], meta["published"], meta["offset"]
         updates_done_at_publish = learner.steps
-        match = served_version_of(client.list(served.policy), learner.policy.state_dict())
+        listing = client.list(served.policy)
+        match = served_version_of(listing, learner.policy.state_dict())
         if match is not None and match.version > version:
             version, published = match.version, [*published, match.version]
+        version = max(version, listing.newest)  # a publish that finished after the checkpoint: the chain goes on
     refill_until = consumed  # transitions before it were learned from before a restart: refill only
     start = max(args.from_offset, consumed - args.buffer_size) if ckpt is not None else args.from_offset
     batch = args.batch or 256
