@@ -2,7 +2,7 @@
 transition logged -> Experience.Subscribe -> `tether train --algo sac` (one rank: replay buffer, twin critics)
 -> Policies.Publish through the gate -> new versions served -> the envs act with them. InvertedPendulum-v5 must
 reach an average return of TARGET (the last 20 episodes) within LIMIT_S; the run stops there. Measured on this 2-core
-machine at load 5-10 (2026-12-01, three runs): 500 after 51-116 s (66-98k env steps, 4.3-5.2k updates), the whole
+machine at load 5-10 (2026-12-01, four runs): 500 after 51-116 s (66-98k env steps, 4.3-5.2k updates), the whole
 test 63-145 s."""
 
 from __future__ import annotations
