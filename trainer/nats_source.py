@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import threading
 from collections.abc import Sequence
 
@@ -34,6 +33,7 @@ from bridge.experience.jetstream import STREAM, connect, ensure_stream, parse_se
 from bridge.experience.service import shard_of
 from protos import experience_pb2
 from protos.codec import Spec, transition_problem
+from trainer.inbox import Inbox
 from trainer.sources import _misfit
 
 __all__ = ["JetStreamSource"]
@@ -62,9 +62,8 @@ class JetStreamSource:
         self.redelivered = 0      # messages delivered more than once (a restarted trainer's unacknowledged ones)
         self.committed = 0        # messages acknowledged by commit()
         self._resume = 0          # the offset after the last message received
-        self._out: queue.Queue[list[tuple[experience_pb2.Transition | None, object]]] = queue.Queue()
+        self._inbox: Inbox[tuple[experience_pb2.Transition | None, object]] = Inbox()  # (usable or None, message)
         self._polled_last = None  # the last message polled (or passed over): what commit() acknowledges
-        self._pending: list[tuple[experience_pb2.Transition | None, object]] = []
         self._error: BaseException | None = None
         self._closed = threading.Event()
         self._ready = threading.Event()
@@ -85,16 +84,7 @@ class JetStreamSource:
         """This shard's usable transitions received so far (waits up to `timeout` s for the first batch)."""
         if self._error is not None:
             raise self._error
-        items, self._pending = self._pending, []
-        try:
-            if not items:
-                items = list(self._out.get(timeout=timeout) if timeout > 0 else self._out.get_nowait())
-            while max_items is None or len(items) < max_items:
-                items.extend(self._out.get_nowait())
-        except queue.Empty:
-            pass
-        if max_items is not None and len(items) > max_items:
-            items, self._pending = items[:max_items], items[max_items:]
+        items = self._inbox.take(timeout=timeout, max_items=max_items)
         if items:
             self._polled_last = items[-1][1]
         return [t for t, _ in items if t is not None]
@@ -168,7 +158,7 @@ class JetStreamSource:
                     log.info("experience consumer %s: fetch failed (%r), again", self.durable, exc)
                     await asyncio.sleep(0.2)
                     continue
-                self._out.put([(self._usable(m), m) for m in msgs])
+                self._inbox.put([(self._usable(m), m) for m in msgs])
         finally:
             await nc.close()
 

@@ -45,6 +45,7 @@ import numpy as np
 from protos import codec, experience_pb2, experience_pb2_grpc
 from protos.codec import TRANSITION_TENSORS, Spec, transition_problem
 from trainer.channel import gateway_channel
+from trainer.inbox import Inbox
 
 __all__ = ["LogDataset", "StreamError", "StreamSource", "TRANSITION_SCHEMA", "read_segment", "write_transitions"]
 
@@ -92,8 +93,7 @@ class StreamSource:
         self.log_end = 0
         self.reconnects = 0
         self.skipped = 0  # transitions received that cannot be learned from (transition_problem): never polled
-        self._out: queue.Queue[list[experience_pb2.Transition]] = queue.Queue()
-        self._pending: list[experience_pb2.Transition] = []
+        self._inbox: Inbox[experience_pb2.Transition] = Inbox()
         self._requests: queue.Queue | None = None
         self._call = None
         self._error: BaseException | None = None
@@ -113,18 +113,9 @@ class StreamSource:
         """Transitions received so far (waits up to `timeout` s for the first); [] when none came."""
         if self._error is not None:
             raise self._error
-        items, self._pending = self._pending, []
-        try:
-            if not items:
-                items = list(self._out.get(timeout=timeout) if timeout > 0 else self._out.get_nowait())
-            while max_items is None or len(items) < max_items:
-                items.extend(self._out.get_nowait())
-        except queue.Empty:
-            pass
+        items = self._inbox.take(timeout=timeout, max_items=max_items)
         if self._error is not None and not items:
             raise self._error
-        if max_items is not None and len(items) > max_items:
-            items, self._pending = items[:max_items], items[max_items:]
         return items
 
     def ack(self, through_offset: int) -> None:
@@ -177,7 +168,7 @@ class StreamSource:
                     self.log_end = batch.log_end
                     usable = [t for t in batch.transitions if self._usable(t)]
                     if usable:
-                        self._out.put(usable)
+                        self._inbox.put(usable)
                     self._resume = max(self._resume, batch.next_offset)
                     delay = self._backoff[0]
             except grpc.RpcError as e:
