@@ -1,6 +1,7 @@
 """`tether sim`: the command line of the sim client (`sim.client` drives the sessions).
 
     tether sim --gateway 127.0.0.1:50051 --env Hopper-v5 --envs 8 --seconds 10
+    tether sim --gateway 127.0.0.1:50051 --env Hopper-v5 --envs 4 --rate 50   # a robot's fixed 50 Hz control rate
     python -m sim.cli --gateway 127.0.0.1:50051 --env newton:cartpole --envs 64 --sessions 2
 
 Status lines go to stderr, the summary JSON to stdout.
@@ -18,7 +19,7 @@ from pathlib import Path
 from bridge.common.files import write_json
 from bridge.common.flags import deprecated_alias, gateway_flags, output_flags, policy_flag
 from bridge.common.kv import parse_pairs
-from sim.client import ClientTls, SessionError, SimStats, run_sessions
+from sim.client import ClientTls, SessionError, SimStats, check_rate, run_sessions
 from sim.env import Environment
 from sim.registry import is_vector, make
 from sim.vector import VectorEnvironment
@@ -39,6 +40,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seconds", type=float, help="stop after this long (default 10 s without --steps)")
     p.add_argument("--steps", type=int, help="stop after this many env steps over all sessions")
     p.add_argument("--episodes", type=int, help="stop after this many complete episodes in total")
+    p.add_argument("--rate", type=float, metavar="HZ",
+                   help="a fixed control rate: each session steps at most HZ times a second, on a deadline "
+                        "schedule (a late step is not made up in a burst); a vectorised session: HZ exchanges "
+                        "of --envs env steps. Default: as fast as the gateway answers")
     policy_flag(p)
     p.add_argument("--seed", type=int, help="env i is seeded with seed + i")
     p.add_argument("--max-episode-steps", type=int, help="truncate episodes at this many steps")
@@ -74,6 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser_.error("--tls-cert/--tls-key need --tls-ca (the CA of the gateway's certificate)")
     try:
         labels = parse_pairs(args.label, what="--label")
+        check_rate(args.rate)
     except ValueError as exc:
         parser_.error(str(exc))
 
@@ -100,6 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             policy=args.policy, on_progress=status, connect_timeout=args.connect_timeout,
             progress_every=args.status_every, labels={"env": args.env, **labels}, episodes=args.episodes,
             session_prefix=args.session_id, token=args.token, balanced=args.balanced and len(gateways) > 1,
+            rate_hz=args.rate,
             tls=ClientTls(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key) if args.tls_ca else None))
     except ValueError as e:  # a bad --env or budget: a usage error, like argparse's
         print(f"tether sim: error: {e}", file=sys.stderr)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import sys
 import time
 import uuid
@@ -40,8 +41,8 @@ from sim.env import Environment, StepType, TimeStep, zeros
 from sim.registry import VECTOR_PREFIXES  # noqa: F401 - `--env` names of vector envs; old import path
 from sim.vector import VectorEnvironment, VectorTimeStep, safe_action
 
-__all__ = ["ClientTls", "SessionError", "SimStats", "main", "run_sessions", "run_vector_sessions",
-           "vector_observation"]
+__all__ = ["ClientTls", "Pacer", "SessionError", "SimStats", "check_rate", "main", "run_sessions",
+           "run_vector_sessions", "vector_observation"]
 
 
 SimStats = ClientStats  # the counters of one run (`bridge.client.stats`)
@@ -78,12 +79,50 @@ class _Budget:
             self.left -= n
 
 
+class Pacer:
+    """A fixed control rate: `await pacer.wait()` before each step returns at most `hz` times a second.
+
+    Deadline-based, so sleeping does not drift: step k is due at start + k / hz. A step that comes late
+    goes at once, but the schedule then restarts from it, so a slow stretch is never made up in a burst
+    (at most 1 + hz * t steps in the first t seconds). `hz=None`: no pacing.
+
+        pacer = Pacer(50.0)
+        while ...:
+            await pacer.wait()  # then step the env
+    """
+
+    def __init__(self, hz: float | None):
+        self.period = None if hz is None else 1.0 / check_rate(hz)
+        self.due: float | None = None
+
+    async def wait(self) -> None:
+        if self.period is None:
+            return
+        now = time.monotonic()
+        if self.due is None or now - self.due > self.period:
+            self.due = now  # the first step, or late by more than a period: restart the schedule here
+        elif now < self.due:
+            await asyncio.sleep(self.due - now)
+        self.due += self.period
+
+
+def check_rate(hz: float | None, *, flag: str = "--rate") -> float | None:
+    """A control rate in Hz: None (as fast as possible) or a positive finite number; ValueError naming `flag`."""
+    if hz is None:
+        return None
+    if isinstance(hz, bool) or not isinstance(hz, int | float) or not math.isfinite(hz) or hz <= 0:
+        raise ValueError(f"{flag} must be a positive, finite number of steps per second (Hz), got {hz!r}")
+    return float(hz)
+
+
 async def _drive(session: Session, env: Environment, *, stats: SimStats, budget: _Budget,
-                 controller: Controller | None, episodes: int | None) -> None:
-    """One env through `session` until the budget (or its `episodes`) runs out."""
+                 controller: Controller | None, episodes: int | None, rate_hz: float | None = None) -> None:
+    """One env through `session` until the budget (or its `episodes`) runs out; at most `rate_hz` steps a second."""
     ts, step, episode, episode_return = env.reset(), 0, 0, 0.0
     fallback = zeros(env.action_spec())
+    pacer = Pacer(rate_hz)
     while True:
+        await pacer.wait()
         stop = budget.exhausted()
         if ts.step_type is StepType.FIRST and (stop or episodes == 0):
             return  # nothing of this episode was sent
@@ -153,13 +192,19 @@ def vector_observation(step: int, ts: VectorTimeStep) -> bridge_pb2.Observation:
     return obs
 
 
-async def _drive_vector(session: Session, env: VectorEnvironment, *, stats: SimStats, budget: _Budget) -> None:
+async def _drive_vector(session: Session, env: VectorEnvironment, *, stats: SimStats, budget: _Budget,
+                        rate_hz: float | None = None) -> None:
     """A whole `VectorEnvironment` on one stream: N rows per observation and per action. Budget and
-    `SimStats.steps` count env steps (N per exchange); the last step's rewards stay on the client."""
+    `SimStats.steps` count env steps (N per exchange); the last step's rewards stay on the client.
+    `rate_hz`: at most that many exchanges (of N env steps) a second."""
     n = env.num_envs
     ts, step, episode_return = env.reset(), 0, np.zeros(n)
     fallback = safe_action(env.action_spec(), n)
+    pacer = Pacer(rate_hz)
     while not budget.exhausted():
+        await pacer.wait()
+        if budget.exhausted():
+            break
         budget.claim(n)
         t0 = time.perf_counter_ns()
         msg = await session.step(vector_observation(step, ts))
@@ -198,7 +243,8 @@ async def _one_session(addresses: list[str], channels: dict, credentials: Creden
                        env: Environment | VectorEnvironment, *, index: int, session_id: str, policy: str,
                        labels: Mapping[str, str], stats: SimStats, budget: _Budget, connect_timeout: float,
                        reply_timeout: float, reconnect_s: float, controller: Controller | None,
-                       episodes: int | None, sessions: list[Session], balanced: bool = False) -> None:
+                       episodes: int | None, sessions: list[Session], balanced: bool = False,
+                       rate_hz: float | None = None) -> None:
     vector = isinstance(env, VectorEnvironment)
     hello = bridge_pb2.Hello(
         session_id=session_id, policy=policy, source=getattr(env, "source", f"sim:{type(env).__name__}"),
@@ -214,9 +260,10 @@ async def _one_session(addresses: list[str], channels: dict, credentials: Creden
         await session.open()
         stats.sessions += 1
         if vector:
-            await _drive_vector(session, env, stats=stats, budget=budget)
+            await _drive_vector(session, env, stats=stats, budget=budget, rate_hz=rate_hz)
         else:
-            await _drive(session, env, stats=stats, budget=budget, controller=controller, episodes=episodes)
+            await _drive(session, env, stats=stats, budget=budget, controller=controller, episodes=episodes,
+                         rate_hz=rate_hz)
         await session.close()
     except grpc.aio.AioRpcError as e:
         if e.code() == grpc.StatusCode.UNAVAILABLE:
@@ -239,7 +286,7 @@ async def run_sessions(target: str | Sequence[str], make_env: Callable[[int], En
                        until: Callable[[SimStats], bool] | None = None, episodes: int | None = None,
                        session_prefix: str | None = None, tls: ClientTls | None = None,
                        token: str | None = None, sessions_out: list[Session] | None = None,
-                       balanced: bool = False) -> SimStats:
+                       balanced: bool = False, rate_hz: float | None = None) -> SimStats:
     """Run `envs` sessions against the gateway at `target` (HOST:PORT, or a list of them to fail over
     across) until `seconds` or `steps` (total env steps over all sessions, exact) runs out; return their
     `SimStats`. A `VectorEnvironment` from `make_env` gets a vectorised session (see `run_vector_sessions`).
@@ -256,6 +303,8 @@ async def run_sessions(target: str | Sequence[str], make_env: Callable[[int], En
     `sessions_out`: a list that receives the `bridge.client.Session`s (their `failovers`, ...).
     `balanced`: several addresses are one gRPC channel that picks a healthy gateway by round_robin and health
     checking, for the first Hello and each failover (bridge.client.session's docstring).
+    `rate_hz`: a fixed control rate, as a robot's: each session steps at most that many times a second
+    (`Pacer`; a vectorised session: that many exchanges of N env steps). Default: as fast as replies come.
 
     Raises ConnectionError if no gateway is reachable within `connect_timeout`,
     SessionError if it rejects a session or breaks the protocol, TimeoutError if a reply takes
@@ -269,6 +318,7 @@ async def run_sessions(target: str | Sequence[str], make_env: Callable[[int], En
         raise ValueError(f"episodes must be an integer >= 1, got {episodes!r}")
     if (seconds is not None and seconds <= 0) or (steps is not None and steps < 0):
         raise ValueError(f"budget must be positive, got seconds={seconds} steps={steps}")
+    rate_hz = check_rate(rate_hz)
     addresses = [target] if isinstance(target, str) else list(target)
     credentials = tls.credentials(token) if tls is not None else Credentials(token=token)
     channels = {address: aio_channel(address, credentials, options=CHANNEL_OPTIONS) for address in addresses}
@@ -294,7 +344,7 @@ async def run_sessions(target: str | Sequence[str], make_env: Callable[[int], En
                         addresses, channels, credentials, env, index=i, session_id=f"{prefix}-{i}", policy=policy,
                         labels=labels or {}, stats=stats, budget=budget, connect_timeout=connect_timeout,
                         reply_timeout=reply_timeout, reconnect_s=reconnect_s, controller=controller,
-                        episodes=quotas[i], sessions=sessions, balanced=balanced))
+                        episodes=quotas[i], sessions=sessions, balanced=balanced, rate_hz=rate_hz))
         except BaseExceptionGroup as group:
             first = group.exceptions[0]
             if len(group.exceptions) > 1:

@@ -4,6 +4,7 @@
     tether demo --train --env newton:cartpole --envs 64          # PPO from a vectorised session
     tether demo --train --env InvertedPendulum-v5 --envs 8 --sessions 1
     tether demo --train --algo sac --envs 4                      # off-policy SAC (one rank) instead of PPO
+    tether demo --train --algo sac --envs 4 --sessions 1 --rate 25  # the sims at a robot's fixed 25 Hz
     tether triton --model-repository runs/models --init Hopper-v5
 """
 
@@ -35,6 +36,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--algo", choices=("ppo", "sac"), default="ppo", help="with --train: the learner, on-policy PPO "
                    "or off-policy SAC (`tether train --algo`)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sims (and the trainer)")
+    p.add_argument("--rate", type=float, metavar="HZ",
+                   help="a fixed control rate: each session steps at most HZ times a second, as a robot's control "
+                        "loop (`tether sim --rate`; default: as fast as the gateway answers)")
     return p
 
 
@@ -49,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = DemoConfig(env=env, envs=a.envs, sessions=a.sessions, seconds=seconds, summary=a.summary,
                             run_dir=a.run_dir, train=a.train, trainer_nproc=a.trainer_nproc, seed=a.seed,
-                            algo=a.algo)
+                            algo=a.algo, rate_hz=a.rate)
     except ValueError as exc:
         p.error(str(exc))
     try:

@@ -34,7 +34,7 @@ import sim
 from bridge.common import files as common_files
 from inference_server import ModelRepository, TritonServer
 from inference_server.server import free_port
-from sim.client import run_sessions, run_vector_sessions
+from sim.client import check_rate, run_sessions, run_vector_sessions
 from tether.stack import gateway_process, stop_process  # noqa: F401 - the process pieces; also imported from here
 from trainer.policy import GaussianPolicy, MLPPolicy
 
@@ -106,6 +106,7 @@ class DemoConfig:
     serve: str | None = None         # the policy's runtime in Triton (write_initial_policy's default when None)
     algo: str = "ppo"                # with `train`: "ppo" (torchrun, trainer_nproc ranks) or "sac" (one rank)
     trainer_args: tuple[str, ...] = ()  # more `tether train` flags, e.g. ("--seed-log", DIR, "--utd", "2")
+    rate_hz: float | None = None     # a fixed control rate: each session steps at most this often (`tether sim --rate`)
 
     def __post_init__(self):
         if self.envs < 1:
@@ -118,6 +119,7 @@ class DemoConfig:
             raise ValueError(f"--trainer-nproc must be at least 1, got {self.trainer_nproc}")
         if self.algo not in ("ppo", "sac"):
             raise ValueError(f"--algo must be ppo or sac, got {self.algo!r}")
+        check_rate(self.rate_hz)
 
     @property
     def vector(self) -> bool:
@@ -210,7 +212,8 @@ def run_demo(config: DemoConfig) -> dict:
                 print(f"sim     {config.envs} x {config.env} for {config.seconds:g} s", flush=True)
                 stats = asyncio.run(run_sessions(gw, lambda i: sim.make(config.env, seed=config.seed + i),
                                                  envs=config.envs, seconds=config.seconds, on_progress=progress,
-                                                 reconnect_s=10.0, until=_reached(config.stop_at_return)))
+                                                 reconnect_s=10.0, until=_reached(config.stop_at_return),
+                                                 rate_hz=config.rate_hz))
             else:
                 sessions = config.sessions or 1
                 print(f"sim     {sessions} vectorised session(s) x {config.envs} envs of {config.env} "
@@ -218,7 +221,8 @@ def run_demo(config: DemoConfig) -> dict:
                 stats = asyncio.run(run_vector_sessions(
                     gw, lambda i: sim.make(config.env, num_envs=config.envs, seed=config.seed + i * config.envs),
                     sessions=sessions, seconds=config.seconds, on_progress=progress,
-                    reconnect_s=10.0 if config.train else 0.0, until=_reached(config.stop_at_return)))
+                    reconnect_s=10.0 if config.train else 0.0, until=_reached(config.stop_at_return),
+                    rate_hz=config.rate_hz))
         summary = stats.summary()
         summary["envs_per_session"] = config.envs if config.vector else 1
         summary["triton_version"] = triton.version
