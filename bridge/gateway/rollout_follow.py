@@ -39,23 +39,32 @@ IN_USE_S = 10.0  # a version another gateway's sessions stepped with this recent
 def feed(router, policy: str, version: int, bucket: Bucket) -> None:
     """Another gateway's samples into the router's statistics and regression monitor (as if its sessions were
     here): every return; its steps (at most a monitor window) with their latencies cycled from the sample, the
-    errors and guard interventions on the first steps (counts kept); its shadow comparisons likewise."""
+    errors and guard interventions on the first steps (counts kept), its env steps and a person's interventions
+    spread evenly over them (counts kept); its shadow comparisons likewise."""
     monitor = router.monitor(policy)
     for value in bucket.returns:
         router.stats.episode(policy, version, episode_return=value)
         monitor.observe_episode(version, value)
     latencies, guard = bucket.latencies or [0.0], bucket.guard
     steps = min(bucket.steps, monitor.thresholds.window_steps)
+    env_total = bucket.env_steps or bucket.steps  # rows shipped before migration 5 have none: one env per step
     for i in range(steps):
         here = guard if i == steps - 1 else min(guard, 1)
         guard -= here
         latency, error = latencies[i % len(latencies)], i < bucket.errors
-        router.stats.step(policy, version, latency_s=latency, error=error, guard=here)
-        monitor.observe_step(version, latency, error, here)
+        env_steps, person = _share(env_total, i, steps), _share(bucket.interventions, i, steps)
+        router.stats.step(policy, version, latency_s=latency, error=error, guard=here, interventions=person,
+                          env_steps=env_steps)
+        monitor.observe_step(version, latency, error, here, interventions=person / env_steps if env_steps else 0.0)
     divergences = bucket.divergences or [0.0]
     for i in range(bucket.shadow_steps):
         router.stats.shadow(policy, version,
                             divergence=None if i < bucket.shadow_failed else divergences[i % len(divergences)])
+
+
+def _share(total: int, i: int, n: int) -> int:
+    """Step i's part of `total` spread over n steps (the parts add up to total)."""
+    return total * (i + 1) // n - total * i // n
 
 
 class SharedRollout:

@@ -81,7 +81,8 @@ class RolloutRouter:
         self.monitor(policy.name).observe_step(policy.version, latency_s, error, guard,
                                                interventions=interventions / env_steps if env_steps else 0.0)
         if self.tap is not None:
-            self.tap.step(policy.name, policy.version, latency_s, error, guard)
+            self.tap.step(policy.name, policy.version, latency_s, error, guard, interventions=interventions,
+                          env_steps=env_steps)
         if inputs is None or actions is None:
             return
         rollout = self.rollouts_now.get(policy.name)

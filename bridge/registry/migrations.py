@@ -110,6 +110,14 @@ CREATE TABLE monitor_samples (
     shadow_failed BIGINT NOT NULL, divergences TEXT NOT NULL);
 CREATE INDEX monitor_samples_t ON monitor_samples (t_ns);
 """),
+    # a person's interventions (edge intervention topic) among the env steps of the shipped steps
+    Migration(5, "monitor sample interventions", sqlite="""
+ALTER TABLE monitor_samples ADD COLUMN interventions INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE monitor_samples ADD COLUMN env_steps INTEGER NOT NULL DEFAULT 0;
+""", postgresql="""
+ALTER TABLE monitor_samples ADD COLUMN interventions BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE monitor_samples ADD COLUMN env_steps BIGINT NOT NULL DEFAULT 0;
+"""),
 ]
 
 

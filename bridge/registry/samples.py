@@ -38,6 +38,8 @@ class Bucket:
     shadow_steps: int = 0
     shadow_failed: int = 0
     divergences: list[float] = field(default_factory=list)
+    interventions: int = 0  # env steps a person's command acted (of env_steps)
+    env_steps: int = 0      # env steps of those steps (a vectorised session's step has N; 0: rows before migration 5)
 
 
 class SampleTap:
@@ -48,10 +50,13 @@ class SampleTap:
         self._rng = rng or random.Random(0)
         self._lock = threading.Lock()
 
-    def step(self, policy: str, version: int, latency_s: float, error: bool, guard: int) -> None:
+    def step(self, policy: str, version: int, latency_s: float, error: bool, guard: int, *, interventions: int = 0,
+             env_steps: int = 1) -> None:
         with self._lock:
             b = self._buckets.setdefault((policy, version), Bucket())
             b.steps += 1
+            b.interventions += int(interventions)
+            b.env_steps += int(env_steps)
             b.errors += bool(error)
             b.guard += int(guard)
             self._keep(b.latencies, b.steps, float(latency_s))
@@ -101,13 +106,14 @@ class SampleShipper:
             return
         now = time.time_ns()
         rows = [(self.gateway, policy, version, now, json.dumps(b.returns), b.steps, b.errors, b.guard,
-                 json.dumps(b.latencies), b.shadow_steps, b.shadow_failed, json.dumps(b.divergences))
+                 json.dumps(b.latencies), b.shadow_steps, b.shadow_failed, json.dumps(b.divergences), b.interventions,
+                 b.env_steps)
                 for (policy, version), b in buckets.items()]
         try:
             with self._connection().cursor() as cur:
                 cur.executemany("INSERT INTO monitor_samples (gateway, policy, version, t_ns, returns, steps, errors, "
-                                "guard, latencies, shadow_steps, shadow_failed, divergences) "
-                                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)", rows)
+                                "guard, latencies, shadow_steps, shadow_failed, divergences, interventions, env_steps) "
+                                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)", rows)
         except Exception:
             self.close()
             raise
@@ -120,7 +126,8 @@ class SampleShipper:
                 self._seen = conn.execute("SELECT coalesce(max(id), 0) FROM monitor_samples WHERE t_ns < %s",
                                           (time.time_ns() - int(60e9),)).fetchone()[0]
             rows = conn.execute("SELECT id, policy, version, returns, steps, errors, guard, latencies, shadow_steps, "
-                                "shadow_failed, divergences FROM monitor_samples WHERE id > %s AND gateway <> %s "
+                                "shadow_failed, divergences, interventions, env_steps FROM monitor_samples "
+                                "WHERE id > %s AND gateway <> %s "
                                 "ORDER BY id LIMIT 10000",
                                 (self._seen, self.gateway)).fetchall()
             if rows:
@@ -130,7 +137,7 @@ class SampleShipper:
             self.close()
             raise
         return [(r[1], r[2], Bucket(json.loads(r[3]), r[4], r[5], r[6], json.loads(r[7]), r[8], r[9],
-                                    json.loads(r[10]))) for r in rows]
+                                    json.loads(r[10]), r[11], r[12])) for r in rows]
 
     def forget_position(self) -> None:
         """Leadership was lost: the next `others()` starts from the newest row again."""
