@@ -113,11 +113,11 @@ class VectorSession(SessionBase):
             self.drop_pending()
             return bridge_pb2.ServerMessage(replayed=bridge_pb2.Replayed(step=obs.step))
         try:
-            batch = _Batch.check(obs, self.observation_spec, self.num_envs)
+            batch = _Batch.check(obs, self.observation_spec, self.num_envs, self.action_spec)
             actions = _decode(action.tensors, self.action_spec, self.num_envs, "action")
             log_prob = replayed_log_prob(action.log_prob, self.num_envs)
             if replay.HasField("next"):  # checked; the next message on the stream completes the step
-                _Batch.check(replay.next, self.observation_spec, self.num_envs)
+                _Batch.check(replay.next, self.observation_spec, self.num_envs, self.action_spec)
             if action.policy != self.policy.name:  # the log's lineage: only what this session's policy answered
                 raise TensorError("action.policy", f"{action.policy[:64]!r} is not this session's policy "
                                                    f"{self.policy.name!r}")
@@ -150,7 +150,7 @@ class VectorSession(SessionBase):
         if (out_of_order := self._out_of_order(obs.step)) is not None:
             return out_of_order
         try:
-            batch = _Batch.check(obs, self.observation_spec, self.num_envs)
+            batch = _Batch.check(obs, self.observation_spec, self.num_envs, self.action_spec)
         except TensorError as exc:
             return self._error(obs.step, Code.INVALID_OBSERVATION, exc.field, str(exc))
         ends = self._track_episodes(obs, batch)
@@ -218,6 +218,8 @@ class VectorSession(SessionBase):
                                          episode=int(self._episodes[i]), intervention=bool(batch.interventions[i]))
             if ended and batch.has_final:
                 row.tensors.extend(encode(name, value[i]) for name, value in following.items())
+            if batch.applied is not None:
+                row.applied_action.extend(encode(name, value[i]) for name, value in batch.applied.items())
             outcome = RewardOutcome.of_row(result, j, end_reason=reasons.get(i, "") if not last[i] else "")
             self.recorder.recorders[i].completed(row, outcome, ended=ended)
 
@@ -283,6 +285,7 @@ class _Batch:
     def __init__(self, n: int):
         self.observation: dict[str, np.ndarray] = {}
         self.final: dict[str, np.ndarray] | None = None
+        self.applied: dict[str, np.ndarray] | None = None  # what each env applied last step (a person's, say)
         self.bad = np.zeros(n, bool)
         self.errors: list[bridge_pb2.EnvError] = []
 
@@ -305,7 +308,10 @@ class _Batch:
         self.bad |= rows
 
     @classmethod
-    def check(cls, obs: bridge_pb2.Observation, specs: tuple[Spec, ...], n: int) -> _Batch:
+    def check(cls, obs: bridge_pb2.Observation, specs: tuple[Spec, ...], n: int,
+              action_specs: tuple[Spec, ...] = ()) -> _Batch:
+        """`action_specs`: what `applied_action` rows are checked against (a client reporting what each env
+        applied, e.g. a person's command on the env_interventions rows)."""
         batch = cls(n)
         batch.step_types = _per_env(obs.env_step_types, n, "env_step_types", np.int8, required=True)
         if batch.step_types.min() < FIRST or batch.step_types.max() > LAST:
@@ -317,6 +323,12 @@ class _Batch:
         batch.observation = _decode(obs.tensors, specs, n, "observation")
         if obs.final_observation:
             batch.final = _decode(obs.final_observation, specs, n, "final_observation")
+        if obs.applied_action:
+            batch.applied = _decode(obs.applied_action, action_specs, n, "applied_action")
+            for spec in action_specs:
+                if spec.dtype.kind == "f":
+                    finite = np.isfinite(batch.applied[spec.name].reshape(n, -1)).all(axis=1)
+                    batch._flag(~finite, f"applied_action.{spec.name}", "contains NaN or infinite values")
         for spec in specs:
             if spec.dtype.kind == "f":
                 finite = np.isfinite(batch.observation[spec.name].reshape(n, -1)).all(axis=1)

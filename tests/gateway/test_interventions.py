@@ -46,6 +46,8 @@ def test_interventions_are_logged_and_counted_per_version(served, tmp_path):
     log_dir = tmp_path / "experience"
     rng = np.random.default_rng(0)
 
+    vector_applied: dict[int, np.ndarray] = {}   # step -> the (N, 3) rows the vector session reported applied
+
     async def scenario():
         async with running_gateway(server.grpc_url, triton_timeout_s=60, policy="iv", model_repository=repo.root,
                                    experience_dir=log_dir) as gw, grpc.aio.insecure_channel(gw.address) as channel:
@@ -61,13 +63,20 @@ def test_interventions_are_logged_and_counted_per_version(served, tmp_path):
             vector = bridge_pb2.Hello(session_id="vec", policy="iv", source="test", num_envs=N, batched=True,
                                       observation_spec=[OBS[0].to_proto()], action_spec=[ACT[0].to_proto()])
             async with RawSession(gw.address, vector) as s:
+                acted = None
                 for t in range(3):   # step 1 reports env 2 and step 2 envs 0, 2 as a person's
                     flags = [[False] * N, [False, False, True, False], [True, False, True, False]][t]
                     rows = rng.standard_normal((N, 11), np.float32)
                     obs = bridge_pb2.Observation(step=t, env_step_types=[bridge_pb2.MID if t else bridge_pb2.FIRST] * N,
                                                  env_rewards=[1.0] * N, env_interventions=flags,
                                                  tensors=[encode("observation", rows)])
-                    assert (await _send(s, obs)).WhichOneof("kind") == "action"
+                    if acted is not None:   # what each env applied: the policy's rows, a person's where flagged
+                        applied = np.where(np.array(flags)[:, None], PERSON, acted)
+                        obs.applied_action.append(encode("action", applied.astype(np.float32)))
+                        vector_applied[t - 1] = applied
+                    reply = await _send(s, obs)
+                    assert reply.WhichOneof("kind") == "action"
+                    acted = decode(reply.action.tensors[0])
                 bad = bridge_pb2.Observation(step=3, env_step_types=[bridge_pb2.MID] * N, env_rewards=[1.0] * N,
                                              env_interventions=[True],
                                              tensors=[encode("observation", np.zeros((N, 11), np.float32))])
@@ -77,6 +86,20 @@ def test_interventions_are_logged_and_counted_per_version(served, tmp_path):
             status = await policies_pb2_grpc.PoliciesStub(channel).RolloutStatus(
                 policies_pb2.RolloutStatusRequest(policy="iv"))
             figures = gw.rollout.router.monitor("iv").summary(1)
+            odd = bridge_pb2.Hello(session_id="odd", policy="iv", source="test", num_envs=N, batched=True,
+                                   observation_spec=[OBS[0].to_proto()], action_spec=[ACT[0].to_proto()])
+            async with RawSession(gw.address, odd) as s:   # (after the figures: its steps are not in them)
+                zeros = np.zeros((N, 11), np.float32)
+                first = bridge_pb2.Observation(step=0, env_step_types=[bridge_pb2.FIRST] * N,
+                                               tensors=[encode("observation", zeros)])
+                assert (await _send(s, first)).WhichOneof("kind") == "action"
+                nan = np.zeros((N, 3), np.float32)
+                nan[1] = np.nan   # env 1 reports a non-finite applied action: that env's step fails, the others act
+                bad_row = bridge_pb2.Observation(step=1, env_step_types=[bridge_pb2.MID] * N, env_rewards=[1.0] * N,
+                                                 applied_action=[encode("action", nan)],
+                                                 tensors=[encode("observation", zeros)])
+                reply = (await _send(s, bad_row)).action
+                assert [(e.env, e.field) for e in reply.env_errors] == [(1, "applied_action.action")], reply.env_errors
         v1 = next(v for v in status.versions if v.version == 1).stats
         # one env: 11 acted steps, 3 a person's; vector: 3 steps, 3 env steps a person's of the 8 completed
         assert v1.intervention_steps == 3 + 3
@@ -98,4 +121,11 @@ def test_interventions_are_logged_and_counted_per_version(served, tmp_path):
             assert np.array_equal(applied, action)
     flagged = sorted((s, t.step) for (s, _), t in logged.items() if s.startswith("vec/") and t.intervention)
     assert flagged == [("vec/0", 1), ("vec/2", 0), ("vec/2", 1)]
+    reported = [(session, step, t) for (session, step), t in logged.items()
+                if session.startswith("vec/") and step in vector_applied]
+    assert len(reported) == 2 * N, sorted((session, step) for session, step, _ in reported)
+    for session, step, t in reported:   # each env's logged applied action is its row of what was reported
+        row = vector_applied[step][int(session.split("/")[1])]
+        assert np.array_equal(decode(t.applied_action[0]), row), (session, step)
+        assert np.array_equal(row, PERSON) == t.intervention
     print(f"\nVersionStats v1: intervention_steps {v1.intervention_steps}, rate {v1.intervention_rate:.3f}")
