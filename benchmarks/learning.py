@@ -5,17 +5,23 @@ this machine), in four parts, each a learning curve with the moments new version
   PPO on 2 ranks, the median of `--runs` runs (target <= 20 s);
 - sac: SAC's env steps to 500 on InvertedPendulum-v5 from the same session of 8 envs (`tether train --algo sac`,
   one rank) against PPO's;
+- sac_paced: the same, but the sims at a robot's fixed control rate (`tether demo --rate`): one session of
+  `--sac-paced-envs` envs at `--sac-rate` Hz (4 x 25 Hz = 100 env steps/s, near what the SAC learner updates
+  per second on this machine), so SAC runs near its intended update-to-data ratio of 1; SAC's env steps and
+  seconds to 500 and its update-to-data ratio, beside PPO's env steps from the pendulum part;
 - cartpole: newton:cartpole, one vectorised session of 64 worlds, the return after `--cartpole-seconds`;
 - hopper: Hopper-v5, one vectorised session of `--hopper-envs` envs, the return after `--hopper-seconds`
   (target >= 1000 after 600 s);
 and publish -> served (the gateway's publish: written, loaded, checked, live) median and p99 over every version
 published while training.
 
-    python benchmarks/learning.py [--runs 5] [--hopper-seconds 600] [--only pendulum,sac,cartpole,hopper]
+    python benchmarks/learning.py [--runs 5] [--hopper-seconds 600] [--only pendulum,sac,sac_paced,cartpole,hopper]
+    python benchmarks/learning.py --only sac_paced --sac-rate 25 --sac-paced-envs 4 --sac-paced-seconds 330
 
 Prints progress lines and a table; writes JSON (default benchmarks/results/learning.json; parts not run keep
 their previous figures) and SVG curves beside it: learning_seconds.svg / learning_steps.svg (pendulum runs),
-learning_sac.svg (SAC vs PPO against env steps), learning_cartpole.svg, learning_hopper.svg.
+learning_sac.svg (SAC vs PPO against env steps), learning_sac_paced.svg (SAC at a fixed rate vs PPO),
+learning_cartpole.svg, learning_hopper.svg.
 """
 
 from __future__ import annotations
@@ -36,8 +42,9 @@ from svgplot import line_plot
 
 from tether.topology import DemoConfig, run_demo, write_json
 
-PARTS = ("pendulum", "sac", "cartpole", "hopper")
+PARTS = ("pendulum", "sac", "sac_paced", "cartpole", "hopper")
 PUBLISHED = re.compile(r"policy \S+ v(\d+) published by .*?\): (\w+), ([0-9.]+) s")
+SAC_STATUS = re.compile(r"sac step (\d+) rows (\d+) .*? utd ([0-9.]+)")
 
 
 def say(line: str) -> None:
@@ -136,6 +143,42 @@ def sac(a, tmp, out_dir, ppo: dict | None) -> dict:
             "ppo_over_sac_steps": (ppo_steps / run["steps_to_500"]) if ppo_steps and run["steps_to_500"] else None}
 
 
+def sac_updates(run_dir: Path) -> dict | None:
+    """SAC's last status line in trainer.log: gradient updates, fresh rows (env steps) and their ratio."""
+    log = run_dir / "trainer.log"
+    found = SAC_STATUS.findall(log.read_text(errors="replace")) if log.exists() else []
+    if not found:
+        return None
+    updates, rows, _ = found[-1]
+    return {"updates": int(updates), "rows": int(rows), "utd": int(updates) / max(int(rows), 1)}
+
+
+def sac_paced(a, tmp, out_dir, ppo: dict | None) -> dict:
+    envs, rate = a.sac_paced_envs, a.sac_rate
+    try:
+        run = one_run("sac_paced", config(a, tmp, "sac_paced", env="InvertedPendulum-v5", envs=envs, sessions=1,
+                                          seconds=a.sac_paced_seconds, stop_at_return=500.0, algo="sac",
+                                          rate_hz=rate))
+    except Exception as exc:  # a part that fails is reported, the others still run
+        return {"gap": f"paced SAC run failed: {type(exc).__name__}: {exc}"[:2000]}
+    ppo_runs = (ppo or {}).get("runs") or []
+    series = {f"SAC, {envs} envs x {rate:g} Hz": run["curve"]}
+    if ppo_runs:
+        series["PPO (pendulum run 1, unpaced)"] = ppo_runs[0]["curve"]
+    plot(out_dir / "learning_sac_paced.svg", series, "steps", markers_from=run["curve"],
+         title=f"InvertedPendulum-v5: SAC at {envs} x {rate:g} Hz vs PPO, return against env steps")
+    updates = sac_updates(Path(run["run_dir"]))
+    best = max(run["curve"], key=lambda c: c["return"], default=None)
+    ppo_steps = (ppo or {}).get("median_steps_to_500")
+    return {"run": run, "envs": envs, "rate_hz": rate, "env_steps_per_s_target": envs * rate,
+            "steps_to_500": run["steps_to_500"], "seconds_to_500": run["seconds_to_500"],
+            "best_return": None if best is None else best["return"],
+            "best_return_steps": None if best is None else best["steps"],
+            "updates": updates, "utd": None if updates is None else updates["utd"],
+            "ppo_median_steps_to_500": ppo_steps,
+            "sac_over_ppo_steps": (run["steps_to_500"] / ppo_steps) if ppo_steps and run["steps_to_500"] else None}
+
+
 def long_run(a, tmp, out_dir, name: str, env: str, envs: int, seconds: float, target: float | None) -> dict:
     run = one_run(name, config(a, tmp, name, env=env, envs=envs, sessions=1, seconds=seconds))
     plot(out_dir / f"learning_{name}.svg", {"mean return, last 20 episodes": run["curve"]}, "seconds",
@@ -156,6 +199,13 @@ def table(result: dict) -> str:
     if s:
         rows.append(("sac", "env steps to 500 (PPO median)",
                      s["gap"] if "gap" in s else f"{s['steps_to_500']} ({s['ppo_median_steps_to_500']})", "< PPO"))
+    s = result.get("sac_paced") or {}
+    if s:
+        utd = "?" if s.get("utd") is None else f"{s['utd']:.2f}"
+        rows.append(("sac_paced", f"env steps / s to 500 at {s.get('envs')} x {s.get('rate_hz')} Hz, utd (PPO)",
+                     s["gap"] if "gap" in s else f"{s['steps_to_500']} / {s['seconds_to_500']} s, utd {utd} "
+                     f"(best {s['best_return']} at {s['best_return_steps']}) ({s['ppo_median_steps_to_500']})",
+                     "< PPO"))
     for part in ("cartpole", "hopper"):
         r = result.get(part) or {}
         if r:
@@ -177,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pendulum-seconds", type=float, default=180.0, help="limit of each pendulum run")
     p.add_argument("--sac-envs", type=int, default=8, help="SAC: envs of its one vectorised session (as PPO's)")
     p.add_argument("--sac-seconds", type=float, default=240.0)
+    p.add_argument("--sac-rate", type=float, default=25.0, help="sac_paced: the sims' control rate (Hz)")
+    p.add_argument("--sac-paced-envs", type=int, default=4, help="sac_paced: envs of its one vectorised session")
+    p.add_argument("--sac-paced-seconds", type=float, default=600.0, help="sac_paced: limit of the run")
     p.add_argument("--cartpole-seconds", type=float, default=120.0)
     p.add_argument("--hopper-envs", type=int, default=64)
     p.add_argument("--hopper-seconds", type=float, default=600.0)
@@ -195,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
         result["pendulum"] = pendulum(a, tmp, a.json.parent)
     if "sac" in parts:
         result["sac"] = sac(a, tmp, a.json.parent, result.get("pendulum"))
+    if "sac_paced" in parts:
+        result["sac_paced"] = sac_paced(a, tmp, a.json.parent, result.get("pendulum"))
     if "cartpole" in parts:
         result["cartpole"] = long_run(a, tmp, a.json.parent, "cartpole", "newton:cartpole", 64, a.cartpole_seconds,
                                       None)
