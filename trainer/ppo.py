@@ -226,8 +226,8 @@ class PPOLearner:
             adv = (adv - mean) / std
         sums = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "approx_kl": 0.0, "clip_frac": 0.0}
         counted = 0
-        for _ in range(cfg.epochs):
-            if cfg.target_kl > 0 and counted:
+        for epoch in range(cfg.epochs):
+            if cfg.target_kl > 0 and epoch:  # never on local state: a rank without data must join this collective
                 kl = dist.all_reduce_sum(torch.tensor([sums["approx_kl"], float(counted)], dtype=torch.float64))
                 if kl[0].item() / max(kl[1].item(), 1.0) > cfg.target_kl:
                     break  # the same decision on every rank: the KL is summed over all of them
