@@ -2,7 +2,9 @@
 gateway -> Triton, each env's transitions logged as `<session>/<i>` -> a 2-rank PPO trainer building per-env
 trajectories -> Policies.Publish -> new versions served -> the envs act with them. InvertedPendulum-v5 with 8 envs
 in one session must reach an average return of TARGET (the last 20 episodes) within LIMIT_S. Measured on this 2-core
-machine at load 8-9 (2026-12-01, three runs): 500 after 22-32 s at 890-1120 env steps/s, the whole test 47-62 s."""
+machine at load 8-9 (2026-12-01, three runs): 500 after 22-32 s at 890-1120 env steps/s, the whole test 47-62 s.
+This is the suite's `tether demo --train` check; PPO from single-env sessions reaching 500 is shown by
+tests/fleet/test_all_together.py (with a gateway killed on the way)."""
 
 from __future__ import annotations
 
