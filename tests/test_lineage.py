@@ -71,7 +71,7 @@ def test_bc_then_ppo_lineage_is_recorded_in_the_registry_and_survives_a_gateway_
         start = versions[b].lineage.data_offset  # PPO learns from what comes after the demonstrations
 
         ppo_cmd = train(stack.gateway, "ppo", "--from-offset", str(start), "--batch", "256", "--epochs", "2",
-                        "--minibatches", "2", "--steps", "8", "--summary", str(tmp_path / "ppo.json"))
+                        "--minibatches", "2", "--steps", "3", "--summary", str(tmp_path / "ppo.json"))
         with open(tmp_path / "ppo.log", "w") as log:
             ppo = subprocess.Popen(ppo_cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             try:  # the sims act with what is served (B, then PPO's versions) until the trainer is done
