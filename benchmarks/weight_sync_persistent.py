@@ -1,5 +1,7 @@
-"""What a persistent model instance would give weight sync (not built: measured only). New weights -> the first
-answer at exactly that version, two ways in one Triton, interleaved (same machine, same load):
+"""What a persistent model instance gives weight sync, measured before it was built (now built as
+inference_server/versions_model.py, `tether gateway --persistent-versions`; through the gateway:
+benchmarks/weight_sync.py, mode `persistent`). New weights -> the first answer at exactly that version, two ways
+in one Triton, interleaved (same machine, same load):
 
 - `stub`: what the learning loop does, a version folder (written by `ModelRepository.write_weights`: ONNX
   re-weighted), Triton `load_model` (a new python-backend stub: interpreter, numpy, onnxruntime), then the

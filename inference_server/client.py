@@ -84,9 +84,12 @@ class PolicyClient:
                               model=model, version=version, code=code)
 
     async def infer(self, model: str, version: int, inputs: Mapping[str, np.ndarray],
-                    outputs: Sequence[str]) -> dict[str, np.ndarray]:
-        """Run one batched request on `model` at exactly `version`; returns the named outputs."""
+                    outputs: Sequence[str], *, parameters: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
+        """Run one batched request on `model` at exactly `version`; returns the named outputs. `parameters`:
+        integer request parameters the model reads (inference_server.persistent: the policy version)."""
         request = service_pb2.ModelInferRequest(model_name=model, model_version=str(version))
+        for key, value in (parameters or {}).items():
+            request.parameters[key].int64_param = value
         try:
             for name, array in inputs.items():
                 array = np.ascontiguousarray(array)
@@ -167,6 +170,13 @@ class PolicyClient:
             await self._triton().load_model(model, client_timeout=timeout_s)
         except Exception as exc:
             raise self._error("load model", exc, model) from exc
+
+    async def unload_model(self, model: str, *, timeout_s: float = 60.0) -> None:
+        """Unload every version of `model` (its stubs end)."""
+        try:
+            await self._triton().unload_model(model, client_timeout=timeout_s)
+        except Exception as exc:
+            raise self._error("unload model", exc, model) from exc
 
     async def model_io(self, model: str, version: int) -> tuple[tuple[Spec, ...], tuple[Spec, ...]]:
         """The (inputs, outputs) tensor specs `model` `version` serves, without the batch dimension."""

@@ -19,6 +19,7 @@ Usage (plain text: writing a version TorchScripts the module):
     repo.retire("policy", 1)                      # out of Triton's sight (kept under root/.retired)
     repo.write_artifact("mine", 1, "onnx", data, inputs, outputs)  # an imported file, served as it is
     repo.serving_format("policy", 2)              # "torchscript" (torch) or "onnx" (onnxruntime) in Triton
+    repo.write_versions_model("policy")           # -> "policy.versions": one process serving every ONNX version
 
 Errors come early and name the bad value:
 
@@ -61,6 +62,8 @@ _TENSOR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:/-]*")
 _MODEL_PY = Path(__file__).with_name("triton_model.py")
 _WRAPPERS = {"torchscript": _MODEL_PY, "onnx": Path(__file__).with_name("onnx_model.py")}
 _ARTIFACT_JSON = "artifact.json"
+VERSIONS_SUFFIX = ".versions"  # <policy>.versions: the persistent model of a policy's versions (versions_model.py)
+_VERSIONS_MODEL = Path(__file__).with_name("versions_model.py")
 _PROBE_BATCH = 2
 
 
@@ -256,6 +259,51 @@ class ModelRepository:
             return {k: v.detach().contiguous() for k, v in torch.jit.load(str(path), map_location="cpu")
                     .state_dict().items()}
 
+    def write_versions_model(self, policy: str, *, max_sessions: int = 8) -> str:
+        """The persistent model that serves every ONNX version of `policy` from one Triton process, each version
+        opened from `root/<policy>/<N>/policy.onnx` at its first request (inference_server/versions_model.py):
+        `root/<policy>.versions/`, its config the policy's (inputs, outputs, batching) under its own name. Written
+        only when missing or different (atomically, fsynced); returns the model's name. ValueError when `policy`
+        has no ONNX version to serve this way."""
+        if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
+            raise ValueError(f"max_sessions {max_sessions!r} must be an integer >= 1")
+        name = versions_model_name(policy)
+        versions = self.versions(policy)
+        config_path = self.root / policy / "config.pbtxt"
+        if not versions or not config_path.exists():
+            raise ValueError(f"policy {policy!r} has no version in {self.root} to serve")
+        if self.serving_format(policy, versions[-1]) != "onnx":
+            raise ValueError(f"policy {policy!r} v{versions[-1]} is served by torch, not onnxruntime: only ONNX "
+                             "versions are served by a persistent model (write the policy with serve='onnx')")
+        lines = [line for line in config_path.read_text().splitlines()
+                 if not line.startswith(("name:", "version_policy"))]
+        config = "\n".join([f'name: "{name}"', *lines,
+                            f'parameters: {{ key: "policy" value: {{ string_value: "{policy}" }} }}',
+                            f'parameters: {{ key: "max_sessions" value: {{ string_value: "{max_sessions}" }} }}', ""])
+        files = {"model.py": _VERSIONS_MODEL.read_bytes(), "onnx_model.py": _WRAPPERS["onnx"].read_bytes()}
+        final = self.root / name
+        if (final / "config.pbtxt").exists() and (final / "config.pbtxt").read_text() == config and all(
+                (final / "1" / f).exists() and (final / "1" / f).read_bytes() == data for f, data in files.items()):
+            return name
+        staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=self.root))
+        try:
+            (staging / "1").mkdir()
+            for file, data in files.items():
+                (staging / "1" / file).write_bytes(data)
+                py_compile.compile(str(staging / "1" / file), doraise=True,  # no __pycache__ written by Triton
+                                   cfile=importlib.util.cache_from_source(str(staging / "1" / file)))
+            (staging / "config.pbtxt").write_text(config)
+            os.chmod(staging, 0o755)
+            if final.exists():  # a changed one: the old folder moved aside, then removed
+                old = Path(tempfile.mkdtemp(prefix=f".{name}-old-", dir=self.root))
+                os.rename(final, old / name)
+                shutil.rmtree(old, ignore_errors=True)
+            _install(staging, final)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return name
+
     def retired_versions(self, model: str) -> list[int]:
         """Versions moved out by `retire` (their numbers are never reused)."""
         folder = self.root / ".retired" / _check_model_name(model)
@@ -299,7 +347,20 @@ def check_weights(expected: Mapping[str, torch.Tensor], weights: Mapping[str, to
 def _check_model_name(model: str) -> str:
     if not isinstance(model, str) or not _NAME.fullmatch(model) or ".." in model:
         raise ValueError(f"model name {model!r} must match {_NAME.pattern}")
+    if model.endswith(VERSIONS_SUFFIX):
+        raise ValueError(f"model name {model!r} ends with {VERSIONS_SUFFIX!r}: that name is reserved for the "
+                         f"persistent model serving the versions of policy {model.removesuffix(VERSIONS_SUFFIX)!r} "
+                         "(gateway --persistent-versions); choose another name")
     return model
+
+
+def versions_model_name(policy: str) -> str:
+    """The Triton model that serves every version of `policy` from one process (`write_versions_model`).
+
+    >>> versions_model_name("pendulum")
+    'pendulum.versions'
+    """
+    return _check_model_name(policy) + VERSIONS_SUFFIX
 
 
 def _check_specs(observation_spec: tuple[Spec, ...], action_spec: tuple[Spec, ...]) -> None:

@@ -164,12 +164,14 @@ class Stack:
     more models already in `directory/models` to load. `policy`: the gateway's default policy (default:
     the first of those). `deadline_ms`: the gateway's per-step inference deadline (None: its default,
     100 ms, a robot's; a loaded CI runner stalls longer). `gateway_args`: more `tether gateway` flags
-    (`--gate-eval-env ...`). `timeout_s`: for each process to be ready.
+    (`--gate-eval-env ...`). `timeout_s`: for each process to be ready. `persistent_versions`: the default policy's
+    ONNX versions served by one persistent Triton model (`tether gateway --persistent-versions`, docs/versions.md).
     """
 
     def __init__(self, directory: Path | str, *, envs: Sequence[str] = (), models: Sequence[str] = (),
                  policy: str | None = None, secure: bool = False, deadline_ms: int | None = None,
-                 gateway_args: Sequence[str] = (), seed: int = 0, stochastic: bool = False, timeout_s: float = 120.0):
+                 gateway_args: Sequence[str] = (), seed: int = 0, stochastic: bool = False, timeout_s: float = 120.0,
+                 persistent_versions: bool = False):
         for what, value in (("envs", envs), ("models", models), ("gateway_args", gateway_args)):
             if isinstance(value, str):
                 raise TypeError(f"{what} must be a sequence, got the string {value!r}")
@@ -181,6 +183,7 @@ class Stack:
         self.envs, self.models, self.policy = tuple(envs), tuple(models), policy
         self.secure, self.deadline_ms, self.gateway_args = secure, deadline_ms, tuple(gateway_args)
         self.seed, self.stochastic = seed, stochastic
+        self.persistent_versions = persistent_versions
         self.timeout_s = timeout_s
         self.triton = None  # inference_server.TritonServer once started
         self._gateway: GatewayProcess | None = None
@@ -248,16 +251,20 @@ class Stack:
                 names = [write_initial_policy(repo, env, seed=self.seed, stochastic=self.stochastic)
                          for env in self.envs]
             names += [m for m in self.models if m not in names]
+            default = self.policy or next(iter(names), "")
+            loaded, args = list(names), ["--model-repository", str(repo.root), *self._security_args()]
+            if self.persistent_versions and default in names:  # the default policy's versions from one model
+                loaded[names.index(default)] = repo.write_versions_model(default)
+                args.append("--persistent-versions")
             main_thread = threading.current_thread() is threading.main_thread()  # PDEATHSIG follows the thread
-            self.triton = TritonServer(repo.root, models=names, log_path=self.directory / "triton.log",
+            self.triton = TritonServer(repo.root, models=loaded, log_path=self.directory / "triton.log",
                                        die_with_parent=main_thread)
             self._exit.callback(self.triton.stop)
             self.triton.start(timeout=self.timeout_s)
-            args = ["--model-repository", str(repo.root), *self._security_args()]
             if self.deadline_ms is not None:
                 args += ["--deadline-ms", str(self.deadline_ms)]
             args += self.gateway_args  # last: the caller's flags win
-            self._gateway = GatewayProcess(triton_url=self.triton.grpc_url, policy=self.policy or next(iter(names), ""),
+            self._gateway = GatewayProcess(triton_url=self.triton.grpc_url, policy=default,
                                            log_path=self.directory / "gateway.log", extra_args=args,
                                            timeout=self.timeout_s, die_with_parent=main_thread)
             self._exit.callback(self._gateway.stop)

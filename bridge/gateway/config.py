@@ -23,6 +23,7 @@ from bridge.gateway.publisher import PublishLimits
 from bridge.gateway.rollout_config import RolloutPlan
 from bridge.gateway.rollout_config import add_arguments as add_rollout_arguments
 from bridge.gateway.rollout_config import from_arguments as rollout_settings
+from inference_server.repository import VERSIONS_SUFFIX
 
 __all__ = ["GatewayConfig", "add_arguments", "from_arguments"]
 
@@ -72,6 +73,7 @@ class GatewayConfig:
     artifact_store: Path | None = None    # default: <model_repository>/.tether/artifacts
     gateway_id: str = ""             # this gateway's name in session ownership (bridge.gateway.owners); "" = HOST:PORT
     drain_grace_s: float = 0.2       # SIGTERM: NOT_SERVING this long before the streams end UNAVAILABLE (drain)
+    persistent_versions: bool = False  # ONNX versions served by one persistent model per policy (no stub per version)
 
     @property
     def triton_urls(self) -> tuple[str, ...]:
@@ -87,6 +89,12 @@ class GatewayConfig:
                              "give one (shared) or one per replica")
         if len(urls) > 1 and self.model_repository is None:
             raise ValueError("several Triton replicas need --model-repository (the versions they are given)")
+        if self.persistent_versions and (len(urls) > 1 or self.model_repository is None):
+            raise ValueError("--persistent-versions needs --model-repository (the version files it opens) and one "
+                             "Triton (replicas load a stub per version)")
+        if self.persistent_versions and self.policy.endswith(VERSIONS_SUFFIX):
+            raise ValueError(f"policy {self.policy!r}: names ending with {VERSIONS_SUFFIX!r} are reserved for the "
+                             "persistent models of --persistent-versions")
         if self.deadline_ms <= 0:
             raise ValueError(f"deadline_ms must be positive, got {self.deadline_ms}")
         if not 0 <= self.port < 65536:
@@ -157,6 +165,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="reward config of a policy (repeatable); default: the simulator's reward")
     p.add_argument("--switch", choices=("episode", "step"), default="episode",
                    help="when sessions move to a newly published version")
+    p.add_argument("--persistent-versions", action="store_true",
+                   help="serve the --policy's ONNX versions from one persistent Triton model, <policy>.versions, that "
+                        "opens each version's policy.onnx at its first request (no new stub process per version: "
+                        "publish -> served in tens of ms; docs/versions.md); needs --model-repository, one Triton")
     add_rollout_arguments(p)
     p.add_argument("--console-port", type=int, help="serve the operator console and /metrics here (0 = a free port)")
     p.add_argument("--console-host", default="127.0.0.1", help="the console's bind address (not loopback: the "
@@ -214,7 +226,8 @@ def from_arguments(a: argparse.Namespace) -> GatewayConfig:
                              rewards=_reward_configs(a.rewards), switch=a.switch, **_security_kwargs(a),
                              console_port=a.console_port, console_host=a.console_host,
                              console_allowed_hosts=tuple(a.console_allowed_host), gateway_id=a.gateway_id,
-                             drain_grace_s=a.drain_grace_s, **rollout_settings(a))
+                             drain_grace_s=a.drain_grace_s, persistent_versions=a.persistent_versions,
+                             **rollout_settings(a))
     except ValueError as exc:
         raise SystemExit(f"tether gateway: {exc}") from None
 

@@ -58,6 +58,8 @@ from bridge.security import Authorizer
 from bridge.security.tls import TlsFiles, check_exposure, is_loopback, server_credentials
 from bridge.security.tokens import TokenStore
 from inference_server import ModelRepository, PolicyClient
+from inference_server.persistent import persistent_clients
+from inference_server.repository import VERSIONS_SUFFIX
 from protos import bridge_pb2, bridge_pb2_grpc, fleet_pb2_grpc, policies_pb2_grpc
 
 __all__ = ["Gateway", "GatewayConfig", "main"]
@@ -81,6 +83,9 @@ class Gateway:
             PolicyClient(config.triton_url, timeout_s=config.deadline_ms / 1e3)
         self.control = self.replicas if self.replicas is not None else \
             PolicyClient(config.triton_url, timeout_s=60.0)  # loads, probes, metadata
+        if config.persistent_versions:  # ONNX versions: one persistent model per policy (inference_server.persistent)
+            self._client, self.control = persistent_clients(self._client, self.control,
+                                                            ModelRepository(config.model_repository))
         self.catalog = PolicyCatalog(self.control, default=config.policy)
         self.batcher = MicroBatcher(self._client, max_batch=config.max_batch,  # --max-inflight is per replica
                                     max_inflight=config.max_inflight * len(config.triton_urls))
@@ -140,6 +145,10 @@ class Gateway:
             raise ConnectionError(f"Triton at {self.config.triton_url} is not ready after "
                                   f"{self.config.triton_timeout_s:g} s: {exc}") from exc
         self.server_version = await self._client.server_version()
+        if c.persistent_versions and c.policy:
+            served = await self.control.setup(c.policy)
+            log.info("policy %s: %s", c.policy, "its versions served by the persistent model "
+                     f"{c.policy}{VERSIONS_SUFFIX}" if served else "served by torch: one Triton stub per version")
         self._server = grpc.aio.server(options=[("grpc.so_reuseport", 0),  # a taken port is an error, not shared
                                                 ("grpc.max_receive_message_length",
                                                  self.config.limits.max_message_mb << 20),

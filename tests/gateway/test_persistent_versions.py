@@ -1,0 +1,187 @@
+"""Weight sync through one persistent Triton model (`tether gateway --persistent-versions`): the learning loop's
+ONNX versions are opened by `<policy>.versions` (inference_server/versions_model.py) at their first request, no
+stub process per version. Each published version is served at exactly its trainer's weights, a wrong export is
+still refused by the gate's consistency check, and after Triton is SIGKILLed and restarted the persistent model
+serves the versions again from their files on disk."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import statistics
+import time
+
+import grpc
+import numpy as np
+import pytest
+import torch
+
+from bridge.gate.checks import SERVING_TOLERANCES
+from bridge.gateway.config import GatewayConfig
+from inference_server import ModelRepository, TritonServer
+from inference_server.repository import versions_model_name
+from inference_server.server import group_members
+from protos import policies_pb2, policies_pb2_grpc
+from tests.gateway.helpers import running_gateway
+from tests.gateway.test_weight_sync import ENV, limit_s, onnx_import, probe, trained
+from tether.topology import write_initial_policy
+from trainer.weights import PolicyClient
+from trainer.worker import probe_outputs
+
+RTOL, ATOL = SERVING_TOLERANCES["onnx"]["float32"]  # the gate's onnxruntime tolerance: |d| <= atol + rtol * |want|
+
+
+def close(got: np.ndarray, want: np.ndarray) -> bool:
+    return bool(np.all(np.abs(got - want) <= ATOL + RTOL * np.abs(want)))
+
+
+def triton(repo: ModelRepository, name: str, **ports) -> TritonServer:
+    """Triton loading only the persistent model (as `tether demo --train` starts it); not started."""
+    return TritonServer(repo.root, models=[versions_model_name(name)], log_path=repo.root.parent / "triton.log",
+                        **ports)
+
+
+@pytest.fixture
+def policy_repo(tmp_path):
+    repo = ModelRepository(tmp_path / "models")
+    name = write_initial_policy(repo, ENV, stochastic=True)  # the learning loop's policy: ONNX versions
+    repo.write_versions_model(name)
+    return repo, name
+
+
+def publish(client: PolicyClient, repo: ModelRepository, name: str, seed: int):
+    parent = repo.versions(name)[-1]
+    policy, batch = trained(repo, name, parent, seed=seed), probe(seed)
+    reply = client.publish(name, policy.state_dict(), probe_inputs={"observation": batch},
+                           probe_outputs=probe_outputs(policy, batch),
+                           lineage=policies_pb2.Lineage(parent_version=parent, trainer_step=seed, trainer="test"))
+    return reply, policy
+
+
+def test_the_reserved_name_is_refused_as_a_policy():
+    with pytest.raises(ValueError, match="reserved for the persistent models"):
+        GatewayConfig(triton_url="127.0.0.1:1", policy="p.versions", model_repository="/tmp", persistent_versions=True)
+    with pytest.raises(ValueError, match="reserved for the persistent model"):
+        ModelRepository("/tmp").versions("p.versions")
+    with pytest.raises(ValueError, match="needs --model-repository"):
+        GatewayConfig(triton_url="127.0.0.1:1", policy="p", persistent_versions=True)
+
+
+def test_each_version_is_served_at_exactly_its_weights_by_one_persistent_process(policy_repo):
+    repo, name = policy_repo
+
+    async def scenario(server):
+        async with running_gateway(server.grpc_url, policy=name, model_repository=repo.root,
+                                   persistent_versions=True) as gw:
+            published, seconds = {}, []
+            with PolicyClient(gw.address) as client:
+                for seed in range(4):
+                    started = time.monotonic()
+                    reply, policy = await asyncio.to_thread(publish, client, repo, name, seed)
+                    seconds.append(time.monotonic() - started)
+                    assert reply.max_abs_error <= ATOL, reply
+                    assert gw.rollout.rollout(name).live == reply.version
+                    published[reply.version] = policy
+            batch = probe(99)
+            kept = await gw.control.ready_versions(name)  # the versions still on disk (the others were retired)
+            assert kept and max(kept) == max(published) and set(kept) <= {1, *published}, kept
+            for version in kept:
+                if version in published:  # each version's outputs are its own trainer's, not a neighbour's
+                    got = await gw.control.infer(name, version, {"observation": batch}, ["action_mean"])
+                    want = probe_outputs(published[version], batch)["action_mean"]
+                    assert close(got["action_mean"], want), (version, np.abs(got["action_mean"] - want).max())
+            outputs = [probe_outputs(p, batch)["action_mean"] for p in published.values()]
+            assert not np.allclose(outputs[-1], outputs[-2], atol=1e-3)  # the versions do differ
+            gone = min(published)
+            if gone not in kept:  # a retired version is refused, naming it
+                with pytest.raises(Exception, match=f"version {gone} has no file"):
+                    await gw.control.infer(name, gone, {"observation": batch}, ["action_mean"])
+            return seconds
+
+    load = os.getloadavg()[0]
+    with triton(repo, name) as server:
+        seconds = asyncio.run(scenario(server))
+        # tritonserver and one python-backend stub: no process was started per version
+        assert len(group_members(server.pid)) == 2, group_members(server.pid)
+    load = max(load, os.getloadavg()[0])
+    print(f"persistent: publish -> served {[f'{s:.3f}' for s in seconds]} s (load {load:.1f})")
+    assert statistics.median(seconds[1:]) < limit_s(load), seconds
+
+
+def test_the_consistency_check_still_rejects_a_wrong_export(policy_repo):
+    repo, name = policy_repo
+
+    async def scenario(server):
+        async with running_gateway(server.grpc_url, policy=name, model_repository=repo.root,
+                                   persistent_versions=True) as gw:
+            live, parent, batch = gw.rollout.rollout(name).live, repo.versions(name)[-1], probe(10)
+            right = trained(repo, name, parent, seed=10)
+            wrong = trained(repo, name, parent, seed=10)
+            with torch.no_grad():  # one weight off by 1e-2: the mean moves by ~3e-4, 6x the ONNX tolerance
+                wrong.net[0].weight[0, 0] += 1e-2
+            refused = []
+            with PolicyClient(gw.address) as client:
+                try:
+                    await asyncio.to_thread(client.publish, name, wrong.state_dict(),
+                                            probe_inputs={"observation": batch},
+                                            probe_outputs=probe_outputs(right, batch),
+                                            lineage=policies_pb2.Lineage(parent_version=parent, trainer="test"))
+                except grpc.RpcError as exc:
+                    refused.append(exc)
+            header, data = onnx_import(repo, name, wrong, right, batch)  # an ONNX file, other weights than its outputs
+            async with grpc.aio.insecure_channel(gw.address) as channel:
+                stub = policies_pb2_grpc.PoliciesStub(channel)
+                try:
+                    await stub.Publish(iter([policies_pb2.PublishChunk(header=header),
+                                             policies_pb2.PublishChunk(data=data)]))
+                except grpc.aio.AioRpcError as exc:
+                    refused.append(exc)
+                header, data = onnx_import(repo, name, right, right, batch)  # the right one passes
+                accepted = await stub.Publish(iter([policies_pb2.PublishChunk(header=header),
+                                                    policies_pb2.PublishChunk(data=data)]))
+            return live, refused, accepted, gw.rollout.rollout(name).live
+
+    with triton(repo, name) as server:
+        live, refused, accepted, now = asyncio.run(scenario(server))
+    assert len(refused) == 2, refused
+    for exc in refused:
+        assert exc.code() == grpc.StatusCode.FAILED_PRECONDITION and "consistency" in exc.details(), exc.details()
+    assert accepted.max_abs_error <= ATOL and now == accepted.version > live
+
+
+def test_after_triton_is_killed_and_restarted_the_persistent_model_serves_the_version_from_disk(policy_repo):
+    repo, name = policy_repo
+    server = triton(repo, name)
+    server.start()
+    try:
+        async def scenario():
+            nonlocal server
+            async with running_gateway(server.grpc_url, policy=name, model_repository=repo.root,
+                                       persistent_versions=True) as gw:
+                with PolicyClient(gw.address) as client:
+                    reply, policy = await asyncio.to_thread(publish, client, repo, name, 3)
+                batch = probe(7)
+                want = probe_outputs(policy, batch)["action_mean"]
+                got = await gw.control.infer(name, reply.version, {"observation": batch}, ["action_mean"])
+                assert close(got["action_mean"], want)
+                os.killpg(server.pid, signal.SIGKILL)  # tritonserver and its stub: nothing in memory survives
+                ports = {"grpc_port": server.grpc_port, "http_port": server.http_port}
+                server.stop()
+                server = triton(repo, name, **ports)
+                await asyncio.to_thread(server.start)
+                deadline = time.monotonic() + 30
+                while True:  # the gateway's stream reconnects; the model opens the version's file again
+                    try:
+                        got = await gw.control.infer(name, reply.version, {"observation": batch}, ["action_mean"])
+                        break
+                    except Exception:
+                        if time.monotonic() > deadline:
+                            raise
+                        await asyncio.sleep(0.05)
+                assert close(got["action_mean"], want), np.abs(got["action_mean"] - want).max()
+                assert reply.version in await gw.control.ready_versions(name)
+
+        asyncio.run(scenario())
+    finally:
+        server.stop()
