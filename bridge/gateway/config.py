@@ -167,8 +167,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="when sessions move to a newly published version")
     p.add_argument("--persistent-versions", action="store_true",
                    help="serve the --policy's ONNX versions from one persistent Triton model, <policy>.versions, that "
-                        "opens each version's policy.onnx at its first request (no new stub process per version: "
-                        "publish -> served in tens of ms; docs/versions.md); needs --model-repository, one Triton")
+                        "opens each version's policy.onnx at its first request (no new stub process per version: a "
+                        "version loads in tens of ms; docs/versions.md); needs --model-repository, one Triton")
     add_rollout_arguments(p)
     p.add_argument("--console-port", type=int, help="serve the operator console and /metrics here (0 = a free port)")
     p.add_argument("--console-host", default="127.0.0.1", help="the console's bind address (not loopback: the "
