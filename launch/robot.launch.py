@@ -19,9 +19,12 @@ from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
 from launch_ros.actions import Node
 from launch_ros.substitutions import FindPackageShare
 
+from bridge.ros2.launch_signals import sigint_without_keyboard_interrupt
+
 
 def generate_launch_description():
     return LaunchDescription([
+        sigint_without_keyboard_interrupt(),     # Ctrl-C always reaches the shutdown
         DeclareLaunchArgument("gateway", default_value="127.0.0.1:50051",
                               description="gateway address HOST:PORT"),
         DeclareLaunchArgument("topic_map",

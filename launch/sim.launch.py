@@ -25,10 +25,13 @@ from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
 from launch_ros.actions import Node
 from launch_ros.substitutions import FindPackageShare
 
+from bridge.ros2.launch_signals import sigint_without_keyboard_interrupt
+
 
 def generate_launch_description():
     config = PathJoinSubstitution([FindPackageShare("tether"), "config"])
     return LaunchDescription([
+        sigint_without_keyboard_interrupt(),     # Ctrl-C always reaches the shutdown
         DeclareLaunchArgument("gateway", default_value="127.0.0.1:50051", description="gateway HOST:PORT"),
         DeclareLaunchArgument("topic_map", default_value=PathJoinSubstitution([config, "gazebo_arm.yaml"]),
                               description="topic map YAML (default: the Gazebo arm, as ros_gz_bridge publishes it)"),

@@ -221,21 +221,24 @@ def main(argv: list[str] | None = None) -> None:
     try:
         node = EdgeNode(config=config, topic_map=tmap, transport=transport, guard=guard)
         node.start()
-        print(f"edge node {a.node_name}: {type(transport).__name__} on domain {a.domain_id}, gateway {config.gateway}, "
-              f"{a.rate:g} Hz, watchdog {a.watchdog_ms:g} ms, safe action {a.safe_action}, velocity limit "
-              f"{list(guard.velocity_limit)}, chunk {a.chunk or 'off'}, session {config.session_id}, latch file "
-              f"{config.latch_file}{f' (E-STOPPED: {node.guard.estop_reason})' if node.guard.estopped else ''}, "
-              f"release tokens {config.release_tokens or 'none (local releases refused)'}", flush=True)
-        next_status = time.monotonic() + a.status_every
-        while not stop.wait(0.05) and node.running:
-            if time.monotonic() >= next_status:
-                print(node.status_line(), flush=True)
-                next_status += a.status_every
         try:
-            node.stop()
-        finally:
-            if a.summary is not None:
-                write_report(node, a.summary)
+            print(f"edge node {a.node_name}: {type(transport).__name__} on domain {a.domain_id}, gateway "
+                  f"{config.gateway}, {a.rate:g} Hz, watchdog {a.watchdog_ms:g} ms, safe action {a.safe_action}, "
+                  f"velocity limit {list(guard.velocity_limit)}, chunk {a.chunk or 'off'}, session "
+                  f"{config.session_id}, latch file {config.latch_file}"
+                  f"{f' (E-STOPPED: {node.guard.estop_reason})' if node.guard.estopped else ''}, "
+                  f"release tokens {config.release_tokens or 'none (local releases refused)'}", flush=True)
+            next_status = time.monotonic() + a.status_every
+            while not stop.wait(0.05) and node.running:
+                if time.monotonic() >= next_status:
+                    print(node.status_line(), flush=True)
+                    next_status += a.status_every
+        finally:   # a stop, the node's own end, or a print that failed (the launch reading stdout killed):
+            try:   # the node stops in order (safe action, LAST) before the transport closes under it
+                node.stop()
+            finally:
+                if a.summary is not None:
+                    write_report(node, a.summary)
         print(f"{node.status_line()}  stopped", flush=True)
     except (EdgeError, TransportError) as exc:
         raise SystemExit(f"tether edge: {exc}") from None

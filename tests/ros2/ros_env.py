@@ -12,7 +12,10 @@ why. Every process gets the test's domain id and stays on loopback:
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -74,6 +77,58 @@ def run_readme_launch(*arguments: str, domain: int, **popen) -> subprocess.Popen
     invocation, _ = readme_launch()
     return subprocess.Popen(["bash", "-c", f'{invocation} "$@"', "bash", *arguments], cwd=ROOT,
                             env=fresh_shell_env(domain), **popen)
+
+
+class LaunchOutput:
+    """What a `ros2 launch` process (started with stdout=PIPE, text=True) prints, read on a thread as
+    it comes, so the pipe never fills and blocks launch while a test waits on something else.
+
+        output = LaunchOutput(launch)
+        wait_until(lambda: "edge node " in output.text or launch.poll() is not None, ...)
+        print(f"exited {ctrl_c(launch, output, group=True):.2f} s after Ctrl-C")
+    """
+
+    def __init__(self, proc: subprocess.Popen):
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=lambda: self.lines.extend(proc.stdout), daemon=True)
+        self._thread.start()
+
+    @property
+    def text(self) -> str:
+        return "".join(list(self.lines))
+
+    def finish(self, timeout: float = 10.0) -> str:
+        """Everything, once the process has exited (the rest of the pipe read)."""
+        self._thread.join(timeout)
+        return self.text
+
+
+def ctrl_c(launch: subprocess.Popen, output: LaunchOutput, *, group: bool, timeout: float = 30.0) -> float:
+    """Ctrl-C a `ros2 launch` started with `start_new_session=True`: SIGINT to its whole process group
+    as a terminal does (`group=True`), or to launch alone as a supervisor's `kill -INT` does (launch
+    must pass it on); the seconds until it exited. Not gone within `timeout`: its group is killed,
+    its nodes with it, and the test fails with everything it printed."""
+    start = time.monotonic()
+    if group:
+        os.killpg(launch.pid, signal.SIGINT)
+    else:
+        launch.send_signal(signal.SIGINT)
+    try:
+        launch.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(launch.pid, signal.SIGKILL)
+        launch.wait()
+        raise AssertionError(f"ros2 launch had not exited {timeout:g} s after Ctrl-C; its output:\n"
+                             f"{output.finish()}") from None
+    output.finish()
+    return time.monotonic() - start
+
+
+def kill_launch(launch: subprocess.Popen) -> None:
+    """A test's last word on a launch it started with `start_new_session=True`: its group SIGKILLed, if alive."""
+    if launch.poll() is None:
+        os.killpg(launch.pid, signal.SIGKILL)
+        launch.wait()
 
 
 def ros_env(domain: int) -> dict[str, str]:

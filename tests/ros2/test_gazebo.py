@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +21,7 @@ from bridge.ros2.topic_map import GAZEBO_TOPIC_MAP, TopicMapError, load_topic_ma
 from inference_server import ModelRepository, TritonServer
 from tests.ros2.edge_support import EchoVelocity, GatewayThread, Robot, joint_specs, wait_until
 from tests.ros2.rclpy_support import EdgeProcess
-from tests.ros2.ros_env import ROOT, ROS_PYTHON, needs_launch, needs_rclpy, ros_env
+from tests.ros2.ros_env import ROOT, ROS_PYTHON, LaunchOutput, ctrl_c, kill_launch, needs_launch, needs_rclpy, ros_env
 
 TMAP = load_topic_map(GAZEBO_TOPIC_MAP)
 JOINTS = TMAP.observation[0].joints
@@ -177,7 +175,8 @@ def test_ros2_launch_sim_starts_the_bridge_from_its_config_and_the_edge(ros_doma
     """`ros2 launch tether sim.launch.py` as a Gazebo user types it, with gz_bridge_robot.py standing
     in for ros_gz_bridge's parameter_bridge (an ament package in a prefix of its own): launch_ros
     hands it the bridge config as the real one gets it (`config_file` parameter), and it bridges the
-    topics listed there; each joint's hold command arrives on its own topic; Ctrl-C stops all."""
+    topics listed there; each joint's hold command arrives on its own topic; Ctrl-C to launch alone
+    (launch passes it on) stops all, while launch relays the bridge's line per command."""
     prefix = tmp_path / "ros_gz_bridge_prefix"
     (prefix / "share/ament_index/resource_index/packages").mkdir(parents=True)
     (prefix / "share/ament_index/resource_index/packages/ros_gz_bridge").touch()
@@ -189,29 +188,30 @@ def test_ros2_launch_sim_starts_the_bridge_from_its_config_and_the_edge(ros_doma
     exe.chmod(0o755)
     env = ros_env(ros_domain)
     env["AMENT_PREFIX_PATH"] = f"{prefix}:{env['AMENT_PREFIX_PATH']}"
-    lines: list[str] = []
     launch = subprocess.Popen(
         ["ros2", "launch", "tether", "sim.launch.py", f"gateway:={gateway}", f"domain_id:={ros_domain}",
-         "transport:=rclpy", "policy:=echo6", f"topic_map:={GAZEBO_TOPIC_MAP}", f"gz_bridge_config:={GZ_BRIDGE}"],
-        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    threading.Thread(target=lambda: lines.extend(launch.stdout), daemon=True).start()
+         "transport:=rclpy", "policy:=echo6", f"topic_map:={GAZEBO_TOPIC_MAP}", f"gz_bridge_config:={GZ_BRIDGE}",
+         f"latch_file:={tmp_path / 'latch.json'}"],
+        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    output = LaunchOutput(launch)
 
     def records() -> list[dict]:
-        return [json.loads(m[1]) for line in list(lines) if (m := re.match(r"\[parameter_bridge-\d+\] (\{.*)", line))]
+        return [json.loads(m[1]) for line in list(output.lines)
+                if (m := re.match(r"\[parameter_bridge-\d+\] (\{.*)", line))]
 
     try:
         wait_until(lambda: all(any(r.get("joint") == j and r["data"] == START[j] for r in records()) for j in JOINTS)
                    or launch.poll() is not None, timeout=60, what="a hold command per joint through ros2 launch")
-        assert launch.poll() is None, "".join(lines)
-        launch.send_signal(signal.SIGINT)
-        launch.wait(timeout=30)
+        assert launch.poll() is None, output.text
+        print(f"\nros2 launch exited {ctrl_c(launch, output, group=False):.2f} s after Ctrl-C")
     finally:
-        if launch.poll() is None:
-            launch.kill()
-            launch.wait()
-    out = "".join(lines)
+        kill_launch(launch)
+    out = output.text
     assert launch.returncode == 0, out
     assert "edge node tether_edge: RclpyTransport" in out and "stopped" in out, out
+    assert "E-STOPPED" not in next(line for line in out.splitlines() if "edge node tether_edge" in line), out
+    assert "[edge-2]: process has finished cleanly" in out and "[parameter_bridge-1]: process has finished" in out, out
     qos = next(r["qos"] for r in records() if "qos" in r)
     assert qos is not None and all(q == [["RELIABLE", "VOLATILE"]] for q in qos.values()), qos
     for joint in JOINTS:          # held where the arm is: its own value on its own topic, nothing else

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import argparse
 import ast
+import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +19,16 @@ import pytest
 
 from bridge.ros2.edge import _node_parser
 from tests.ros2.edge_support import release_token, wait_until
-from tests.ros2.ros_env import ROS_PREFIX, needs_launch, readme_launch, ros_env, run_readme_launch
+from tests.ros2.ros_env import (
+    ROS_PREFIX,
+    LaunchOutput,
+    ctrl_c,
+    kill_launch,
+    needs_launch,
+    readme_launch,
+    ros_env,
+    run_readme_launch,
+)
 from tests.ros2.test_edge_estop import dead_address
 
 LAUNCH = Path(__file__).resolve().parents[2] / "launch"
@@ -135,22 +144,45 @@ def test_the_readme_launch_line_starts_the_edge_in_a_fresh_shell(ros_domain, tmp
     arguments = [f"{k}:={v}" for k, v in {**readme, **local}.items()]
     launch = run_readme_launch(*arguments, domain=ros_domain, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, start_new_session=True)
-    lines: list[str] = []
+    output = LaunchOutput(launch)
     try:
-        wait_until(lambda: (line := launch.stdout.readline()) and (lines.append(line) or "edge node " in line)
-                   or launch.poll() is not None, timeout=60, what="the launched edge node's start line")
-        assert launch.poll() is None, "".join(lines) + launch.stdout.read()
-        os.killpg(launch.pid, signal.SIGINT)             # Ctrl-C in the shell: the whole foreground group
-        out, _ = launch.communicate(timeout=30)
+        wait_until(lambda: "edge node " in output.text or launch.poll() is not None, timeout=60,
+                   what="the launched edge node's start line")
+        assert launch.poll() is None, output.finish()
+        # Ctrl-C in the shell: the whole foreground group
+        print(f"\nros2 launch exited {ctrl_c(launch, output, group=True):.2f} s after Ctrl-C")
     finally:
-        if launch.poll() is None:
-            os.killpg(launch.pid, signal.SIGKILL)
-            launch.wait()
-    out = "".join(lines) + out
-    # the edge's own exit, as launch reports it: ros2 launch itself may exit 1 when Ctrl-C lands while it is still
-    # handling its start-up events ("Task was destroyed but it is pending!" in launch_service), which is not ours
+        kill_launch(launch)
+    out = output.text
+    assert launch.returncode == 0, out
     assert "[edge-1]: process has finished cleanly" in out, out
     start = next(line for line in out.splitlines() if "edge node " in line)
     assert "edge node tether_edge_readme: RclpyTransport" in start, start
     assert f"on domain {ros_domain}" in start and "chunk 20" in start and str(tokens) in start, start
     assert "stopped" in out, out
+
+
+def test_a_node_whose_launch_is_killed_stops_in_order(ros_domain, tmp_path):
+    """`kill -9` of the launch (or the terminal) that reads the node's output: the node's next status
+    line fails (broken pipe) and it stops as on Ctrl-C, before its transport closes: the e-stop
+    latched as a stop (not as a control-loop failure, which would hold across restarts) and its
+    --summary written."""
+    latch, summary, log = tmp_path / "latch.json", tmp_path / "summary.json", tmp_path / "edge.log"
+    with log.open("w") as stderr:
+        node = subprocess.Popen(
+            [sys.executable, "-m", "bridge.ros2.edge", "--gateway", dead_address(), "--transport", "dds", "--domain-id",
+             str(ros_domain), "--status-every", "0.2", "--latch-file", str(latch), "--summary", str(summary)],
+            stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=LAUNCH.parent)
+    try:
+        wait_until(lambda: "edge node " in node.stdout.readline() or node.poll() is not None, timeout=30,
+                   what="the node's start line")
+        node.stdout.close()                                  # what a killed launch leaves the node
+        node.wait(timeout=30)
+    finally:
+        if node.poll() is None:
+            node.kill()
+            node.wait()
+    err = log.read_text()
+    assert "BrokenPipeError" in err and "e-stop latched by the node itself: it stopped" in err, err
+    assert json.loads(summary.read_text())["guard"]["estop_reason"] == "edge node tether_edge stopped"
+    assert json.loads(latch.read_text())["reason"] == "edge node tether_edge stopped"

@@ -8,8 +8,6 @@ Cyclone DDS (no rclpy needed).
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import subprocess
 import time
 
@@ -33,7 +31,7 @@ from tests.ros2.edge_support import (
     wait_until,
 )
 from tests.ros2.rclpy_support import EdgeProcess, rclpy_robot
-from tests.ros2.ros_env import needs_launch, needs_rclpy, run_readme_launch
+from tests.ros2.ros_env import LaunchOutput, ctrl_c, kill_launch, needs_launch, needs_rclpy, run_readme_launch
 from tests.ros2.test_edge_estop import dead_address
 
 TMAP = load_topic_map(DEFAULT_TOPIC_MAP)
@@ -247,17 +245,17 @@ def test_ros2_launch_runs_the_edge_and_drives_a_robot(ros_domain, gateway, tmp_p
         f"gateway:={gateway}", f"domain_id:={ros_domain}", "transport:=rclpy", "policy:=echo6",
         "node_name:=tether_edge_launched", f"latch_file:={tmp_path / 'latch.json'}", domain=ros_domain,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    output = LaunchOutput(launch)
     try:
         wait_until(lambda: sum(c["lat_ms"] is not None for c in robot.commands) >= 50 or launch.poll() is not None,
                    timeout=60, what="50 commands from the launched edge node")
-        assert launch.poll() is None, launch.stdout.read()
-        os.killpg(launch.pid, signal.SIGINT)             # Ctrl-C: the shell's foreground group
-        out, _ = launch.communicate(timeout=30)
+        assert launch.poll() is None, output.finish()
+        # Ctrl-C: the shell's foreground group
+        print(f"\nros2 launch exited {ctrl_c(launch, output, group=True):.2f} s after Ctrl-C")
     finally:
-        if launch.poll() is None:
-            os.killpg(launch.pid, signal.SIGKILL)
-            launch.wait()
+        kill_launch(launch)
         robot.close()
+    out = output.text
     assert launch.returncode == 0, out
     assert "edge node tether_edge_launched: RclpyTransport" in out and "stopped" in out, out
     codes = [round(c["data"][0] * 2000) for c in robot.commands if c["lat_ms"] is not None]
