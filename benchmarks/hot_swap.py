@@ -19,6 +19,12 @@ policy import` sends it), `big` (a 5000x5000 MLP, 25 M parameters, ~100 MB, serv
 (`--huge-swaps`: a 16000x16000 MLP, 256 M parameters, ~1 GB, written to a safetensors file and sent from
 disk with `PolicyClient.publish_file`). The sessions act with `small`, which its swaps move them to; the
 other swaps run beside them. Each swap records the gateway's resident memory growth (sampled every 5 ms).
+
+Every step keeps its Action.timing, so a late step is told apart by the hop it spent longest in (to the gateway,
+batching, Triton, back to the sim), and every swap lists when, from its first byte, its late steps and errors
+were sent. `--stub-load-nice 0` loads new versions at their stub's own priority (as before; default: 19 steps
+nicer, inference_server/triton_model.py); `--autogroup-nice -20` (root) gives this run's sessions (sims,
+gateway, Triton, publisher: each its own) the CPU a quiet machine would, on a machine shared with other work.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ import torch
 from bridge.client import Session, sync_channel
 from bridge.common.percentiles import p50_p99
 from inference_server import ModelRepository, TritonServer
+from inference_server.triton_model import LOAD_NICE_ENV
 from protos import bridge_pb2, policies_pb2, policies_pb2_grpc
 from protos.codec import decode_all, encode, encode_all
 from tether.stack import GatewayProcess
@@ -57,6 +64,14 @@ CHUNK = 1 << 20
 KINDS = ("small", "small_ort", "onnx", "big", "huge")
 LINGER_S = 0.5  # steps this long after a swap's reply still count as "during" it
 KIND = {"action": 0, "episode_end": 1, "error": 2}
+# a step row: its send time (monotonic), round trip, version, kind, session, then its Action.timing (wall clock:
+# sent, gateway received, inference start/end, gateway sent), when the sim got it, and a StepError's code
+COLUMNS = ("t0", "rtt", "version", "kind", "session", "sent", "gw_recv", "infer_start", "infer_end", "gw_send",
+           "received", "error_code")
+# where a late action's round trip went: the hop between two timing columns
+HOPS = {"to_gateway": ("sent", "gw_recv"), "batching": ("gw_recv", "infer_start"),
+        "triton": ("infer_start", "infer_end"), "gateway_after": ("infer_end", "gw_send"),
+        "to_sim": ("gw_send", "received")}
 
 
 def hopper_specs():
@@ -92,10 +107,12 @@ async def _session(address: str, index: int, period_s: float, ready: asyncio.Eve
                 step=step, t_sent_ns=time.time_ns(), step_type=int(ts.step_type), episode=episode,
                 tensors=encode_all(ts.observation), reward=ts.reward, terminated=ts.terminated,
                 applied_action=encode_all(ts.applied_action or {})))
-            rtt = time.monotonic_ns() - t0
+            rtt, received = time.monotonic_ns() - t0, time.time_ns()
             kind = msg.WhichOneof("kind")
             version = msg.action.policy_version if kind == "action" else -1
-            rows.append((t0, rtt, version, KIND.get(kind, 3), index))
+            t = msg.action.timing
+            rows.append((t0, rtt, version, KIND.get(kind, 3), index, t.t_sent_ns, t.gateway_recv_ns, t.infer_start_ns,
+                         t.infer_end_ns, t.gateway_send_ns, received, msg.error.code if kind == "error" else 0))
             step += 1
             if kind == "episode_end" or ts.last():
                 ts, episode = env.reset(), episode + 1
@@ -123,7 +140,7 @@ async def _worker(address: str, sessions: int, period_ms: float, out: Path) -> N
     await loop.run_in_executor(None, sys.stdin.readline)  # the parent says when to stop
     stop_at[0] = time.monotonic()
     await asyncio.gather(*tasks)
-    np.save(out, np.asarray(rows, dtype=np.int64).reshape(-1, 5))
+    np.save(out, np.asarray(rows, dtype=np.int64).reshape(-1, len(COLUMNS)))
 
 
 # -- publishing (this process) ------------------------------------------------------------------------------------
@@ -300,14 +317,43 @@ def perturbed(module: torch.nn.Module, seed: int) -> torch.nn.Module:
     return module
 
 
+def autogroup_nice(pids: list[int], nice: int) -> None:
+    """Each pid's autogroup (Linux's CFS shares the CPU fairly between sessions first, then by niceness within
+    one) at niceness `nice`: on a machine shared with other work, -20 (root) gives this run's sessions the
+    CPU a quiet machine would."""
+    for pid in pids:
+        try:
+            Path(f"/proc/{pid}/autogroup").write_text(str(nice))
+        except OSError as exc:
+            raise SystemExit(f"--autogroup-nice {nice}: cannot set /proc/{pid}/autogroup ({exc}; needs autogroup "
+                             "scheduling, and root for a negative value)") from None
+
+
 def stats(rows: np.ndarray, deadline_ms: float) -> dict:
     if len(rows) == 0:
         return {"steps": 0}
     ms = rows[:, 1] / 1e6
     p50, p99 = p50_p99(ms.tolist())  # nearest rank (bridge.common.percentiles)
+    errors = rows[rows[:, 3] >= KIND["error"]]
     return {"steps": int(len(rows)), "p50_ms": float(p50), "p99_ms": float(p99),
             "max_ms": float(ms.max()), "past_deadline": int((ms > deadline_ms).sum()),
-            "errors": int((rows[:, 3] >= KIND["error"]).sum())}
+            "errors": int(len(errors)),
+            "error_codes": {int(c): int((errors[:, COLUMNS.index("error_code")] == c).sum())
+                            for c in np.unique(errors[:, COLUMNS.index("error_code")])},
+            "late_actions_by_hop": late_hops(rows, deadline_ms)}
+
+
+def late_hops(rows: np.ndarray, deadline_ms: float) -> dict:
+    """For the actions answered past the deadline: how many had each hop as their longest, and each hop's
+    median ms (a late step's time is spent in the sim's process, the gateway's loop, or Triton)."""
+    late = rows[(rows[:, 1] / 1e6 > deadline_ms) & (rows[:, 3] == KIND["action"])]
+    if len(late) == 0:
+        return {}
+    col = COLUMNS.index
+    hops = np.stack([(late[:, col(b)] - late[:, col(a)]) / 1e6 for a, b in HOPS.values()], axis=1)
+    longest = hops.argmax(axis=1)
+    return {name: {"longest_in": int((longest == i).sum()), "median_ms": float(np.median(hops[:, i])),
+                   "max_ms": float(hops[:, i].max())} for i, name in enumerate(HOPS)}
 
 
 def main(argv: list[str] | None = None) -> dict | None:
@@ -321,6 +367,12 @@ def main(argv: list[str] | None = None) -> dict | None:
     p.add_argument("--onnx-swaps", type=int, default=5, help="the small MLP imported as ONNX (onnxruntime in Triton)")
     p.add_argument("--gap-s", type=float, default=1.0, help="pause between swaps")
     p.add_argument("--quiet-s", type=float, default=6.0, help="stepping without swaps, before and after")
+    p.add_argument("--stub-load-nice", type=int, default=None,
+                   help=f"how many niceness steps below its stub a new version loads ({LOAD_NICE_ENV}, default 19; "
+                        "0: at the stub's own priority, as before)")
+    p.add_argument("--autogroup-nice", type=int, default=None,
+                   help="niceness of this run's autogroups (sims, gateway, Triton, publisher): -20 shields the "
+                        "run from other work on a shared machine (root)")
     p.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "hot_swap.json")
     p.add_argument("--worker", nargs=3, metavar=("GATEWAY", "SESSIONS", "OUT"), help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -328,6 +380,9 @@ def main(argv: list[str] | None = None) -> dict | None:
         asyncio.run(_worker(a.worker[0], int(a.worker[1]), a.period_ms, Path(a.worker[2])))
         return None
     torch.set_num_threads(1)
+    load_at_start = os.getloadavg()[0]
+    if a.stub_load_nice is not None:  # Triton's stubs inherit it (inference_server.triton_env copies os.environ)
+        os.environ[LOAD_NICE_ENV] = str(a.stub_load_nice)
     run_dir = Path(tempfile.mkdtemp(prefix="tether-hot-swap-"))
     obs_spec, act_spec = hopper_specs()
     small = MLPPolicy(obs_spec[0], act_spec[0], seed=0).eval()
@@ -353,7 +408,10 @@ def main(argv: list[str] | None = None) -> dict | None:
         out = run_dir / "steps.npy"
         worker = subprocess.Popen([sys.executable, __file__, "--worker", gw, str(a.sessions), str(out),
                                    "--period-ms", str(a.period_ms)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  text=True, env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
+                                  text=True, env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])),
+                                  start_new_session=True)  # the sims are not the publisher's: their own session
+        if a.autogroup_nice is not None:
+            autogroup_nice([os.getpid(), worker.pid, gateway.pid, triton.pid], a.autogroup_nice)
         try:
             if worker.stdout.readline().strip() != "ready":
                 raise RuntimeError("the sim worker did not start; see its stderr")
@@ -399,6 +457,11 @@ def main(argv: list[str] | None = None) -> dict | None:
             worker.wait(60)
         rows = np.load(out)
         version = triton.version
+    late = rows[(rows[:, 1] / 1e6 > a.deadline_ms) | (rows[:, 3] >= KIND["error"])]
+    for s in swaps:  # when, from the swap's first byte, its late steps and errors were sent
+        mine = late[(late[:, 0] >= s["start_ns"]) & (late[:, 0] <= s["end_ns"] + int(LINGER_S * 1e9))]
+        s["late_at_s"] = [round((t - s["start_ns"]) / 1e9, 3) for t in mine[mine[:, 3] < KIND["error"], 0]]
+        s["errors_at_s"] = [round((t - s["start_ns"]) / 1e9, 3) for t in mine[mine[:, 3] >= KIND["error"], 0]]
     windows = [(s["start_ns"], s["end_ns"] + int(LINGER_S * 1e9)) for s in swaps]
     during = np.zeros(len(rows), bool)
     for start, end in windows:
@@ -410,7 +473,9 @@ def main(argv: list[str] | None = None) -> dict | None:
             first_acted[s["version"]] = (float((acted[:, 0].min() - s["start_ns"]) / 1e9) if len(acted) else None)
     result = {
         "machine": {"python": sys.version.split()[0], "platform": platform.platform(), "cpus": os.cpu_count(),
-                    "load_avg_1m": os.getloadavg()[0]},
+                    "load_avg_1m": os.getloadavg()[0], "load_avg_1m_at_start": load_at_start,
+                    "stub_load_nice": os.environ.get(LOAD_NICE_ENV, "default"),
+                    "niceness": os.getpriority(os.PRIO_PROCESS, 0), "autogroup_nice": a.autogroup_nice},
         "triton_version": version,
         "config": {k: getattr(a, k) for k in ("sessions", "period_ms", "deadline_ms", "small_swaps", "big_swaps",
                                               "huge_swaps", "onnx_swaps", "gap_s", "quiet_s")},
@@ -470,6 +535,11 @@ def print_table(r: dict) -> None:
         if s["steps"]:
             print(f"{name:<16}{s['steps']:>8}{s['p50_ms']:>9.2f}{s['p99_ms']:>9.2f}"
                   f"{s['max_ms']:>9.2f}{s['past_deadline']:>8}{s['errors']:>8}")
+    print("\nlate actions, the hop each spent longest in (" + ", ".join(HOPS) + "):")
+    for name, s in phases.items():
+        if s.get("late_actions_by_hop"):
+            print(f"{name:<16}" + "  ".join(f"{hop} {v['longest_in']} (median {v['median_ms']:.0f} ms)"
+                                            for hop, v in s["late_actions_by_hop"].items() if v["longest_in"]))
     costs = r["receive_costs_big"]
     print(f"\non receipt of {costs['mb']:.0f} MB: " + ", ".join(f"{k} {v['cpu_s']:.2f} CPU-s" for k, v in
                                                           costs["steps"].items()))

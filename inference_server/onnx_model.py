@@ -6,19 +6,52 @@ onnxruntime on the CPU, one thread, in its own stub process per version.
 `policy.onnx`. Like triton_model.py, every `execute` concatenates the requests dynamic batching
 handed it into one batch (or runs row by row when the graph's batch dimension is fixed at 1) and
 splits the outputs back. `triton_python_backend_utils` and onnxruntime are imported lazily, so
-this module stays importable outside Triton.
+this module stays importable outside Triton. Like triton_model.py, loading (the import, the
+session, the warm-up) runs in a thread `TETHER_LOAD_NICE` (default 19) niceness steps below the stub's.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+LOAD_NICE_ENV = "TETHER_LOAD_NICE"
+
+
+def at_low_priority(load: Callable[[], Any], *, nice: int) -> Any:
+    """triton_model.at_low_priority, the same text (this file is copied alone into a version folder)."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            me = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, me, min(19, os.getpriority(os.PRIO_PROCESS, me) + nice))
+            outcome["value"] = load()
+        except BaseException as exc:  # raised in the caller's thread below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, name="tether-load", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
+        nice = os.environ.get(LOAD_NICE_ENV, "19")
+        if not nice.isdigit() or int(nice) > 19:
+            raise ValueError(f"{LOAD_NICE_ENV} must be a niceness increment from 0 to 19, got {nice!r}")
+        at_low_priority(lambda: self._load(args), nice=int(nice))
+
+    def _load(self, args: dict) -> None:
         import onnxruntime as ort
         import triton_python_backend_utils as pb_utils
 
@@ -38,6 +71,8 @@ class TritonPythonModel:
         for batch in (1, 1, max(1, int(config.get("max_batch_size", 1)))):  # warm up while loading
             self._run({name: np.zeros((batch, *(max(1, int(d)) for d in spec["dims"])), dtype)
                        for (name, dtype), spec in zip(self._inputs, config["input"], strict=True)})
+        pb_utils.Logger.log_info(f"tether: {args['model_name']} version {args['model_version']} loaded at niceness "
+                                 f"{os.getpriority(os.PRIO_PROCESS, threading.get_native_id())}")
 
     def _run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
         names = [name for name, _ in self._outputs]

@@ -5,19 +5,62 @@
 imports `triton_python_backend_utils` lazily: this module stays importable (and doctest-
 collectable) outside Triton. Every `execute` call concatenates the requests that dynamic
 batching handed it into one batch, runs the policy once and splits the outputs back.
+
+Loading (importing torch, reading the version, the warm-up: seconds of CPU for a large
+version) runs in a thread `TETHER_LOAD_NICE` (default 19) niceness steps below the stub's own
+priority (Linux nices threads, not processes), so the stubs already serving other sessions keep
+the CPU; `execute` runs on the stub's own thread at its priority:
+
+    >>> at_low_priority(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()), nice=19)
+    19
 """
 
 from __future__ import annotations
 
 import json
+import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-import torch
+
+LOAD_NICE_ENV = "TETHER_LOAD_NICE"
+torch: Any = None  # imported by the loading thread (initialize)
+
+
+def at_low_priority(load: Callable[[], Any], *, nice: int) -> Any:
+    """`load()` run in a thread of its own, `nice` steps below the caller's priority (os.nice's increment,
+    niceness at most 19); its result or error."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            me = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, me, min(19, os.getpriority(os.PRIO_PROCESS, me) + nice))
+            outcome["value"] = load()
+        except BaseException as exc:  # raised in the caller's thread below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, name="tether-load", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
+        nice = os.environ.get(LOAD_NICE_ENV, "19")
+        if not nice.isdigit() or int(nice) > 19:
+            raise ValueError(f"{LOAD_NICE_ENV} must be a niceness increment from 0 to 19, got {nice!r}")
+        at_low_priority(lambda: self._load(args), nice=int(nice))
+
+    def _load(self, args: dict) -> None:
+        global torch
+        import torch
         import triton_python_backend_utils as pb_utils
 
         self._pb = pb_utils
@@ -34,6 +77,8 @@ class TritonPythonModel:
                 raise ValueError(f"weight {name!r} has non-finite values: version {args['model_version']} "
                                  "is not served")
         self._warm_up(config, pb_utils)
+        pb_utils.Logger.log_info(f"tether: {args['model_name']} version {args['model_version']} loaded at niceness "
+                                 f"{os.getpriority(os.PRIO_PROCESS, threading.get_native_id())}")
 
     def _warm_up(self, config: dict, pb_utils) -> None:
         """TorchScript optimises a module during its first calls (tens of ms each): pay for that

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
+import os
 import signal
 import subprocess
 import sys
@@ -82,6 +84,19 @@ def rss_kib(pid: int, field: str = "VmRSS") -> int:
     raise AssertionError(f"no {field} in /proc/{pid}/status")
 
 
+def stub_pid(folder: Path) -> int:
+    """The Triton python-backend stub serving the version in `folder` (its serving thread is the process's own)."""
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                args = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:  # exited meanwhile
+                continue
+            if str(folder / "model.py").encode() in args:
+                return int(proc.name)
+    raise AssertionError(f"no stub serves {folder}")
+
+
 def incoming(repo: ModelRepository) -> list[str]:
     folder = repo.root / ".incoming"
     return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
@@ -118,6 +133,13 @@ def test_a_large_version_goes_live_while_sessions_act_without_a_step_error_and_s
         during = [len(r) - b for r, b in zip(replies, before, strict=True)]
         await until(lambda: all(r[-1][1] == reply.version for r in replies), "both sessions acting with the new "
                     "version", timeout_s=30)
+        # the new stub loaded in a thread at niceness 19 (leaving the CPU to the stubs serving the sessions) and
+        # serves on its own thread at the niceness it was started with (inference_server/triton_model.py)
+        log = repo.root.parent / "triton.log"  # the fixture's log_path
+        await until(lambda: "tether: wide version 2 loaded at niceness 19" in log.read_text(), "the stub's "
+                    "loaded line in Triton's log", timeout_s=10)
+        assert os.getpriority(os.PRIO_PROCESS, stub_pid(repo.root / "wide" / "2")) == os.getpriority(
+            os.PRIO_PROCESS, 0), "the stub serving version 2 does not run at the niceness it was started with"
         stop.set()
         await asyncio.gather(*sessions)
         return reply, replies, during, max(peak) - peak[0]
@@ -225,3 +247,21 @@ channel = grpc.insecure_channel(sys.argv[1])
 policies_pb2_grpc.PoliciesStub(channel).Publish(chunks())
 """
 
+
+
+def test_a_stub_loads_in_a_thread_at_niceness_19_and_its_errors_reach_initialize():
+    from inference_server import onnx_model, triton_model
+
+    def own_niceness() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    caller = own_niceness()
+    for wrapper in (triton_model, onnx_model):
+        assert wrapper.at_low_priority(own_niceness, nice=19) == 19
+        assert wrapper.at_low_priority(own_niceness, nice=0) == caller  # never raised above the caller's
+        assert own_niceness() == caller, "the calling (serving) thread's niceness changed"
+        with pytest.raises(FileNotFoundError, match="policy.pt"):
+            wrapper.at_low_priority(lambda: Path("/nonexistent/policy.pt").read_bytes(), nice=19)
+    # each file is copied alone into a version folder: the one helper, written twice, must not drift apart
+    body = [inspect.getsource(w.at_low_priority).split('"""')[2] for w in (triton_model, onnx_model)]
+    assert body[0] == body[1]
