@@ -1,8 +1,8 @@
 """A large version (~100 MB) published to a gateway process while sessions act on the same policy at a fixed
 rate: the swap costs them no step error, the gateway streams the bytes to disk (its peak memory grows far less
 than the version's size), and a publish cut off mid-stream, with a wrong sha256 or of bytes that are not
-safetensors leaves no file behind while the live version keeps serving. Real tritonserver, gateway process,
-gRPC over loopback."""
+safetensors leaves no file behind while the live version keeps serving; the new Triton stub loads the version in a
+thread at niceness 19 and serves at its own. Real tritonserver, gateway process, gRPC over loopback."""
 
 from __future__ import annotations
 
