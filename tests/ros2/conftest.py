@@ -1,4 +1,5 @@
-"""Every test here gets its own DDS domain, pinned to loopback before any participant exists."""
+"""Every test here gets its own DDS domain, pinned to loopback before any participant exists; `robot`
+is the edge tests' robot process on it (tests/ros2/edge_robot.py, the default topic map's joints)."""
 
 from __future__ import annotations
 
@@ -21,3 +22,15 @@ def ros_domain(monkeypatch) -> int:
     monkeypatch.setenv("CYCLONEDDS_URI", loopback_config(domain))
     monkeypatch.setenv("ROS_DOMAIN_ID", str(domain))
     return domain
+
+
+@pytest.fixture
+def robot(ros_domain):
+    """The Cyclone DDS robot (edge_support.Robot) with the default topic map's joints, ready; closed after the test."""
+    from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, load_topic_map
+    from tests.ros2.edge_support import Robot  # torch and the gateway: only for the tests that use it
+
+    robot = Robot(ros_domain, load_topic_map(DEFAULT_TOPIC_MAP).observation[0].joints)
+    robot.wait_ready()
+    yield robot
+    robot.close()

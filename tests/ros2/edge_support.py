@@ -158,6 +158,14 @@ class Robot:
         assert self.proc.returncode == 0, self.proc.stderr.read()
 
 
+def const(robot: Robot, value: float, *, timeout: float = 10.0) -> dict:
+    """Make the echo policy's action `value` everywhere (the robot's velocities); the first command carrying it."""
+    t = time.monotonic()
+    robot.send(f"const {value}")
+    return robot.wait_for(lambda d: np.allclose(d, value, atol=1e-6), after=t, timeout=timeout,
+                          what=f"a command of {value}")
+
+
 class FastDdsRobot:
     """The C++ robot on Fast DDS 2.9 (tests/peers/fastdds_peer, interop mode) as a process: JointStates
     at `hz` (joints shoulder, elbow, wrist; position [0.5, -1.25, 0.001 * i]), and every command it

@@ -34,7 +34,7 @@ from tests.ros2.edge_support import (
     EchoPosition,
     EchoVelocity,
     GatewayThread,
-    Robot,
+    const,
     joint_specs,
     release_token,
     running_edge,
@@ -45,7 +45,6 @@ from tests.ros2.ros_env import needs_rclpy
 from tether.topology import stop_process
 
 TMAP = load_topic_map(DEFAULT_TOPIC_MAP)
-JOINTS = TMAP.observation[0].joints
 HIGH = np.array(TMAP.action_specs()[0].high)
 LOW = np.array(TMAP.action_specs()[0].low)
 DEADLINE_S = 0.05
@@ -76,14 +75,6 @@ def gateway(triton):
 
 
 @pytest.fixture
-def robot(ros_domain):
-    robot = Robot(ros_domain, JOINTS)
-    robot.wait_ready()
-    yield robot
-    robot.close()
-
-
-@pytest.fixture
 def gateway_log(monkeypatch):
     """Every observation the gateway's sessions handle: (session id, Observation)."""
     seen: list[tuple[str, bridge_pb2.Observation]] = []
@@ -95,14 +86,6 @@ def gateway_log(monkeypatch):
 
     monkeypatch.setattr(gateway_session.Session, "handle", spy)
     return seen
-
-
-def const(robot: Robot, value: float, *, timeout: float = 10.0) -> dict:
-    """Make the policy's action `value` everywhere; the first command carrying it."""
-    t = time.monotonic()
-    robot.send(f"const {value}")
-    return robot.wait_for(lambda d: np.allclose(d, value, atol=1e-6), after=t, timeout=timeout,
-                          what=f"a command of {value}")
 
 
 def test_commands_arrive_in_order_with_bounded_latency(ros_domain, robot, gateway, gateway_log):

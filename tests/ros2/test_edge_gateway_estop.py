@@ -18,7 +18,7 @@ from protos import fleet_pb2, fleet_pb2_grpc
 from tests.ros2.edge_support import (
     EchoVelocity,
     GatewayThread,
-    Robot,
+    const,
     joint_specs,
     release_token,
     running_edge,
@@ -26,7 +26,6 @@ from tests.ros2.edge_support import (
 )
 
 TMAP = load_topic_map(DEFAULT_TOPIC_MAP)
-JOINTS = TMAP.observation[0].joints
 
 
 @pytest.fixture(scope="module")
@@ -38,21 +37,6 @@ def gateway(tmp_path_factory):
         address = gw.start()
         yield address
         gw.close()
-
-
-@pytest.fixture
-def robot(ros_domain):
-    robot = Robot(ros_domain, JOINTS)
-    robot.wait_ready()
-    yield robot
-    robot.close()
-
-
-def const(robot: Robot, value: float, *, timeout: float = 10.0) -> dict:
-    t = time.monotonic()
-    robot.send(f"const {value}")
-    return robot.wait_for(lambda d: np.allclose(d, value, atol=1e-6), after=t, timeout=timeout,
-                          what=f"a command of {value}")
 
 
 def test_gateway_estop_latches_the_edge_guard_until_the_gateway_releases(ros_domain, robot, gateway):

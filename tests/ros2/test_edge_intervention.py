@@ -27,7 +27,7 @@ from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, parse_topic_map
 from bridge.ros2.transport import wait_for_subscribers
 from inference_server import ModelRepository, TritonServer
 from protos.codec import decode
-from tests.ros2.edge_support import EchoVelocity, GatewayThread, Robot, joint_specs, running_edge, wait_until
+from tests.ros2.edge_support import EchoVelocity, GatewayThread, joint_specs, running_edge, wait_until
 from tests.ros2.ros_env import ROOT, ROS_PYTHON, needs_rclpy, ros_env
 
 TELEOP = "/teleop/commands"
@@ -53,14 +53,6 @@ def triton(tmp_path_factory):
     repo.write_version("echo6", 1, EchoVelocity(), *joint_specs(6))
     with TritonServer(repo.root, models=["echo6"], log_path=repo.root.parent / "triton.log") as server:
         yield server
-
-
-@pytest.fixture
-def robot(ros_domain):
-    robot = Robot(ros_domain, JOINTS)
-    robot.wait_ready()
-    yield robot
-    robot.close()
 
 
 class Teleop:
