@@ -4,16 +4,20 @@ a probe batch and the trainer's reference outputs, through the gateway's whole p
 version folder written, Triton load_model, READY, the probe served at exactly the new version, live).
 
     python benchmarks/weight_sync.py [--publishes 8 --envs InvertedPendulum-v5 Hopper-v5 --write-versions 20
-                                      --train-seconds 60 --json benchmarks/results/weight_sync.json]
+                                      --train-seconds 60 --train-modes torchscript onnx persistent
+                                      --json benchmarks/results/weight_sync.json]
 
-Runtimes: `torchscript` (each version a Triton python-backend stub that imports torch) and `onnx` (the same
-architecture in ONNX, served by onnxruntime: the stub does not import torch). Part 0 (`--write-versions`) times
-what the gateway does to a new onnxruntime version's file (its parent's graph re-weighted) against exporting it
-again. Part 1 publishes `--publishes` versions of each (env, runtime) into one Triton and gateway (quiet: no
-sessions), timing each publish at the client (first byte to reply) and recording the consistency check's max abs
-error. Part 2 (`--train-seconds` > 0) runs `tether demo --train` on InvertedPendulum-v5 (8 single-env sessions,
-PPO with 2 ranks) for that long with each runtime and reads the trainer's log: each publish's seconds as the
-gateway reported them, and the policy lag of every PPO batch (versions behind the newest, mean per batch).
+Runtimes: `torchscript` (each version a Triton python-backend stub that imports torch), `onnx` (the same
+architecture in ONNX, served by onnxruntime: each version still a stub, which does not import torch) and
+`persistent` (the ONNX versions opened by one persistent python-backend model, `<policy>.versions`, at their first
+request: no process per version; `tether gateway --persistent-versions`). Part 0 (`--write-versions`) times what the
+gateway does to a new onnxruntime version's file (its parent's graph re-weighted) against exporting it again. Part 1
+publishes `--publishes` versions of each (env, runtime) (quiet: no sessions; the stub runtimes into one Triton and
+gateway, `persistent` into a gateway of its own per env), timing each publish at the client (first byte to reply)
+and recording the consistency check's max abs error. Part 2 (`--train-seconds` > 0) runs `tether demo --train` on
+InvertedPendulum-v5 (8 single-env sessions, PPO with 2 ranks) for that long with each of `--train-modes` and reads
+the trainer's log: each publish's seconds as the gateway reported them, and the policy lag of every PPO batch
+(versions behind the newest, mean per batch).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from trainer.weights import PolicyClient
 from trainer.worker import probe_outputs
 
 RUNTIMES = ("torchscript", "onnx")
+MODES = (*RUNTIMES, "persistent")  # persistent: onnx versions opened by one persistent model (--persistent-versions)
 PUBLISHED = re.compile(r"published \S+ v(\d+) .*?, ([0-9.]+) s, max error ([0-9.e+-]+)\)")
 LAG = re.compile(r"ppo it \d+ .* lag ([0-9.]+)v \(max (\d+)\)")
 SERVED_BY = re.compile(r"policy \S+ v(\d+) served by \w+: (.*)$", re.MULTILINE)
@@ -123,24 +128,40 @@ def quiet(envs: list[str], publishes: int, directory: Path) -> dict:
                                GaussianPolicy.output_specs(act[0]), serve=runtime)
             models[name] = (env_id, runtime, obs, act)
     results = {}
+
+    def measure(client: PolicyClient, log_path: Path, name: str, env_id: str, runtime: str, obs, act) -> None:
+        rows = publish_loop(client, name, obs, act, publishes)
+        results[f"{name}_persistent" if runtime == "persistent" else name] = {
+            "env": env_id, "runtime": runtime, "publishes": rows, **summary([r["publish_to_served_s"] for r in rows]),
+            "max_abs_error": max(r["max_abs_error"] for r in rows),
+            "phases": phases(log_path.read_text(), name=name, versions={r["version"] for r in rows})}
+        r = results[f"{name}_persistent" if runtime == "persistent" else name]
+        print(f"  {env_id:<20} {runtime:<12} publish -> served median {r['median_s']:.3f} s, p99 {r['p99_s']:.3f} s, "
+              f"max abs error {r['max_abs_error']:.2e}", flush=True)
+
     with Stack(directory, models=list(models), deadline_ms=2000) as stack, PolicyClient(stack.gateway) as client:
         for name, (env_id, runtime, obs, act) in models.items():
-            rows = publish_loop(client, name, obs, act, publishes)
-            log = (directory / "gateway.log").read_text()
-            results[name] = {"env": env_id, "runtime": runtime, "publishes": rows,
-                             **summary([r["publish_to_served_s"] for r in rows]),
-                             "max_abs_error": max(r["max_abs_error"] for r in rows),
-                             "phases": phases(log, name=name, versions={r["version"] for r in rows})}
-            print(f"  {env_id:<20} {runtime:<12} publish -> served median {results[name]['median_s']:.3f} s, "
-                  f"p99 {results[name]['p99_s']:.3f} s, max abs error {results[name]['max_abs_error']:.2e}",
-                  flush=True)
+            measure(client, directory / "gateway.log", name, env_id, runtime, obs, act)
+    for env_id in envs:  # a gateway whose default policy's versions are opened by one persistent model
+        obs, act = specs(env_id)
+        name, run_dir = f"{policy_name(env_id)}_onnx", directory / f"persistent_{policy_name(env_id)}"
+        (run_dir / "models").mkdir(parents=True)
+        repo = ModelRepository(run_dir / "models")
+        repo.write_version(name, 1, GaussianPolicy(obs[0], act[0], seed=0, log_std_init=0.0), obs,
+                           GaussianPolicy.output_specs(act[0]), serve="onnx")
+        with Stack(run_dir, models=[name], deadline_ms=2000, persistent_versions=True) as stack, \
+                PolicyClient(stack.gateway) as client:
+            measure(client, run_dir / "gateway.log", name, env_id, "persistent", obs, act)
     return results
 
 
 def training(runtime: str, seconds: float, directory: Path) -> dict:
+    """`runtime`: one of MODES (torchscript and onnx: a Triton stub per version; persistent: onnx versions opened by
+    one persistent model)."""
     run_dir = directory / f"train_{runtime}"
     config = DemoConfig(env="InvertedPendulum-v5", envs=8, train=True, seconds=seconds, run_dir=run_dir,
-                        serve=runtime)
+                        serve="onnx" if runtime == "persistent" else runtime,
+                        persistent_versions=runtime == "persistent")
     demo = run_demo(config)
     log = (run_dir / "trainer.log").read_text()
     published = [(int(v), float(s), float(e)) for v, s, e in PUBLISHED.findall(log)]
@@ -151,6 +172,7 @@ def training(runtime: str, seconds: float, directory: Path) -> dict:
             "batches": len(lags), "lag_versions_mean": float(np.mean([m for m, _ in lags])) if lags else None,
             "lag_versions_max": max((m for _, m in lags), default=None),
             "recent_return": demo.get("recent_return"), "seconds_to_500": demo.get("seconds_to_500"),
+            "session_errors": demo.get("errors"), "rtt_ms": demo.get("rtt_ms"),
             "publish_s": [s for _, s, _ in published],
             "phases": phases((run_dir / "gateway.log").read_text(), name=None, versions={v for v, _, _ in published})}
 
@@ -188,6 +210,9 @@ def main(argv: list[str] | None = None) -> dict:
                    help="also train InvertedPendulum-v5 this long per runtime (0: skip)")
     p.add_argument("--write-versions", type=int, default=20,
                    help="versions whose ONNX file is exported and re-weighted, interleaved (0: skip)")
+    p.add_argument("--train-modes", nargs="+", choices=MODES, default=list(MODES),
+                   help="how versions are served while training (torchscript, onnx: a stub per version; "
+                        "persistent: one persistent model)")
     p.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "weight_sync.json")
     a = p.parse_args(argv)
     if a.publishes < 1:
@@ -195,7 +220,7 @@ def main(argv: list[str] | None = None) -> dict:
     result: dict = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
                                 "load_avg_1m": os.getloadavg()[0]},
                     "config": {"publishes": a.publishes, "envs": a.envs, "train_seconds": a.train_seconds,
-                               "write_versions": a.write_versions}}
+                               "write_versions": a.write_versions, "train_modes": a.train_modes}}
     if a.write_versions > 0:
         print("write: a version's ONNX file, exported or re-weighted", flush=True)
         result["write"] = write_cost(a.envs, a.write_versions)
@@ -204,7 +229,8 @@ def main(argv: list[str] | None = None) -> dict:
         result["quiet"] = quiet(a.envs, a.publishes, Path(tmp) / "quiet")
         if a.train_seconds > 0:
             result["training"] = {}
-            for runtime in RUNTIMES:
+            for runtime in a.train_modes:
+                result["machine"][f"load_avg_1m_before_{runtime}"] = os.getloadavg()[0]
                 print(f"training InvertedPendulum-v5 for {a.train_seconds:g} s, versions served by {runtime}",
                       flush=True)
                 result["training"][runtime] = training(runtime, a.train_seconds, Path(tmp))

@@ -165,13 +165,14 @@ class Stack:
     the first of those). `deadline_ms`: the gateway's per-step inference deadline (None: its default,
     100 ms, a robot's; a loaded CI runner stalls longer). `gateway_args`: more `tether gateway` flags
     (`--gate-eval-env ...`). `timeout_s`: for each process to be ready. `persistent_versions`: the default policy's
-    ONNX versions served by one persistent Triton model (`tether gateway --persistent-versions`, docs/versions.md).
+    ONNX versions served by one persistent Triton model (`tether gateway --persistent-versions`, docs/versions.md);
+    None: on for a `stochastic` env policy (the learning loop's, served by onnxruntime).
     """
 
     def __init__(self, directory: Path | str, *, envs: Sequence[str] = (), models: Sequence[str] = (),
                  policy: str | None = None, secure: bool = False, deadline_ms: int | None = None,
                  gateway_args: Sequence[str] = (), seed: int = 0, stochastic: bool = False, timeout_s: float = 120.0,
-                 persistent_versions: bool = False):
+                 persistent_versions: bool | None = None):
         for what, value in (("envs", envs), ("models", models), ("gateway_args", gateway_args)):
             if isinstance(value, str):
                 raise TypeError(f"{what} must be a sequence, got the string {value!r}")
@@ -253,7 +254,11 @@ class Stack:
             names += [m for m in self.models if m not in names]
             default = self.policy or next(iter(names), "")
             loaded, args = list(names), ["--model-repository", str(repo.root), *self._security_args()]
-            if self.persistent_versions and default in names:  # the default policy's versions from one model
+            persistent = self.persistent_versions
+            if persistent is None:  # the learning loop's (stochastic) policies, when served by onnxruntime
+                persistent = self.stochastic and default in names[:len(self.envs)] and \
+                    repo.serving_format(default, repo.versions(default)[-1]) == "onnx"
+            if persistent and default in names:  # the default policy's versions from one model
                 loaded[names.index(default)] = repo.write_versions_model(default)
                 args.append("--persistent-versions")
             main_thread = threading.current_thread() is threading.main_thread()  # PDEATHSIG follows the thread

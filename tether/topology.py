@@ -107,6 +107,8 @@ class DemoConfig:
     algo: str = "ppo"                # with `train`: "ppo" (torchrun, trainer_nproc ranks) or "sac" (one rank)
     trainer_args: tuple[str, ...] = ()  # more `tether train` flags, e.g. ("--seed-log", DIR, "--utd", "2")
     rate_hz: float | None = None     # a fixed control rate: each session steps at most this often (`tether sim --rate`)
+    persistent_versions: bool | None = None  # with `train`: ONNX versions served by one persistent Triton model
+    #                                          (gateway --persistent-versions); None: on when the policy is ONNX
 
     def __post_init__(self):
         if self.envs < 1:
@@ -187,15 +189,21 @@ def run_demo(config: DemoConfig) -> dict:
     kind = "Gaussian policy, sampled in Triton" if config.train else "MLP"
     print(f"run dir {run_dir}\npolicy  {name} v{repo.versions(name)[-1]} (freshly initialised {kind})", flush=True)
     gateway_args: tuple[str, ...] = ()
+    models = [name]
     if config.train:
         # sessions act with each new version from their next step: a good pendulum's episodes last
         # 1000 steps, and waiting for an episode's end would leave PPO learning from far-behind versions
         gateway_args = ("--model-repository", str(repo.root), "--experience-dir", str(run_dir / "experience"),
                         "--switch", "step")
+        onnx = repo.serving_format(name, repo.versions(name)[-1]) == "onnx"
+        if config.persistent_versions or (config.persistent_versions is None and onnx):
+            # every version from one persistent model: no Triton stub started per version (docs/versions.md)
+            models = [repo.write_versions_model(name)]
+            gateway_args += ("--persistent-versions",)
     console_port = free_port()  # the operator console (and /metrics) on loopback: open it while the demo runs
     gateway_args += ("--console-port", str(console_port))
     t0 = time.monotonic()
-    with TritonServer(repo.root, models=[name], log_path=run_dir / "triton.log") as triton:
+    with TritonServer(repo.root, models=models, log_path=run_dir / "triton.log") as triton:
         print(f"triton  {triton.version} on {triton.grpc_url} (ready in {time.monotonic() - t0:.1f} s)")
         with contextlib.ExitStack() as stack:
             gw = stack.enter_context(gateway_process(triton_url=triton.grpc_url, policy=name,
