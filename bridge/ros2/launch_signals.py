@@ -8,8 +8,8 @@ after `sigterm_timeout`, SIGKILL after `sigkill_timeout`). It keeps Python's def
 as well, so the same signal also raises KeyboardInterrupt wherever its main thread happens to be.
 Idle in `select()` that is harmless; busy (starting processes, relaying their output) it can land
 inside asyncio's own bookkeeping and lose a wake-up: the Shutdown event then waits in the queue
-for ever, no process is signalled and launch never exits (tests/ros2/test_gazebo.py measured 3
-hung launches in 100 Ctrl-Cs of a launch relaying 5k lines/s; 0 in 100 with this). The action
+for ever, no process is signalled and launch never exits (tests/ros2/launch_ctrl_c_stress.py: 5 of
+100 Ctrl-Cs hung a launch relaying 5k lines/s; 0 of 100 with this action). The action
 replaces that handler with one that does nothing, in the launch process only: the C-level handler
 still writes the wakeup fd, so launch's own handling is unchanged (first Ctrl-C: shut down, a
 second: ignored, as before), minus the stray KeyboardInterrupt.
