@@ -383,7 +383,11 @@ def main(argv: list[str] | None = None) -> dict | None:
     load_at_start = os.getloadavg()[0]
     if a.stub_load_nice is not None:  # Triton's stubs inherit it (inference_server.triton_env copies os.environ)
         os.environ[LOAD_NICE_ENV] = str(a.stub_load_nice)
-    run_dir = Path(tempfile.mkdtemp(prefix="tether-hot-swap-"))
+    with tempfile.TemporaryDirectory(prefix="tether-hot-swap-") as tmp:  # GBs with --huge-swaps: never left
+        return _run(a, Path(tmp), load_at_start)
+
+
+def _run(a: argparse.Namespace, run_dir: Path, load_at_start: float) -> dict:
     obs_spec, act_spec = hopper_specs()
     small = MLPPolicy(obs_spec[0], act_spec[0], seed=0).eval()
     big = MLPPolicy(obs_spec[0], act_spec[0], hidden=BIG_HIDDEN, seed=0).eval()
