@@ -19,7 +19,7 @@ import torch
 
 from bridge.gate.checks import SERVING_TOLERANCES
 from bridge.gateway.config import GatewayConfig
-from inference_server import ModelRepository, TritonServer
+from inference_server import InferenceError, ModelRepository, TritonServer
 from inference_server.repository import versions_model_name
 from inference_server.server import group_members
 from protos import policies_pb2, policies_pb2_grpc
@@ -93,10 +93,10 @@ def test_each_version_is_served_at_exactly_its_weights_by_one_persistent_process
                     assert close(got["action_mean"], want), (version, np.abs(got["action_mean"] - want).max())
             outputs = [probe_outputs(p, batch)["action_mean"] for p in published.values()]
             assert not np.allclose(outputs[-1], outputs[-2], atol=1e-3)  # the versions do differ
-            gone = min(published)
-            if gone not in kept:  # a retired version is refused, naming it
-                with pytest.raises(Exception, match=f"version {gone} has no file"):
-                    await gw.control.infer(name, gone, {"observation": batch}, ["action_mean"])
+            gone = min(published)  # retired (the rollout keeps the live and the previous live): refused, named
+            assert gone not in kept and gone in repo.retired_versions(name), (kept, repo.retired_versions(name))
+            with pytest.raises(InferenceError, match=f"version {gone} has no file"):
+                await gw.control.infer(name, gone, {"observation": batch}, ["action_mean"])
             return seconds
 
     load = os.getloadavg()[0]
