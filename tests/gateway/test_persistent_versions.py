@@ -15,16 +15,15 @@ import time
 import grpc
 import numpy as np
 import pytest
-import torch
 
 from bridge.gate.checks import SERVING_TOLERANCES
 from bridge.gateway.config import GatewayConfig
 from inference_server import InferenceError, ModelRepository, TritonServer
 from inference_server.repository import versions_model_name
 from inference_server.server import group_members
-from protos import policies_pb2, policies_pb2_grpc
+from protos import policies_pb2
 from tests.gateway.helpers import running_gateway
-from tests.gateway.test_weight_sync import ENV, limit_s, onnx_import, probe, trained
+from tests.gateway.test_weight_sync import ENV, limit_s, probe, publish_a_wrong_then_the_right_export, trained
 from tether.topology import write_initial_policy
 from trainer.weights import PolicyClient
 from trainer.worker import probe_outputs
@@ -115,32 +114,7 @@ def test_the_consistency_check_still_rejects_a_wrong_export(policy_repo):
     async def scenario(server):
         async with running_gateway(server.grpc_url, policy=name, model_repository=repo.root,
                                    persistent_versions=True) as gw:
-            live, parent, batch = gw.rollout.rollout(name).live, repo.versions(name)[-1], probe(10)
-            right = trained(repo, name, parent, seed=10)
-            wrong = trained(repo, name, parent, seed=10)
-            with torch.no_grad():  # one weight off by 1e-2: the mean moves by ~3e-4, 6x the ONNX tolerance
-                wrong.net[0].weight[0, 0] += 1e-2
-            refused = []
-            with PolicyClient(gw.address) as client:
-                try:
-                    await asyncio.to_thread(client.publish, name, wrong.state_dict(),
-                                            probe_inputs={"observation": batch},
-                                            probe_outputs=probe_outputs(right, batch),
-                                            lineage=policies_pb2.Lineage(parent_version=parent, trainer="test"))
-                except grpc.RpcError as exc:
-                    refused.append(exc)
-            header, data = onnx_import(repo, name, wrong, right, batch)  # an ONNX file, other weights than its outputs
-            async with grpc.aio.insecure_channel(gw.address) as channel:
-                stub = policies_pb2_grpc.PoliciesStub(channel)
-                try:
-                    await stub.Publish(iter([policies_pb2.PublishChunk(header=header),
-                                             policies_pb2.PublishChunk(data=data)]))
-                except grpc.aio.AioRpcError as exc:
-                    refused.append(exc)
-                header, data = onnx_import(repo, name, right, right, batch)  # the right one passes
-                accepted = await stub.Publish(iter([policies_pb2.PublishChunk(header=header),
-                                                    policies_pb2.PublishChunk(data=data)]))
-            return live, refused, accepted, gw.rollout.rollout(name).live
+            return await publish_a_wrong_then_the_right_export(gw, repo, name)
 
     with triton(repo, name) as server:
         live, refused, accepted, now = asyncio.run(scenario(server))

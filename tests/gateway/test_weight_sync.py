@@ -121,42 +121,43 @@ def onnx_import(repo: ModelRepository, name: str, policy: GaussianPolicy, refere
     return header, data
 
 
+async def publish_a_wrong_then_the_right_export(gw, repo: ModelRepository, name: str):
+    """Three publishes to a running gateway: the trainer's weights with one off by 1e-2 against the right
+    weights' outputs, an ONNX file whose weights differ from the reference outputs it came with (both to be
+    refused by the consistency check), then the right ONNX file (to pass: the tolerance is not what refused
+    the wrong ones). Returns (live before, [the refusals], the accepted reply, live after)."""
+    live, parent, batch = gw.rollout.rollout(name).live, repo.versions(name)[-1], probe(10)
+    right = trained(repo, name, parent, seed=10)
+    wrong = trained(repo, name, parent, seed=10)
+    with torch.no_grad():  # one weight off by 1e-2: the mean moves by ~3e-4, 6x the ONNX tolerance
+        wrong.net[0].weight[0, 0] += 1e-2
+    refused = []
+    with PolicyClient(gw.address) as client:
+        try:
+            await asyncio.to_thread(client.publish, name, wrong.state_dict(), probe_inputs={"observation": batch},
+                                    probe_outputs=probe_outputs(right, batch),
+                                    lineage=policies_pb2.Lineage(parent_version=parent, trainer="test"))
+        except grpc.RpcError as exc:
+            refused.append(exc)
+    async with grpc.aio.insecure_channel(gw.address) as channel:
+        stub = policies_pb2_grpc.PoliciesStub(channel)
+        header, data = onnx_import(repo, name, wrong, right, batch)
+        try:
+            await stub.Publish(iter([policies_pb2.PublishChunk(header=header), policies_pb2.PublishChunk(data=data)]))
+        except grpc.aio.AioRpcError as exc:
+            refused.append(exc)
+        header, data = onnx_import(repo, name, right, right, batch)
+        accepted = await stub.Publish(iter([policies_pb2.PublishChunk(header=header),
+                                            policies_pb2.PublishChunk(data=data)]))
+    return live, refused, accepted, gw.rollout.rollout(name).live
+
+
 def test_the_consistency_check_rejects_a_served_onnx_version_that_is_not_the_trainers(served):
     server, repo, name = served
 
     async def scenario():
         async with running_gateway(server.grpc_url, policy=name, model_repository=repo.root) as gw:
-            live = gw.rollout.rollout(name).live
-            parent = repo.versions(name)[-1]
-            right = trained(repo, name, parent, seed=10)
-            wrong = trained(repo, name, parent, seed=10)
-            with torch.no_grad():  # one weight off by 1e-2: the mean moves by ~3e-4, 6x the ONNX tolerance
-                wrong.net[0].weight[0, 0] += 1e-2
-            batch = probe(10)
-            refused = []
-            with PolicyClient(gw.address) as client:
-                # the trainer's weights, served by onnxruntime, against the outputs of other weights
-                try:
-                    await asyncio.to_thread(client.publish, name, wrong.state_dict(),
-                                            probe_inputs={"observation": batch},
-                                            probe_outputs=probe_outputs(right, batch),
-                                            lineage=policies_pb2.Lineage(parent_version=parent, trainer="test"))
-                except grpc.RpcError as exc:
-                    refused.append(exc)
-            # an ONNX file whose weights differ from the reference outputs it came with
-            header, data = onnx_import(repo, name, wrong, right, batch)
-            async with grpc.aio.insecure_channel(gw.address) as channel:
-                stub = policies_pb2_grpc.PoliciesStub(channel)
-                chunks = [policies_pb2.PublishChunk(header=header), policies_pb2.PublishChunk(data=data)]
-                try:
-                    await stub.Publish(iter(chunks))
-                except grpc.aio.AioRpcError as exc:
-                    refused.append(exc)
-                # the right ONNX file passes: the tolerance is not what refused the wrong one
-                header, data = onnx_import(repo, name, right, right, batch)
-                chunks = [policies_pb2.PublishChunk(header=header), policies_pb2.PublishChunk(data=data)]
-                accepted = await stub.Publish(iter(chunks))
-            return live, refused, accepted, gw.rollout.rollout(name).live
+            return await publish_a_wrong_then_the_right_export(gw, repo, name)
 
     live, refused, accepted, now = asyncio.run(scenario())
     assert len(refused) == 2, refused
