@@ -35,10 +35,14 @@ $(STAMP): pyproject.toml Makefile
 	  $(CURDIR)/launch/config/gz_bridge.yaml $(VENV)/share/tether/config/
 	bash tests/peers/setup.sh
 	# the fleet's servers for the scale-out tests (issue 16): NATS from Debian; PostgreSQL 15 is Debian's too
+	# (issue 23) no fallback: a machine that cannot install them fails here, so the fleet is never left untested;
+	# iproute2 makes the network-namespace hosts of the cross-host tests
 	@command -v nats-server >/dev/null || { apt-get update -qq && apt-get install -y -qq nats-server; } || \
-	  echo "WARNING: nats-server not installed: the NATS JetStream tests will skip" >&2
+	  { echo "ERROR: nats-server could not be installed: the fleet tests need it" >&2; exit 1; }
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq postgresql; } || \
-	  echo "WARNING: PostgreSQL not installed: the PostgreSQL registry tests will skip" >&2
+	  { echo "ERROR: PostgreSQL could not be installed: the fleet tests need it" >&2; exit 1; }
+	@command -v ip >/dev/null || { apt-get update -qq && apt-get install -y -qq iproute2; } || \
+	  { echo "ERROR: iproute2 could not be installed: the cross-host tests need it" >&2; exit 1; }
 	# --- ROS 2 (rclpy, launch): their own environment, .venv/ros ----------------------------------
 	# The Jazzy rclpy wheels need numpy 2; the bundled Triton (nvidia-pytriton 0.7.0) pins numpy<2.
 	# So rclpy, the message packages, `ros2 launch` (wheels in ../shared/ros2-launch: not on the

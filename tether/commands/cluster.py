@@ -25,7 +25,7 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tether cluster", description="The fleet's roles as local processes.")
-    sub = p.add_subparsers(dest="action", required=True, metavar="{up}")
+    sub = p.add_subparsers(dest="action", required=True, metavar="{up,certs}")
     up = sub.add_parser("up", prog="tether cluster up", help="start every role, print the addresses, "
                         "stop them all on Ctrl-C / SIGTERM",
                         description="PostgreSQL (registry), a NATS JetStream cluster (experience), Triton "
@@ -41,6 +41,14 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--summary", default="", metavar="PATH", help="write the roles (role, address, pids) as JSON "
                     "here once all are up")
     up.add_argument("--seed", type=int, default=0, help="seed of the initial policy and the trainer")
+    certs = sub.add_parser("certs", prog="tether cluster certs", help="every engine's credentials in one folder",
+                           description="A lab CA, a server certificate per engine, NATS and PostgreSQL passwords "
+                           "per role, the Triton secret, a random trainer run id and gateway tokens "
+                           "(bridge/security/lab.py lists the files; deploy/README.md maps them onto Secrets).")
+    certs.add_argument("dir", type=Path, help="the folder to write (keys and passwords 0600)")
+    certs.add_argument("--host", action="append", default=[], help="a name or IP an engine is reached at "
+                       "(repeatable; 127.0.0.1, ::1 and localhost always)")
+    certs.add_argument("--force", action="store_true", help="replace an existing CA and every credential")
     return p
 
 
@@ -55,7 +63,22 @@ class _Stop(BaseException):  # noqa: N818 - like KeyboardInterrupt: no `except E
 
 def run(args: argparse.Namespace) -> int:
     a = parser().parse_args(args.argv)
-    return exit_code(up(a))
+    return exit_code(certs(a) if a.action == "certs" else up(a))
+
+
+def certs(a: argparse.Namespace) -> int:
+    from bridge.security.certs import CertError
+    from bridge.security.lab import LabCredentials
+
+    try:
+        creds = LabCredentials.create(a.dir, hosts=a.host, force=a.force)
+    except CertError as exc:
+        raise SystemExit(f"tether cluster certs: {exc}") from None
+    for path in sorted(p for p in creds.folder.rglob("*") if p.is_file()):
+        print(f"{oct(path.stat().st_mode & 0o777)[2:]}  {path}")
+    print(f"keep {creds.folder / 'ca.key'} off every engine: whoever holds it can issue any identity",
+          file=sys.stderr)
+    return 0
 
 
 def up(a: argparse.Namespace) -> int:
