@@ -30,6 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from bridge.registry.newest import newest_versions, version_lags
+from bridge.registry.view import view_of
 
 if TYPE_CHECKING:
     from bridge.gateway.views import MetricsSource
@@ -213,8 +214,9 @@ class _GatewayState(Collector):
         yield throughput
 
     def _trainer_rates(self, gw) -> dict[str, float]:
-        """From the two newest versions' lineage (trainer_step) and creation times, when a registry has them."""
-        registry = gw.registry
+        """From the two newest versions' lineage (trainer_step) and creation times, when a registry has them (a
+        shared one's snapshot: a scrape never waits on PostgreSQL, bridge.registry.view)."""
+        registry = view_of(gw.registry)
         rates = {}
         if registry is None:
             return rates
@@ -236,7 +238,7 @@ def _newest_versions(gw: MetricsSource, acting: Iterable[tuple[str, int]]) -> di
     """bridge.registry.newest over the registry's policies and the acting versions; the sessions' alone when the
     registry cannot be read (a scrape never fails on it)."""
     try:
-        return newest_versions(gw.registry, acting)
+        return newest_versions(view_of(gw.registry), acting)
     except Exception:
         return newest_versions(None, acting)
 

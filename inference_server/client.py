@@ -7,6 +7,9 @@ Usage (plain text: it needs a running Triton):
     out = await client.infer("policy", 2, {"obs": obs_batch}, ["action"])   # {"action": array}
     await client.close()
 
+A Triton started with a secret (`TritonServer(secret=...)`) answers only calls that carry it:
+`PolicyClient(url, secret=read_secret(path))` sends it on every call (`inference_server.secret`).
+
 Every failure, an unreachable server and a timeout included, is an `InferenceError` whose
 message names the url, model and version, and whose `code` is the gRPC status name:
 
@@ -35,6 +38,7 @@ import tritonclient.grpc.aio as triton_aio
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype, triton_to_np_dtype
 
+from inference_server.secret import check_secret, grpc_headers
 from inference_server.stream import InferStream, StreamError
 from protos.codec import Spec
 
@@ -56,11 +60,13 @@ def _triton_dtype(dtype: np.dtype) -> str:
 class PolicyClient:
     """Wraps `tritonclient.grpc.aio` for one Triton server; use from one event loop."""
 
-    def __init__(self, url: str, *, timeout_s: float = 5.0):
+    def __init__(self, url: str, *, timeout_s: float = 5.0, secret: str | None = None):
         if timeout_s <= 0:
             raise ValueError(f"timeout_s {timeout_s!r} must be > 0")
         self.url = url
         self.timeout_s = timeout_s
+        self._secret = check_secret(secret, where="PolicyClient(secret=...)") if secret is not None else None
+        self._headers = grpc_headers(self._secret)  # Triton's restricted protocols (None: no header)
         self._client: triton_aio.InferenceServerClient | None = None
         self._stream: InferStream | None = None
 
@@ -100,7 +106,7 @@ class PolicyClient:
         for name in outputs:
             request.outputs.add(name=name)
         if self._stream is None:
-            self._stream = InferStream(self.url)
+            self._stream = InferStream(self.url, secret=self._secret)
         try:
             response = await self._stream.infer(request, timeout_s=self.timeout_s)
         except StreamError as exc:
@@ -120,7 +126,8 @@ class PolicyClient:
         last: BaseException | None = None
         while True:
             try:
-                if await self._triton().is_server_ready(client_timeout=min(self.timeout_s, 1.0)):
+                if await self._triton().is_server_ready(headers=self._headers,
+                                                        client_timeout=min(self.timeout_s, 1.0)):
                     return
             except Exception as exc:
                 last = exc
@@ -134,14 +141,16 @@ class PolicyClient:
         """Whether the server answers its liveness check (it may be loading models: readiness, with Triton's strict
         readiness, is false while a model loads); False when it cannot be reached."""
         try:
-            return bool(await self._triton().is_server_live(client_timeout=min(self.timeout_s, 1.0)))
+            return bool(await self._triton().is_server_live(headers=self._headers,
+                                                            client_timeout=min(self.timeout_s, 1.0)))
         except Exception:
             return False
 
     async def loaded_models(self) -> list[str]:
         """The names of the models with a version READY on the server, sorted."""
         try:
-            index = await self._triton().get_model_repository_index(client_timeout=self.timeout_s)
+            index = await self._triton().get_model_repository_index(headers=self._headers,
+                                                                    client_timeout=self.timeout_s)
         except Exception as exc:
             raise self._error("repository index", exc) from exc
         return sorted({m.name for m in index.models if m.state == "READY"})
@@ -149,7 +158,7 @@ class PolicyClient:
     async def server_version(self) -> str:
         """Triton's version string, e.g. "2.51.0"."""
         try:
-            metadata = await self._triton().get_server_metadata(client_timeout=self.timeout_s)
+            metadata = await self._triton().get_server_metadata(headers=self._headers, client_timeout=self.timeout_s)
         except Exception as exc:
             raise self._error("server metadata", exc) from exc
         return metadata.version
@@ -157,7 +166,8 @@ class PolicyClient:
     async def ready_versions(self, model: str) -> list[int]:
         """The versions of `model` Triton serves right now (state READY), ascending."""
         try:
-            index = await self._triton().get_model_repository_index(client_timeout=self.timeout_s)
+            index = await self._triton().get_model_repository_index(headers=self._headers,
+                                                                    client_timeout=self.timeout_s)
         except Exception as exc:
             raise self._error("repository index", exc, model) from exc
         return sorted(int(m.version) for m in index.models
@@ -167,21 +177,22 @@ class PolicyClient:
         """(Re)load `model` from the repository: Triton loads new version folders and unloads the
         ones that are gone, while the unchanged versions keep serving."""
         try:
-            await self._triton().load_model(model, client_timeout=timeout_s)
+            await self._triton().load_model(model, headers=self._headers, client_timeout=timeout_s)
         except Exception as exc:
             raise self._error("load model", exc, model) from exc
 
     async def unload_model(self, model: str, *, timeout_s: float = 60.0) -> None:
         """Unload every version of `model` (its stubs end)."""
         try:
-            await self._triton().unload_model(model, client_timeout=timeout_s)
+            await self._triton().unload_model(model, headers=self._headers, client_timeout=timeout_s)
         except Exception as exc:
             raise self._error("unload model", exc, model) from exc
 
     async def model_io(self, model: str, version: int) -> tuple[tuple[Spec, ...], tuple[Spec, ...]]:
         """The (inputs, outputs) tensor specs `model` `version` serves, without the batch dimension."""
         try:
-            meta = await self._triton().get_model_metadata(model, str(version), client_timeout=self.timeout_s)
+            meta = await self._triton().get_model_metadata(model, str(version), headers=self._headers,
+                                                         client_timeout=self.timeout_s)
         except Exception as exc:
             raise self._error("model metadata", exc, model, version) from exc
 

@@ -10,6 +10,17 @@ Usage (plain text: starting Triton takes seconds):
         ...                                   # write version 2, then:
         server.load_model("policy")           # serves versions 1 and 2
 
+With `secret` (a shared secret, `inference_server.secret`) every Triton endpoint, health included, answers
+only requests that carry it (`PolicyClient(url, secret=...)`); others get Triton's refusal, e.g. over gRPC
+"This protocol is restricted, expecting header 'triton-grpc-protocol-tether-triton-key'":
+
+    with TritonServer(repo.root, models=["policy"], host="198.18.0.3", secret=read_secret(path)) as server:
+        client = PolicyClient(server.grpc_url, secret=server.secret)
+
+tritonserver takes the secret only on its command line (it reads no option file): other local users can
+read it in /proc/PID/cmdline unless /proc is mounted `hidepid=2` or Triton runs in a container of its own
+(docs/security.md). Our errors and log excerpts show it as `***`.
+
 Failures to start are `TritonStartError`s carrying the end of Triton's log:
 
     >>> TritonServer("/nonexistent/repository").start()
@@ -39,6 +50,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bridge.common.processes import parent_death_signal
+from inference_server.secret import CATEGORIES, KEY, check_secret, grpc_headers, http_headers, redact
 
 _EXIT_TIMEOUT_S = 1  # Triton's own grace after SIGTERM; a python-backend model takes ~2 s to unload
 _STOP_GRACE_S = 15.0  # ours, before SIGKILL
@@ -120,9 +132,11 @@ class TritonServer:
 
     def __init__(self, repository: Path | str, *, host: str = "127.0.0.1", grpc_port: int | None = None,
                  http_port: int | None = None, models: Sequence[str] = (), log_path: Path | None = None,
-                 die_with_parent: bool = False):
-        """`die_with_parent`: the kernel sends tritonserver SIGTERM when the thread that started it ends,
-        e.g. when this process is SIGKILLed (PR_SET_PDEATHSIG; start it from the main thread)."""
+                 die_with_parent: bool = False, secret: str | None = None):
+        """`host`: the address both endpoints bind (loopback by default). `die_with_parent`: the kernel sends
+        tritonserver SIGTERM when the thread that started it ends, e.g. when this process is SIGKILLed
+        (PR_SET_PDEATHSIG; start it from the main thread). `secret`: restrict every endpoint to requests
+        carrying it (see the module docstring)."""
         if isinstance(models, str):
             raise TypeError(f"models must be a sequence of names, got the string {models!r}")
         self.repository = Path(repository)
@@ -134,6 +148,7 @@ class TritonServer:
         self.models = tuple(models)
         self.log_path = Path(log_path) if log_path is not None else None
         self.die_with_parent = die_with_parent
+        self.secret = check_secret(secret, where="TritonServer(secret=...)") if secret is not None else None
         self._proc: subprocess.Popen | None = None
         self._workdir: Path | None = None
         self._finalizer: weakref.finalize | None = None
@@ -150,6 +165,10 @@ class TritonServer:
         if self._version is None:
             raise RuntimeError(f"Triton on {self.grpc_url} has not been started")
         return self._version
+
+    def __repr__(self) -> str:  # never the secret
+        return (f"TritonServer({str(self.repository)!r}, grpc {self.grpc_url}, http {self.http_url}"
+                f"{', restricted' if self.secret else ''})")
 
     def __enter__(self) -> TritonServer:
         self.start()
@@ -178,6 +197,9 @@ class TritonServer:
                 f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}",
                 "--allow-metrics=false", f"--exit-timeout-secs={_EXIT_TIMEOUT_S}",
                 f"--backend-config=python,shm-region-prefix-name={self._shm_prefix}"]
+        if self.secret:  # every protocol group, both endpoints: without the header nothing answers
+            args += [f"--grpc-restricted-protocol={','.join(CATEGORIES)}:{KEY}={self.secret}",
+                     f"--http-restricted-api={','.join(CATEGORIES)}:{KEY}={self.secret}"]
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log,
                                           stderr=subprocess.STDOUT, env=triton_env(), start_new_session=True,
@@ -192,17 +214,20 @@ class TritonServer:
                 self._fail(f"tritonserver not ready on {self.http_url} after {timeout:g} s")
             time.sleep(0.05)
         try:
-            with urllib.request.urlopen(f"{self.http_url}/v2", timeout=5) as response:
+            with urllib.request.urlopen(self._request("/v2"), timeout=5) as response:
                 self._version = str(json.load(response)["version"])
         except (OSError, ValueError, KeyError) as exc:
             self._fail(f"tritonserver metadata unreadable on {self.http_url}/v2: {exc}")
 
     def _ready(self) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.http_url}/v2/health/ready", timeout=1) as response:
+            with urllib.request.urlopen(self._request("/v2/health/ready"), timeout=1) as response:
                 return response.status == 200
         except (OSError, urllib.error.URLError):
             return False
+
+    def _request(self, path: str) -> urllib.request.Request:
+        return urllib.request.Request(f"{self.http_url}{path}", headers=http_headers(self.secret))
 
     def _fail(self, reason: str) -> None:
         where = f"grpc {self.grpc_url}, http {self.http_url}"
@@ -230,7 +255,7 @@ class TritonServer:
             return ""
         with open(self.log_path, "rb") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - chars))
-            return f.read().decode(errors="replace")
+            return redact(f.read().decode(errors="replace"), self.secret)
 
     def stop(self) -> None:
         """SIGTERM the server's process group, SIGKILL after a grace period; idempotent."""
@@ -259,9 +284,10 @@ class TritonServer:
             raise ModelControlError(f"cannot {action} {name!r}: Triton is not running")
         client = grpcclient.InferenceServerClient(self.grpc_url)
         try:
-            getattr(client, f"{action}_model")(name, client_timeout=timeout)
+            getattr(client, f"{action}_model")(name, headers=grpc_headers(self.secret), client_timeout=timeout)
         except InferenceServerException as exc:
-            raise ModelControlError(f"{action} of model {name!r} on {self.grpc_url} failed: {exc.message()}\n"
+            raise ModelControlError(f"{action} of model {name!r} on {self.grpc_url} failed: "
+                                    f"{redact(exc.message(), self.secret)}\n"
                                     f"{self.log_tail(1500)}") from None
         finally:
             client.close()

@@ -72,6 +72,10 @@ def triton_parser() -> argparse.ArgumentParser:
     p.add_argument("--models", default="", help="comma-separated models to load (default: all)")
     p.add_argument("--grpc-port", type=int, help="Triton's gRPC port (default: a free one)")
     p.add_argument("--http-port", type=int, help="Triton's HTTP port (default: a free one)")
+    p.add_argument("--host", default="127.0.0.1", help="the address both endpoints bind (default loopback)")
+    p.add_argument("--triton-secret-file", type=Path, metavar="PATH",
+                   help="restrict every endpoint to requests carrying the secret in this file (header "
+                        "tether-triton-key; gateways: the same --triton-secret-file)")
     return p
 
 
@@ -80,9 +84,15 @@ def triton_main(argv: list[str] | None = None) -> int:
     import threading
 
     from inference_server import ModelRepository, TritonServer, TritonStartError
+    from inference_server.secret import read_secret
     from tether.topology import write_initial_policy
 
-    a = triton_parser().parse_args(argv)
+    p = triton_parser()
+    a = p.parse_args(argv)
+    try:
+        secret = read_secret(a.triton_secret_file) if a.triton_secret_file else None
+    except ValueError as exc:
+        p.error(str(exc))
     repo = ModelRepository(a.model_repository)
     models = [m for m in a.models.split(",") if m]
     if a.init:
@@ -93,9 +103,10 @@ def triton_main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        with TritonServer(repo.root, models=models, grpc_port=a.grpc_port, http_port=a.http_port) as server:
-            print(f"triton {server.version} serving {models} on {server.grpc_url} (gRPC) and {server.http_url}",
-                  flush=True)
+        with TritonServer(repo.root, models=models, grpc_port=a.grpc_port, http_port=a.http_port, host=a.host,
+                          secret=secret) as server:
+            print(f"triton {server.version} serving {models} on {server.grpc_url} (gRPC) and {server.http_url}"
+                  f"{' (restricted: tether-triton-key)' if secret else ''}", flush=True)
             stop.wait()
     except TritonStartError as exc:
         raise SystemExit(f"tether triton: {exc}") from None

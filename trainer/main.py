@@ -9,11 +9,14 @@ Elastic, on several nodes (the same command on each; `python -m trainer.rendezvo
 c10d store so that any node may die; a node that dies and comes back rejoins, and every
 (re)start resumes from the newest checkpoint in the shared --checkpoint-dir):
 
-    tether train --nnodes 1:2 --rdzv-endpoint 10.0.0.5:29400 --rdzv-id run7 --rdzv-external \
+    tether train --nnodes 1:2 --rdzv-endpoint 10.0.0.5:29400 --rdzv-id-file /secrets/rendezvous.id --rdzv-external \
         --nproc 1 --max-restarts 10 --checkpoint-dir /shared/run7/ckpt --algo ppo --gateway gw:50051 ...
 
+(`python -m trainer.rendezvous --new-id-file PATH` writes a random run id; it reaches torchrun through its
+environment, `PET_RDZV_ID`, not its command line.)
+
 The launcher's own options are `--nproc`, `--max-restarts`, the rendezvous's (`--nnodes`,
-`--rdzv-endpoint`, `--rdzv-id`, `--rdzv-external`, `--local-addr`) and the credentials;
+`--rdzv-endpoint`, `--rdzv-id`/`--rdzv-id-file`, `--rdzv-external`, `--local-addr`) and the credentials;
 everything else goes to every rank (see `python -m trainer.worker --help`) and is checked here
 before anything starts. Without `--rdzv-endpoint` torchrun's rendezvous takes a free port
 (`--standalone`). The ranks die with this process (SIGTERM to their process group, and a
@@ -52,7 +55,10 @@ def _launcher() -> argparse.ArgumentParser:
                    "one needs --rdzv-endpoint")
     p.add_argument("--rdzv-endpoint", default="", metavar="HOST:PORT", help="c10d rendezvous of a multi-node run "
                    "(every node gives the same; empty: one node, --standalone)")
-    p.add_argument("--rdzv-id", default="tether", help="the run's id at the rendezvous (one per training run)")
+    p.add_argument("--rdzv-id", default=None, help="the run's id at the rendezvous (one per training run; "
+                   "default 'tether'); prefer --rdzv-id-file")
+    p.add_argument("--rdzv-id-file", type=Path, metavar="PATH", help="read the run's id from this file (`python -m "
+                   "trainer.rendezvous --new-id-file PATH` writes a random one): kept off command lines")
     p.add_argument("--rdzv-external", action="store_true", help="the rendezvous store is served by "
                    "`python -m trainer.rendezvous` (no node hosts it, so any node may die)")
     p.add_argument("--local-addr", default="", metavar="HOST", help="this node's address for the other nodes "
@@ -97,8 +103,9 @@ def _endpoint(text: str) -> tuple[str, int]:
 
 
 def command(worker_args: list[str], *, nproc: int, max_restarts: int, nnodes: str = "1", rdzv_endpoint: str = "",
-            rdzv_id: str = "tether", rdzv_external: bool = False, local_addr: str = "") -> list[str]:
-    """The torchrun command line for `worker_args`: `--standalone` without `rdzv_endpoint`, else c10d.
+            rdzv_id: str | None = "tether", rdzv_external: bool = False, local_addr: str = "") -> list[str]:
+    """The torchrun command line for `worker_args`: `--standalone` without `rdzv_endpoint`, else c10d
+    (`rdzv_id` None: no `--rdzv-id`, torchrun reads `PET_RDZV_ID` from its environment).
 
     >>> cmd = command(["--algo", "bc"], nproc=1, max_restarts=5, nnodes="1:2", rdzv_endpoint="127.0.0.1:29400",
     ...               rdzv_external=True)
@@ -113,7 +120,7 @@ def command(worker_args: list[str], *, nproc: int, max_restarts: int, nnodes: st
         host, _ = _endpoint(rdzv_endpoint)
         conf = ("is_host=false," if rdzv_external else "") + RDZV_CONF
         launch = [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
-                  f"--rdzv-id={rdzv_id}", f"--rdzv-conf={conf}"]
+                  *([f"--rdzv-id={rdzv_id}"] if rdzv_id is not None else []), f"--rdzv-conf={conf}"]
         local_addr = local_addr or ("127.0.0.1" if is_loopback(host) else "")
         if local_addr:
             launch.append(f"--local-addr={local_addr}")
@@ -136,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"tether train: --nnodes {launcher.nnodes} needs --rdzv-endpoint HOST:PORT (c10d)")
     if launcher.rdzv_endpoint:
         _endpoint(launcher.rdzv_endpoint)
+    run_id = _run_id(launcher)
     checked = worker_check(worker_parser().parse_args(rest))  # bad options fail here, before torchrun starts
     if checked.algo == "sac" and ((launcher.nproc or 1) > 1 or nnodes_range(launcher.nnodes)[1] > 1):
         raise SystemExit(f"tether train: --algo sac runs on one rank (one learner owns the replay); got --nproc "
@@ -165,8 +173,12 @@ def main(argv: list[str] | None = None) -> int:
             if getattr(launcher, name):
                 env[variable] = str(getattr(launcher, name))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH", "")) if p)
+        env.pop("PET_RDZV_ID", None)
+        if launcher.rdzv_id_file:  # off the command line: torchrun reads PET_RDZV_ID
+            env["PET_RDZV_ID"] = run_id
         cmd = command([*rest, "--summary", summary_path], nproc=nproc, max_restarts=launcher.max_restarts,
-                      nnodes=launcher.nnodes, rdzv_endpoint=launcher.rdzv_endpoint, rdzv_id=launcher.rdzv_id,
+                      nnodes=launcher.nnodes, rdzv_endpoint=launcher.rdzv_endpoint,
+                      rdzv_id=None if launcher.rdzv_id_file else run_id,
                       rdzv_external=launcher.rdzv_external, local_addr=launcher.local_addr)
         proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=parent_death_signal())
         try:
@@ -180,6 +192,21 @@ def main(argv: list[str] | None = None) -> int:
         summary["exit_code"] = rc
         print(json.dumps(summary, sort_keys=True), flush=True)
         return rc
+
+
+def _run_id(launcher: argparse.Namespace) -> str:
+    """The run id: --rdzv-id, or read from --rdzv-id-file (never both), default "tether"."""
+    if launcher.rdzv_id_file is None:
+        return launcher.rdzv_id or "tether"
+    if launcher.rdzv_id is not None:
+        raise SystemExit(f"tether train: give --rdzv-id {launcher.rdzv_id!r} or --rdzv-id-file "
+                         f"{str(launcher.rdzv_id_file)!r}, not both")
+    from trainer.rendezvous import read_run_id
+
+    try:
+        return read_run_id(launcher.rdzv_id_file)
+    except ValueError as exc:
+        raise SystemExit(f"tether train: --rdzv-id-file: {exc}") from None
 
 
 def _stop(proc: subprocess.Popen) -> None:

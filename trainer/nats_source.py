@@ -20,6 +20,13 @@ and keeps its shard of sessions (`bridge.experience.service.shard_of`, as `Exper
 another shard's transitions are passed over and acknowledged with the rest. `window` bounds what the
 stream delivers unacknowledged (the server's `max_ack_pending`): between two commits a rank reads at
 most that many; `ack(offset)` is accepted for `StreamSource` compatibility and does nothing.
+
+A message that is not a transition of the session its subject names (`bridge.experience.jetstream.
+transition_of`: an undecodable body, a msg id that is not `<session>:<ASCII digits>` or names another
+session or step) is counted (`poisoned`), logged and passed over like another shard's: the next
+`commit()` acknowledges it with the rest (ack-all), so it is never fatal and never delivered for ever
+(`msg.term()` is not used: on an ack-all consumer it would also acknowledge the uncheckpointed ones
+before it). `auth`: the NATS credentials (a secured cluster's `trainer` user).
 """
 
 from __future__ import annotations
@@ -29,7 +36,15 @@ import logging
 import threading
 from collections.abc import Sequence
 
-from bridge.experience.jetstream import STREAM, connect, ensure_stream, parse_servers
+from bridge.experience.jetstream import (
+    STREAM,
+    NatsAuth,
+    PoisonedMessage,
+    connect,
+    ensure_stream,
+    parse_servers,
+    transition_of,
+)
 from bridge.experience.service import shard_of
 from protos import experience_pb2
 from protos.codec import Spec, transition_problem
@@ -46,7 +61,8 @@ class JetStreamSource:
 
     def __init__(self, servers: str | Sequence[str], *, durable: str, stream: str = STREAM, policy: str = "",
                  shard: int = 0, num_shards: int = 1, window: int = 65536, max_batch: int = 1024,
-                 ack_wait_s: float = 3600.0, expect: Sequence[Spec] = (), connect_timeout_s: float = 30.0):
+                 ack_wait_s: float = 3600.0, expect: Sequence[Spec] = (), connect_timeout_s: float = 30.0,
+                 auth: NatsAuth | None = None):
         if not durable or any(c in durable for c in ". *>"):
             raise ValueError(f"durable {durable!r} must be a non-empty name without '.', '*', '>' or spaces")
         if num_shards < 1 or not 0 <= shard < num_shards:
@@ -57,6 +73,8 @@ class JetStreamSource:
         self.policy, self.shard, self.num_shards = policy, shard, num_shards
         self.window, self.max_batch, self.ack_wait_s = window, max_batch, ack_wait_s
         self._expect = {s.name: s for s in expect}
+        self.auth = auth or NatsAuth()
+        self.poisoned = 0         # messages that are not a transition of their subject's session (passed over)
         self.reconnects = 0       # fetches that failed (a leader change, a reconnect) and were retried
         self.skipped = 0          # transitions that cannot be learned from (never polled)
         self.redelivered = 0      # messages delivered more than once (a restarted trainer's unacknowledged ones)
@@ -130,10 +148,11 @@ class JetStreamSource:
         from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
         from nats.js.errors import NotFoundError
 
-        nc = await connect(self.servers, name=f"tether-trainer {self.durable}")
+        nc = await connect(self.servers, name=f"tether-trainer {self.durable}", auth=self.auth)
         try:
             js = nc.jetstream(timeout=10.0)
-            await ensure_stream(js, stream=self.stream, replicas=3 if len(self.servers) >= 3 else 1)
+            await ensure_stream(js, stream=self.stream, replicas=3 if len(self.servers) >= 3 else 1,
+                                create=not self.auth.user)
             config = ConsumerConfig(durable_name=self.durable, ack_policy=AckPolicy.ALL, ack_wait=self.ack_wait_s,
                                     max_ack_pending=self.window, deliver_policy=DeliverPolicy.ALL)
             try:
@@ -168,7 +187,14 @@ class JetStreamSource:
         if meta.num_delivered > 1:
             self.redelivered += 1
         self._resume = max(self._resume, meta.sequence.stream)
-        t = experience_pb2.Transition.FromString(msg.data)
+        try:
+            t = transition_of(msg.subject, msg.data, msg.headers)
+        except PoisonedMessage as exc:
+            self.poisoned += 1
+            if self.poisoned == 1 or self.poisoned % 1000 == 0:
+                log.warning("experience consumer %s: passed over %d poisoned message(s); sequence %d: %s",
+                            self.durable, self.poisoned, meta.sequence.stream, exc)
+            return None
         t.offset = meta.sequence.stream - 1
         if shard_of(t.session, self.num_shards) != self.shard or (self.policy and t.policy != self.policy):
             return None

@@ -82,11 +82,12 @@ def run_ppo(args: argparse.Namespace) -> dict:
            f"max-lag={config.max_version_lag}")
     publisher = BackgroundPublisher(client, served.policy)
     if args.experience:  # the JetStream stream: this rank's durable consumer keeps the position (trainer.nats_source)
+        from bridge.experience.jetstream import nats_auth_from
         from trainer.nats_source import JetStreamSource
 
         source = JetStreamSource(args.experience, durable=f"tether-train-{served.policy}-r{rank}", shard=rank,
                                  num_shards=world, policy=served.policy, window=max(64 * batch, 65536),
-                                 expect=(*served.inputs, *served.outputs))
+                                 expect=(*served.inputs, *served.outputs), auth=nats_auth_from(args))
     else:
         source = StreamSource(args.gateway, from_offset=offset, shard=rank, num_shards=world, policy=served.policy,
                               window=max(4 * batch, 4096), expect=(*served.inputs, *served.outputs))

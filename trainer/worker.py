@@ -65,6 +65,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--experience", default="", metavar="nats://HOST:PORT[,...]",
                    help="PPO: transitions from the NATS JetStream experience stream (a durable consumer per rank, "
                         "acknowledged after each checkpoint) instead of the gateway's Experience.Subscribe")
+    from bridge.experience.jetstream import add_nats_arguments
+
+    add_nats_arguments(p)  # --nats-user/--nats-password-file/--nats-ca: the stream's credentials (with --experience)
     deprecated_alias(p, "--log-dir", "--experience-dir")
     p.add_argument("--data-policy", default=None, help="BC: only transitions acted by this policy")
     p.add_argument("--checkpoint-dir", default="", help="resume from and save checkpoints here (restarts)")
@@ -227,6 +230,14 @@ def check(args: argparse.Namespace) -> argparse.Namespace:
         args.publish_every = 250 if args.algo == "sac" else 1
     if args.lr is None:
         args.lr = 3e-3 if args.algo == "sac" else 1e-3
+    if args.experience:
+        from bridge.experience.jetstream import nats_auth_from, parse_servers
+
+        try:
+            parse_servers(args.experience)
+            nats_auth_from(args)
+        except ValueError as exc:
+            raise SystemExit(f"tether train: {exc}") from None
     if args.algo == "sac":
         if not args.gateway:
             raise SystemExit("tether train: --algo sac needs --gateway HOST:PORT (it learns from the stream and "

@@ -10,6 +10,10 @@ E-stops, their durability and the held replies are the gateway's (`bridge.gatewa
 per-session figures and metrics too (`bridge.gateway.figures.FleetFigures`, gateway.figures). This module displays
 them and forwards operators' e-stops and releases, with the identity the caller authenticated as (`who` comes from
 `gateway.auth`, never from the request).
+
+`status()` (tether.v1.Fleet.Status, open to anonymous viewers) never waits on a database: on a shared (PostgreSQL)
+registry the versions and the e-stops' audit events come from the follower's snapshot (`bridge.registry.view`),
+e-stops and sessions from memory; a SQLite registry is a local file, read as it is.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from bridge.gateway.holds import MAX_NAME, ROBOT_LABELS, BadTarget, EStops, Targ
 from bridge.gateway.views import FleetSource
 from bridge.metrics import GatewayMetrics
 from bridge.registry import RegistryError
+from bridge.registry.view import view_of
 from protos import fleet_pb2
 
 __all__ = ["MAX_NAME", "ROBOT_LABELS", "BadTarget", "Fleet", "Target"]
@@ -36,6 +41,7 @@ class Fleet:
         self.console_url = ""
         self._audit: deque = deque(maxlen=1000)  # the e-stop registry's estop/release events, newest last
         self._audit_since = 0
+        self.view = view_of(getattr(gateway, "registry", None))  # reads that never wait on PostgreSQL
 
     # -- the figures (the Bridge servicer feeds gateway.figures; these forward for other callers) --------------
 
@@ -87,8 +93,9 @@ class Fleet:
         """E-stops and releases, oldest first (the newest `limit`), from the registry that keeps them; `in_registry`
         says whether that is the gateway's registry (whose events the console lists already)."""
         registry = self.holds.registry
+        source = self.view if registry is self._gw.registry and self.view is not None else view_of(registry)
         try:
-            while batch := registry.events("", since_id=self._audit_since, limit=1000):  # new ones only: a cursor
+            while batch := source.events("", since_id=self._audit_since, limit=1000):  # new ones only: a cursor
                 self._audit.extend(e for e in batch if e.kind in AUDIT_KINDS)
                 self._audit_since = batch[-1].id
                 if len(batch) < 1000:
@@ -110,7 +117,7 @@ class Fleet:
         acting: dict[tuple[str, int], int] = {}
         for s in list(self._gw.sessions.values()):
             acting[(s.policy.name, s.policy.version)] = acting.get((s.policy.name, s.policy.version), 0) + 1
-        registry = self._gw.registry
+        registry = self.view
         rows = []
         if registry is not None:
             for policy in registry.policies():

@@ -29,6 +29,9 @@ runs, each with a JSON error naming what was wrong:
 Open access (no credentials) is for a console bound to loopback only: on any other address the console
 refuses to start (`ExposedConsole`) unless the gateway has tokens or client certificates, whatever the
 gRPC bind.
+
+/api/state never waits on a database: on a shared (PostgreSQL) registry it reads the follower's snapshot
+(`gateway.fleet.view`, bridge.registry.view); e-stops, sessions and figures are in memory.
 """
 
 from __future__ import annotations
@@ -268,7 +271,7 @@ class Console:
     def _versions(self) -> list[dict]:
         """Per policy: its versions (lineage, gate checks, state, runtime figures) and its rollout."""
         gw = self._gw
-        registry, rollout = gw.registry, gw.rollout
+        registry, rollout = _view(gw), gw.rollout
         acting: dict[tuple[str, int], int] = {}
         for s in list(gw.sessions.values()):
             acting[(s.policy.name, s.policy.version)] = acting.get((s.policy.name, s.policy.version), 0) + 1
@@ -296,7 +299,7 @@ class Console:
 
     def _audit(self, limit: int = 100) -> list[dict]:
         """The registry's events and the fleet's operator actions, newest first."""
-        registry = self._gw.registry
+        registry = _view(self._gw)
         if registry is not None:  # registry.events pages oldest first: follow it with a cursor, keep the newest
             if self._event_id == 0:  # at first, the newest page only (one indexed read), never the whole log
                 first = _safe(lambda: registry.latest_events(limit=self._events.maxlen)) or []
@@ -486,6 +489,12 @@ def _plain(value):
     return value
 
 
+def _view(gw):
+    """What the page reads of the registry: the fleet's view (a shared registry's snapshot), else the registry."""
+    view = getattr(getattr(gw, "fleet", None), "view", None)
+    return view if view is not None else gw.registry
+
+
 def _rollout_mode(gw) -> str:
     plan = gw.config.rollout
     return str(plan.mode or "") if plan is not None else ""
@@ -500,7 +509,7 @@ def _freshness(gw) -> tuple[int, float | None]:
                 max((float(p.get("max_time_lag_s", 0.0)) for p in policies.values()), default=0.0))
     acting = [(s.policy.name, s.policy.version) for s in list(gw.sessions.values())]
     policies = {p for p, _ in acting}  # the lag of the policies sessions act with (bridge.registry.newest)
-    newest = (_safe(lambda: newest_versions(gw.registry, acting, policies=policies))
+    newest = (_safe(lambda: newest_versions(_view(gw), acting, policies=policies))
               or newest_versions(None, acting))
     return max(version_lags(newest, acting).values(), default=0), None
 

@@ -14,6 +14,11 @@ once, and what the segments already hold (offset < next_offset) is skipped. Offs
 sequence - 1 (written into each transition's `offset`), so the segments are the stream, message for
 message. A sequence the stream no longer holds (its limits deleted it) is a gap: the segment is finished
 and the next starts at the following offset. The directory is locked (`.lock`) as a gateway's log directory is.
+
+A message that is not a transition of the session its subject names (`jetstream.transition_of`: an
+undecodable body, a hostile or foreign msg id) is not archived: it is counted (`poisoned`), terminated
+(`msg.term()`: never delivered again) and leaves a gap in the offsets as a deleted one does. `auth`: the
+NATS credentials (a secured cluster's `archiver` user; `--nats-user/--nats-password-file/--nats-ca`).
 """
 
 from __future__ import annotations
@@ -25,10 +30,20 @@ import os
 import time
 from pathlib import Path
 
-from bridge.experience.jetstream import STREAM, connect, ensure_stream, parse_servers
+from bridge.experience.jetstream import (
+    STREAM,
+    ExperienceStreamError,
+    NatsAuth,
+    PoisonedMessage,
+    add_nats_arguments,
+    connect,
+    ensure_stream,
+    nats_auth_from,
+    parse_servers,
+    transition_of,
+)
 from bridge.experience.log import _lock
 from bridge.experience.segment import SegmentWriter, list_segments, repair_segment, scan_segment, segment_name
-from protos import experience_pb2
 
 log = logging.getLogger("tether.experience")
 
@@ -40,7 +55,7 @@ class Archiver:
 
     def __init__(self, servers: str, directory: str | Path, *, stream: str = STREAM, durable: str = "tether-archive",
                  batch: int = 1000, segment_bytes: int = 256 << 20, segment_seconds: float = 600.0,
-                 ack_wait_s: float = 30.0):
+                 ack_wait_s: float = 30.0, auth: NatsAuth | None = None):
         if batch < 1 or segment_bytes < 4096 or not segment_seconds > 0:
             raise ValueError(f"batch ({batch}) must be >= 1, segment_bytes ({segment_bytes}) >= 4096, "
                              f"segment_seconds ({segment_seconds}) > 0")
@@ -51,6 +66,8 @@ class Archiver:
         self.archived = 0          # transitions written (fsynced) by this run
         self.skipped = 0           # delivered again, already in the segments: acknowledged, not written
         self.gaps = 0              # sequences the stream no longer had
+        self.poisoned = 0          # messages that are not a transition of their subject's session: terminated
+        self.auth = auth or NatsAuth()
         self.next_offset = 0
         self._sessions: dict[str, int] = {}
         self._segment: SegmentWriter | None = None
@@ -84,6 +101,11 @@ class Archiver:
         self._segment.mark_synced()
         self.next_offset = first_offset + len(records)
 
+    def _skip_to(self, offset: int) -> None:
+        """Poisoned messages end the batch: finish the open segment (the next one starts after the gap)."""
+        self._finish()
+        self.next_offset = offset
+
     def _full(self) -> bool:
         return self._segment.size >= self.segment_bytes or time.monotonic() - self._opened_at >= self.segment_seconds
 
@@ -105,9 +127,10 @@ class Archiver:
         nc = None
         try:
             await asyncio.to_thread(self._recover)
-            nc = await connect(self.servers, name=f"tether-archive {self.directory}")
+            nc = await connect(self.servers, name=f"tether-archive {self.directory}", auth=self.auth)
             js = nc.jetstream(timeout=10.0)
-            info = await ensure_stream(js, stream=self.stream, replicas=3 if len(self.servers) >= 3 else 1)
+            info = await ensure_stream(js, stream=self.stream, replicas=3 if len(self.servers) >= 3 else 1,
+                                       create=not self.auth.user)
             last_seq = info.state.last_seq
             # the segments say where to go on: the consumer is made again from there (a killed archiver's
             # delivered, unacknowledged messages come at once, not after the ack wait)
@@ -146,7 +169,7 @@ class Archiver:
         """Writes a fetched batch (fsynced), then acknowledges it."""
         records: list[tuple[int, bytes]] = []
         first = expected = self.next_offset
-        done, later = [], []
+        done, later, poisoned = [], [], []
         for msg in sorted(msgs, key=lambda m: m.metadata.sequence.stream):
             offset = msg.metadata.sequence.stream - 1
             if offset < expected:
@@ -165,7 +188,20 @@ class Archiver:
                 log.warning("archive %s: offsets %d..%d are no longer in the stream (its limits)", self.directory,
                             expected, offset - 1)
                 first = expected = offset
-            t = experience_pb2.Transition.FromString(msg.data)
+            try:
+                t = transition_of(msg.subject, msg.data, msg.headers)
+            except PoisonedMessage as exc:  # not archived: a gap, as a deleted message is
+                self.poisoned += 1
+                if self.poisoned == 1 or self.poisoned % 1000 == 0:
+                    log.warning("archive %s: %d poisoned message(s) terminated, not archived; offset %d: %s",
+                                self.directory, self.poisoned, offset, exc)
+                if records:
+                    await asyncio.to_thread(self._write, records, first)
+                    self.archived += len(records)
+                    records = []
+                poisoned.append(msg)
+                first = expected = offset + 1
+                continue
             t.offset = offset
             self._sessions[t.session] = max(t.step, self._sessions.get(t.session, -1))
             stamp = int(msg.metadata.timestamp.timestamp() * 1e9) if msg.metadata.timestamp else time.time_ns()
@@ -175,6 +211,10 @@ class Archiver:
         if records:
             await asyncio.to_thread(self._write, records, first)
             self.archived += len(records)
+        if poisoned and not records and self.next_offset < expected:  # the segments go on after the gap
+            await asyncio.to_thread(self._skip_to, expected)
+        for msg in poisoned:
+            await msg.term()
         for msg in done:
             await msg.ack()
         for msg in later:
@@ -201,6 +241,7 @@ def parser():
     p.add_argument("--experience", required=True, metavar="nats://HOST:PORT[,nats://HOST:PORT...]",
                    help="the NATS servers of the experience stream (as `tether gateway --experience`)")
     p.add_argument("--out", required=True, type=Path, help="the archive directory (segments; locked while written)")
+    add_nats_arguments(p)
     p.add_argument("--stream", default=STREAM, help="the JetStream stream")
     p.add_argument("--durable", default="tether-archive", help="the archiver's durable consumer (one per archive)")
     p.add_argument("--batch", type=int, default=1000, help="messages fetched, written and fsynced at once")
@@ -220,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         archiver = Archiver(args.experience, args.out, stream=args.stream, durable=args.durable, batch=args.batch,
-                            segment_bytes=int(args.segment_mb * (1 << 20)), segment_seconds=args.segment_seconds)
+                            segment_bytes=int(args.segment_mb * (1 << 20)), segment_seconds=args.segment_seconds,
+                            auth=nats_auth_from(args))
     except ValueError as exc:
         raise SystemExit(f"tether archive: {exc}") from None
 
@@ -231,7 +273,11 @@ def main(argv: list[str] | None = None) -> int:
             loop.add_signal_handler(sig, stop.set)
         return await archiver.run(until_caught_up=args.until_caught_up, stop=stop)
 
-    asyncio.run(go())
+    try:
+        asyncio.run(go())
+    except ExperienceStreamError as exc:
+        raise SystemExit(f"tether archive: {exc}") from None
     print(json.dumps({"archived": archiver.archived, "skipped": archiver.skipped, "gaps": archiver.gaps,
+                      "poisoned": archiver.poisoned,
                       "next_offset": archiver.next_offset, "out": str(args.out)}), flush=True)
     return 0

@@ -18,6 +18,14 @@ leader) sends every message not yet acknowledged again, in their order, after a 
 `retry_max_s`): the stream drops those it already has (their `Nats-Msg-Id` within the duplicate
 window), so a retry never doubles a transition.
 
+A PubAck saying "duplicate" is durability only when the stream's message under that msg id is this
+transition: the stored message (read back by its sequence) must carry the same subject, msg id, session,
+step, episode and observation (a retry of ours, or the same step logged by the gateway the session came
+from). Anything else (someone published `<session>:<step>` first, e.g. a forged future step) is counted
+(`foreign_duplicates`), never durable, and the transition is sent again every `foreign_retry_s` until the
+stream's duplicate window has passed and it is stored: the session's `durable_through` waits meanwhile.
+`prepare` trusts only a last message whose msg id carries the session's own prefix and ASCII digits.
+
 The bound is the local log's: transitions accepted and not yet durable are at most `max_pending`
 (count) and `max_pending_bytes` (serialized). At the bound `append` raises `LogFull` and refuses the
 session's later transitions too until `resume(session)` (its reconnect): its client keeps them and
@@ -35,7 +43,17 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from bridge.experience.jetstream import STREAM, connect, ensure_stream, headers_of, parse_servers, step_of, subject_of
+from bridge.experience.jetstream import (
+    STREAM,
+    NatsAuth,
+    connect,
+    ensure_stream,
+    headers_of,
+    parse_msg_id,
+    parse_servers,
+    step_of,
+    subject_of,
+)
 from bridge.experience.log import Fenced, LogError, LogFull
 from protos import experience_pb2
 
@@ -66,6 +84,8 @@ class JetStreamStats:
     pruned: int = 0        # always 0 (the stream's own limits prune)
     fenced: int = 0        # acknowledged by the stream, never durable here: their session's epoch was stale
     overtaken: int = 0     # go-backs because a PubAck came for a message sent after one still unacknowledged
+    foreign_duplicates: int = 0  # duplicate PubAcks whose stored message is not this transition: not durable
+    untrusted: int = 0     # messages read back (a moved session's last step) with a msg id not the session's own
 
 
 @dataclass(eq=False)
@@ -81,6 +101,7 @@ class _Item:
     acked: bool = False            # the stream has it
     confirmed: bool = False        # ... and ownership confirmed its epoch (or there is no ownership check)
     dropped: bool = False          # fenced: its session moved; never durable here
+    checking: bool = False         # a duplicate PubAck: the stored message is being read back
     ack: asyncio.Future | None = field(default=None, repr=False)
 
 
@@ -93,9 +114,12 @@ class JetStreamLog:
                  ack_timeout_s: float = 2.0, retry_min_s: float = 0.05, retry_max_s: float = 0.5,
                  close_timeout_s: float = 5.0, name: str = "tether-gateway",
                  ownership: Callable[[set[tuple[str, int]]], set[tuple[str, int]]] | None = None,
-                 on_fenced: Callable[[str, int], None] | None = None):
+                 on_fenced: Callable[[str, int], None] | None = None, auth: NatsAuth | None = None,
+                 create_stream: bool | None = None, foreign_retry_s: float = 5.0):
         """`ownership`/`on_fenced`: as the local log's (bridge.experience.log, "Ownership"): an acknowledged
-        transition is durable only once `ownership` (called in a thread, once per group) confirms its epoch."""
+        transition is durable only once `ownership` (called in a thread, once per group) confirms its epoch.
+        `auth`: the NATS credentials; `create_stream`: create the stream if absent (default: only without a
+        user: a secured cluster's admin creates it)."""
         self.servers = parse_servers(servers)
         if max_inflight < 1 or max_pending < 1 or max_pending_bytes < 1:
             raise ValueError(f"max_inflight ({max_inflight}), max_pending ({max_pending}) and max_pending_bytes "
@@ -110,6 +134,10 @@ class JetStreamLog:
         self.ack_timeout_s, self.retry_min_s, self.retry_max_s = ack_timeout_s, retry_min_s, retry_max_s
         self.close_timeout_s, self.name = close_timeout_s, name
         self.ownership, self.on_fenced = ownership, on_fenced
+        self.auth = auth or NatsAuth()
+        self.create_stream = not self.auth.user if create_stream is None else create_stream
+        self.foreign_retry_s = foreign_retry_s
+        self._checks: set[asyncio.Task] = set()
         self._unconfirmed: list[_Item] = []  # acknowledged by the stream, awaiting ownership's answer
         self._confirming = False
         self._nc = self._js = None
@@ -132,7 +160,7 @@ class JetStreamLog:
         self._stall_since: float | None = None  # pending and nothing acknowledged since
         self._max_payload = 1 << 20
         self._c = dict(appended=0, duplicates=0, durable=0, bytes=0, refused=0, retries=0, stream_duplicates=0,
-                       max_pending=0, max_inflight=0, fenced=0, overtaken=0)
+                       max_pending=0, max_inflight=0, fenced=0, overtaken=0, foreign_duplicates=0, untrusted=0)
         self._longest_stall = 0.0
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -140,10 +168,10 @@ class JetStreamLog:
         """Connects, makes sure the stream exists, starts publishing."""
         if self._task is not None:
             raise LogError("already started")
-        self._nc = await connect(self.servers, name=self.name)
+        self._nc = await connect(self.servers, name=self.name, auth=self.auth)
         self._js = self._nc.jetstream(timeout=self.ack_timeout_s)
         try:
-            await ensure_stream(self._js, stream=self.stream, replicas=self.replicas)
+            await ensure_stream(self._js, stream=self.stream, replicas=self.replicas, create=self.create_stream)
         except BaseException:
             await self._nc.close()
             raise
@@ -164,6 +192,8 @@ class JetStreamLog:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         self._task = None
+        for check in list(self._checks):  # duplicate PubAcks still being read back: not durable
+            check.cancel()
         lost = [i for items in self._per_session.values() for i in items]
         for item in lost:
             if not item.future.done():
@@ -271,8 +301,11 @@ class JetStreamLog:
             except Exception as exc:  # noqa: BLE001 - the stream is unavailable: Replay's msg ids still dedupe
                 log.warning("experience stream %s: last step of %s unknown (%r)", self.stream, session, exc)
                 return
-            step = step_of(msg.headers)
-            if step is None:
+            step = step_of(msg.headers, session)
+            if step is None:  # not this session's own msg id: data from the network, not trusted for a position
+                self._c["untrusted"] += 1
+                log.warning("experience stream %s: the last message of session %r (sequence %s) has no msg id "
+                            "<session>:<step> of its own: ignored", self.stream, session, getattr(msg, "seq", "?"))
                 return
             if step > self._last_step.get(session, -1):
                 self._last_step[session] = step
@@ -303,7 +336,8 @@ class JetStreamLog:
                               bytes=c["bytes"], refused=c["refused"], retries=c["retries"],
                               stream_duplicates=c["stream_duplicates"], max_pending=c["max_pending"],
                               max_inflight=c["max_inflight"], longest_stall_s=stall, degraded=self._degraded or "",
-                              write_errors=c["retries"], fenced=c["fenced"], overtaken=c["overtaken"])
+                              write_errors=c["retries"], fenced=c["fenced"], overtaken=c["overtaken"],
+                              foreign_duplicates=c["foreign_duplicates"], untrusted=c["untrusted"])
 
     async def wait_durable(self, timeout: float) -> bool:
         """Waits until nothing is pending (or the timeout); True if nothing is."""
@@ -366,13 +400,51 @@ class JetStreamLog:
         overtaken = next(iter(self._inflight)) != item.n  # PubAcks come in send order: an earlier one was lost
         self._inflight.pop(item.n, None)
         self._sent_at.pop(item.n, None)
-        if getattr(ack.result(), "duplicate", False):
+        result = ack.result()
+        if getattr(result, "duplicate", False):  # durable only if the stream's message is this one: read it back
             self._c["stream_duplicates"] += 1
-        self._acked(item)
+            item.checking = True
+            task = asyncio.get_running_loop().create_task(self._check_duplicate(item, int(result.seq)))
+            self._checks.add(task)
+            task.add_done_callback(self._checks.discard)
+        else:
+            self._acked(item)
         if overtaken:
             self._c["overtaken"] += 1
             self._go_back("a PubAck overtook an earlier message (lost on the way: a server or the leader changed)")
         self._wake.set()
+
+    async def _check_duplicate(self, item: _Item, seq: int) -> None:
+        """A duplicate PubAck for `item`: acknowledged if the stream's message `seq` is this transition; else not
+        durable, sent again after `foreign_retry_s` (stored once the stream's duplicate window has passed)."""
+        why, delay = None, self.foreign_retry_s
+        try:
+            stored = await self._js.get_msg(self.stream, seq)
+            if not _same_transition(stored, item):
+                self._c["foreign_duplicates"] += 1
+                n = self._c["foreign_duplicates"]
+                why = (f"the stream holds another message (sequence {seq}) under msg id {item.session}:{item.step}: "
+                       f"not durable, sent again every {self.foreign_retry_s:g} s")
+                if n == 1 or n % 100 == 0:
+                    log.error("experience stream %s: %s (%d such duplicates)", self.stream, why, n)
+        except Exception as exc:  # noqa: BLE001 - cannot read it back now: sent again soon, its PubAck checked again
+            why = f"a duplicate PubAck for {item.session}:{item.step} could not be checked ({exc!r})"
+            delay = self._backoff
+            log.warning("experience stream %s: %s; sent again in %.2g s", self.stream, why, delay)
+        item.checking = False
+        if item.acked or item.dropped:
+            return
+        if why is None:
+            self._acked(item)
+        else:
+            self._degraded = why
+            asyncio.get_running_loop().call_later(delay, self._send_again, item)
+        self._wake.set()
+
+    def _send_again(self, item: _Item) -> None:
+        if not (item.acked or item.dropped or item.checking) and self._task is not None:
+            self._requeue(item)
+            self._wake.set()
 
     def _acked(self, item: _Item) -> None:
         if item.acked:
@@ -473,3 +545,21 @@ class JetStreamLog:
         self._degraded = f"{why}; {self._pending} transitions pending, retrying every {self._backoff:.2g} s"
         self._retry_at = time.monotonic() + self._backoff
         self._backoff = min(self._backoff * 2, self.retry_max_s)
+
+
+def _same_transition(stored, item: _Item) -> bool:
+    """Whether a message read back from the stream is `item`'s transition: the same bytes, or the same subject,
+    msg id, session, step, episode and observation (the step as another gateway logged it before the session
+    moved: timings, epoch and version fields may differ)."""
+    if stored.subject != item.subject or parse_msg_id((stored.headers or {}).get("Nats-Msg-Id")) != (item.session,
+                                                                                                     item.step):
+        return False
+    if stored.data == item.data:
+        return True
+    try:
+        theirs = experience_pb2.Transition.FromString(stored.data)
+    except Exception:  # noqa: BLE001 - undecodable: not ours
+        return False
+    ours = experience_pb2.Transition.FromString(item.data)
+    return (theirs.session, theirs.step, theirs.episode, list(theirs.observation)) == \
+        (ours.session, ours.step, ours.episode, list(ours.observation))

@@ -24,6 +24,7 @@ from bridge.gateway.rollout_config import RolloutPlan
 from bridge.gateway.rollout_config import add_arguments as add_rollout_arguments
 from bridge.gateway.rollout_config import from_arguments as rollout_settings
 from inference_server.repository import VERSIONS_SUFFIX
+from inference_server.secret import read_secret
 
 __all__ = ["GatewayConfig", "add_arguments", "from_arguments"]
 
@@ -46,6 +47,9 @@ class GatewayConfig:
     log_retention_mb: float | None = None     # delete finished segments, oldest first, past this total; None = keep
     log_retention_hours: float | None = None  # ... and those last written longer ago than this; None = keep
     experience_url: str = ""              # nats://H:P[,...]: to NATS JetStream (beside or instead of the dir)
+    nats_user: str = ""                   # its credentials (bridge.experience.jetstream.NatsAuth): user, the
+    nats_password_file: Path | None = None  # 0600 file holding its password, the CA verifying the servers (TLS)
+    nats_ca: Path | None = None
     rewards: Mapping[str, Path] = field(default_factory=dict)  # policy -> reward config YAML
     switch: str = "episode"          # when sessions move to a new version: "episode" or "step"
     rollout: RolloutPlan = field(default_factory=RolloutPlan)  # direct, or staged shadow -> canary -> live
@@ -74,6 +78,14 @@ class GatewayConfig:
     gateway_id: str = ""             # this gateway's name in session ownership (bridge.gateway.owners); "" = HOST:PORT
     drain_grace_s: float = 0.2       # SIGTERM: NOT_SERVING this long before the streams end UNAVAILABLE (drain)
     persistent_versions: bool = False  # ONNX versions served by one persistent model per policy (no stub per version)
+    triton_secret_file: Path | None = None  # the secret Triton checks, sent on every call (inference_server.secret)
+
+    @property
+    def nats_auth(self):
+        """The NATS client credentials (`--nats-user/--nats-password-file/--nats-ca`) as a NatsAuth."""
+        from bridge.experience.jetstream import NatsAuth
+
+        return NatsAuth(user=self.nats_user, password_file=self.nats_password_file, ca=self.nats_ca)
 
     @property
     def triton_urls(self) -> tuple[str, ...]:
@@ -116,6 +128,7 @@ class GatewayConfig:
             from bridge.experience.jetstream import parse_servers
 
             parse_servers(self.experience_url)  # ValueError naming a bad address
+            _ = self.nats_auth  # ValueError naming a bad NATS user, or a user without a password file
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError(f"TLS needs both tls_cert and tls_key, got cert={self.tls_cert} key={self.tls_key}")
         if self.tls_client_ca is not None and self.tls_cert is None:
@@ -152,6 +165,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="stream every transition to NATS JetStream (the stream TETHER_EXPERIENCE, 3 replicas with 3 "
                         "or more servers; durable_through = acknowledged by the stream), beside or instead of "
                         "--experience-dir; archive it with `tether archive` (docs/operations.md)")
+    from bridge.experience.jetstream import add_nats_arguments
+
+    add_nats_arguments(p)
     p.add_argument("--fsync-interval-ms", type=float, default=5.0, help="group commit interval of the log")
     p.add_argument("--log-max-pending", type=int, default=100_000,
                    help="the log's bound: transitions not yet on disk; beyond it a session's transitions are not "
@@ -180,6 +196,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--tls-cert", type=Path, help="server certificate (PEM): serve gRPC over TLS")
     s.add_argument("--tls-key", type=Path, help="the server certificate's private key (PEM)")
     s.add_argument("--tls-client-ca", type=Path, help="require client certificates signed by this CA (mTLS)")
+    s.add_argument("--triton-secret-file", type=Path, metavar="PATH",
+                   help="a file holding the secret Triton's restricted protocols check (`tether triton "
+                        "--triton-secret-file`): sent as header tether-triton-key on every Triton call")
     s.add_argument("--insecure", action="store_true", help="allow plaintext on a non-loopback --host (loud warning)")
     s.add_argument("--tokens", type=Path, help="operator/trainer tokens file (tether token add)")
     s.add_argument("--no-anonymous-viewers", dest="anonymous_viewers", action="store_false",
@@ -213,6 +232,8 @@ def from_arguments(a: argparse.Namespace) -> GatewayConfig:
     """The GatewayConfig of parsed `add_arguments` flags; a bad value raises SystemExit naming it."""
     try:
         repositories = tuple(Path(p) for p in str(a.model_repository).split(",")) if a.model_repository else ()
+        if a.triton_secret_file:
+            read_secret(a.triton_secret_file)  # a missing or malformed file fails here, naming it (never the secret)
         return GatewayConfig(triton_url=a.triton, policy=a.policy, host=a.host, port=a.port,
                              deadline_ms=a.deadline_ms, max_batch=a.max_batch, max_inflight=a.max_inflight,
                              triton_timeout_s=a.triton_timeout,
@@ -220,13 +241,15 @@ def from_arguments(a: argparse.Namespace) -> GatewayConfig:
                              model_repositories=repositories if len(repositories) > 1 else (),
                              artifact_store=a.artifact_store,
                              experience_dir=a.experience_dir, fsync_interval_ms=a.fsync_interval_ms,
-                             experience_url=a.experience,
+                             experience_url=a.experience, nats_user=a.nats_user,
+                             nats_password_file=a.nats_password_file, nats_ca=a.nats_ca,
                              log_max_pending=a.log_max_pending, log_max_pending_mb=a.log_max_pending_mb,
                              log_retention_mb=a.log_retention_mb, log_retention_hours=a.log_retention_hours,
                              rewards=_reward_configs(a.rewards), switch=a.switch, **_security_kwargs(a),
                              console_port=a.console_port, console_host=a.console_host,
                              console_allowed_hosts=tuple(a.console_allowed_host), gateway_id=a.gateway_id,
                              drain_grace_s=a.drain_grace_s, persistent_versions=a.persistent_versions,
+                             triton_secret_file=a.triton_secret_file,
                              **rollout_settings(a))
     except ValueError as exc:
         raise SystemExit(f"tether gateway: {exc}") from None

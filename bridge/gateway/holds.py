@@ -21,7 +21,13 @@ held by another standing e-stop gets a held reply with that other id.
 
 Durable: each e-stop and release is one registry transaction with its audit event (`Registry.estop/release`), run
 off the event loop; what is kept here is a cache of the registry's standing e-stops, replaced after every commit,
-read when the gateway starts. Where: the gateway's registry file; with an in-memory registry (no --model-repository
+read when the gateway starts. An e-stop holds in memory first, at once (its id made here, "estop-<hex>": the one
+the registry then records), and is written right after, with a lock timeout (PERSIST_LOCK_TIMEOUT_S); while the
+registry is unreachable the write is retried every PERSIST_RETRY_S until it is durable (other gateways then hold too,
+as they follow the registry). The call waits PERSIST_WAIT_S for it: not durable by then, it raises EStopNotDurable
+(the e-stop holds here all the same). A release is applied only once its audit event is written, and on a shared
+registry only after a probe answered (bridge.registry.view): while the database is unreachable it is refused at
+once, never sent to commit later. Where: the gateway's registry file; with an in-memory registry (no --model-repository
 and no --registry) a registry file of its own at <experience-dir>/.tether/estops.sqlite (`open_estop_registry`);
 with neither, in memory only (warned at start, `EStops.durable` False). If the registry cannot record an e-stop, the
 gateway holds anyway (a volatile e-stop, id "volatile-..."), and the call raises EStopNotDurable; a release is
@@ -44,8 +50,9 @@ import grpc
 import numpy as np
 
 from bridge.gateway.errors import GatewayError
-from bridge.registry import EStopRecord, Registry, RegistryError, RegistryWriteFailed
+from bridge.registry import EStopRecord, Registry, RegistryError, RegistryUnavailable, RegistryWriteFailed
 from bridge.registry.store import MAX_ESTOP_WHY
+from bridge.registry.view import view_of
 from protos import bridge_pb2, fleet_pb2
 from protos.codec import encode
 
@@ -54,7 +61,11 @@ ROBOT_LABELS = ("robot", "node")  # Hello labels naming a robot: robot=NAME, or 
 MAX_NAME = 128
 ESTOP_FILE = Path(".tether") / "estops.sqlite"
 RELEASED_CACHE = 4096  # released ids remembered (a release is final: never forgotten, only evicted)
+PERSIST_WAIT_S = 1.0          # an e-stop call waits this long for its write before saying it is not durable yet
+PERSIST_RETRY_S = 0.2         # a write the registry could not take (unreachable, busy) is tried again after this
+PERSIST_LOCK_TIMEOUT_S = 1.0  # the write's lock_timeout (statement_timeout twice that)
 UNKNOWN_RECHECK_S = 1.0  # an id neither standing nor released is asked of the registry again after this
+RELEASED_ASK_S = 0.5     # how long a step waits for the registry's answer to "was it released?"
 
 
 class BadTarget(GatewayError):
@@ -134,6 +145,9 @@ class EStops:
         self._write_lock = threading.Lock()   # one change at a time, and the cache replaced in commit order
         self._standing: dict[str, EStopRecord] = {r.target: r for r in registry.standing_estops()}
         self._volatile: dict[str, EStopRecord] = {}  # held though the registry could not record them
+        self._pending: dict[str, EStopRecord] = {}   # held, being written (retried until durable)
+        self._writes: dict[str, asyncio.Task] = {}   # target -> its write, retried while the registry is away
+        self._aliases: dict[str, str] = {}            # a standing e-stop's id -> the id this gateway held by first
         self._released: dict[str, None] = {}          # ids known released (insertion-ordered, bounded)
         self._unknown: dict[str, float] = {}          # id -> when the registry last did not know it released
         self._safe: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # session -> encoded safe tensors
@@ -149,19 +163,20 @@ class EStops:
     # -- what holds whom ----------------------------------------------------------------------------------------
 
     def standing(self) -> list[EStopRecord]:
-        """Standing e-stops, oldest first (volatile ones included)."""
-        return sorted([*self._standing.values(), *self._volatile.values()], key=lambda r: r.t_ns)
+        """Standing e-stops, oldest first (volatile and not yet durable ones included)."""
+        held = {**self._pending, **self._volatile, **self._standing}
+        return sorted(held.values(), key=lambda r: r.t_ns)
 
     def holder(self, session) -> EStopRecord | None:
         """The e-stop that holds `session` (anything with `id` and `labels`), or None."""
-        standing, volatile = self._standing, self._volatile
-        if not standing and not volatile:
+        standing, volatile, pending = self._standing, self._volatile, self._pending
+        if not standing and not volatile and not pending:
             return None
         keys = ["all", f"session={session.id}"]
         labels = getattr(session, "labels", None) or {}
         keys += [f"robot={labels[k]}" for k in ROBOT_LABELS if labels.get(k)]
         for key in keys:
-            found = standing.get(key) or volatile.get(key)
+            found = standing.get(key) or volatile.get(key) or pending.get(key)
             if found is not None:
                 return found
         return None
@@ -220,10 +235,11 @@ class EStops:
         asked = self._unknown.get(estop_id)
         if asked is not None and time.monotonic() - asked < UNKNOWN_RECHECK_S:
             return False
-        try:
-            released = await asyncio.to_thread(self.registry.released, estop_id)
-        except RegistryError as exc:
-            log.warning("cannot ask the registry whether %s was released (the edge stays latched): %s", estop_id, exc)
+        try:  # a step waits at most RELEASED_ASK_S: no answer means not released (the edge stays latched)
+            released = await asyncio.wait_for(asyncio.to_thread(self.registry.released, estop_id), RELEASED_ASK_S)
+        except (RegistryError, TimeoutError) as exc:
+            log.warning("cannot ask the registry whether %s was released (the edge stays latched): %s", estop_id,
+                        exc or f"no answer within {RELEASED_ASK_S:g} s")
             released = False
         if released:
             self._remember_released(estop_id)
@@ -237,8 +253,79 @@ class EStops:
     # -- operator actions ---------------------------------------------------------------------------------------
 
     async def estop(self, target: Target, *, who: str, why: str) -> Outcome:
-        """Latch (registry first, off the event loop). The sessions it matches are held from their next step."""
+        """Latch: held in memory at once (the sessions it matches are held from their next step), then written to
+        the registry off the event loop, retried while it is unreachable (see the module docstring)."""
         _check_who_why(who, why)
+        key = target.key
+        held = self._standing.get(key) or self._volatile.get(key) or self._pending.get(key)
+        if held is None and self.durable:
+            pending = EStopRecord(id=f"estop-{secrets.token_hex(8)}", target=key, who=who, why=why,
+                                  t_ns=time.time_ns())
+            self._pending = {**self._pending, key: pending}  # holds from here on: no await before this
+            write = self._writes[key] = asyncio.get_running_loop().create_task(self._persist(target, pending),
+                                                                               name=f"estop-write {key}")
+            write.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved, whoever waits
+        write = self._writes.get(key)
+        if write is None and held is not None:  # already held: the press audited, if the registry answers in time
+            latch = asyncio.get_running_loop().create_task(self._latch(target, who=who, why=why))
+            try:
+                return await asyncio.wait_for(asyncio.shield(latch), PERSIST_WAIT_S)
+            except TimeoutError:
+                log.warning("e-stop on %s by %s: already held by %s; this press is audited once the registry "
+                            "answers", key, who, held.id)
+                return Outcome(False, held)
+        if write is None:  # no durable registry: the old path
+            return await self._latch(target, who=who, why=why)
+        try:
+            record, changed = await asyncio.wait_for(asyncio.shield(write), PERSIST_WAIT_S)
+        except TimeoutError:
+            pending = self._pending.get(key) or held
+            raise EStopNotDurable(f"the e-stop on {key} holds ({pending.id}) in this gateway; the registry has not "
+                                  f"recorded it yet (registry unreachable or busy): it is written as soon as the "
+                                  f"registry answers, and other gateways hold then") from None
+        if held is not None:  # pressed again while its first write was under way
+            return Outcome(False, record)
+        log.warning("e-stop %s on %s by %s%s: %s", record.id, key, who, "" if changed else " (already latched)", why)
+        return Outcome(changed, record)
+
+    async def _persist(self, target: Target, pending: EStopRecord) -> tuple[EStopRecord, bool]:
+        """Write `pending` until the registry takes it (unreachable or busy: again after PERSIST_RETRY_S). A write the
+        registry refuses otherwise (a full disk) leaves a volatile e-stop (EStopNotDurable), as before."""
+        key, tries = target.key, 0
+        try:
+            while True:
+                tries += 1
+                try:
+                    record, changed = await asyncio.to_thread(self._change, self._write_estop, target, pending.who,
+                                                              pending)
+                except RegistryUnavailable as exc:
+                    if tries == 1:
+                        log.error("e-stop %s on %s holds in this gateway; writing it to the registry failed (%s): "
+                                  "retried every %g s until it is durable", pending.id, key, exc, PERSIST_RETRY_S)
+                    await asyncio.sleep(PERSIST_RETRY_S)
+                    continue
+                except RegistryWriteFailed as exc:
+                    volatile = EStopRecord(id=f"volatile-{secrets.token_hex(6)}", target=key, who=pending.who,
+                                           why=pending.why, t_ns=pending.t_ns)
+                    self._volatile = {**self._volatile, key: volatile}
+                    log.error("e-stop %s on %s by %s holds in memory only: %s", volatile.id, key, pending.who, exc)
+                    raise EStopNotDurable(f"the e-stop on {key} holds ({volatile.id}), but in this gateway's memory "
+                                          f"only: the registry could not record it: {exc}") from exc
+                if tries > 1:
+                    log.warning("e-stop %s on %s is durable now (after %d tries)", record.id, key, tries)
+                if record.id != pending.id:  # another gateway's stood there first: ours released with it
+                    self._aliases[record.id] = pending.id
+                return record, changed
+        finally:
+            self._pending = {k: v for k, v in self._pending.items() if k != key}
+            self._writes.pop(key, None)
+
+    def _write_estop(self, target: str, *, who: str, why: str, pending: EStopRecord) -> tuple[EStopRecord, bool]:
+        return self.registry.estop(target, who=who, why=why, estop_id=pending.id,
+                                   lock_timeout_s=PERSIST_LOCK_TIMEOUT_S)
+
+    async def _latch(self, target: Target, *, who: str, why: str) -> Outcome:
+        """The registry first, then the cache: a target already held (the press audited), or no durable registry."""
         try:
             record, changed = await asyncio.to_thread(self._change, self.registry.estop, target, who, why)
         except RegistryWriteFailed as exc:  # hold anyway; the operator hears it is not durable
@@ -258,8 +345,14 @@ class EStops:
         return Outcome(changed, record)
 
     async def release(self, target: Target, *, who: str, why: str) -> Outcome:
-        """Unlatch the e-stop standing on that target (others stay). Applied only once its audit event is written."""
+        """Unlatch the e-stop standing on that target (others stay). Applied only once its audit event is written;
+        refused (RegistryUnavailable) while its e-stop is still being written or a shared registry does not answer."""
         _check_who_why(who, why)
+        if target.key in self._writes:
+            raise RegistryUnavailable(f"registry unreachable: the e-stop on {target.key} is not recorded yet: it "
+                                      "cannot be released before it is")
+        if getattr(self.registry, "shared", False):
+            await view_of(self.registry).check(f"release of the e-stop on {target.key}")
         volatile = self._volatile.get(target.key)
         record, changed = await asyncio.to_thread(self._change, self.registry.release, target, who, why)
         if volatile is not None:  # the registry wrote the release's audit event (RegistryError otherwise)
@@ -270,10 +363,12 @@ class EStops:
             log.warning("e-stop %s on %s released by %s: %s", record.id, target.key, who, why)
         return Outcome(changed, record)
 
-    def _change(self, act, target: Target, who: str, why: str):
+    def _change(self, act, target: Target, who: str, why: str | EStopRecord):
         """In a worker thread: the registry's transaction, then the cache replaced by what the registry holds."""
         with self._write_lock:
             try:
+                if isinstance(why, EStopRecord):  # a held e-stop's write (_persist)
+                    return act(target.key, who=why.who, why=why.why, pending=why)
                 return act(target.key, who=who, why=why)
             finally:
                 try:
@@ -291,6 +386,8 @@ class EStops:
                 log.warning("cannot re-read the standing e-stops: %s", exc)
 
     def _remember_released(self, estop_id: str) -> None:
+        if (alias := self._aliases.pop(estop_id, None)) is not None:
+            self._released[alias] = None
         self._released[estop_id] = None
         while len(self._released) > RELEASED_CACHE:
             del self._released[next(iter(self._released))]

@@ -2,7 +2,8 @@
 
     owners = SessionOwners(gateway)          # the store beside gateway.registry (None for an in-memory registry)
     owners.name = "gw-a"                     # --gateway-id, default HOST:PORT
-    epoch = await owners.claim("robot-1", ["robot-1"])   # on Hello (SessionFactory): epoch bumped in one transaction
+    epoch = await owners.claim("robot-1", ["robot-1"], identity="robot:arm_1")   # on Hello (SessionFactory): one
+                                             # transaction bumps the epoch; another identity: PermissionDenied
     ExperienceLog(dir, **owners.log_hooks())  # the log asks before each group commit's ack; stale -> owners.fenced
 
 A claim whose previous epoch was another gateway's (the client moved here and may come back) makes this
@@ -12,19 +13,27 @@ bridge.experience.merge). A session whose epoch went stale (another gateway clai
 was cut off, not dead) is fenced like a takeover: what it has pending is dropped and counted, nothing more
 of it is logged, its stream ends ABORTED. With an in-memory registry (one gateway, nothing shared) there
 is no store: epoch 0, nothing checked, the log behaves exactly as before.
+
+Identity: `claim(..., identity="robot:arm_1")` binds the id to the identity that proved itself at the Hello
+(`Authorizer.require`); a claim by another identity is refused with PERMISSION_DENIED before any epoch moves (the
+store checks it in the statement that would bump, on every gateway sharing it; without a store, this gateway
+remembers the newest BOUND_IDS ids' identities). With open access (identity None) nothing is bound, as before.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 
-from bridge.gateway.errors import SessionsUnavailable
-from bridge.registry.ownership import Ownership, OwnershipUnavailable, open_ownership
+from bridge.gateway.errors import PermissionDenied, SessionsUnavailable
+from bridge.registry.ownership import Ownership, OwnershipRefused, OwnershipUnavailable, open_ownership, refusal
 
 __all__ = ["SessionOwners"]
 
 log = logging.getLogger("tether.gateway")
+BOUND_IDS = 65_536  # without a store: the newest ids whose identity this gateway remembers
+CLAIM_TIMEOUT_S = 5.0  # a Hello waits this long for the store's answer, then is refused UNAVAILABLE
 
 
 class SessionOwners:
@@ -35,19 +44,31 @@ class SessionOwners:
         self.store: Ownership | None = store if store is not None else (open_ownership(target) if shared else None)
         self.name = gateway.config.gateway_id or f"{gateway.config.host}:{gateway.config.port}"
         self.claims = 0
+        self.refused = 0          # claims refused: the id is bound to another identity
+        self._bound: OrderedDict[str, str] = OrderedDict()  # without a store: session id -> identity
         self.fenced_sessions = 0  # sessions ended because another gateway claimed them
         self.fenced_writes = 0    # groups of a session's transitions not acknowledged (a stale epoch)
         self._ids: dict[str, str] = {}  # a vector session's log keys ("<id>/<env>") -> its session id
 
-    async def claim(self, session_id: str, log_keys: list[str]) -> int:
-        """Claim `session_id` for this gateway: its new epoch (0 without a store). SessionsUnavailable when the
-        store cannot be reached."""
+    async def claim(self, session_id: str, log_keys: list[str], *, identity: str | None = None) -> int:
+        """Claim `session_id` for this gateway under `identity` (None: open access): its new epoch (0 without a
+        store). PermissionDenied when the id is bound to another identity (nothing changed); SessionsUnavailable
+        when the store cannot be reached or does not answer within CLAIM_TIMEOUT_S."""
         if self.store is None:
+            self._bind(session_id, identity)
             return 0
         try:
-            claim = await asyncio.to_thread(self.store.claim, session_id, owner=self.name)
+            claim = await asyncio.wait_for(asyncio.to_thread(self.store.claim, session_id, owner=self.name,
+                                                             identity=identity), CLAIM_TIMEOUT_S)
+        except OwnershipRefused as exc:
+            self.refused += 1
+            log.warning("session %s: Hello from %s refused: %s", session_id, identity or "open access", exc)
+            raise
         except OwnershipUnavailable as exc:
             raise SessionsUnavailable(f"session {session_id!r}: {exc}") from None
+        except TimeoutError:
+            raise SessionsUnavailable(f"session {session_id!r}: the ownership store did not answer within "
+                                      f"{CLAIM_TIMEOUT_S:g} s (registry unreachable?)") from None
         self.claims += 1
         for key in log_keys:
             if key != session_id:
@@ -60,6 +81,20 @@ class SessionOwners:
             log.info("session %s claimed by %s at epoch %d (was %s at epoch %d)", session_id, self.name, claim.epoch,
                      *claim.previous)
         return claim.epoch
+
+    def _bind(self, session_id: str, identity: str | None) -> None:
+        """Without a store: this gateway's own memory of which identity holds an id (the newest BOUND_IDS)."""
+        bound = self._bound.get(session_id, "")
+        if (why := refusal(session_id, bound, identity)) is not None:
+            self.refused += 1
+            log.warning("session %s: Hello from %s refused: %s", session_id, identity or "open access", why)
+            raise PermissionDenied(why)
+        if identity is not None and not bound:
+            self._bound[session_id] = identity
+        if session_id in self._bound:
+            self._bound.move_to_end(session_id)
+            while len(self._bound) > BOUND_IDS:
+                self._bound.popitem(last=False)
 
     def log_hooks(self) -> dict:
         """The experience log's `ownership` and `on_fenced` (none without a store)."""

@@ -124,7 +124,8 @@ class TritonReplicas:
 
     def __init__(self, urls: Sequence[str], *, primary: ModelRepository, repositories: Sequence[ModelRepository],
                  store: ArtifactStore, deadline_s: float, control_timeout_s: float = 60.0,
-                 tolerances: Mapping[str, tuple[float, float]] = DEFAULT_TOLERANCES, health_period_s: float = 0.2):
+                 tolerances: Mapping[str, tuple[float, float]] = DEFAULT_TOLERANCES, health_period_s: float = 0.2,
+                 secret: str | None = None):
         urls = list(urls)
         if len(set(urls)) != len(urls) or not all(urls):
             raise ValueError(f"Triton replica addresses {urls} must be distinct and non-empty")
@@ -135,8 +136,9 @@ class TritonReplicas:
         self.primary, self.url = primary, ",".join(urls)
         self.copies = VersionCopies(primary=primary, store=store)  # version folders to each replica's repository
         self._deadline_s, self._control_timeout_s = deadline_s, control_timeout_s
-        self.replicas = [Replica(url, repo, PolicyClient(url, timeout_s=deadline_s),
-                                 PolicyClient(url, timeout_s=control_timeout_s))
+        self._secret = secret  # Triton's restricted-protocol secret, on every call (inference_server.secret)
+        self.replicas = [Replica(url, repo, PolicyClient(url, timeout_s=deadline_s, secret=secret),
+                                 PolicyClient(url, timeout_s=control_timeout_s, secret=secret))
                          for url, repo in zip(urls, repos, strict=True)]
         self.tolerances, self.health_period_s = tolerances, health_period_s
         self.hot = _HotPath(self)
@@ -163,7 +165,12 @@ class TritonReplicas:
         deadline = time.monotonic() + timeout
         while not any(await asyncio.gather(*(self._alive(r.url) for r in self.replicas))):
             if time.monotonic() > deadline:
-                raise InferenceError(f"no Triton replica of {self.url} is ready after {timeout:g} s", url=self.url,
+                why = ""
+                try:  # why the first one is not: unreachable, or refused (a restricted Triton, the wrong secret)
+                    await self.replicas[0].control.server_version()
+                except InferenceError as exc:
+                    why = f" ({self.replicas[0].url}: {exc})"
+                raise InferenceError(f"no Triton replica of {self.url} is ready after {timeout:g} s{why}", url=self.url,
                                      code="UNAVAILABLE")
             await asyncio.sleep(0.05)
         self._models.update(models)
@@ -194,7 +201,7 @@ class TritonReplicas:
     async def _alive(self, url: str) -> bool:
         """Liveness on a fresh channel (no reconnect backoff from a dead one). Not readiness: with Triton's strict
         readiness a server is not ready while any model it was asked to load is not (loading, failed)."""
-        probe = PolicyClient(url, timeout_s=1.0)
+        probe = PolicyClient(url, timeout_s=1.0, secret=self._secret)
         try:
             return await probe.live()
         finally:
@@ -223,8 +230,8 @@ class TritonReplicas:
                 await asyncio.gather(r.recording, return_exceptions=True)
             r.state = JOINING
             old = (r.hot, r.control)
-            r.hot = PolicyClient(r.url, timeout_s=self._deadline_s)
-            r.control = PolicyClient(r.url, timeout_s=self._control_timeout_s)
+            r.hot = PolicyClient(r.url, timeout_s=self._deadline_s, secret=self._secret)
+            r.control = PolicyClient(r.url, timeout_s=self._control_timeout_s, secret=self._secret)
             for client in old:
                 await client.close()
             try:
@@ -495,10 +502,10 @@ class ReplicaMetrics(Collector):
                                   "was gone", value=self._replicas.retried)
 
 
-def from_config(config) -> TritonReplicas:
-    """The replicas of a GatewayConfig with several `triton_urls` (bridge.gateway.config)."""
+def from_config(config, *, secret: str | None = None) -> TritonReplicas:
+    """The replicas of a GatewayConfig with several `triton_urls` (bridge.gateway.config); `secret`: Triton's."""
     primary = ModelRepository(config.model_repository)
     repositories = [ModelRepository(p) for p in config.model_repositories] or [primary]
     store = ArtifactStore(config.artifact_store or primary.root / ".tether" / "artifacts")
     return TritonReplicas(config.triton_urls, primary=primary, repositories=repositories, store=store,
-                          deadline_s=config.deadline_ms / 1e3, tolerances=config.gate.tolerances)
+                          deadline_s=config.deadline_ms / 1e3, tolerances=config.gate.tolerances, secret=secret)

@@ -41,7 +41,9 @@ Several gateways on one PostgreSQL registry (bridge.gateway.rollout_follow): eac
 commit (`follow`: the rollouts re-read in one snapshot, their versions served, sessions routed by them); only the
 one holding the leader lock judges and advances the plan, rolls back automatically, rejects candidates a crash
 interrupted and reconciles what Triton serves. While the database is unreachable the last rollouts read keep
-serving and changes are refused (RegistryUnavailable: UNAVAILABLE).
+serving and changes are refused (RegistryUnavailable: UNAVAILABLE) at once or within a probe's timeout
+(bridge.registry.view.check), never a hang; no read of the shared registry runs on the event loop while sessions
+step (the leader's reconcile reads in a thread, one at a time).
 
 Every change of state goes through the registry (an audit event with who/why). Versions nobody
 needs (not live, previous live, canary, shadow or pinned, and no session acting with them) are
@@ -81,6 +83,7 @@ from bridge.registry import (
     VersionRecord,
     move_refused,
 )
+from bridge.registry.view import CHECK_TIMEOUT_S, view_of
 from inference_server import ModelRepository, PolicyClient
 from protos import policies_pb2
 from protos.codec import Spec
@@ -105,7 +108,7 @@ class RolloutController:
         # sessions talk to the router directly (the VersionRouter role): no hop through the controller
         self.acting, self.stepped = self.router.acting, self.router.stepped
         self.episode_ended = self.router.episode_ended
-        self.fresh = Freshness(registry)                # the newest version per policy, sessions' lag behind it
+        self.fresh = Freshness(registry, view=view_of(registry) if registry.shared else None)  # sessions' lag
         self._probation: dict[str, int] = {}            # policy -> the live version judged vs the previous one
         self.bounds = DeclaredBounds()                  # the action bounds sessions declared, by who declared them
         self.evaluating: set[str] = set()               # the gate's evaluation sessions (pinned, not logged)
@@ -115,6 +118,7 @@ class RolloutController:
         self.errors: list[str] = []                     # background failures (also logged)
         # a shared registry: the epoch other gateways commit, and the one leader (bridge.gateway.rollout_follow)
         self.shared = SharedRollout(registry, catch_up=self.follow, router=self.router)
+        self._keep_read: asyncio.Future | None = None   # the leader's reconcile read of a shared registry, in flight
 
     # -- start, stop, restore ------------------------------------------------------------------------------------
 
@@ -266,8 +270,9 @@ class RolloutController:
         to = State(to)
         if to not in (State.SHADOW, State.CANARY, State.LIVE):
             raise RegistryError(f"promote moves a version to shadow, canary or live, not {to}")
+        await self._reachable(f"promote of {policy} v{version}")
         async with self.lock:
-            self._check_move(policy, version, to)
+            await asyncio.to_thread(self._check_move, policy, version, to)
             await self.serving.serve(policy, version)
             if to is State.CANARY and (fraction is not None or labels is not None):
                 await self._write(self.registry.set_canary, policy, fraction=fraction, labels=labels, who=who, why=why)
@@ -282,6 +287,7 @@ class RolloutController:
 
     async def rollback(self, policy: str, version: int | None = None, *, who: str, why: str) -> VersionRecord:
         """Roll back `version` (None: the live one, and the previous live version is live again)."""
+        await self._reachable(f"rollback of {policy}")
         async with self.lock:
             return await self._rollback(policy, version, who=who, why=why)
 
@@ -303,7 +309,7 @@ class RolloutController:
         version = rollout.live if version is None else version
         if version is None:
             raise RegistryError(f"policy {policy!r} has no live version to roll back")
-        self._check_move(policy, version, State.ROLLED_BACK)
+        await asyncio.to_thread(self._check_move, policy, version, State.ROLLED_BACK)
         if version == rollout.live:
             await self.serving.serve(policy, rollout.previous_live)
         record = await self._write(self.registry.move, policy, version, State.ROLLED_BACK, who=who, why=why)
@@ -313,12 +319,13 @@ class RolloutController:
 
     async def pin(self, policy: str, selector: str, version: int | None, *, who: str, why: str) -> Rollout:
         """Hold the sessions of `selector` ("session=<id>" or a label "<key>=<value>") on `version` (None: unpin)."""
+        await self._reachable(f"pin of {policy} {selector}")
         async with self.lock:
             return await self._pin(policy, selector, version, who=who, why=why)
 
     async def _pin(self, policy: str, selector: str, version: int | None, *, who: str, why: str) -> Rollout:
         if version is not None:
-            record = self.registry.get(policy, version)
+            record = await asyncio.to_thread(self.registry.get, policy, version)
             if record.state in WITHDRAWN:
                 raise RegistryError(f"policy {policy!r} v{version} is {record.state}; it cannot be pinned")
             await self.serving.serve(policy, version)
@@ -330,6 +337,7 @@ class RolloutController:
 
     async def set_canary(self, policy: str, *, fraction: float | None = None, labels: dict | None = None,
                          who: str, why: str) -> Rollout:
+        await self._reachable(f"canary of {policy}")
         async with self.lock:
             rollout = await self._write(self.registry.set_canary, policy, fraction=fraction, labels=labels, who=who,
                                         why=why)
@@ -438,19 +446,42 @@ class RolloutController:
     def _needed(self, name: str, rollout: Rollout) -> set[int]:
         return needed(rollout, self._publishing.gating.get(name), self._publishing.gate_base.get(name))
 
-    def keep(self, name: str) -> set[int]:
+    def keep(self, name: str, versions: list[VersionRecord] | None = None) -> set[int]:
         """The versions of `name` that stay on disk: the rollout's, the gate's, and those sessions act with (on a
         shared registry also every candidate or gated version: another gateway's publish may be gating it)."""
         keep = self._needed(name, self.rollout(name)) | self._in_use(name)
         if self.registry.shared:  # and those other gateways' sessions stepped with lately
-            keep |= {r.version for r in self.registry.versions(name) if r.state in (State.CANDIDATE, State.GATED)}
+            records = self.registry.versions(name) if versions is None else versions  # `versions`: read already
+            keep |= {r.version for r in records if r.state in (State.CANDIDATE, State.GATED)}
             keep |= self.shared.in_use_elsewhere(name)
         return keep
 
     async def reconcile(self, name: str) -> None:
         """Unload the versions nobody needs; verify what Triton serves (the leader only, on a shared registry)."""
         if self.leading:
-            await self.serving.reconcile(name, self.keep(name))
+            keep = await self._keep_off_loop(name) if self.registry.shared else self.keep(name)
+            await self.serving.reconcile(name, keep)
+
+    async def _keep_off_loop(self, name: str) -> set[int]:
+        """`keep`, its read of the registry in a thread, one at a time: RegistryUnavailable while the one before has
+        not been answered or this one is not within CHECK_TIMEOUT_S (nothing is unloaded then)."""
+        pending = self._keep_read
+        if pending is not None and not pending.done():
+            raise RegistryUnavailable(f"registry unreachable: {self.registry.where}: the reconcile of {name} waits "
+                                      "for the database's answer to the one before")
+        pending = self._keep_read = asyncio.get_running_loop().run_in_executor(None, self.registry.versions, name)
+        pending.add_done_callback(lambda f: f.cancelled() or f.exception())
+        try:
+            return self.keep(name, await asyncio.wait_for(asyncio.shield(pending), CHECK_TIMEOUT_S))
+        except TimeoutError:
+            raise RegistryUnavailable(f"registry unreachable: {self.registry.where}: the reconcile of {name} had no "
+                                      f"answer within {CHECK_TIMEOUT_S:g} s") from None
+
+    async def _reachable(self, what: str) -> None:
+        """A shared registry's probe before an operator's change: RegistryUnavailable at once (or within the probe's
+        timeout) while the database does not answer, before anything is sent (bridge.registry.view)."""
+        if self.registry.shared:
+            await view_of(self.registry).check(what)
 
     # -- reads ---------------------------------------------------------------------------------------------------
 

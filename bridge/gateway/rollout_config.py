@@ -4,7 +4,8 @@
     registry = open_registry(None, ModelRepository("runs/models"))   # runs/models/.tether/registry.sqlite
 
 On the command line (`tether gateway`): --rollout direct|staged, --shadow-steps, --canary-fraction,
---canary-labels k=v[,k=v], --canary-episodes, --registry PATH|postgresql://..., --gate-eval-env ENV,
+--canary-labels k=v[,k=v], --canary-episodes, --registry PATH|postgresql://... (--registry-passfile PATH: the
+password, never in the URL), --gate-eval-env ENV,
 --gate-eval-episodes K, --gate-eval-margin M, --gate-max-jerk J.
 
     >>> RolloutPlan(mode="fast")
@@ -21,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bridge.gate import GateConfig
-from bridge.registry import Registry, Thresholds, is_url, parse_labels
+from bridge.registry import Registry, RegistryError, Thresholds, is_url, parse_labels
+from bridge.registry.backends import with_passfile
 from inference_server import ModelRepository
 
 MODES = ("direct", "staged")
@@ -90,7 +92,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--canary-episodes", type=int, default=10, help="staged: canary episodes before live")
     g.add_argument("--registry", type=registry_location, metavar="PATH|URL",
                    help="the registry: a SQLite file (default: <model-repository>/.tether/registry.sqlite) or "
-                        "postgresql://USER@HOST:PORT/DB, shared by several gateways")
+                        "postgresql://USER@HOST:PORT/DB, shared by several gateways (never with a password in it)")
+    g.add_argument("--registry-passfile", type=Path, metavar="PATH",
+                   help="the libpq passfile (*:*:*:USER:PASSWORD, mode 0600) holding the password of the --registry "
+                        "URL's user (default: $PGPASSFILE)")
     g.add_argument("--gate-eval-env", help="evaluate candidates in this env vs the incumbent (tether sim)")
     g.add_argument("--gate-eval-episodes", type=int, default=5, help="episodes each version plays in the gate")
     g.add_argument("--gate-eval-margin", type=float, default=0.1,
@@ -107,4 +112,18 @@ def from_arguments(a: argparse.Namespace) -> dict:
                           eval_margin=a.gate_eval_margin, max_jerk=a.gate_max_jerk)
     except ValueError as exc:
         raise SystemExit(f"tether gateway: {exc}") from None
-    return {"rollout": plan, "registry": a.registry, "gate": gate}
+    return {"rollout": plan, "registry": registry_with_passfile(a.registry, getattr(a, "registry_passfile", None)),
+            "gate": gate}
+
+
+def registry_with_passfile(registry: Path | str | None, passfile: Path | None) -> Path | str | None:
+    """--registry with --registry-passfile folded into the URL (libpq's `passfile`); SystemExit when the URL carries
+    a password or the passfile is given without a URL or is missing (the message masks any password)."""
+    if not is_url(registry):
+        if passfile is not None:
+            raise SystemExit("tether gateway: --registry-passfile needs --registry postgresql://USER@HOST:PORT/DB")
+        return registry
+    try:
+        return with_passfile(registry, passfile)
+    except RegistryError as exc:
+        raise SystemExit(f"tether gateway: {exc}") from None

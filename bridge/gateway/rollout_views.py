@@ -22,8 +22,10 @@ from bridge.registry.newest import newest_record
 class Freshness:
     """Per session and per policy: the version lag behind the newest version and for how long it has lasted."""
 
-    def __init__(self, registry: Registry):
-        self._registry = registry
+    def __init__(self, registry: Registry, *, view=None):
+        """`view`: a shared registry's snapshot (bridge.registry.view): read from memory at every report, never
+        cached, so the event loop never waits on the database and a rejection shows once the view has it."""
+        self._registry, self._view = registry, view
         self._newest: dict[str, tuple[int, int] | None] = {}  # policy -> (newest non-rejected version, created_ns)
 
     def numbered(self, name: str, version: int) -> None:
@@ -34,6 +36,9 @@ class Freshness:
 
     def newest(self, name: str) -> tuple[int, int] | None:
         """(version, created_ns) of the newest version not rejected, or None when there is none."""
+        if name not in self._newest and self._view is not None:
+            record = newest_record(self._view.versions(name), rejected=False)
+            return (record.version, record.created_ns) if record is not None else None
         if name not in self._newest:
             record = newest_record(self._registry.versions(name), rejected=False)  # bridge.registry.newest
             self._newest[name] = (record.version, record.created_ns) if record is not None else None

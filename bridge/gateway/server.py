@@ -60,6 +60,7 @@ from bridge.security.tokens import TokenStore
 from inference_server import ModelRepository, PolicyClient
 from inference_server.persistent import persistent_clients
 from inference_server.repository import VERSIONS_SUFFIX
+from inference_server.secret import read_secret
 from protos import bridge_pb2, bridge_pb2_grpc, fleet_pb2_grpc, policies_pb2_grpc
 
 __all__ = ["Gateway", "GatewayConfig", "main"]
@@ -78,11 +79,13 @@ class Gateway:
     def __init__(self, config: GatewayConfig):
         self.config = config
         # several Triton replicas (--triton A,B): routed, verified per version (bridge.gateway.replicas)
-        self.replicas = replicas_from_config(config) if len(config.triton_urls) > 1 else None
+        # Triton's restricted protocols: the secret goes with every call (inference_server.secret)
+        secret = read_secret(config.triton_secret_file) if config.triton_secret_file else None
+        self.replicas = replicas_from_config(config, secret=secret) if len(config.triton_urls) > 1 else None
         self._client = self.replicas.hot if self.replicas is not None else \
-            PolicyClient(config.triton_url, timeout_s=config.deadline_ms / 1e3)
+            PolicyClient(config.triton_url, timeout_s=config.deadline_ms / 1e3, secret=secret)
         self.control = self.replicas if self.replicas is not None else \
-            PolicyClient(config.triton_url, timeout_s=60.0)  # loads, probes, metadata
+            PolicyClient(config.triton_url, timeout_s=60.0, secret=secret)  # loads, probes, metadata
         if config.persistent_versions:  # ONNX versions: one persistent model per policy (inference_server.persistent)
             self._client, self.control = persistent_clients(self._client, self.control,
                                                             ModelRepository(config.model_repository))
@@ -176,7 +179,7 @@ class Gateway:
             from bridge.experience.jetstream_log import JetStreamLog
             from bridge.experience.tee import TeeLog
 
-            stream = JetStreamLog(c.experience_url, max_pending=c.log_max_pending,
+            stream = JetStreamLog(c.experience_url, max_pending=c.log_max_pending, auth=c.nats_auth,
                                   max_pending_bytes=int(c.log_max_pending_mb * (1 << 20)), **self.owners.log_hooks())
             await stream.start()
             self.experience = stream if self.experience is None else TeeLog(self.experience, stream)

@@ -11,7 +11,10 @@ authenticated one with tokens or client certificates; without credentials, the s
 back from a power loss reconnects with its stable id before gRPC keepalive notices its dead connection
 (~30 s). The old session is closed as if its stream ended (what it completed is logged, its last step
 remembered for Welcome.next_step), then fenced (nothing more of it is logged) and its stream ends with
-ABORTED "superseded by a new connection of the same session". Any other identity gets ALREADY_EXISTS.
+ABORTED "superseded by a new connection of the same session". Any other authenticated identity gets
+PERMISSION_DENIED (without credentials, another peer host: ALREADY_EXISTS), before the ownership claim: the
+session keeps its epoch and acts on. The claim itself (bridge.gateway.owners) refuses an id bound to another
+identity on any gateway sharing the store, before its epoch moves.
 
 It checks the Hello (bounded strings, specs, the policy's compatibility, the reward config), applies
 the caps (`Admission`), routes to a version (pins, canary, live: the rollout) and names sessions
@@ -27,7 +30,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 
 from bridge.gateway.batcher import MicroBatcher
-from bridge.gateway.errors import DuplicateSession, InvalidHello
+from bridge.gateway.errors import DuplicateSession, InvalidHello, PermissionDenied
 from bridge.gateway.limits import Admission, Limits, check_hello, may_route
 from bridge.gateway.policies import PolicyCatalog, check_compatible
 from bridge.gateway.recorder import Recorder, RecorderGroup
@@ -49,10 +52,10 @@ class SessionFactory:
                  sessions: MutableMapping[str, Session | VectorSession], experience: Callable[[], object | None],
                  open_access: Callable[[], bool],
                  close: Callable[[Session | VectorSession], None] | None = None,
-                 claim: Callable[[str, list[str]], Awaitable[int]] | None = None):
+                 claim: Callable[..., Awaitable[int]] | None = None):
         """`close`: what closes a session whose stream ended (Gateway.close_session); a takeover closes the old
-        session with it. `claim(session_id, log_keys)`: the gateway's ownership claim on the id before its
-        recorder reads the log (returns the epoch its transitions carry; see bridge.registry.ownership)."""
+        session with it. `claim(session_id, log_keys, identity=...)`: the gateway's ownership claim on the id
+        before its recorder reads the log (returns the epoch its transitions carry; see bridge.registry.ownership)."""
         self._limits, self._deadline_s, self._switch = limits, deadline_s, switch
         self._catalog, self._rollout, self._rewards = catalog, rollout, rewards
         self._admission, self._batcher, self._sessions = admission, batcher, sessions
@@ -87,16 +90,17 @@ class SessionFactory:
         except RewardConfigError as exc:
             raise InvalidHello(f"the reward config of policy {policy.name!r} does not fit this session: {exc}") from exc
         session_id = hello.session_id or self.new_session_id()
+        self._refuse_other(session_id, peer, identity)  # before the claim: a refusal moves no epoch
         experience = None if session_id in self._rollout.evaluating else self._experience()  # the gate's: not data
         vector = hello.num_envs > 1 or hello.batched
         keys = [f"{session_id}/{i}" for i in range(max(1, hello.num_envs))] if vector else [session_id]
         if experience is not None and (prepare := getattr(experience, "prepare", None)) is not None:
             await prepare(keys)  # a stream log (JetStream) learns the session's last step there: it may have moved
         # the ownership claim (its last await): from here to the admission nothing awaits
-        epoch = await self._claim(session_id, keys) if self._claim is not None and experience is not None else 0
+        epoch = await self._claim(session_id, keys, identity=identity) \
+            if self._claim is not None and experience is not None else 0
         if (old := self._sessions.get(session_id)) is not None:
-            if not self._takes_over(session_id, peer):
-                raise DuplicateSession(f"session {session_id!r} is already connected")
+            self._refuse_other(session_id, peer, identity)
             self._take_over(old, peer)
         route = dict(hello.labels) if may_route(self._limits, identity or "", open_access=identity is None
                                                 or self._open_access()) else {}
@@ -136,6 +140,17 @@ class SessionFactory:
         self._sessions[session_id] = session
         log.info("session %s from %s on %s v%d", session_id, hello.source or "?", policy.name, policy.version)
         return session
+
+    def _refuse_other(self, session_id: str, peer: str, identity: str | None) -> None:
+        """A session connected here under another identity (else peer host) keeps its id: PermissionDenied for an
+        authenticated caller, DuplicateSession (ALREADY_EXISTS) without credentials."""
+        if session_id not in self._sessions or self._takes_over(session_id, peer):
+            return
+        if identity is None:
+            raise DuplicateSession(f"session {session_id!r} is already connected")
+        log.warning("session %s: Hello from %s refused: connected here under another identity", session_id, identity)
+        raise PermissionDenied(f"session {session_id!r} is already connected under another identity: {identity} "
+                               "may not take it over (PERMISSION_DENIED before any epoch moved)")
 
     def _takes_over(self, session_id: str, peer: str) -> bool:
         """Whether a Hello for `session_id` from `peer` (identity, else address) takes a connected session over."""

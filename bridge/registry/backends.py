@@ -12,6 +12,14 @@ says when the data changed.
 
 Other modules that keep tables beside the registry's (session ownership, per-replica verification) get a plain
 PostgreSQL connection from `connect(url)` and add their tables as numbered migrations (bridge.registry.migrations).
+
+Credentials: a registry URL never carries a password. libpq reads it from a passfile (`*:*:*:USER:PASSWORD`, 0600):
+`$PGPASSFILE`, or the one `with_passfile` names in the URL (`--registry-passfile`), so every connection made from
+that URL (registry, ownership, replicas, follower, leader lock) finds it. Every URL a message shows goes through
+`shown` (a password, should one be there anyway, masked).
+
+    url = with_passfile("postgresql://tether_gateway@db:5432/tether?sslmode=verify-full&sslrootcert=ca.crt",
+                        "creds/postgres/gateway.pgpass")      # ...&passfile=creds/postgres/gateway.pgpass
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import re
 import sqlite3
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
@@ -40,12 +49,52 @@ def is_url(where: object) -> bool:
 
 
 def shown(url: str) -> str:
-    """A URL fit for logs and errors: its password masked.
+    """A URL (or libpq keyword string) fit for logs, errors and reprs: any password masked. The one redaction
+    helper: every message that names a registry goes through it.
 
     >>> shown("postgresql://tether:secret@db:5432/tether")
     'postgresql://tether:***@db:5432/tether'
+    >>> shown("postgresql://tether@db/tether?sslmode=require&password=secret")
+    'postgresql://tether@db/tether?sslmode=require&password=***'
+    >>> shown("host=db user=tether password='se cret' dbname=tether")
+    'host=db user=tether password=*** dbname=tether'
     """
-    return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", url)
+    text = re.sub(r"(://[^:/@?#]+):[^@/?#]*@", r"\1:***@", str(url))
+    text = re.sub(r"([?&]password=)[^&#]*", r"\1***", text)
+    return re.sub(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", text)
+
+
+def has_password(url: str) -> bool:
+    """Whether `url` carries a password (in its user part or a `password=` parameter): refused on command lines.
+
+    >>> has_password("postgresql://tether@db/tether"), has_password("postgresql://tether:x@db/tether")
+    (False, True)
+    """
+    return shown(url) != str(url)
+
+
+def with_passfile(url: str, passfile: str | Path | None) -> str:
+    """`url` with libpq's `passfile` parameter set to `passfile` (None: `url` as it is). RegistryError when `url`
+    carries a password itself (it would end up in argv and logs) or `passfile` is not a readable file.
+
+    >>> with_passfile("postgresql://tether:secret@db/tether", None)
+    Traceback (most recent call last):
+    ...
+    bridge.registry.errors.RegistryError: the registry URL postgresql://tether:***@db/tether carries a password: \
+put it in a libpq passfile (*:*:*:USER:PASSWORD, mode 0600) given by --registry-passfile or $PGPASSFILE
+    """
+    if has_password(url):
+        raise RegistryError(f"the registry URL {shown(url)} carries a password: put it in a libpq passfile "
+                            "(*:*:*:USER:PASSWORD, mode 0600) given by --registry-passfile or $PGPASSFILE")
+    if passfile is None:
+        return url
+    path = Path(passfile)
+    if not path.is_file():
+        raise RegistryError(f"registry passfile {str(path)!r} is not a file")
+    parts = urllib.parse.urlsplit(url)
+    query = [(k, v) for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True) if k != "passfile"]
+    query.append(("passfile", str(path.resolve())))
+    return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
 
 
 class Backend(Protocol):
@@ -117,6 +166,9 @@ class SqliteBackend:
 
     def set_schema_version(self, version: int) -> None:
         self._db.execute(f"PRAGMA user_version = {int(version)}")
+
+    def may_change_schema(self) -> bool:
+        return True  # whoever may write the file may change it
 
     def close(self) -> None:
         self._db.close()
@@ -235,14 +287,25 @@ class PostgresBackend:
         self.execute("SELECT pg_notify(?, ?)", (NOTIFY_CHANNEL, str(epoch)))
 
     def schema_version(self) -> int:
-        self.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL, applied_ns BIGINT NOT NULL)")
+        """The last migration applied (0: none). Reads only: a role that may not create tables can ask."""
+        if self.execute("SELECT to_regclass('schema_version')").fetchone()[0] is None:
+            return 0
         row = self.execute("SELECT max(version) FROM schema_version").fetchone()
         return row[0] or 0
 
     def set_schema_version(self, version: int) -> None:
         import time
 
+        self.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL, applied_ns BIGINT NOT NULL)")
         self.execute("INSERT INTO schema_version VALUES (?, ?)", (int(version), time.time_ns()))
+
+    def role(self) -> str:
+        """The database role this connection logged in as."""
+        return self.execute("SELECT current_user").fetchone()[0]
+
+    def may_change_schema(self) -> bool:
+        """Whether this role may create tables (the admin); a gateway's least-privilege role may not."""
+        return bool(self.execute("SELECT has_schema_privilege(current_user, 'public', 'CREATE')").fetchone()[0])
 
     def close(self) -> None:
         if self._conn is not None:

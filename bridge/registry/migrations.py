@@ -1,6 +1,8 @@
 """The registry's schema, as numbered migrations: a database records the last one applied (SQLite: `PRAGMA
 user_version`; PostgreSQL: the `schema_version` table), `migrate` applies the missing ones in one transaction when
-the registry opens, and a database newer than this code is refused (RegistryError naming both numbers).
+the registry opens, and a database newer than this code is refused (RegistryError naming both numbers). A role
+that may not change the schema (a gateway's on PostgreSQL) only checks it: older than this code is refused too,
+naming the admin step that migrates it; `grant` gives that role exactly what a gateway uses.
 
     applied = migrate(backend)          # inside backend.begin() ... commit(): the numbers it applied
 
@@ -18,6 +20,7 @@ user_version 1 (migration 1) and maybe the e-stops table; migration 2 creates it
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from bridge.registry.errors import RegistryError
@@ -35,6 +38,8 @@ class Migration:
         text = {"sqlite": self.sqlite, "postgresql": self.postgresql}[dialect]
         return [s.strip() for s in text.split(";") if s.strip()]
 
+
+ROLE_NAME = re.compile(r"[a-z][a-z0-9_]{0,62}")
 
 MIGRATIONS: list[Migration] = [
     Migration(1, "versions, rollouts, pins, events", sqlite="""
@@ -118,7 +123,82 @@ ALTER TABLE monitor_samples ADD COLUMN env_steps INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE monitor_samples ADD COLUMN interventions BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE monitor_samples ADD COLUMN env_steps BIGINT NOT NULL DEFAULT 0;
 """),
+    # tables that modules beside the registry kept by CREATE TABLE IF NOT EXISTS at open (bridge.registry.replicas,
+    # bridge.registry.ownership): made here too, so a role that may not create tables (a gateway's) finds them
+    Migration(6, "replica verifications and session owners as migrations", sqlite="""
+CREATE TABLE IF NOT EXISTS replica_verifications (
+    id INTEGER PRIMARY KEY, policy TEXT NOT NULL, version INTEGER NOT NULL, replica TEXT NOT NULL,
+    verified_at BIGINT NOT NULL, result TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS replica_verifications_version ON replica_verifications (policy, version, id);
+CREATE TABLE IF NOT EXISTS session_owners (
+    session TEXT PRIMARY KEY, owner TEXT NOT NULL, epoch BIGINT NOT NULL, claimed_ns BIGINT NOT NULL);
+""", postgresql="""
+CREATE TABLE IF NOT EXISTS replica_verifications (
+    id BIGSERIAL PRIMARY KEY, policy TEXT NOT NULL, version INTEGER NOT NULL, replica TEXT NOT NULL,
+    verified_at BIGINT NOT NULL, result TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS replica_verifications_version ON replica_verifications (policy, version, id);
+CREATE TABLE IF NOT EXISTS session_owners (
+    session TEXT PRIMARY KEY, owner TEXT NOT NULL, epoch BIGINT NOT NULL, claimed_ns BIGINT NOT NULL);
+"""),
+    # the identity a session id is bound to ("robot:arm_1"; "" = none, open access): a claim by another identity is
+    # refused before its epoch moves (bridge.registry.ownership)
+    Migration(7, "session owner identity", sqlite="""
+ALTER TABLE session_owners ADD COLUMN identity TEXT NOT NULL DEFAULT '';
+""", postgresql="""
+ALTER TABLE session_owners ADD COLUMN IF NOT EXISTS identity TEXT NOT NULL DEFAULT '';
+"""),
 ]
+
+# -- the gateway's role (PostgreSQL) ------------------------------------------------------------------------------
+# What a gateway does to each table (bridge/registry, bridge/gateway), and nothing more: the audit log and the
+# verification history are appended, never changed. A migration that adds a table adds its line here (`grant`
+# refuses a table it has no line for). Not granted, ever: CREATE (on the schema or the database, temporary tables
+# included), ownership of a table, superuser or pg_execute_server_program (COPY ... TO PROGRAM), pg_read_*_files.
+# LISTEN/NOTIFY and advisory locks (the write lock, the leader lock) need no privilege.
+GATEWAY_ROLE = "tether_gateway"
+GATEWAY_PRIVILEGES: dict[str, str] = {
+    "schema_version": "SELECT",
+    "versions": "SELECT, INSERT, UPDATE",
+    "rollouts": "SELECT, INSERT, UPDATE",
+    "pins": "SELECT, INSERT, UPDATE, DELETE",
+    "events": "SELECT, INSERT",
+    "estops": "SELECT, INSERT, UPDATE",
+    "registry_epoch": "SELECT, UPDATE",
+    "monitor_samples": "SELECT, INSERT, DELETE",         # the leader prunes old samples
+    "replica_verifications": "SELECT, INSERT",
+    "session_owners": "SELECT, INSERT, UPDATE",          # claim: SELECT ... FOR UPDATE, INSERT ... ON CONFLICT UPDATE
+}
+
+
+def grant(backend, role: str = GATEWAY_ROLE) -> list[str]:
+    """As the registry's admin (inside a write transaction, after `migrate`): give `role` exactly
+    GATEWAY_PRIVILEGES on the tables there are, USAGE on their sequences, CONNECT on the database; take CREATE and
+    TEMPORARY from PUBLIC. The statements run. RegistryError naming a table that has no line in GATEWAY_PRIVILEGES.
+
+        backend.begin(); migrate(backend); grant(backend, "tether_gateway"); backend.commit()
+    """
+    if backend.dialect != "postgresql":
+        return []
+    if not ROLE_NAME.fullmatch(role):
+        raise RegistryError(f"role name {role!r} is not 1..63 of [a-z0-9_] starting with a letter")
+    tables = [r[0] for r in backend.execute(
+        "SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY tablename").fetchall()]
+    unknown = [t for t in tables if t not in GATEWAY_PRIVILEGES]
+    if unknown:
+        raise RegistryError(f"tables {unknown} in the registry {backend.where!r} have no line in "
+                            "bridge.registry.migrations.GATEWAY_PRIVILEGES: say what a gateway may do to them")
+    database = backend.execute("SELECT current_database()").fetchone()[0]
+    statements = [f'REVOKE ALL ON DATABASE "{database}" FROM PUBLIC',
+                  f'GRANT CONNECT ON DATABASE "{database}" TO {role}',
+                  "REVOKE CREATE ON SCHEMA public FROM PUBLIC",
+                  f"GRANT USAGE ON SCHEMA public TO {role}"]
+    for table in tables:
+        statements += [f"REVOKE ALL ON {table} FROM PUBLIC, {role}",
+                       f"GRANT {GATEWAY_PRIVILEGES[table]} ON {table} TO {role}"]
+    statements.append(f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {role}")
+    for statement in statements:
+        backend.execute(statement)
+    return statements
 
 
 def latest() -> int:
@@ -135,6 +215,10 @@ def migrate(backend) -> list[int]:
     if found > latest():
         raise RegistryError(f"the registry {backend.where!r} has schema {found}, newer than this code's "
                             f"{latest()}: upgrade Tether (or open a registry this version made)")
+    if found < latest() and not backend.may_change_schema():
+        raise RegistryError(f"the registry {backend.where!r} has schema {found}, older than this code's {latest()}, "
+                            "and this role may not change it: migrate it as the registry's admin first "
+                            "(python -m bridge.registry.roles; `tether cluster up` does it)")
     if backend.dialect == "sqlite":
         for migration in MIGRATIONS[:found]:
             if migration.every_open:

@@ -13,8 +13,11 @@ append-only (the history is the audit), one row per check:
 
     replica_verifications(id, policy, version, replica, verified_at, result)     verified_at: unix ns
 
-It is created with CREATE TABLE IF NOT EXISTS beside the registry's own tables (this module owns it; a registry
-opened by older code simply lacks it). Thread-safe; call from a thread (`asyncio.to_thread`) in async code.
+It is one of the registry's migrations (6); a SQLite file made by older code gets it here at open (CREATE TABLE IF
+NOT EXISTS). On PostgreSQL the connection is the registry's (bridge.registry.backends: keepalives, timeouts, a
+broken connection reopened at the next call), so verification works again once a restarted server is back;
+while it is unreachable a call raises RegistryUnavailable. Thread-safe; call from a thread (`asyncio.to_thread`)
+in async code.
 
     >>> v = ReplicaVerifications(":memory:")
     >>> v.record("hopper", 1, "127.0.0.1:8001", "ok").result
@@ -27,16 +30,17 @@ opened by older code simply lacks it). Thread-safe; call from a thread (`asyncio
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-_TABLE = ("CREATE TABLE IF NOT EXISTS replica_verifications (id {serial} PRIMARY KEY, policy TEXT NOT NULL, "
-          "version INTEGER NOT NULL, replica TEXT NOT NULL, verified_at BIGINT NOT NULL, result TEXT NOT NULL)")
-_INDEX = "CREATE INDEX IF NOT EXISTS replica_verifications_version ON replica_verifications (policy, version, id)"
+from bridge.registry.backends import is_url, open_backend, shown
+from bridge.registry.errors import RegistryError
+from bridge.registry.migrations import MIGRATIONS
+
 MAX_RESULT = 1000
+_MIGRATION = 6  # the one that makes replica_verifications
 
 
 @dataclass(frozen=True)
@@ -54,24 +58,23 @@ class Verification:
 
 class ReplicaVerifications:
     """The replica_verifications table (see the module docstring). `target`: a SQLite path (":memory:" for
-    none) or a postgresql:// URL (psycopg 3)."""
+    none) or a postgresql:// URL (its password, if any, from a passfile: bridge.registry.backends)."""
 
     def __init__(self, target: str | Path):
         self._lock = threading.Lock()
-        self._pg = isinstance(target, str) and target.startswith(("postgresql://", "postgres://"))
-        if self._pg:
-            import psycopg
-
-            self._db = psycopg.connect(target, autocommit=True)
-            self._mark = "%s"
-            serial = "BIGSERIAL"
-        else:
-            self._db = sqlite3.connect(str(target), isolation_level=None, check_same_thread=False, timeout=10.0)
-            self._db.execute("PRAGMA busy_timeout = 10000")
-            self._mark = "?"
-            serial = "INTEGER"  # an INTEGER PRIMARY KEY is SQLite's rowid: increasing
-        self._db.execute(_TABLE.format(serial=serial))
-        self._db.execute(_INDEX)
+        self._db = open_backend(target if is_url(target) else Path(target))
+        try:
+            if self._db.dialect == "sqlite":
+                migration = next(m for m in MIGRATIONS if m.number == _MIGRATION)
+                for statement in migration.sql("sqlite"):
+                    if "replica_verifications" in statement:
+                        self._db.execute(statement)
+            elif self._db.execute("SELECT to_regclass('replica_verifications')").fetchone()[0] is None:
+                raise RegistryError(f"the registry {shown(str(target))} has no replica_verifications table: "
+                                    "open it once as its admin (Registry(url) migrates it)")
+        except BaseException:
+            self._db.close()
+            raise
 
     @classmethod
     def beside(cls, registry) -> ReplicaVerifications:
@@ -90,26 +93,25 @@ class ReplicaVerifications:
         if not isinstance(result, str) or not result:
             raise ValueError(f"result {result!r} must be 'ok' or a reason")
         row = Verification(policy, version, replica, time.time_ns() if at_ns is None else at_ns, result[:MAX_RESULT])
-        m = self._mark
         with self._lock:
-            self._db.execute(f"INSERT INTO replica_verifications (policy, version, replica, verified_at, result) "
-                             f"VALUES ({m}, {m}, {m}, {m}, {m})",
-                             (row.policy, row.version, row.replica, row.verified_at, row.result))
+            self._db.execute("INSERT INTO replica_verifications (policy, version, replica, verified_at, result) "
+                             "VALUES (?, ?, ?, ?, ?)", (row.policy, row.version, row.replica, row.verified_at,
+                                                        row.result))
         return row
 
     def rows(self, policy: str | None = None, version: int | None = None) -> list[Verification]:
         """Every row (of `policy`, of `version`), oldest first."""
-        where, args, m = [], [], self._mark
+        where, args = [], []
         if policy is not None:
-            where.append(f"policy = {m}")
+            where.append("policy = ?")
             args.append(policy)
         if version is not None:
-            where.append(f"version = {m}")
+            where.append("version = ?")
             args.append(version)
         sql = "SELECT policy, version, replica, verified_at, result FROM replica_verifications"
         sql += (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id"
         with self._lock:
-            return [Verification(*row) for row in self._db.execute(sql, args).fetchall()]
+            return [Verification(*row) for row in self._db.execute(sql, tuple(args)).fetchall()]
 
     def latest(self, policy: str, version: int) -> dict[str, Verification]:
         """Per replica, its newest row for `policy` `version`."""

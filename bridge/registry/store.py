@@ -28,6 +28,7 @@ versioned: bridge.registry.migrations.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import secrets
@@ -37,7 +38,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from bridge.registry.backends import Backend, is_url, open_backend
+from bridge.registry.backends import Backend, is_url, open_backend, shown
 from bridge.registry.errors import (
     DuplicateVersion,
     RegistryError,
@@ -81,7 +82,7 @@ class Registry:
         except RegistryError:
             raise
         except Exception as exc:
-            raise RegistryError(f"cannot open the registry {str(path)!r}: {exc}") from exc
+            raise RegistryError(f"cannot open the registry {shown(str(path))!r}: {exc}") from exc
         self.where = self._connection.where
         try:
             with self._write(bump=False):
@@ -100,7 +101,7 @@ class Registry:
     @property
     def _db(self) -> Backend:
         if self._connection is None:
-            raise RegistryError(f"the registry {str(self.path)!r} is closed")
+            raise RegistryError(f"the registry {shown(str(self.path))!r} is closed")
         return self._connection
 
     # -- changes ------------------------------------------------------------------------------------------------
@@ -258,24 +259,32 @@ class Registry:
             self._event(time.time_ns(), policy, version, kind, "", "", who, why, figures,
                         _check_text("detail", detail, 512, spaces=True) if detail else "")
 
-    def estop(self, target: str, *, who: str, why: str) -> tuple[EStopRecord, bool]:
+    def estop(self, target: str, *, who: str, why: str, estop_id: str | None = None,
+              lock_timeout_s: float | None = None) -> tuple[EStopRecord, bool]:
         """Latch an operator e-stop on `target` ("all", "session=<id>" or "robot=<name>"): (the new standing e-stop,
         True), or (the one already standing on that target, False). The row and its audit event (kind "estop",
         detail = target, to_state = the id) are one transaction; a bad argument is refused before anything changes.
 
             record, changed = registry.estop("robot=arm_1", who="operator:ada", why="person in the cell")
             record.id                                   # "estop-7-3f09c2aa": Action.estop_id
-        """
+
+        `estop_id` ("estop-<hex>", made by a gateway that held its sessions before this write): the new row's id; a
+        retry of a write that did commit finds its row (returned, False). `lock_timeout_s` (PostgreSQL): the write
+        waits at most that long for the write lock and statements (RegistryUnavailable "registry busy" after)."""
         target = _check_estop_target(target)
         _check_estop_who_why(who, why)
-        with self._write():
+        if estop_id is not None and not _ESTOP_ID.fullmatch(estop_id if isinstance(estop_id, str) else ""):
+            raise RegistryError(f"e-stop id {estop_id!r:.80} is not 'estop-' and 8..32 hex digits")
+        with self._write(lock_timeout_s=lock_timeout_s):
             now = time.time_ns()
+            if estop_id is not None and (done := self._estop_by_id(estop_id)) is not None:
+                return done, False  # an earlier try committed: its audit event is there
             standing = self._standing_estop(target)
             if standing is None:
                 nonce = secrets.token_hex(4)
                 seq = self._db.execute("INSERT INTO estops (id, target, who, why, t_ns) VALUES (?, ?, ?, ?, ?) "
                                        "RETURNING seq", (f"new-{nonce}", target, who, why, now)).fetchone()[0]
-                self._db.execute("UPDATE estops SET id = ? WHERE seq = ?", (f"estop-{seq}-{nonce}", seq))
+                self._db.execute("UPDATE estops SET id = ? WHERE seq = ?", (estop_id or f"estop-{seq}-{nonce}", seq))
                 standing = self._standing_estop(target)
                 self._event(now, "", None, "estop", "", standing.id, who, why, {"changed": 1.0}, target)
                 return standing, True
@@ -418,10 +427,11 @@ class Registry:
     # -- inside a transaction -----------------------------------------------------------------------------------
 
     @contextmanager
-    def _write(self, *, bump: bool = True) -> Iterator[None]:
+    def _write(self, *, bump: bool = True, lock_timeout_s: float | None = None) -> Iterator[None]:
         """One write transaction (writers take turns); on success the epoch is bumped (and, on PostgreSQL,
-        NOTIFYed) in it. Nothing of a failed change is kept."""
-        with self._lock:
+        NOTIFYed) in it. Nothing of a failed change is kept. `lock_timeout_s` (PostgreSQL): lock_timeout and
+        statement_timeout for this transaction (the write lock included); past them RegistryUnavailable."""
+        with self._lock, self._timeouts(lock_timeout_s):
             self._rollouts.clear()
             db = self._db
             try:
@@ -453,6 +463,27 @@ class Registry:
             except db.Error as exc:
                 db.rollback()
                 raise RegistryWriteFailed(f"cannot write the registry {self.where!r}: {exc}") from exc
+
+    @contextmanager
+    def _timeouts(self, lock_timeout_s: float | None) -> Iterator[None]:
+        """PostgreSQL's lock_timeout / statement_timeout for what runs inside (then back to the server's defaults);
+        a statement they cancel becomes RegistryUnavailable ("registry busy")."""
+        if lock_timeout_s is None or not self.shared:
+            yield
+            return
+        ms = max(1, int(lock_timeout_s * 1000))
+        self._db.execute("SELECT set_config('lock_timeout', ?, false), set_config('statement_timeout', ?, false)",
+                         (f"{ms}ms", f"{2 * ms}ms"))
+        try:
+            yield
+        except RegistryWriteFailed as exc:
+            if getattr(exc.__cause__, "sqlstate", None) in ("55P03", "57014"):  # lock_not_available, query_canceled
+                raise RegistryUnavailable(f"registry busy: {self.where}: no lock or answer within {ms} ms") from exc
+            raise
+        finally:
+            with contextlib.suppress(Exception):  # a lost connection: the next one starts with the defaults
+                self._db.execute("SELECT set_config('lock_timeout', '0', false), "
+                                 "set_config('statement_timeout', '0', false)")
 
     def _standing_estop(self, target: str) -> EStopRecord | None:
         row = self._db.execute(f"SELECT {_ESTOP_COLUMNS} FROM estops WHERE target = ? AND released_ns IS NULL",
@@ -537,6 +568,7 @@ class Registry:
 
 
 _ESTOP_COLUMNS = "id, target, who, why, t_ns, released_ns, released_by, released_why"
+_ESTOP_ID = re.compile(r"estop-[0-9a-f]{8,32}")
 
 
 def _estop(row: tuple) -> EStopRecord:

@@ -29,10 +29,8 @@ import secrets
 from collections.abc import Iterable
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-from bridge.security.certs import CertError, _cert, _key, _load_ca, _san, _write_pair, init_certs
+from bridge.security.certs import CertError, init_certs
+from bridge.security.engine_certs import issue_server
 from bridge.security.tokens import TokenStore, write_private
 
 __all__ = ["ENGINES", "NATS_ROLES", "PG_ROLES", "PG_USERS", "TOKEN_ROLES", "LabCredentials"]
@@ -62,7 +60,7 @@ class LabCredentials:
         folder, hosts = Path(folder), list(hosts)
         init_certs(folder, hosts=hosts, force=force)
         for engine in ENGINES:
-            _issue_server(folder, f"{engine}-server", hosts=hosts)
+            issue_server(folder, f"{engine}-server", hosts, client_auth=True)  # NATS routes dial each other
         for role in NATS_ROLES:
             write_private(folder / "nats" / f"{role}.password", _secret().encode())
         for role in PG_ROLES:
@@ -122,17 +120,3 @@ def _known(value: str, allowed: tuple[str, ...], what: str) -> str:
     if value not in allowed:
         raise CertError(f"unknown {what} {value!r}; one of {', '.join(allowed)}")
     return value
-
-
-def _issue_server(folder: Path, stem: str, *, hosts: Iterable[str]) -> tuple[Path, Path]:
-    """A server certificate STEM.crt/.key for 127.0.0.1, ::1, localhost and `hosts`, signed by folder's CA."""
-    ca, ca_key = _load_ca(folder)
-    names = list(dict.fromkeys(_san(h) for h in ("127.0.0.1", "::1", "localhost", *hosts)))
-    key = _key()
-    subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Tether lab"),
-                         x509.NameAttribute(NameOID.COMMON_NAME, f"tether-{stem}")])
-    cert = _cert(subject, ca.subject, key.public_key(), ca_key, days=825, ca=False, extensions=[
-        x509.SubjectAlternativeName(names),
-        x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
-        x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key())])
-    return _write_pair(folder, stem, cert, key)

@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import queue
 import sys
 import threading
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bridge.client import Session
+from bridge.client import Credentials, Session
 from protos import bridge_pb2
 from protos.codec import Spec, encode
 
@@ -109,10 +110,11 @@ class Gate:
 
 
 async def sim_session(addresses: list[str], record: Record, channels: dict, stop: Path, hz: float, seed: int,
-                      reply_timeout_s: float, balanced: bool, gate: Gate | None = None) -> None:
+                      reply_timeout_s: float, balanced: bool, gate: Gate | None = None,
+                      credentials: Credentials | None = None) -> None:
     rng = np.random.default_rng(seed)
     async with Session(addresses, hello(record.id, "fleet:sim"), reconnect_s=30.0, reply_timeout_s=reply_timeout_s,
-                       connect_timeout_s=20.0, channels=channels, balanced=balanced) as s:
+                       connect_timeout_s=20.0, channels=channels, balanced=balanced, credentials=credentials) as s:
         record.first_gateway = s.welcome.gateway_id
         step, moves = 0, 0
         while not stop.exists():
@@ -203,7 +205,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--hz", type=float, default=20.0)
     p.add_argument("--reply-timeout-s", type=float, default=1.0)
     p.add_argument("--balanced", action="store_true")
+    p.add_argument("--tls-ca", type=Path, default=None, help="sim: TLS to the gateways (the token: $TETHER_TOKEN)")
     a = p.parse_args(argv)
+    credentials = Credentials(ca=a.tls_ca, token=os.environ.get("TETHER_TOKEN")) if a.tls_ca else None
     addresses = a.gateways.split(",")
     records = [Record(f"{a.prefix}-{i}") for i in range(a.sessions)]
     done = threading.Event()
@@ -215,7 +219,8 @@ def main(argv: list[str] | None = None) -> None:
                 channels: dict = {}
                 try:
                     await asyncio.gather(*(sim_session(addresses, r, channels, a.stop, a.hz, i, a.reply_timeout_s,
-                                                       a.balanced) for i, r in enumerate(records)))
+                                                       a.balanced, credentials=credentials)
+                                           for i, r in enumerate(records)))
                 finally:
                     for channel in channels.values():
                         await channel.close()

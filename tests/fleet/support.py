@@ -69,13 +69,16 @@ class Gateways:
 class Clients:
     """A `python -m tests.fleet.clients` process; its stdout lines are read on a thread."""
 
-    def __init__(self, tmp: Path, kind: str, prefix: str, gateways: list[str], sessions: int, *extra: str):
+    def __init__(self, tmp: Path, kind: str, prefix: str, gateways: list[str], sessions: int, *extra: str,
+                 host=None, env: dict[str, str] | None = None):
+        """`host`: a lab host (tests/support/hosts.py) to run in; `env`: more environment (e.g. TETHER_TOKEN)."""
         self.out, self.stop_file = tmp / f"{prefix}.json", tmp / "stop"
+        cmd = [sys.executable, "-m", "tests.fleet.clients", kind, "--gateways", ",".join(gateways), "--sessions",
+               str(sessions), "--prefix", prefix, "--out", str(self.out), "--stop", str(self.stop_file), *extra]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.fleet.clients", kind, "--gateways", ",".join(gateways), "--sessions",
-             str(sessions), "--prefix", prefix, "--out", str(self.out), "--stop", str(self.stop_file), *extra],
+            host.command(cmd) if host is not None else cmd,
             cwd=ROOT, stdout=subprocess.PIPE, stderr=open(tmp / f"{prefix}.log", "w"), text=True,  # noqa: SIM115
-            start_new_session=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+            start_new_session=True, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
         self.lines: queue.SimpleQueue[str] = queue.SimpleQueue()
         self.last: dict[str, str] = {}
         threading.Thread(target=self._read, daemon=True).start()

@@ -3,7 +3,8 @@ back from a power loss (no TCP close) says Hello with its id while the gateway s
 keepalive notices a dead peer only after ~30 s). From the same identity (the token's; without credentials, the
 same peer host) the new stream is welcomed at once with `next_step` = the last step + 1, the old stream ends
 with ABORTED "superseded by a new connection of the same session", and nothing of the old one is logged after
-the takeover. Another identity is refused (ALREADY_EXISTS), as before."""
+the takeover. Another identity is refused: PERMISSION_DENIED with credentials (before any epoch moves;
+tests/fleet/test_session_identity.py), ALREADY_EXISTS without."""
 
 from __future__ import annotations
 
@@ -127,5 +128,6 @@ def test_with_tokens_only_the_same_robot_takes_its_session_over(triton, tmp_path
             return refused, ended
 
     refused, ended = asyncio.run(scenario())
-    assert refused.code() == grpc.StatusCode.ALREADY_EXISTS and "'X' is already connected" in refused.details()
+    assert refused.code() == grpc.StatusCode.PERMISSION_DENIED, refused
+    assert "'X' is already connected under another identity: robot:arm_2 may not" in refused.details()
     assert ended.code() == grpc.StatusCode.ABORTED and SUPERSEDED in ended.details(), ended

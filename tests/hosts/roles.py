@@ -48,8 +48,8 @@ def _postgres_security(a: argparse.Namespace) -> dict:
 
     creds = LabCredentials(a.creds)
     crt, key = creds.server_pair("postgres")
-    return {"host": a.host, "admin_passfile": creds.pgpass("admin"), "gateway_passfile": creds.pgpass("gateway"),
-            "tls_cert": crt, "tls_key": key}
+    return {"listen": a.host, "admin_passfile": creds.pgpass("admin"), "gateway_passfile": creds.pgpass("gateway"),
+            "tls_cert": crt, "tls_key": key, "tls_ca": creds.ca}
 
 
 def _nats(a: argparse.Namespace):
