@@ -73,16 +73,14 @@ def plaintext(address: str) -> str:
     return f"reply {reply[:7].hex()}" if reply else "closed without a reply"
 
 
-def postgres(address: str) -> str:
+def postgres(address: str, sslmode: str) -> str:
+    """Log in as the admin with a guessed password (over TLS, or in plaintext with sslmode=disable)."""
     import psycopg
 
     host, port = address.rsplit(":", 1)
-    for user in ("tether", "tether_gateway", "postgres"):
-        conn = psycopg.connect(host=host, port=int(port), user=user, dbname="tether", connect_timeout=5,
-                               sslmode="prefer", passfile="/dev/null")
-        conn.close()
-        return f"connected as {user}"
-    return "?"
+    psycopg.connect(host=host, port=int(port), user="tether", password="guess", dbname="tether", connect_timeout=5,
+                    sslmode=sslmode).close()
+    return "connected as tether"
 
 
 def nats(url: str, ca: str | None, action: str) -> str:
@@ -139,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         if a.token:
             out["gateway_other_role"] = _answer(lambda: gateway_session(a.gateway, a.ca, a.token))
     if a.postgres:
-        out["postgres"] = _answer(lambda: postgres(a.postgres))
+        out |= {"postgres_tls": _answer(lambda: postgres(a.postgres, "require")),
+                "postgres_plaintext": _answer(lambda: postgres(a.postgres, "disable"))}
     if a.nats:
         out |= {"nats_publish": _answer(lambda: nats(a.nats, a.ca, "publish")),
                 "nats_subscribe": _answer(lambda: nats(a.nats, a.ca, "subscribe"))}

@@ -5,6 +5,7 @@ every refusal is asserted by what the engine answers, never by a timeout."""
 from __future__ import annotations
 
 import json
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -17,12 +18,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(namespaces_possible()), 
 def test_the_outsider_can_neither_infer_nor_load_nor_open_a_session_nor_reach_the_rendezvous(tmp_path):
     with Lab() as lab, Placed(lab, tmp_path) as fleet:
         triton = fleet.triton(lab.host("triton"))
-        gateway = fleet.gateway(lab.host("gw0"), triton)
+        registry = fleet.role("postgres", lab.host("db"))
+        gateway = fleet.gateway(lab.host("gw0"), triton, "--registry", registry)
         trainer_net = lab.host("rdzv", networks=("trainers",))
         rendezvous = fleet.rendezvous(trainer_net)
         outsider = lab.host("outsider")
         got = fleet.outsider(outsider, triton=triton, gateway=gateway, ca=str(fleet.creds.ca),
-                             token=fleet.creds.token("trainer"), rendezvous=rendezvous)
+                             token=fleet.creds.token("trainer"), rendezvous=rendezvous,
+                             postgres=urlsplit(registry).netloc.split("@")[1])
         # the gateway's own robot credential works from a robot's host (the engines do serve)
         robot = lab.host("robot")
         allowed = fleet.outsider(robot, gateway=gateway, ca=str(fleet.creds.ca), token=fleet.creds.token("sim"))
@@ -35,4 +38,8 @@ def test_the_outsider_can_neither_infer_nor_load_nor_open_a_session_nor_reach_th
     assert "the robot role needs credentials" in got["gateway_no_token"], got["gateway_no_token"]
     assert "trainer:trainer may not act as robot" in got["gateway_other_role"], got["gateway_other_role"]
     assert "[Errno 101]" in got["rendezvous"] or "unreachable" in got["rendezvous"].lower(), got["rendezvous"]
+    # PostgreSQL: a guessed password over TLS, and plaintext at all, each refused by the server
+    assert 'password authentication failed for user "tether"' in got["postgres_tls"], got["postgres_tls"]
+    assert "no pg_hba.conf entry" in got["postgres_plaintext"] and "no encryption" in got["postgres_plaintext"], \
+        got["postgres_plaintext"]
     assert allowed["gateway_other_role"] == "ALLOWED: step answered by gw0: action", allowed
