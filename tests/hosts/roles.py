@@ -53,23 +53,11 @@ def _postgres_security(a: argparse.Namespace) -> dict:
 
 
 def _nats(a: argparse.Namespace):
-    from bridge.security.lab import LabCredentials
-    from tether.cluster.nats import NatsCluster
+    from tether.cluster.nats import NatsCluster, NatsSecurity
 
-    creds = LabCredentials(a.creds)
-    crt, key = creds.server_pair("nats")
-    nats = NatsCluster(a.dir / "nats", servers=a.servers, host=a.host,
-                       security=_nats_security(creds, crt, key))
+    nats = NatsCluster(a.dir / "nats", servers=a.servers, host=a.host, security=NatsSecurity.from_folder(a.creds))
     nats.start()
     return nats.url, nats.stop
-
-
-def _nats_security(creds, crt, key):
-    from tether.cluster.nats import NatsSecurity
-
-    return NatsSecurity.from_credentials(creds) if hasattr(NatsSecurity, "from_credentials") else \
-        NatsSecurity(cert=crt, key=key, ca=creds.ca,
-                     passwords={r: creds.nats_password(r) for r in ("admin", "gateway", "trainer", "archiver")})
 
 
 ROLES = {"triton": _triton, "postgres": _postgres, "nats": _nats}

@@ -19,13 +19,14 @@ def test_the_outsider_can_neither_infer_nor_load_nor_open_a_session_nor_reach_th
     with Lab() as lab, Placed(lab, tmp_path) as fleet:
         triton = fleet.triton(lab.host("triton"))
         registry = fleet.role("postgres", lab.host("db"))
+        nats = fleet.role("nats", lab.host("nats"))
         gateway = fleet.gateway(lab.host("gw0"), triton, "--registry", registry)
         trainer_net = lab.host("rdzv", networks=("trainers",))
         rendezvous = fleet.rendezvous(trainer_net)
         outsider = lab.host("outsider")
         got = fleet.outsider(outsider, triton=triton, gateway=gateway, ca=str(fleet.creds.ca),
                              token=fleet.creds.token("trainer"), rendezvous=rendezvous,
-                             postgres=urlsplit(registry).netloc.split("@")[1])
+                             postgres=urlsplit(registry).netloc.split("@")[1], nats=nats)
         # the gateway's own robot credential works from a robot's host (the engines do serve)
         robot = lab.host("robot")
         allowed = fleet.outsider(robot, gateway=gateway, ca=str(fleet.creds.ca), token=fleet.creds.token("sim"))
@@ -42,4 +43,7 @@ def test_the_outsider_can_neither_infer_nor_load_nor_open_a_session_nor_reach_th
     assert 'password authentication failed for user "tether"' in got["postgres_tls"], got["postgres_tls"]
     assert "no pg_hba.conf entry" in got["postgres_plaintext"] and "no encryption" in got["postgres_plaintext"], \
         got["postgres_plaintext"]
+    # NATS over TLS (the outsider holds the CA) with no user: the server's own refusal, for a publish and a read
+    for probe in ("nats_publish", "nats_subscribe"):
+        assert "Authorization Violation" in got[probe], (probe, got[probe])
     assert allowed["gateway_other_role"] == "ALLOWED: step answered by gw0: action", allowed
