@@ -49,9 +49,10 @@ def _secret() -> str:
 class LabCredentials:
     """The credentials folder of one fleet; `create` makes it, the constructor reads an existing one."""
 
-    def __init__(self, folder: Path | str):
+    def __init__(self, folder: Path | str, *, check: bool = True):
+        """`check=False`: only the paths (for a command line), the folder may not exist yet."""
         self.folder = Path(folder)
-        if not (self.folder / "ca.crt").exists():
+        if check and not (self.folder / "ca.crt").exists():
             raise CertError(f"no lab credentials in {self.folder} (run `tether cluster certs {self.folder}`)")
 
     @classmethod

@@ -34,10 +34,10 @@ import sim
 from bridge.client import Session
 from inference_server import triton_binary
 from inference_server.server import group_members
-from sim.client import run_sessions
+from sim.client import ClientTls, run_sessions
 from tether.cluster.nats import nats_server_binary
 from tether.cluster.postgres import postgres_bin_dir
-from tether.cluster.up import Cluster, ClusterSpec, Role, gateway_args, roles
+from tether.cluster.up import Cluster, ClusterSpec, Role, credentials, gateway_args, roles
 from tether.stack import GatewayProcess
 from tether.topology import policy_name, trainer_process
 
@@ -84,17 +84,21 @@ def _recent(groups) -> float | None:
 
 @pytest.mark.skipif(bool(_missing()), reason=f"needs {_missing()}")
 @pytest.mark.timeout(1000)
-def test_all_together_ppo_reaches_500_with_a_gateway_killed(tmp_path):
+def test_all_together_ppo_reaches_500_with_a_gateway_killed(tmp_path, monkeypatch):
     # trainer_nodes=1: the roles get PPO's (stochastic) policy and --switch step; the trainer itself is started below
     spec = ClusterSpec(run_dir=tmp_path, gateways=2, tritons=2, trainer_nodes=1, env=ENV)
     wanted = [Role(r.name, lambda up, i=int(r.name[-1]): _Gateway(spec, i, up)) if r.name.startswith("gateway")
               else r for r in roles(spec) if not r.name.startswith(("rendezvous", "trainer"))]
     policy = policy_name(ENV)
+    creds = credentials(spec)   # the cluster's engines run with these (tether cluster certs)
+    monkeypatch.setenv("TETHER_TOKEN", creds.token("trainer"))   # the trainer's, from its environment
+    nats_trainer = ("--nats-user", "trainer", "--nats-password-file", str(creds.nats_password_file("trainer")),
+                    "--nats-ca", str(creds.ca), "--tls-ca", str(creds.ca))
     with Cluster(wanted) as cluster:
         gw0, gw1 = cluster.address("gateway-0"), cluster.address("gateway-1")
         [victim] = cluster.running["gateway-1"].pids()
         with trainer_process(gateway=gw0, policy=policy, run_dir=tmp_path, nproc=2, seed=0, seconds=BUDGET_S + 60,
-                             extra_args=("--experience", cluster.address("nats"))):
+                             extra_args=("--experience", cluster.address("nats"), *nats_trainer)):
             groups: list = [None, None]  # each group's live SimStats, known from its first progress tick
             sessions: dict[str, list[Session]] = {"gateway-0": [], "gateway-1": []}
             killed: dict = {}
@@ -130,7 +134,8 @@ def test_all_together_ppo_reaches_500_with_a_gateway_killed(tmp_path):
             async def both():
                 runs = [run_sessions([first, other], lambda i, o=offset: sim.make(ENV, seed=o + i), envs=4,
                                      seconds=BUDGET_S, reconnect_s=30.0, on_progress=lambda s, k=k: tick(k, s),
-                                     until=until, session_prefix=f"pend-{name}", sessions_out=sessions[name])
+                                     until=until, session_prefix=f"pend-{name}", sessions_out=sessions[name],
+                                     tls=ClientTls(ca=creds.ca), token=creds.token("sim"))
                         for k, (name, first, other, offset) in enumerate((("gateway-0", gw0, gw1, 0),
                                                                           ("gateway-1", gw1, gw0, 4)))]
                 return await asyncio.gather(*runs)

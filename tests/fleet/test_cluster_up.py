@@ -16,10 +16,12 @@ import psycopg
 import pytest
 
 import sim
+from bridge.client.session import SessionError
+from bridge.security.lab import LabCredentials
 from inference_server import triton_binary
 from inference_server.server import group_members
-from sim.client import run_sessions
-from tether.cluster.nats import nats_server_binary
+from sim.client import ClientTls, run_sessions
+from tether.cluster.nats import NatsSecurity, nats_server_binary
 from tether.cluster.postgres import postgres_bin_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,10 +29,10 @@ pytestmark = pytest.mark.slow
 ENV = "InvertedPendulum-v5"
 
 
-async def _stream_messages(url: str) -> int:
+async def _stream_messages(url: str, auth) -> int:
     from bridge.experience.jetstream import STREAM, connect
 
-    nc = await connect(url.split(","), name="test_cluster_up")
+    nc = await connect(url.split(","), name="test_cluster_up", auth=auth)
     try:
         return (await nc.jetstream().stream_info(STREAM)).state.messages
     finally:
@@ -65,20 +67,33 @@ def test_cluster_up_serves_a_session_and_ctrl_c_stops_every_process(tmp_path):
         roles = {r["role"]: r for r in json.loads(summary.read_text())["roles"]}
         pids = [p for r in roles.values() for p in r["pids"]]
         assert list(roles) == ["postgres", "nats", "triton-0", "gateway-0", "gateway-1"]
-        assert roles["postgres"]["address"].startswith("postgresql://tether@127.0.0.1:")
+        # every engine with the run's credentials (tether cluster certs): the gateways log in as the least-privilege
+        # role over verify-full TLS, NATS is TLS, sessions need a robot token over TLS
+        assert roles["postgres"]["address"].startswith("postgresql://tether_gateway@127.0.0.1:")
+        assert "sslmode=verify-full" in roles["postgres"]["address"]
+        assert roles["nats"]["address"].startswith("tls://")
+        creds = LabCredentials(tmp_path / "run" / "credentials")
         assert len(roles["nats"]["address"].split(",")) == 3 and len(roles["nats"]["pids"]) == 3
         printed = (tmp_path / "up.log").read_text()
         assert all(r["address"] in printed for r in roles.values())  # the table names every address
+        secrets = [creds.pg_password("gateway"), creds.pg_password("admin"), creds.nats_password("gateway"),
+                   creds.token("sim"), creds.rendezvous_id_file.read_text()]
+        assert not any(secret in printed for secret in secrets), "a secret in cluster up's output"
+        with pytest.raises(SessionError, match="UNAUTHENTICATED"):   # no robot token: no session
+            asyncio.run(run_sessions(roles["gateway-0"]["address"], lambda i: sim.make(ENV, seed=i), envs=1, steps=1,
+                                     tls=ClientTls(ca=creds.ca)))
 
         sessions: list = []
         stats = asyncio.run(run_sessions(roles["gateway-1"]["address"], lambda i: sim.make(ENV, seed=i), envs=1,
-                                         steps=50, sessions_out=sessions))
+                                         steps=50, sessions_out=sessions, tls=ClientTls(ca=creds.ca),
+                                         token=creds.token("sim")))
         assert stats.steps == 50 and not stats.errors
         # the gateways are wired to the shared services: the session's owner is in PostgreSQL, its steps in the stream
-        with psycopg.connect(roles["postgres"]["address"]) as db:
+        with psycopg.connect(roles["postgres"]["address"], passfile=str(creds.pgpass("gateway"))) as db:
             owners = dict(db.execute("SELECT session, owner FROM session_owners").fetchall())
         assert owners.get(sessions[0].id) == "gateway-1", owners
-        assert asyncio.run(_stream_messages(roles["nats"]["address"])) >= 50
+        assert asyncio.run(_stream_messages(roles["nats"]["address"], NatsSecurity.from_folder(creds.folder)
+                                            .auth("gateway"))) >= 50
 
         proc.send_signal(signal.SIGINT)
         assert proc.wait(60) == 0, (tmp_path / "up.log").read_text()[-4000:]

@@ -14,8 +14,11 @@ holds its session of that robot within 2 s.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-import threading
+import os
+import subprocess
+import sys
 import time
 import urllib.request
 
@@ -27,8 +30,7 @@ import pytest
 from protos import bridge_pb2, bridge_pb2_grpc, fleet_pb2, fleet_pb2_grpc, policies_pb2, policies_pb2_grpc
 from protos.codec import encode
 from tests.conftest import ACT, OBS
-from tests.fleet.blackhole import Blackhole
-from tests.fleet.support import Gateways, free_port, p50_p99_ms
+from tests.fleet.support import ROOT, Gateways, free_port, p50_p99_ms
 from tests.gateway.helpers import hello
 from tests.gateway.test_durable_sessions import start_gateway
 from tether.cluster.postgres import PostgresServer, postgres_bin_dir
@@ -43,33 +45,56 @@ HOLD_BOUND_S = 0.1
 HEAL_BOUND_S = 2.0
 
 
-class ProxyThread:
-    """The Blackhole proxy on an event loop of its own (the gateways connect through it from their start)."""
+PROXY = """
+import asyncio, sys
+from tests.fleet.blackhole import Blackhole
+
+async def main(port):
+    proxy = Blackhole(target_port=port)
+    await proxy.start()
+    print(proxy.address.rsplit(":", 1)[1], flush=True)
+    loop = asyncio.get_running_loop()
+    while (line := (await loop.run_in_executor(None, sys.stdin.readline)).strip()) not in ("", "exit"):
+        if line == "block":
+            proxy.block()
+        else:
+            await proxy.unblock()
+        print("ok", flush=True)
+    await proxy.close()
+
+asyncio.run(main(int(sys.argv[1])))
+"""
+
+
+class ProxyProcess:
+    """The Blackhole proxy in a process of its own (its forwarding never competes with the clients measured here);
+    `block()` / `unblock()` return once it has done so."""
 
     def __init__(self, target_port: int):
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.proxy = Blackhole(target_port=target_port)
-        self._call(self.proxy.start())
+        self.proc = subprocess.Popen([sys.executable, "-c", PROXY, str(target_port)], cwd=ROOT, text=True,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     env={**os.environ, "PYTHONPATH": str(ROOT)})
+        self.port = int(self.proc.stdout.readline())
 
-    def _call(self, coro, timeout: float = 30.0):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    @property
-    def port(self) -> int:
-        return int(self.proxy.address.rsplit(":", 1)[1])
+    def _say(self, word: str) -> None:
+        self.proc.stdin.write(word + "\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline().strip() == "ok", f"the proxy did not {word}"
 
     def block(self) -> None:
-        self.loop.call_soon_threadsafe(self.proxy.block)
+        self._say("block")
 
     def unblock(self) -> None:
-        self._call(self.proxy.unblock())
+        self._say("unblock")
 
     def close(self) -> None:
-        self._call(self.proxy.close())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
 
 
 class Stepper:
@@ -143,7 +168,7 @@ def _api_state(port: int) -> dict:
 
 def test_the_database_blackholed_while_8_sessions_step(triton, tmp_path):
     with PostgresServer(tmp_path / "pg") as pg:
-        proxy = ProxyThread(int(pg.url.rsplit(":", 1)[1].split("/")[0]))
+        proxy = ProxyProcess(int(pg.url.rsplit(":", 1)[1].split("/")[0]))
         url = pg.url.replace(f":{pg.url.rsplit(':', 1)[1].split('/')[0]}/", f":{proxy.port}/")
         gateways = Gateways(tmp_path, triton.url, 2, url)
         console_port = free_port()
@@ -168,7 +193,7 @@ def test_the_database_blackholed_while_8_sessions_step(triton, tmp_path):
     assert figures["held_on_gw1_after_heal_s"] < HEAL_BOUND_S, figures
 
 
-async def _scenario(gateways: Gateways, proxy: ProxyThread, console_port: int) -> dict:
+async def _scenario(gateways: Gateways, proxy: ProxyProcess, console_port: int) -> dict:
     gw0, gw1 = gateways.addresses
     steppers = [Stepper(gw0 if i < 4 else gw1, f"outage-{i}", "arm-e" if i in (0, 4) else f"arm-{i}")
                 for i in range(8)]
@@ -183,25 +208,30 @@ async def _scenario(gateways: Gateways, proxy: ProxyThread, console_port: int) -
         _, before = await _timed(policies.Promote(promote, timeout=30))
         assert before.code() == grpc.StatusCode.FAILED_PRECONDITION, before  # reachable: the registry's own rule
         assert (await asyncio.to_thread(_api_state, console_port))["versions"], "the snapshot has the versions"
+        async def viewers(status_s: list[float], api_s: list[float]) -> None:
+            """PHASE_S of what viewers do (both phases alike): Fleet.Status on both, /api/state and /metrics."""
+            t_start = time.monotonic()
+            while time.monotonic() - t_start < PHASE_S:
+                for fleet in fleets:
+                    took, status = await _timed(fleet.Status(fleet_pb2.StatusRequest(), timeout=10))
+                    assert isinstance(status, fleet_pb2.FleetStatus) and len(status.sessions) == 4, status
+                    assert [v.version for v in status.versions if v.state == "live"] == [1], status.versions
+                    status_s.append(took)
+                t0 = time.monotonic()
+                state = await asyncio.to_thread(_api_state, console_port)
+                api_s.append(time.monotonic() - t0)
+                assert len(state["sessions"]) == 4 and state["versions"][0]["versions"], state
+                t0 = time.monotonic()
+                assert b"tether_" in await asyncio.to_thread(_get, console_port, "/metrics")  # a scrape too
+                api_s.append(time.monotonic() - t0)
+                await asyncio.sleep(0.1)
+
         t_base = time.monotonic()
-        await asyncio.sleep(PHASE_S)
+        await viewers([], [])
         t_cut = time.monotonic()
-        proxy.block()
+        await asyncio.to_thread(proxy.block)
         status_s, api_s = [], []
-        while time.monotonic() - t_cut < PHASE_S:  # the viewers poll through the outage
-            for fleet in fleets:
-                took, status = await _timed(fleet.Status(fleet_pb2.StatusRequest(), timeout=10))
-                assert isinstance(status, fleet_pb2.FleetStatus) and len(status.sessions) == 4, status
-                assert [v.version for v in status.versions if v.state == "live"] == [1], status.versions
-                status_s.append(took)
-            t0 = time.monotonic()
-            state = await asyncio.to_thread(_api_state, console_port)
-            api_s.append(time.monotonic() - t0)
-            assert len(state["sessions"]) == 4 and state["versions"][0]["versions"], state
-            t0 = time.monotonic()
-            assert b"tether_" in await asyncio.to_thread(_get, console_port, "/metrics")  # a scrape too
-            api_s.append(time.monotonic() - t0)
-            await asyncio.sleep(0.1)
+        await viewers(status_s, api_s)  # through the outage
         t_end_quiet = time.monotonic()
         took, refused = await _timed(policies.Promote(promote, timeout=30))
         assert refused.code() == grpc.StatusCode.UNAVAILABLE and "registry unreachable" in refused.details(), refused

@@ -21,6 +21,14 @@ program declaration); `Cluster` is generic: it starts each role given the roles 
 and stops them in reverse order, each process group with it, whatever failed. The same roles run
 as Kubernetes workloads in `deploy/` (tests/test_deploy.py checks both name the same ports and flags).
 
+Every engine runs with the credentials of `<run-dir>/credentials` (`tether cluster certs`, made at the first
+start; bridge/security/lab.py): PostgreSQL with scram-sha-256 over TLS, the gateways logging in as the
+least-privilege `tether_gateway`; NATS with TLS and one user per role (the admin creates the stream; gateways
+only publish, trainers only consume); Triton answering only the gateways' secret header; gateways with TLS
+and tokens (`tokens/sim.token` is a robot's: `TETHER_TOKEN=$(cat ...) tether sim --tls-ca .../ca.crt`); the
+rendezvous bound to exactly its address, the trainers meeting under the random `rendezvous.id`. No secret
+is on a command line (except Triton's, which it reads nowhere else: docs/security.md).
+
 Every gateway shares the registry (PostgreSQL), streams experience to the NATS JetStream cluster
 (and keeps its own local log for the trainer's Experience.Subscribe) and routes to every Triton
 replica; the replicas serve one shared model repository. The trainer nodes are `tether train`
@@ -33,6 +41,7 @@ durable consumer per rank) and publish through gateway-0, open-ended (touch
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
 import sys
 import threading
@@ -115,6 +124,17 @@ class _Started:
         self.stop_fn()
 
 
+def credentials(spec: ClusterSpec, *, make: bool = True):
+    """The cluster's LabCredentials: `<run-dir>/credentials`, made at the first start (`make`) and kept after;
+    `make=False`: only its paths (the command lines of gateway_args / trainer_args)."""
+    from bridge.security.lab import LabCredentials
+
+    folder = spec.run_dir / "credentials"
+    if not make or (folder / "ca.crt").exists():
+        return LabCredentials(folder, check=make)
+    return LabCredentials.create(folder)
+
+
 def _policy(spec: ClusterSpec) -> str:
     from tether.topology import policy_name
 
@@ -124,15 +144,19 @@ def _policy(spec: ClusterSpec) -> str:
 def _postgres(spec: ClusterSpec, up: Mapping[str, Running]) -> Running:
     from tether.cluster.postgres import PostgresServer
 
-    pg = PostgresServer(spec.run_dir / "postgres")
+    creds = credentials(spec)
+    crt, key = creds.server_pair("postgres")
+    pg = PostgresServer(spec.run_dir / "postgres", tls_cert=crt, tls_key=key, tls_ca=creds.ca,
+                        admin_passfile=creds.pgpass("admin"), gateway_passfile=creds.pgpass("gateway"))
     pg.start()
-    return _Started(pg.url, pg.stop, lambda: [pg.pid])
+    return _Started(pg.client("gateway")[0], pg.stop, lambda: [pg.pid])
 
 
 def _nats(spec: ClusterSpec, up: Mapping[str, Running]) -> Running:
-    from tether.cluster.nats import NatsCluster
+    from tether.cluster.nats import NatsCluster, NatsSecurity
 
-    nats = NatsCluster(spec.run_dir / "nats", servers=spec.nats_servers)
+    nats = NatsCluster(spec.run_dir / "nats", servers=spec.nats_servers,
+                       security=NatsSecurity.from_folder(credentials(spec).folder))
     try:
         nats.start()
     except BaseException:
@@ -143,11 +167,13 @@ def _nats(spec: ClusterSpec, up: Mapping[str, Running]) -> Running:
 
 def _triton(spec: ClusterSpec, i: int, up: Mapping[str, Running]) -> Running:
     from inference_server import ModelRepository, TritonServer
+    from inference_server.secret import read_secret
     from tether.topology import write_initial_policy
 
     repo = ModelRepository(spec.run_dir / "models")  # one repository, served by every replica
     name = write_initial_policy(repo, spec.env, seed=spec.seed, stochastic=spec.trainer_nodes > 0)
-    triton = TritonServer(repo.root, models=[name], log_path=spec.run_dir / f"triton-{i}.log")
+    triton = TritonServer(repo.root, models=[name], log_path=spec.run_dir / f"triton-{i}.log",
+                          secret=read_secret(credentials(spec).triton_secret_file))
     triton.start()
     return _Started(triton.grpc_url, triton.stop, lambda: [triton.pid])
 
@@ -155,10 +181,16 @@ def _triton(spec: ClusterSpec, i: int, up: Mapping[str, Running]) -> Running:
 def gateway_args(spec: ClusterSpec, i: int, up: Mapping[str, Running]) -> list[str]:
     """`tether gateway`'s flags for gateway `i` (deploy/ gives its pods the same)."""
     tritons = ",".join(up[f"triton-{j}"].address for j in range(spec.tritons))
+    creds = credentials(spec, make=False)
+    crt, key = creds.server_pair("gateway")
     args = ["--triton", tritons, "--policy", _policy(spec), "--gateway-id", f"gateway-{i}",
-            "--registry", up["postgres"].address, "--experience", up["nats"].address,
+            "--registry", up["postgres"].address, "--registry-passfile", str(creds.pgpass("gateway")),
+            "--experience", up["nats"].address, "--nats-user", "gateway",
+            "--nats-password-file", str(creds.nats_password_file("gateway")), "--nats-ca", str(creds.ca),
             "--experience-dir", str(spec.run_dir / f"gateway-{i}" / "experience"),
-            "--model-repository", str(spec.run_dir / "models"), "--triton-timeout", "60"]
+            "--model-repository", str(spec.run_dir / "models"), "--triton-timeout", "60",
+            "--triton-secret-file", str(creds.triton_secret_file), "--tls-cert", str(crt), "--tls-key", str(key),
+            "--tokens", str(creds.tokens_file), "--no-anonymous-viewers"]
     if spec.trainer_nodes:
         args += ["--switch", "step"]  # sessions act with each new version from their next step (as the demo)
     return args
@@ -183,16 +215,19 @@ def _rendezvous(spec: ClusterSpec, up: Mapping[str, Running]) -> Running:
     from trainer.rendezvous import READY
 
     (spec.run_dir / "trainer.stop").unlink(missing_ok=True)  # a stop file of an earlier run in this folder
-    proc = _Process("rendezvous", [sys.executable, "-m", "trainer.rendezvous", "--port", "0"],
+    proc = _Process("rendezvous", [sys.executable, "-m", "trainer.rendezvous", "--host", "127.0.0.1", "--port", "0"],
                     spec.run_dir / "rendezvous.log", ready=READY)
     return _Started(proc.address, proc.stop, lambda: [proc.pid])
 
 
 def trainer_args(spec: ClusterSpec, up: Mapping[str, Running]) -> list[str]:
     """`tether train`'s flags for every trainer node (deploy/ gives its pods the same)."""
+    creds = credentials(spec, make=False)
     return ["--nnodes", f"1:{spec.trainer_nodes}", "--rdzv-endpoint", up["rendezvous"].address,
-            "--rdzv-id", "tether-cluster", "--rdzv-external", "--nproc", "1", "--max-restarts", "100",
-            "--gateway", up["gateway-0"].address, "--experience", up["nats"].address,
+            "--rdzv-id-file", str(creds.rendezvous_id_file), "--rdzv-external", "--nproc", "1",
+            "--max-restarts", "100", "--gateway", up["gateway-0"].address, "--tls-ca", str(creds.ca),
+            "--experience", up["nats"].address, "--nats-user", "trainer",
+            "--nats-password-file", str(creds.nats_password_file("trainer")), "--nats-ca", str(creds.ca),
             "--algo", "ppo", "--policy", _policy(spec),
             "--checkpoint-dir", str(spec.run_dir / "checkpoints"), "--stop-file", str(spec.run_dir / "trainer.stop"),
             "--seed", str(spec.seed)]
@@ -201,7 +236,8 @@ def trainer_args(spec: ClusterSpec, up: Mapping[str, Running]) -> list[str]:
 def _trainer(spec: ClusterSpec, i: int, up: Mapping[str, Running]) -> Running:
     cmd = [sys.executable, "-m", "tether", "train", *trainer_args(spec, up),
            "--summary", str(spec.run_dir / f"trainer-{i}.json")]
-    proc = _Process(f"trainer-{i}", cmd, spec.run_dir / f"trainer-{i}.log")
+    token = {"TETHER_TOKEN": credentials(spec).token("trainer")}   # never on a command line
+    proc = _Process(f"trainer-{i}", cmd, spec.run_dir / f"trainer-{i}.log", env=token)
     where = f"node of {spec.trainer_nodes} at {up['rendezvous'].address}, log {proc.log_path.name}"
     return _Started(where, proc.stop, lambda: [proc.pid])
 
@@ -210,11 +246,13 @@ class _Process:
     """A subprocess leading its own process group, output to `log_path`; with `ready`, the address is
     the rest of the first stdout line starting with it."""
 
-    def __init__(self, name: str, cmd: Sequence[str], log_path: Path, *, ready: str = "", timeout: float = 60.0):
+    def __init__(self, name: str, cmd: Sequence[str], log_path: Path, *, ready: str = "", timeout: float = 60.0,
+                 env: Mapping[str, str] | None = None):
         self.log_path = log_path
         self._log = open(log_path, "a")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(list(cmd), cwd=_ROOT, stdout=subprocess.PIPE if ready else self._log,
                                      stderr=self._log, text=True, start_new_session=True,
+                                     env={**os.environ, **env} if env else None,
                                      preexec_fn=parent_death_signal(main_thread_only=True))
         self.pid, self.address = self.proc.pid, ""
         if ready:
