@@ -6,17 +6,23 @@
     [1.0, 2.0]
     >>> broadcast_int(7)
     7
+
+A rank waits at most `TETHER_COLLECTIVE_TIMEOUT_S` (default 120 s; torch's own default is 30 minutes) in a
+collective: a peer whose host went silent (a partition drops its packets, nothing resets the connection) then
+fails the rank, and torchrun re-rendezvouses without it instead of hanging for half an hour. Keep it above the
+longest legitimate wait between collectives (rank 0 publishing weights to the gateway: up to 60 s).
 """
 
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["all_reduce_max", "all_reduce_sum", "barrier", "broadcast_int", "broadcast_tensor", "device", "init",
-           "is_distributed", "shutdown", "world"]
+__all__ = ["all_reduce_max", "all_reduce_sum", "barrier", "broadcast_int", "broadcast_tensor", "collective_timeout",
+           "device", "init", "is_distributed", "shutdown", "world"]
 
 
 def is_distributed() -> bool:
@@ -51,12 +57,30 @@ def init() -> tuple[int, int]:
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "False":
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         store = dist.PrefixStore(f"tether/attempt-{attempt}", store)
+    timeout = collective_timeout()
     if torch.cuda.is_available():
         torch.cuda.set_device(device())
-        dist.init_process_group("nccl", store=store, rank=rank, world_size=world_size, device_id=device())
+        dist.init_process_group("nccl", store=store, rank=rank, world_size=world_size, device_id=device(),
+                                timeout=timeout)
     else:
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
     return world()
+
+
+def collective_timeout() -> timedelta:
+    """`$TETHER_COLLECTIVE_TIMEOUT_S` (default 120 s): how long a collective waits for a silent peer.
+
+    >>> collective_timeout().total_seconds()
+    120.0
+    """
+    text = os.environ.get("TETHER_COLLECTIVE_TIMEOUT_S", "120")
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise SystemExit(f"tether train: TETHER_COLLECTIVE_TIMEOUT_S must be a number of seconds > 0, got {text!r}")
+    return timedelta(seconds=seconds)
 
 
 def shutdown() -> None:

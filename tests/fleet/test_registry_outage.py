@@ -15,18 +15,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 
 import grpc
 import numpy as np
 import psycopg
 import pytest
 
+from bridge.client import Credentials, aio_channel
 from protos import bridge_pb2, bridge_pb2_grpc, fleet_pb2, fleet_pb2_grpc, policies_pb2, policies_pb2_grpc
 from protos.codec import encode
 from tests.conftest import ACT, OBS
@@ -100,8 +103,8 @@ class ProxyProcess:
 class Stepper:
     """One session at HZ: every reply's round trip with its send time, and when it was held by an e-stop."""
 
-    def __init__(self, address: str, session_id: str, robot: str):
-        self.address, self.session_id, self.robot = address, session_id, robot
+    def __init__(self, address: str, session_id: str, robot: str, credentials: Credentials | None = None):
+        self.address, self.session_id, self.robot, self.credentials = address, session_id, robot, credentials
         self.trips: list[tuple[float, float]] = []   # (sent at, seconds)
         self.held: list[float] = []                  # received at (time.monotonic) of held replies
         self.errors: list[str] = []
@@ -111,7 +114,7 @@ class Stepper:
         msg = hello(self.session_id, obs=OBS, act=ACT, policy="tiny")
         msg.labels["robot"] = self.robot
         rng = np.random.default_rng(0)
-        async with grpc.aio.insecure_channel(self.address) as channel:
+        async with aio_channel(self.address, self.credentials) as channel:
             call = bridge_pb2_grpc.BridgeStub(channel).Connect()
             await call.write(bridge_pb2.ClientMessage(hello=msg))
             welcome = await call.read()
@@ -162,8 +165,8 @@ def _get(port: int, path: str) -> bytes:
         return response.read()
 
 
-def _api_state(port: int) -> dict:
-    return json.loads(_get(port, "/api/state"))
+def _api_state(get: Callable[[str], bytes]) -> dict:
+    return json.loads(get("/api/state"))
 
 
 def test_the_database_blackholed_while_8_sessions_step(triton, tmp_path):
@@ -178,7 +181,7 @@ def test_the_database_blackholed_while_8_sessions_step(triton, tmp_path):
                 extra = ["--console-port", str(console_port)] if i == 0 else []
                 gateways.procs.append(start_gateway(triton.url, port, d, log, "--registry", url, "--gateway-id", name,
                                                     "--idle-timeout-s", "0", *extra))
-            figures = asyncio.run(_scenario(gateways, proxy, console_port))
+            figures = asyncio.run(_scenario(gateways.addresses, proxy, functools.partial(_get, console_port)))
             with psycopg.connect(pg.url) as conn:  # durable, after the outage
                 rows = conn.execute("SELECT id, target, released_ns FROM estops").fetchall()
         finally:
@@ -186,6 +189,11 @@ def test_the_database_blackholed_while_8_sessions_step(triton, tmp_path):
             proxy.close()
     print("\ndatabase blackholed while 8 sessions step:", json.dumps(figures))
     assert [(r[0], r[1], r[2]) for r in rows] == [(figures["estop_id"], "robot=arm-e", None)], rows
+    check_bounds(figures)
+
+
+def check_bounds(figures: dict) -> None:
+    """The outage's figures (`_scenario`) against the bounds; also tests/hosts/test_database_partition.py."""
     base, out = figures["step_before"], figures["step_during_outage"]
     assert out["p99_ms"] <= 2 * base["p99_ms"], f"step p99 {out['p99_ms']} ms in the outage vs {base['p99_ms']} ms"
     assert figures["status_max_s"] < STATUS_BOUND_S and figures["api_state_max_s"] < STATUS_BOUND_S, figures
@@ -193,12 +201,16 @@ def test_the_database_blackholed_while_8_sessions_step(triton, tmp_path):
     assert figures["held_on_gw1_after_heal_s"] < HEAL_BOUND_S, figures
 
 
-async def _scenario(gateways: Gateways, proxy: ProxyProcess, console_port: int) -> dict:
-    gw0, gw1 = gateways.addresses
-    steppers = [Stepper(gw0 if i < 4 else gw1, f"outage-{i}", "arm-e" if i in (0, 4) else f"arm-{i}")
+async def _scenario(addresses: list[str], proxy, get: Callable[[str], bytes], *, robot: Credentials | None = None,
+                    operator: Credentials | None = None) -> dict:
+    """The outage on gateways `addresses` (two); `proxy.block()` / `proxy.unblock()` cut and restore the database
+    (a ProxyProcess, or a lab partition: tests/hosts/test_database_partition.py); `get(path)` reads gw-0's console;
+    sessions step with `robot`, operator and viewer calls go with `operator` (None: plaintext, no token)."""
+    gw0, gw1 = addresses
+    steppers = [Stepper(gw0 if i < 4 else gw1, f"outage-{i}", "arm-e" if i in (0, 4) else f"arm-{i}", robot)
                 for i in range(8)]
     tasks = [asyncio.create_task(s.run()) for s in steppers]
-    channels = [grpc.aio.insecure_channel(a) for a in (gw0, gw1)]
+    channels = [aio_channel(a, operator) for a in (gw0, gw1)]
     fleets = [fleet_pb2_grpc.FleetStub(c) for c in channels]
     policies = policies_pb2_grpc.PoliciesStub(channels[0])
     promote = policies_pb2.PromoteRequest(policy="tiny", version=1, to="live", why="outage test")
@@ -207,7 +219,7 @@ async def _scenario(gateways: Gateways, proxy: ProxyProcess, console_port: int) 
         await _until(lambda: all(len(s.trips) >= 20 for s in steppers), 60, "every session stepping")
         _, before = await _timed(policies.Promote(promote, timeout=30))
         assert before.code() == grpc.StatusCode.FAILED_PRECONDITION, before  # reachable: the registry's own rule
-        assert (await asyncio.to_thread(_api_state, console_port))["versions"], "the snapshot has the versions"
+        assert (await asyncio.to_thread(_api_state, get))["versions"], "the snapshot has the versions"
         async def viewers(status_s: list[float], api_s: list[float]) -> None:
             """PHASE_S of what viewers do (both phases alike): Fleet.Status on both, /api/state and /metrics."""
             t_start = time.monotonic()
@@ -218,11 +230,11 @@ async def _scenario(gateways: Gateways, proxy: ProxyProcess, console_port: int) 
                     assert [v.version for v in status.versions if v.state == "live"] == [1], status.versions
                     status_s.append(took)
                 t0 = time.monotonic()
-                state = await asyncio.to_thread(_api_state, console_port)
+                state = await asyncio.to_thread(_api_state, get)
                 api_s.append(time.monotonic() - t0)
                 assert len(state["sessions"]) == 4 and state["versions"][0]["versions"], state
                 t0 = time.monotonic()
-                assert b"tether_" in await asyncio.to_thread(_get, console_port, "/metrics")  # a scrape too
+                assert b"tether_" in await asyncio.to_thread(get, "/metrics")  # a scrape too
                 api_s.append(time.monotonic() - t0)
                 await asyncio.sleep(0.1)
 
