@@ -1,8 +1,8 @@
 """What TLS and authentication cost a fleet per transition: NATS JetStream publishing and PostgreSQL's
 promote-to-follower path, open vs secured, on loopback and between two lab hosts, blocks alternated in one run.
 
-    sudo python benchmarks/secured_fleet.py [--rounds 3 --transitions 2000 --pings 200 --writes 40
-                                             --connects 3 --placements loopback,lab --json PATH]
+    sudo python benchmarks/secured_fleet.py [--rounds 6 --transitions 4000 --pings 300 --writes 80
+                                             --connects 5 --placements loopback,lab --json PATH]
 
 Placements: `loopback` (servers and client on 127.0.0.1 of this machine) and `lab` (the servers on one lab host,
 the client on another: Linux network namespaces joined by veth pairs on a bridge, `tests/support/hosts.Lab`, which
@@ -409,11 +409,11 @@ def print_table(rows: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=3, help="rounds; each runs every block once (order alternated)")
-    p.add_argument("--transitions", type=int, default=2000, help="transitions published per nats block")
-    p.add_argument("--pings", type=int, default=200, help="one-at-a-time publishes per nats block (latency)")
-    p.add_argument("--writes", type=int, default=40, help="registry writes per pg block")
-    p.add_argument("--connects", type=int, default=3, help="new connections timed per block")
+    p.add_argument("--rounds", type=int, default=6, help="rounds; each runs every block once (order alternated)")
+    p.add_argument("--transitions", type=int, default=4000, help="transitions published per nats block")
+    p.add_argument("--pings", type=int, default=300, help="one-at-a-time publishes per nats block (latency)")
+    p.add_argument("--writes", type=int, default=80, help="registry writes per pg block")
+    p.add_argument("--connects", type=int, default=5, help="new connections timed per block")
     p.add_argument("--placements", default="loopback,lab", help="loopback, lab (lab needs root)")
     p.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "secured_fleet.json")
     p.add_argument("--serve", choices=ROLES, help=argparse.SUPPRESS)
