@@ -74,6 +74,7 @@ def _drive(lab: Lab, db: Host, robots: Host, tmp: Path, args: list[str]) -> dict
         lines.put(None)
     threading.Thread(target=read, daemon=True).start()
     deadline = time.monotonic() + DRIVER_TIMEOUT_S
+    at: dict[str, str] = {}  # when the db host was partitioned / healed, to read the engines' logs by
     try:
         while True:
             try:
@@ -86,11 +87,14 @@ def _drive(lab: Lab, db: Host, robots: Host, tmp: Path, args: list[str]) -> dict
             word, _, rest = line.partition(" ")
             if word in ("block", "unblock"):
                 (lab.partition if word == "block" else lab.heal)(db)
+                now = time.time()
+                at["db_partitioned_at" if word == "block" else "db_healed_at"] = \
+                    time.strftime("%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
                 proc.stdin.write("ok\n")
                 proc.stdin.flush()
             elif word == "figures":
                 proc.wait(60)
-                return json.loads(rest)
+                return {**json.loads(rest), **at}
     finally:
         lab.heal(db)
         if proc.poll() is None:

@@ -13,7 +13,8 @@ How a silent peer is found (trainer/main.py, trainer/dist.py): the survivor's ra
 collective with the partitioned rank, and gloo's timeout (`TETHER_COLLECTIVE_TIMEOUT_S`, trainer.dist) fails
 it; its agent then re-rendezvouses, where the partitioned node's keep-alive (every 2 s, dead after 3 misses:
 `keep_alive_interval=2,keep_alive_max_attempt=3`) has stopped, and the survivor closes the round alone
-(`--nnodes 1:2`, `last_call_timeout=2`).
+(`--nnodes 1:2`, `last_call_timeout=2`). The partition is healed within 60 s: a longer one kills the cut-off
+node's torchrun agent (its store calls time out, see AGENT_STORE_TIMEOUT_S) and that node then needs a restart.
 """
 
 from __future__ import annotations
@@ -35,7 +36,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(namespaces_possible()), 
 RESUME_BOUND_S = 120.0
 REJOIN_BOUND_S = 150.0
 # how long a rank waits in a gloo collective for a silent peer (trainer.dist; its default is 120 s)
-COLLECTIVE_TIMEOUT_S = "30"
+COLLECTIVE_TIMEOUT_S = "20"
+# The cut-off node's torchrun agent asks the rendezvous store for waiting nodes every monitor interval; a store
+# call unanswered for the c10d backend's read_timeout (60 s, torch's default) raises out of the agent, which
+# exits 1 (measured: "RendezvousConnectionError ... wait timeout after 60000ms" from num_nodes_waiting).
+AGENT_STORE_TIMEOUT_S = 60.0
 
 
 def test_a_partitioned_trainer_host_the_other_goes_on_alone_and_it_rejoins_after_the_heal(tmp_path,
@@ -75,6 +80,7 @@ def test_a_partitioned_trainer_host_the_other_goes_on_alone_and_it_rejoins_after
             progressed_s = time.monotonic() - partitioned_at
             resumed_step = int(re.search(r"\(step (\d+),", line)[1])
             assert before <= resumed_step < alone["step"], (before, line, alone)
+            cut_off_failed = bool(victim.lines_since(marks[victim.name], "Timed out waiting"))
             # the cut-off half never formed a group of its own: it could not reach the rendezvous
             cut_off = victim.lines_since(marks[victim.name], "resuming from")
             assert not cut_off, cut_off
@@ -82,6 +88,8 @@ def test_a_partitioned_trainer_host_the_other_goes_on_alone_and_it_rejoins_after
 
             healed_at = time.monotonic()
             lab.heal(victim.host)
+            # a longer partition kills the cut-off node's agent (see AGENT_STORE_TIMEOUT_S): it would not rejoin
+            assert healed_at - partitioned_at < AGENT_STORE_TIMEOUT_S, f"healed {healed_at - partitioned_at:.1f} s"
             rejoined = wait(lambda: (m := meta(ckpt)) and m["world_size"] == 2 and m["step"] > alone["step"] and m,
                             REJOIN_BOUND_S, "the healed node rejoins the group", logs)
             rejoined_s = time.monotonic() - healed_at
@@ -107,8 +115,10 @@ def test_a_partitioned_trainer_host_the_other_goes_on_alone_and_it_rejoins_after
     assert steps == sorted(steps), f"latest went back: two groups wrote checkpoints: {history}"
     print(f"trainer partition: two-node group checkpointed {formed_s:.1f} s after start; partitioned "
           f"{victim.name} (rank 0): survivor resumed alone {resumed_s:.1f} s after (first checkpoint alone "
-          f"{progressed_s:.1f} s, step {resumed_step} -> {alone['step']}); healed: rejoined {rejoined_s:.1f} s "
-          f"after (step {rejoined['step']}); both exited {stopped_s:.1f} s after the stop file; "
+          f"{progressed_s:.1f} s, step {resumed_step} -> {alone['step']}), the cut-off "
+          f"rank's collective {'had' if cut_off_failed else 'had not yet'} timed out; healed "
+          f"{healed_at - partitioned_at:.1f} s after: rejoined "
+          f"{rejoined_s:.1f} s after (step {rejoined['step']}); both exited {stopped_s:.1f} s after the stop file; "
           f"checkpoints (s, step, world): {history[:3]} ... {history[-3:]}", file=sys.stderr)
     record_property("resume_s", round(resumed_s, 1))
     record_property("rejoin_s", round(rejoined_s, 1))
