@@ -26,8 +26,10 @@ import time
 
 import pytest
 
-from tests.hosts.trainer_nodes import CheckpointWatch, HostNode, Rendezvous, meta, wait
+from tests.hosts.trainer_nodes import CheckpointWatch, HostNode, Rendezvous
 from tests.support.hosts import Lab, namespaces_possible
+from tests.trainer.test_elastic import _meta as meta
+from tests.trainer.test_elastic import _wait as wait
 from tests.trainer.test_torchrun import scripted_log
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(namespaces_possible()), reason=namespaces_possible() or "-")]

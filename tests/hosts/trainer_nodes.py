@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -18,30 +17,11 @@ import time
 from pathlib import Path
 
 from tests.support.hosts import Host
+from tests.trainer.test_elastic import _meta as meta
 
 ROOT = Path(__file__).resolve().parents[2]
 PORT = 29400
 NETWORK = "trainers"
-
-
-def wait(predicate, timeout: float, what: str, logs: tuple[Path, ...] = ()):
-    """The first truthy value of `predicate()` (polled every 0.1 s); AssertionError with the logs' tails."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    tails = "\n".join(f"--- {p.name}\n{p.read_text()[-4000:]}" for p in logs if p.exists())
-    raise AssertionError(f"not within {timeout:g} s: {what}\n{tails}")
-
-
-def meta(ckpt: Path) -> dict | None:
-    """The newest complete checkpoint's meta.json (None before the first)."""
-    try:
-        return json.loads((ckpt / (ckpt / "latest").read_text().strip() / "meta.json").read_text())
-    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
-        return None
 
 
 def _env() -> dict[str, str]:
