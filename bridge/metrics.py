@@ -206,6 +206,13 @@ class _GatewayState(Collector):
                                       "retried)", value=stats.write_errors)
             yield CounterMetricFamily("tether_experience_pruned_segments", "Segments deleted by retention",
                                       value=stats.pruned)
+            stream = getattr(experience, "second", experience).stats  # the JetStream log's, alone or tee'd
+            if hasattr(stream, "foreign_duplicates"):
+                yield CounterMetricFamily("tether_stream_foreign_duplicates", "Duplicate acknowledgements from the "
+                                          "stream whose stored message is not this transition (a forged or replayed "
+                                          "message id): never counted durable", value=stream.foreign_duplicates)
+                yield CounterMetricFamily("tether_stream_untrusted", "Messages read back for a moved session whose "
+                                          "message id is not that session's own: ignored", value=stream.untrusted)
         throughput = GaugeMetricFamily("tether_trainer_steps_per_second",
                                        "Trainer optimiser steps per second, from the lineage of published versions",
                                        labels=["policy"])

@@ -272,6 +272,11 @@ async def _poisoned(triton, cluster: NatsCluster, lab: NatsSecurity, tmp_path: P
                                          _steps(b, 0, b_value, lambda b: b.durable_through >= 10))
                     told = {"robot-a": a.durable_through, "robot-b": b.durable_through}
             stats = stream_log.stats
+            exposition = gateway.figures.metrics.exposition().decode()  # what /metrics serves
+            exported = dict(line.rsplit(" ", 1) for line in exposition.splitlines()
+                            if line.startswith("tether_stream_"))
+            assert float(exported["tether_stream_foreign_duplicates_total"]) >= max(2, stats.foreign_duplicates)
+            assert float(exported["tether_stream_untrusted_total"]) == 1.0
     finally:
         await attacker.close()
 
