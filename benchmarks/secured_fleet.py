@@ -395,7 +395,18 @@ def run(a: argparse.Namespace) -> dict:
                 lab.close()
     return {"args": {k: v for k, v in vars(a).items() if k in ("rounds", "transitions", "pings", "writes",
                                                                 "connects", "placements")},
-            "cpus": os.cpu_count(), "measured_s": measured_s, "rows": summarize(blocks), "blocks": blocks}
+            "cpus": os.cpu_count(), "measured_s": measured_s, "rows": summarize(blocks),
+            "blocks": [block_summary(b) for b in blocks]}
+
+
+def block_summary(block: dict) -> dict:
+    """A block for the JSON: each list of latency samples as its count, p50 and p99 (the rows pool the samples)."""
+    def short(v):
+        if not isinstance(v, list):
+            return v
+        p50, p99 = p50_p99(v) if v else (0.0, 0.0)
+        return {"n": len(v), "p50": p50, "p99": p99}
+    return {**block, "result": {k: short(v) for k, v in block["result"].items()}}
 
 
 def print_table(rows: list[dict]) -> None:

@@ -24,6 +24,8 @@ import re
 import secrets
 from pathlib import Path
 
+from bridge.common.files import read_ascii
+
 __all__ = ["CATEGORIES", "KEY", "check_secret", "grpc_headers", "http_headers", "new_secret", "read_secret",
            "redact"]
 
@@ -50,12 +52,7 @@ def check_secret(secret: str, *, where: str = "the argument") -> str:
 
 def read_secret(path: Path | str) -> str:
     """The secret kept in the file `path` (surrounding whitespace stripped); ValueError naming the file."""
-    try:
-        text = Path(path).read_text(encoding="ascii").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"cannot read the Triton secret file {str(path)!r}: "
-                         f"{exc.strerror if isinstance(exc, OSError) else 'not ASCII'}") from None
-    return check_secret(text, where=f"file {str(path)!r}")
+    return check_secret(read_ascii(path, what="Triton secret"), where=f"file {str(path)!r}")
 
 
 def grpc_headers(secret: str | None) -> dict[str, str] | None:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from inference_server.server import group_members
+from tests.support.processes import command_lines
 from tether.stack import Stack, StackError
 from tether.testing import absent
 
@@ -121,19 +122,7 @@ def test_a_stack_that_fails_to_start_stops_what_it_started(tmp_path):
         stack.start()
     assert "max" in str(info.value).lower()  # the gateway's own refusal, from its log
     assert stack.pids == {} or not _left(stack.pids)
-    assert not [line for line in _processes() if str(tmp_path) in line], "a process of the failed stack is left"
-
-
-def _processes() -> list[str]:
-    """Command lines of the live processes, from /proc."""
-    lines = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                lines.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
-            except OSError:
-                continue
-    return lines
+    assert not [line for line in command_lines() if str(tmp_path) in line], "a process of the failed stack is left"
 
 
 def test_markers_name_what_is_absent():

@@ -41,6 +41,8 @@ import threading
 from datetime import timedelta
 from pathlib import Path
 
+from bridge.common.files import read_ascii
+
 __all__ = ["RUN_ID", "listen", "main", "new_run_id", "parser", "read_run_id", "serve"]
 
 READY = "rendezvous listening on "
@@ -91,11 +93,7 @@ def new_run_id() -> str:
 
 def read_run_id(path: Path | str) -> str:
     """The run id in the file `path` (stripped); ValueError naming the file, never its content."""
-    try:
-        text = Path(path).read_text(encoding="ascii").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"cannot read the rendezvous id file {str(path)!r}: "
-                         f"{exc.strerror if isinstance(exc, OSError) else 'not ASCII'}") from None
+    text = read_ascii(path, what="rendezvous id")
     if not RUN_ID.fullmatch(text):
         raise ValueError(f"the rendezvous id file {str(path)!r} must hold 16-128 characters of A-Z a-z 0-9 - _ "
                          f"(it holds {len(text)} characters)")

@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["fsync_dir", "write_atomic", "write_json", "write_text"]
+__all__ = ["fsync_dir", "read_ascii", "write_atomic", "write_json", "write_text"]
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -74,3 +74,13 @@ def write_json(path: str | os.PathLike, data: Any, *, indent: int | None = 2, so
     """`data` as JSON (with a trailing newline) into `path`, atomically and durably."""
     text = json.dumps(data, indent=indent, sort_keys=sort_keys) + "\n"
     write_atomic(path, text.encode(), mode=mode, durable=durable)
+
+
+def read_ascii(path: str | os.PathLike, *, what: str) -> str:
+    """A small ASCII file's text, surrounding whitespace stripped (a secret, a run id); ValueError naming the file and
+    why, never its content: `read_ascii("lab/triton.secret", what="Triton secret")`."""
+    try:
+        return Path(path).read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read the {what} file {str(path)!r}: "
+                         f"{exc.strerror if isinstance(exc, OSError) else 'not ASCII'}") from None

@@ -33,6 +33,7 @@ from bridge.experience.jetstream import (
 from bridge.security.tokens import write_private
 from protos import experience_pb2
 from protos.codec import encode
+from tests.support.waiting import until
 from tether.cluster.nats import ROLES, NatsCluster, NatsSecurity, nats_server_binary
 
 pytestmark = pytest.mark.skipif(nats_server_binary() is None,
@@ -89,19 +90,12 @@ def _transition(session: str, step: int, value: float) -> experience_pb2.Transit
                                      action=[encode("action", np.zeros(3, np.float32))])
 
 
-async def _until(predicate, what: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out after {timeout_s:g} s waiting for {what}"
-        await asyncio.sleep(0.02)
-
-
 async def _answered(errors: list, text: str) -> str:
     """The server's asynchronous answer (an -ERR the client's error callback got) containing `text` (nats-py
     lowercases the -ERR line)."""
     text = text.lower()
-    await _until(lambda: any(text in str(e).lower() for e in errors), f"the server to answer {text!r} (got "
-                 f"{errors})", 10)
+    await until(lambda: any(text in str(e).lower() for e in errors),
+                what=f"the server to answer {text!r} (got {errors})", timeout=10)
     return next(str(e) for e in errors if text in str(e).lower())
 
 

@@ -5,13 +5,11 @@ but their 0600 passfiles. One real PostgreSQL 15 for the module, its certificate
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import pwd
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psycopg
@@ -29,6 +27,8 @@ from bridge.security.certs import init_certs
 from bridge.security.engine_certs import issue_server
 from tests.registry.helpers import add, serving
 from tests.support.hosts import Lab, namespaces_possible
+from tests.support.processes import command_lines
+from tests.support.waiting import wait_until
 from tether.cluster.postgres import PostgresServer, postgres_bin_dir
 
 pytestmark = pytest.mark.skipif(postgres_bin_dir() is None, reason="PostgreSQL's initdb is not installed "
@@ -120,7 +120,7 @@ def test_the_gateway_role_runs_the_registry(pg):
         with Registry(pg.url) as registry:
             registry.record_event(kind="note", who="operator:ada", why="wake the follower")
             epoch = registry.epoch()
-        _wait(lambda: epoch in seen, "the follower to see the NOTIFYed epoch")
+        wait_until(lambda: epoch in seen, what="the follower to see the NOTIFYed epoch")
     finally:
         follower.stop()
         leader.stop()
@@ -205,11 +205,7 @@ def test_passwords_appear_in_no_argv_log_or_message(pg, tmp_path):
     messages.append(str(unreachable.value))
     assert all("tether_gateway:***@" in m for m in messages), messages
     messages += [repr(pg), pg.url, pg.admin_url, shown(with_password), pg.log_path.read_text()]
-    argv = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            with contextlib.suppress(OSError):  # gone meanwhile
-                argv.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+    argv = command_lines()
     assert any(f"-p {pg.port}" in a for a in argv)   # the server's own argv is among them
     for secret in passwords:
         assert not any(secret in text for text in messages + argv)
@@ -227,14 +223,6 @@ def test_the_server_runs_with_no_capabilities_and_a_private_socket_folder(pg):
     assert pg.socket_dir.stat().st_mode & 0o777 == 0o700
     key = pg.tls_dir / "server.key"
     assert key.stat().st_mode & 0o777 == 0o600 and key.stat().st_uid == int(status["Uid"].split()[0])
-
-
-def _wait(predicate, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 # A client on a lab host: prints "ok <user> <ssl>" or the refusal on one line.

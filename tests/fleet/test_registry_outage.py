@@ -36,6 +36,7 @@ from tests.conftest import ACT, OBS
 from tests.fleet.support import ROOT, Gateways, free_port, p50_p99_ms
 from tests.gateway.helpers import hello
 from tests.gateway.test_durable_sessions import start_gateway
+from tests.support.waiting import until
 from tether.cluster.postgres import PostgresServer, postgres_bin_dir
 
 pytestmark = [pytest.mark.slow,
@@ -157,13 +158,6 @@ async def _timed(coro) -> tuple[float, object]:
     return time.monotonic() - t0, result
 
 
-async def _until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
-        await asyncio.sleep(0.005)
-
-
 def _get(port: int, path: str) -> bytes:
     request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers={"Host": f"127.0.0.1:{port}"})
     with urllib.request.urlopen(request, timeout=10) as response:
@@ -220,7 +214,7 @@ async def _scenario(addresses: list[str], proxy, get: Callable[[str], bytes], *,
     promote = policies_pb2.PromoteRequest(policy="tiny", version=1, to="live", why="outage test")
     figures: dict = {}
     try:
-        await _until(lambda: all(len(s.trips) >= 20 for s in steppers), 60, "every session stepping")
+        await until(lambda: all(len(s.trips) >= 20 for s in steppers), what="every session stepping", timeout=60)
         _, before = await _timed(policies.Promote(promote, timeout=30))
         assert before.code() == grpc.StatusCode.FAILED_PRECONDITION, before  # reachable: the registry's own rule
         assert (await asyncio.to_thread(_api_state, get))["versions"], "the snapshot has the versions"
@@ -255,22 +249,25 @@ async def _scenario(addresses: list[str], proxy, get: Callable[[str], bytes], *,
         t_estop = time.monotonic()
         estop = asyncio.create_task(_timed(fleets[0].EStop(
             fleet_pb2.EStopRequest(robot="arm-e", reason="person in the cell"), timeout=30)))
-        await _until(lambda: steppers[0].held and steppers[0].held[-1] > t_estop, 5, "gw-0 holding arm-e")
+        await until(lambda: steppers[0].held and steppers[0].held[-1] > t_estop, what="gw-0 holding arm-e", timeout=5)
         figures["held_on_gw0_after_s"] = round(steppers[0].held[0] - t_estop, 4)
         took, reply = await estop
         t_answered = time.monotonic()
         assert reply.code() == grpc.StatusCode.UNAVAILABLE and "holds" in reply.details(), reply
-        await _until(lambda: any(sent > t_answered for sent, _ in steppers[0].replies), 10, "a step after the e-stop")
+        await until(lambda: any(sent > t_answered for sent, _ in steppers[0].replies), what="a step after the e-stop",
+                    timeout=10)
         after = [held for sent, held in steppers[0].replies if sent > t_answered]
         assert all(after), f"gw-0 answered {after.count(False)} of {len(after)} steps after the e-stop with an action"
         estop_id = reply.details().split("(", 1)[1].split(")", 1)[0]
         assert estop_id.startswith("estop-"), reply.details()
         figures["estop_call_s"] = round(took, 3)
-        await asyncio.sleep(0.5)
+        t_checked = time.monotonic()   # gw-1 steps on during the outage: none of its replies is held
+        await until(lambda: sum(sent > t_checked for sent, _ in steppers[4].replies) >= 5, what="5 steps on gw-1",
+                    timeout=10)
         assert not steppers[4].held, "gw-1 cannot know of the e-stop while the database is away"
         t_heal = time.monotonic()
         await asyncio.to_thread(proxy.unblock)
-        await _until(lambda: steppers[4].held, 10, "gw-1 holding arm-e after the outage")
+        await until(lambda: steppers[4].held, what="gw-1 holding arm-e after the outage", timeout=10)
         figures["held_on_gw1_after_heal_s"] = round(steppers[4].held[0] - t_heal, 3)
         assert not any(s.held for i, s in enumerate(steppers) if i not in (0, 4))
         figures.update(estop_id=estop_id, step_before=p50_p99_ms(

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 from torch.distributed import TCPStore
 
+from tests.support.processes import command_lines
 from tests.trainer.test_torchrun import scripted_log
 from trainer.rendezvous import READY, read_run_id, serve
 
@@ -148,17 +149,6 @@ def test_tether_train_takes_rdzv_id_or_rdzv_id_file_not_both(tmp_path):
     assert proc.returncode != 0 and "give --rdzv-id 'mine' or --rdzv-id-file" in proc.stderr
 
 
-def _command_lines() -> list[str]:
-    lines = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                lines.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
-            except OSError:
-                continue
-    return lines
-
-
 @pytest.mark.slow
 def test_an_elastic_run_meets_under_the_id_from_the_file_and_no_command_line_holds_it(tmp_path):
     scripted_log(tmp_path / "log", n=300)
@@ -179,7 +169,7 @@ def test_an_elastic_run_meets_under_the_id_from_the_file_and_no_command_line_hol
         seen = 0
         try:
             while proc.poll() is None:  # every process's command line, while the run lasts
-                lines = _command_lines()
+                lines = command_lines()
                 assert not [c for c in lines if run_id in c], "the run id is on a command line"
                 seen += sum("torch.distributed.run" in c for c in lines)
                 time.sleep(0.1)
