@@ -130,7 +130,7 @@ async def block(address: str, sessions: int, per_session: int, tag: str) -> list
 
 def recording_cost_us(n: int = 20000) -> float:
     """FleetFigures.observed on a realistic reply, us per call (the hot path's share of the console and metrics)."""
-    from bridge.gateway.figures import FleetFigures
+    from bridge.gateway.session.figures import FleetFigures
     from bridge.metrics import GatewayMetrics
     from protos import bridge_pb2
     from protos.codec import encode

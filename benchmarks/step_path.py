@@ -29,10 +29,10 @@ def main(argv: list[str] | None = None) -> dict:
     sys.path.insert(0, str(a.tree))
     import numpy as np
 
-    from bridge.gateway.figures import FleetFigures
-    from bridge.gateway.policies import ServedPolicy
-    from bridge.gateway.session import Session
-    from bridge.gateway.version_stats import VersionStats
+    from bridge.gateway.rollout.stats import VersionStats
+    from bridge.gateway.session.figures import FleetFigures
+    from bridge.gateway.session.session import Session
+    from bridge.gateway.versions.catalog import ServedPolicy
     from bridge.metrics import GatewayMetrics
     from protos import bridge_pb2
     from protos.codec import Spec, encode

@@ -1,7 +1,7 @@
 """The docs a newcomer walks stay true to the tree: links resolve, and docs/step.md's hops exist.
 
     links_in(Path("README.md"))      # [(line number, target)] of its relative Markdown links
-    hops_in(Path("docs/step.md"))    # [("bridge/gateway/session.py", "handle"), ...]
+    hops_in(Path("docs/step.md"))    # [("bridge/gateway/session/session.py", "handle"), ...]
 """
 
 from __future__ import annotations

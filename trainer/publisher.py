@@ -27,7 +27,7 @@ __all__ = ["FATAL", "RETRY", "BackgroundPublisher", "served_version_of"]
 
 RETRY, FATAL = -1, -2
 # RESOURCE_EXHAUSTED: the gateway's publish caps; ABORTED: the version the gate judged against was rolled back
-# meanwhile (bridge.gateway.publisher.GateSuperseded): publishing again is judged against the live one
+# meanwhile (bridge.gateway.versions.publisher.GateSuperseded): publishing again is judged against the live one
 _RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED,
               grpc.StatusCode.ABORTED)
 

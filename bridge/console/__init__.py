@@ -2,7 +2,7 @@
 bridge.common.logs: the gateway's step path logs through them without importing the console).
 
     gateway.fleet            # bridge.console.fleet.Fleet: displays gateway.figures and gateway.estops, forwards
-                             # operators' e-stops and releases (bridge.gateway.figures, bridge.gateway.holds)
+                             # operators' e-stops and releases (gateway session/figures, holds)
     gateway.console          # bridge.console.server.Console: HTTP (page, JSON API, /metrics), when enabled
     tether status | estop | release     # bridge.console.cli, through tether.v1.Fleet
 """

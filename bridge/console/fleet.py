@@ -6,8 +6,8 @@
     fleet.status()                                 # fleet_pb2.FleetStatus (tether status, the console)
     fleet.sessions(); fleet.estops; fleet.audit_events()
 
-E-stops, their durability and the held replies are the gateway's (`bridge.gateway.holds.EStops`, gateway.estops);
-per-session figures and metrics too (`bridge.gateway.figures.FleetFigures`, gateway.figures). This module displays
+E-stops, their durability and the held replies are the gateway's (`session.holds.EStops`, gateway.estops);
+per-session figures and metrics too (`session.figures.FleetFigures`, gateway.figures). This module displays
 them and forwards operators' e-stops and releases, with the identity the caller authenticated as (`who` comes from
 `gateway.auth`, never from the request).
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 
-from bridge.gateway.holds import MAX_NAME, ROBOT_LABELS, BadTarget, EStops, Target, selector
+from bridge.gateway.session.holds import MAX_NAME, ROBOT_LABELS, BadTarget, EStops, Target, selector
 from bridge.gateway.views import FleetSource
 from bridge.metrics import GatewayMetrics
 from bridge.registry import RegistryError

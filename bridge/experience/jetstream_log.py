@@ -263,7 +263,7 @@ class JetStreamLog:
         self._refusing.pop(session, None)
 
     def forget(self, session: str) -> None:
-        """Another gateway owned `session` since (bridge.gateway.owners): its steps are taken again from any
+        """Another gateway owned `session` since (bridge.gateway.session.owners): its steps are taken again from any
         step (the client replays them under the new epoch; the stream drops msg ids it has) and its
         `durable_step` restarts from what this epoch acknowledges (as ExperienceLog.forget)."""
         self._last_step.pop(session, None)

@@ -5,7 +5,7 @@
     config = from_arguments(p.parse_args(argv))        # a GatewayConfig; a bad value exits naming it
     config = GatewayConfig(triton_url="127.0.0.1:8001", policy="hopper")   # from Python
 
-The rollout's and gate's part (`--rollout`, `--gate-*`) is `bridge.gateway.rollout_config`'s.
+The rollout's and gate's part (`--rollout`, `--gate-*`) is `bridge.gateway.rollout.config`'s.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from pathlib import Path
 from bridge.common.kv import split_pair
 from bridge.console.server import allowed_host
 from bridge.gate import GateConfig
-from bridge.gateway.limits import Limits
-from bridge.gateway.publisher import PublishLimits
-from bridge.gateway.rollout_config import RolloutPlan
-from bridge.gateway.rollout_config import add_arguments as add_rollout_arguments
-from bridge.gateway.rollout_config import from_arguments as rollout_settings
+from bridge.gateway.rollout.config import RolloutPlan
+from bridge.gateway.rollout.config import add_arguments as add_rollout_arguments
+from bridge.gateway.rollout.config import from_arguments as rollout_settings
+from bridge.gateway.session.limits import Limits
+from bridge.gateway.versions.publisher import PublishLimits
 from inference_server.repository import VERSIONS_SUFFIX
 from inference_server.secret import read_secret
 
@@ -54,9 +54,9 @@ class GatewayConfig:
     switch: str = "episode"          # when sessions move to a new version: "episode" or "step"
     rollout: RolloutPlan = field(default_factory=RolloutPlan)  # direct, or staged shadow -> canary -> live
     registry: Path | None = None     # default: <model_repository>/.tether/registry.sqlite; no repository: in memory
-    #                                  (e-stops then go to <experience_dir>/.tether/estops.sqlite: bridge.gateway.holds)
+    #                                  (e-stops then go to <experience_dir>/.tether/estops.sqlite: session.holds)
     gate: GateConfig = field(default_factory=GateConfig)  # what a candidate version must pass (bridge.gate)
-    # bridge.security: TLS (mTLS with tls_client_ca), the --insecure rule, tokens; bridge.gateway.limits
+    # bridge.security: TLS (mTLS with tls_client_ca), the --insecure rule, tokens; bridge.gateway.session.limits
     tls_cert: Path | None = None     # server certificate (PEM); with tls_key, gRPC serves TLS only
     tls_key: Path | None = None
     tls_client_ca: Path | None = None  # every client must present a certificate signed by this CA (mTLS)
@@ -71,11 +71,11 @@ class GatewayConfig:
     console_port: int | None = None  # the operator console + /metrics over HTTP (0 = a free port); None = off
     console_host: str = "127.0.0.1"
     console_allowed_hosts: tuple[str, ...] = ()  # Host names the console also answers to (behind a proxy)
-    # several Triton replicas (triton_url "A,B"; bridge.gateway.replicas): replica i's model repository (one given:
+    # several Triton replicas (triton_url "A,B"; bridge.gateway.replicas.pool): replica i's model repository (one given:
     # shared by all; model_repository is the first), and the artifact store every version is copied from
     model_repositories: tuple[Path, ...] = ()
     artifact_store: Path | None = None    # default: <model_repository>/.tether/artifacts
-    gateway_id: str = ""             # this gateway's name in session ownership (bridge.gateway.owners); "" = HOST:PORT
+    gateway_id: str = ""             # this gateway's name in session ownership (session.owners); "" = HOST:PORT
     drain_grace_s: float = 0.2       # SIGTERM: NOT_SERVING this long before the streams end UNAVAILABLE (drain)
     persistent_versions: bool = False  # ONNX versions served by one persistent model per policy (no stub per version)
     triton_secret_file: Path | None = None  # the secret Triton checks, sent on every call (inference_server.secret)
@@ -192,7 +192,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--console-allowed-host", action="append", default=[], metavar="NAME[:PORT]",
                    type=_console_allowed_host, help="a Host name the console also answers to, e.g. behind a "
                    "proxy (repeatable); other Hosts get 421")
-    s = p.add_argument_group("security and limits (bridge.security, bridge.gateway.limits)")
+    s = p.add_argument_group("security and limits (bridge.security, bridge.gateway.session.limits)")
     s.add_argument("--tls-cert", type=Path, help="server certificate (PEM): serve gRPC over TLS")
     s.add_argument("--tls-key", type=Path, help="the server certificate's private key (PEM)")
     s.add_argument("--tls-client-ca", type=Path, help="require client certificates signed by this CA (mTLS)")

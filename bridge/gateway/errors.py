@@ -49,7 +49,7 @@ class PolicyUnavailable(GatewayError):
 
 
 class TooManySessions(GatewayError):
-    """The gateway's session cap or a source's cap is reached (bridge.gateway.limits)."""
+    """The gateway's session cap or a source's cap is reached (bridge.gateway.session.limits)."""
 
     status = grpc.StatusCode.RESOURCE_EXHAUSTED
 

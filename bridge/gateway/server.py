@@ -17,7 +17,7 @@ still act, only logging waits. `gateway.logging_state()` ("ok", "off", "degraded
 FleetStatus.logging, the console and the `tether_experience_degraded` gauge show instead.
 
 Here: the wiring (what a Gateway holds, start, stop). The configuration and its flags are
-`bridge.gateway.config`, a Hello becoming a session `bridge.gateway.session_factory`, and
+`bridge.gateway.config`, a Hello becoming a session `bridge.gateway.session.factory`, and
 `tether gateway` `bridge.gateway.cli`.
 """
 
@@ -34,24 +34,24 @@ from bridge.console.fleet import Fleet
 from bridge.console.fleet_service import FleetService
 from bridge.console.server import Console, check_console_bind
 from bridge.gate import Gate
-from bridge.gateway.batcher import MicroBatcher
 from bridge.gateway.config import GatewayConfig
 from bridge.gateway.errors import Draining
-from bridge.gateway.figures import FleetFigures
-from bridge.gateway.holds import EStops, open_estop_registry
-from bridge.gateway.limits import Admission
-from bridge.gateway.owners import SessionOwners
-from bridge.gateway.policies import PolicyCatalog
-from bridge.gateway.policies_service import PoliciesService
-from bridge.gateway.publisher import Publisher
-from bridge.gateway.replicas import ReplicaMetrics
-from bridge.gateway.replicas import from_config as replicas_from_config
-from bridge.gateway.rollout import RolloutController
-from bridge.gateway.rollout_config import open_registry
-from bridge.gateway.service import BridgeService
-from bridge.gateway.session import Session, SessionStats
-from bridge.gateway.session_factory import SessionFactory
-from bridge.gateway.vector_session import VectorSession
+from bridge.gateway.replicas.pool import ReplicaMetrics
+from bridge.gateway.replicas.pool import from_config as replicas_from_config
+from bridge.gateway.rollout.config import open_registry
+from bridge.gateway.rollout.controller import RolloutController
+from bridge.gateway.session.batcher import MicroBatcher
+from bridge.gateway.session.factory import SessionFactory
+from bridge.gateway.session.figures import FleetFigures
+from bridge.gateway.session.holds import EStops, open_estop_registry
+from bridge.gateway.session.limits import Admission
+from bridge.gateway.session.owners import SessionOwners
+from bridge.gateway.session.service import BridgeService
+from bridge.gateway.session.session import Session, SessionStats
+from bridge.gateway.session.vector import VectorSession
+from bridge.gateway.versions.catalog import PolicyCatalog
+from bridge.gateway.versions.publisher import Publisher
+from bridge.gateway.versions.service import PoliciesService
 from bridge.metrics import GatewayMetrics
 from bridge.rewards import RewardFunction
 from bridge.security import Authorizer
@@ -78,7 +78,7 @@ KEEPALIVE = [("grpc.keepalive_time_ms", 20_000), ("grpc.keepalive_timeout_ms", 1
 class Gateway:
     def __init__(self, config: GatewayConfig):
         self.config = config
-        # several Triton replicas (--triton A,B): routed, verified per version (bridge.gateway.replicas)
+        # several Triton replicas (--triton A,B): routed, verified per version (bridge.gateway.replicas.pool)
         # Triton's restricted protocols: the secret goes with every call (inference_server.secret)
         secret = read_secret(config.triton_secret_file) if config.triton_secret_file else None
         self.replicas = replicas_from_config(config, secret=secret) if len(config.triton_urls) > 1 else None
@@ -105,10 +105,10 @@ class Gateway:
         self.rewards = {policy: RewardFunction.from_yaml(path) for policy, path in config.rewards.items()}
         self.experience = None  # the ExperienceLog, once started
         self.auth = _authorizer(config)  # who may view and act (bridge.security)
-        self.admission = Admission(config.limits)  # session caps (bridge.gateway.limits)
+        self.admission = Admission(config.limits)  # session caps (bridge.gateway.session.limits)
         # operators' e-stops, durable (the registry, else <experience_dir>/.tether/estops.sqlite), and the held replies
         self.estops = EStops(open_estop_registry(self.registry, config.experience_dir))
-        self.figures = FleetFigures(GatewayMetrics(self))  # per-session figures and metrics (bridge.gateway.figures)
+        self.figures = FleetFigures(GatewayMetrics(self))  # per-session figures and metrics (session.figures)
         if self.replicas is not None:  # tether_triton_replica_* in /metrics
             self.figures.metrics.registry.register(ReplicaMetrics(self.replicas))
         self.fleet = Fleet(self)  # what operators see and do: displays the above, forwards e-stops (bridge.console)
@@ -116,7 +116,7 @@ class Gateway:
         self.sessions: dict[str, Session | VectorSession] = {}
         self.closed_stats: deque[SessionStats] = deque(maxlen=1024)  # the most recent closed sessions
         self.server_version = ""
-        # Hello -> Session | VectorSession, the ids and next steps (bridge.gateway.session_factory)
+        # Hello -> Session | VectorSession, the ids and next steps (bridge.gateway.session.factory)
         self.factory = SessionFactory(
             limits=config.limits, deadline_s=config.deadline_ms / 1e3, switch=config.switch, catalog=self.catalog,
             rollout=self.rollout, rewards=self.rewards, admission=self.admission, batcher=self.batcher,
@@ -125,7 +125,7 @@ class Gateway:
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self.address = ""
-        # several gateways: who owns each session id, with an epoch that fences the others (bridge.gateway.owners)
+        # several gateways: who owns each session id, with an epoch that fences the others (session.owners)
         self.owners = SessionOwners(self)
         self.factory._claim = self.owners.claim
         self.draining = False  # SIGTERM: no new session, streams end UNAVAILABLE (drain)

@@ -18,8 +18,8 @@ if TYPE_CHECKING:
     from bridge.console.fleet import Fleet
     from bridge.experience import LogStats
     from bridge.gateway.config import GatewayConfig
-    from bridge.gateway.figures import FleetFigures
-    from bridge.gateway.holds import EStops
+    from bridge.gateway.session.figures import FleetFigures
+    from bridge.gateway.session.holds import EStops
     from bridge.registry import Registry
     from bridge.security import Authorizer
 

@@ -1,7 +1,7 @@
 """What every gateway's sessions show, for the one gateway that judges: on a shared registry each gateway ships
 what its sessions fed the rollout's statistics and regression monitor (episode returns exactly; steps and shadow
 comparisons as counts with a bounded sample of latencies and divergences) to the `monitor_samples` table, and the
-leader feeds the other gateways' rows into its own (bridge.gateway.rollout_follow), so a canary is judged on the
+leader feeds the other gateways' rows into its own (bridge.gateway.rollout.follow), so a canary is judged on the
 whole fleet's sessions, wherever they are connected.
 
     tap = SampleTap()                                   # the router calls tap.step / tap.episode / tap.shadow

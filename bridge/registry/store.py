@@ -70,7 +70,7 @@ class Registry:
     def __init__(self, path: Path | str):
         self.shared = is_url(path)   # PostgreSQL: other gateways write too
         # blocking callables a gateway following a shared registry runs (in a thread) after each re-read, e.g. the
-        # e-stops' cache reload (bridge.gateway.rollout_follow)
+        # e-stops' cache reload (bridge.gateway.rollout.follow)
         self.listeners: list = []
         self.path = str(path) if self.shared else Path(path)
         self._lock = threading.RLock()
@@ -632,7 +632,7 @@ def _check_who_why(who: object, why: object) -> None:
 
 
 def _check_text(what: str, text: object, limit: int, *, spaces: bool, equals: bool = True) -> str:
-    """Hello's rules (bridge.gateway.limits): printable, 1..limit characters, spaces only where said."""
+    """Hello's rules (bridge.gateway.session.limits): printable, 1..limit characters, spaces only where said."""
     if (not isinstance(text, str) or not 0 < len(text) <= limit or not text.isprintable()
             or (not spaces and any(c.isspace() for c in text)) or (not equals and "=" in text)):
         rule = "printable" + ("" if spaces else ", no spaces") + ("" if equals else ", no '='")

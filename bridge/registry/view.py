@@ -7,7 +7,7 @@
 
 On a PostgreSQL registry the view is a snapshot: every policy's rollout and versions and the newest audit events, read
 in a thread (`refresh`) when the view is made and after every epoch the gateway's follower catches up with (it is one
-of `registry.listeners`: bridge.gateway.rollout_follow runs them in a thread after each NOTIFY, reconnect and poll);
+of `registry.listeners`: bridge.gateway.rollout.follow runs them in a thread after each NOTIFY, reconnect and poll);
 while the database is unreachable it keeps serving what it read last (`age_s` says how old). Fleet.Status and the
 console's /api/state read it (bridge.console), never the database.
 

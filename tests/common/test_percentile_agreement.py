@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from bridge.common.percentiles import summary_ms
-from bridge.gateway.figures import FleetFigures
+from bridge.gateway.session.figures import FleetFigures
 from bridge.metrics import GatewayMetrics
 from bridge.ros2.edge_stats import EdgeStats
 from protos.tether.v1 import bridge_pb2

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from bridge.gate.checks import action_sanity, with_bounds
-from bridge.gateway.vector_session import _safe_rows
+from bridge.gateway.session.vector import _safe_rows
 from protos.codec import Spec, TensorError
 from sim.env import bounds
 from sim.vector import safe_action

@@ -1,5 +1,5 @@
 """TeeLog.forget (the local log + the JetStream stream as one sink): when a session another gateway owned
-since comes back (bridge.gateway.owners.claim), both sinks take its steps again from any step and its
+since comes back (bridge.gateway.session.owners.claim), both sinks take its steps again from any step and its
 durable step restarts; without it a gateway with `--experience-dir` and `--experience nats://` failed every
 failover to it (AttributeError; found by tests/fleet/test_all_together.py). Two real local logs stand for
 the two sinks here; the stream's own forget runs in the fleet tests."""

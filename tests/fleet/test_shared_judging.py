@@ -9,7 +9,7 @@ import asyncio
 import grpc
 import pytest
 
-from bridge.gateway.rollout_config import RolloutPlan
+from bridge.gateway.rollout.config import RolloutPlan
 from bridge.registry import Thresholds
 from inference_server import ModelRepository, TritonServer
 from protos import policies_pb2_grpc

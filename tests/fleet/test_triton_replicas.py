@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from bridge.gateway.config import add_arguments, from_arguments
-from bridge.gateway.replica_sync import VersionCopies
-from bridge.gateway.rollout_config import RolloutPlan
+from bridge.gateway.replicas.sync import VersionCopies
+from bridge.gateway.rollout.config import RolloutPlan
 from bridge.registry import Thresholds
 from inference_server import ModelRepository, TritonServer
 from inference_server.artifacts import ArtifactStore

@@ -7,9 +7,9 @@ import asyncio
 import numpy as np
 import pytest
 
-from bridge.gateway.batcher import MicroBatcher
-from bridge.gateway.policies import ServedPolicy
-from bridge.gateway.session import Session
+from bridge.gateway.session.batcher import MicroBatcher
+from bridge.gateway.session.session import Session
+from bridge.gateway.versions.catalog import ServedPolicy
 from protos import bridge_pb2
 from protos.codec import Spec, decode, encode
 from tests.gateway.helpers import until

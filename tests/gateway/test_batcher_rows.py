@@ -7,7 +7,7 @@ import asyncio
 
 import numpy as np
 
-from bridge.gateway.batcher import MicroBatcher
+from bridge.gateway.session.batcher import MicroBatcher
 from tests.gateway.test_batcher import SlowDoubler
 
 

@@ -1,4 +1,4 @@
-"""The gateway's hold API (bridge.gateway.holds) through tether.v1.Fleet and Bridge.Connect on a real gateway in front
+"""The gateway's hold API (session.holds) through tether.v1.Fleet and Bridge.Connect on a real gateway in front
 of a real tritonserver: which e-stop holds a session, releases only of the e-stop the edge reports, a registry that
 cannot record (held anyway, a release only once audited), bounded reasons refused before anything changes."""
 

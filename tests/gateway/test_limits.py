@@ -16,7 +16,7 @@ import grpc
 import numpy as np
 import pytest
 
-from bridge.gateway.limits import Limits
+from bridge.gateway.session.limits import Limits
 from protos import bridge_pb2, bridge_pb2_grpc
 from protos.codec import encode
 from tests.conftest import ACT, OBS

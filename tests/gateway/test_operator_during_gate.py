@@ -15,8 +15,8 @@ import grpc
 import pytest
 
 from bridge.gate import GateConfig
-from bridge.gateway.publisher import PublishLimits
-from bridge.gateway.rollout_config import RolloutPlan
+from bridge.gateway.rollout.config import RolloutPlan
+from bridge.gateway.versions.publisher import PublishLimits
 from bridge.registry import Thresholds
 from bridge.security.tokens import TokenStore
 from protos import fleet_pb2, fleet_pb2_grpc, policies_pb2, policies_pb2_grpc

@@ -12,8 +12,8 @@ import grpc
 import numpy as np
 import pytest
 
-from bridge.gateway.rollout_config import RolloutPlan
-from bridge.gateway.rollout_io import Fingerprint, SwapFailed
+from bridge.gateway.rollout.config import RolloutPlan
+from bridge.gateway.versions.verify import Fingerprint, SwapFailed
 from bridge.registry import State, Thresholds
 from inference_server import ModelRepository, TritonServer
 from protos import bridge_pb2, policies_pb2, policies_pb2_grpc

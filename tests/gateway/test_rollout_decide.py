@@ -7,8 +7,8 @@ import itertools
 
 import pytest
 
-from bridge.gateway.rollout_config import RolloutPlan
-from bridge.gateway.rollout_decide import Action, Move, Observed, decide
+from bridge.gateway.rollout.config import RolloutPlan
+from bridge.gateway.rollout.decide import Action, Move, Observed, decide
 from bridge.registry import Rollout, Verdict
 
 STAGED = RolloutPlan(mode="staged", shadow_steps=10, canary_episodes=4)

@@ -1,4 +1,4 @@
-"""The serving reconciler (bridge.gateway.rollout_serving) against a real Triton: what is not kept is retired and
+"""The serving reconciler (bridge.gateway.rollout.serving) against a real Triton: what is not kept is retired and
 unloaded, a retired version that must serve is restored, loaded and fingerprinted, and a swap that did not take
 effect is reported (SwapFailed), never silent."""
 
@@ -8,9 +8,9 @@ import asyncio
 
 import pytest
 
-from bridge.gateway.policies import PolicyCatalog
-from bridge.gateway.rollout_io import SwapFailed
-from bridge.gateway.rollout_serving import ServingReconciler
+from bridge.gateway.rollout.serving import ServingReconciler
+from bridge.gateway.versions.catalog import PolicyCatalog
+from bridge.gateway.versions.verify import SwapFailed
 from inference_server import ModelRepository, PolicyClient, TritonServer
 from tests.conftest import ACT, OBS
 from trainer.policy import MLPPolicy

@@ -9,10 +9,10 @@ import numpy as np
 
 from bridge.experience import ExperienceLog
 from bridge.experience.reader import read_transitions
-from bridge.gateway.batcher import MicroBatcher
-from bridge.gateway.policies import ServedPolicy
-from bridge.gateway.recorder import Recorder
-from bridge.gateway.session import Session
+from bridge.gateway.session.batcher import MicroBatcher
+from bridge.gateway.session.recorder import Recorder
+from bridge.gateway.session.session import Session
+from bridge.gateway.versions.catalog import ServedPolicy
 from bridge.rewards import RewardFunction
 from protos import bridge_pb2
 from protos.codec import encode

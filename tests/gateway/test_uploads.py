@@ -1,4 +1,4 @@
-"""`bridge.gateway.uploads`: a Publish stream written to a file as it arrives (no gateway, no Triton): the digest
+"""`gateway.versions.uploads`: a Publish stream written to a file as it arrives (no gateway, no Triton): the digest
 of what arrived, a whole file only under its final name, nothing left behind however the receive ends."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 import grpc
 import pytest
 
-from bridge.gateway.uploads import FLUSH_BYTES, UploadError, Uploads
+from bridge.gateway.versions.uploads import FLUSH_BYTES, UploadError, Uploads
 from protos import policies_pb2
 
 

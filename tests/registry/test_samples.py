@@ -7,8 +7,8 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from bridge.gateway.rollout_follow import feed
-from bridge.gateway.rollout_router import RolloutRouter
+from bridge.gateway.rollout.follow import feed
+from bridge.gateway.rollout.router import RolloutRouter
 from bridge.registry import Registry
 from bridge.registry.monitor import Thresholds
 from bridge.registry.samples import SampleShipper, SampleTap

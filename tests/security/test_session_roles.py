@@ -13,7 +13,7 @@ import os
 import grpc
 import pytest
 
-from bridge.gateway.limits import Limits
+from bridge.gateway.session.limits import Limits
 from bridge.security.channel import secure_channel
 from bridge.security.tokens import TokenStore
 from protos import bridge_pb2, bridge_pb2_grpc

@@ -14,8 +14,8 @@ import sys
 import grpc
 import pytest
 
-from bridge.gateway.limits import Limits
 from bridge.gateway.server import Gateway, GatewayConfig
+from bridge.gateway.session.limits import Limits
 from bridge.security.channel import secure_channel
 from bridge.security.tls import InsecureBind
 from tests.conftest import ACT, OBS

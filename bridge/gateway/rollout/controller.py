@@ -37,7 +37,7 @@ candidate whose incumbent was withdrawn during its gate (an operator or the judg
 back) is rejected (`GateSuperseded`, ABORTED): it was judged against a version no longer live; one
 whose incumbent went on in an ordinary way (a canary went live) goes on, judged by its plan.
 
-Several gateways on one PostgreSQL registry (bridge.gateway.rollout_follow): each follows the epoch the others
+Several gateways on one PostgreSQL registry (bridge.gateway.rollout.follow): each follows the epoch the others
 commit (`follow`: the rollouts re-read in one snapshot, their versions served, sessions routed by them); only the
 one holding the leader lock judges and advances the plan, rolls back automatically, rejects candidates a crash
 interrupted and reconciles what Triton serves. While the database is unreachable the last rollouts read keep
@@ -59,19 +59,19 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from bridge.gateway.batcher import MicroBatcher
-from bridge.gateway.declared_bounds import DeclaredBounds
-from bridge.gateway.policies import LOG_PROB, PolicyCatalog, ServedPolicy
-from bridge.gateway.publisher import Publisher
-from bridge.gateway.rollout_config import RolloutPlan
-from bridge.gateway.rollout_decide import Action, Observed, decide
-from bridge.gateway.rollout_follow import SharedRollout
-from bridge.gateway.rollout_io import SwapFailed, spec_dicts
-from bridge.gateway.rollout_publish import PublishPipeline
-from bridge.gateway.rollout_router import RolloutRouter
-from bridge.gateway.rollout_serving import ServingReconciler, needed
-from bridge.gateway.rollout_views import Freshness
-from bridge.gateway.uploads import Upload
+from bridge.gateway.rollout.bounds import DeclaredBounds
+from bridge.gateway.rollout.config import RolloutPlan
+from bridge.gateway.rollout.decide import Action, Observed, decide
+from bridge.gateway.rollout.follow import SharedRollout
+from bridge.gateway.rollout.publish import PublishPipeline
+from bridge.gateway.rollout.router import RolloutRouter
+from bridge.gateway.rollout.serving import ServingReconciler, needed
+from bridge.gateway.rollout.views import Freshness
+from bridge.gateway.session.batcher import MicroBatcher
+from bridge.gateway.versions.catalog import LOG_PROB, PolicyCatalog, ServedPolicy
+from bridge.gateway.versions.publisher import Publisher
+from bridge.gateway.versions.uploads import Upload
+from bridge.gateway.versions.verify import SwapFailed, spec_dicts
 from bridge.registry import (
     WITHDRAWN,
     DuplicateVersion,
@@ -116,7 +116,7 @@ class RolloutController:
         self._publishing = PublishPipeline(host=self, registry=registry, catalog=catalog, publisher=publisher)
         self._loop_task: asyncio.Task | None = None
         self.errors: list[str] = []                     # background failures (also logged)
-        # a shared registry: the epoch other gateways commit, and the one leader (bridge.gateway.rollout_follow)
+        # a shared registry: the epoch other gateways commit, and the one leader (bridge.gateway.rollout.follow)
         self.shared = SharedRollout(registry, catch_up=self.follow, router=self.router)
         self._keep_read: asyncio.Future | None = None   # the leader's reconcile read of a shared registry, in flight
 
@@ -234,12 +234,12 @@ class RolloutController:
                  rollout.live, rollout.canary, rollout.canary_fraction, rollout.canary_labels, rollout.shadow,
                  rollout.pins)
 
-    # -- publish (bridge.gateway.rollout_publish) ---------------------------------------------------------------
+    # -- publish (bridge.gateway.rollout.publish) ---------------------------------------------------------------
 
     async def publish(self, header: policies_pb2.PublishHeader, upload: Upload, *,
                       who: str | None = None) -> policies_pb2.PublishReply:
         """Register, gate, write, load, verify and roll out one new version (PublishPipeline.publish);
-        `upload`: its bytes, streamed to disk (bridge.gateway.uploads)."""
+        `upload`: its bytes, streamed to disk (bridge.gateway.versions.uploads)."""
         return await self._publishing.publish(header, upload, who=who)
 
     def numbered(self, name: str, version: int) -> None:
@@ -361,7 +361,7 @@ class RolloutController:
 
     def declared(self, policy: str, action_spec: tuple[Spec, ...], *, identity: str | None, source: str = "") -> None:
         """A session's declared action spec (with its bounds), under its proven identity (else its peer and
-        source): the gate's action sanity checks against the tightest of them (bridge.gateway.declared_bounds)."""
+        source): the gate's action sanity checks against the tightest of them (bridge.gateway.rollout.bounds)."""
         self.bounds.declare(policy, action_spec, identity=identity, source=source)
 
     def action_spec(self, policy: str, served: ServedPolicy) -> tuple[Spec, ...]:
@@ -410,7 +410,7 @@ class RolloutController:
                         self.errors = [*self.errors[-99:], message]
 
     async def _advance(self, name: str) -> None:
-        """One judging round: `decide` (bridge.gateway.rollout_decide) on what the sessions showed, then its move
+        """One judging round: `decide` (bridge.gateway.rollout.decide) on what the sessions showed, then its move
         carried out; on a hold, unload what nobody needs."""
         r = self.rollout(name)
         move = decide(r, self._observed(name, r), plan=self.plan, probation=self._probation.get(name))
@@ -441,7 +441,7 @@ class RolloutController:
             canary_episodes=int(self.stats.get(name, r.canary)["episodes"]) if judged else 0,
             shadow_steps=int(shadow.get("shadow_steps", 0)), shadow_divergence=shadow.get("shadow_divergence", 0.0))
 
-    # -- what Triton serves (bridge.gateway.rollout_serving) -------------------------------------------------------
+    # -- what Triton serves (bridge.gateway.rollout.serving) -------------------------------------------------------
 
     def _needed(self, name: str, rollout: Rollout) -> set[int]:
         return needed(rollout, self._publishing.gating.get(name), self._publishing.gate_base.get(name))

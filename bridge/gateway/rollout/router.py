@@ -19,9 +19,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from bridge.gateway.batcher import MicroBatcher
-from bridge.gateway.policies import PolicyCatalog, ServedPolicy
-from bridge.gateway.version_stats import VersionStats
+from bridge.gateway.rollout.stats import VersionStats
+from bridge.gateway.session.batcher import MicroBatcher
+from bridge.gateway.versions.catalog import PolicyCatalog, ServedPolicy
 from bridge.registry import RegressionMonitor, Rollout, Thresholds, assign, shadow_of
 
 MAX_ASSIGNED = 65536  # cached session assignments per policy (cleared at every rollout change)
@@ -29,7 +29,7 @@ MAX_SHADOW_INFLIGHT = 64  # shadow inferences in flight at once; beyond it a ste
 
 
 class RolloutRouter:
-    """The VersionRouter sessions use (bridge.gateway.session); see the module docstring."""
+    """The VersionRouter sessions use (bridge.gateway.session.session); see the module docstring."""
 
     def __init__(self, *, catalog: PolicyCatalog, batcher: MicroBatcher, thresholds: Thresholds):
         self._catalog, self._batcher, self._thresholds = catalog, batcher, thresholds

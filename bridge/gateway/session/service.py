@@ -10,7 +10,7 @@ import grpc
 
 from bridge.common.logs import log_context
 from bridge.gateway.errors import Draining, GatewayError, InvalidHello, SessionSuperseded
-from bridge.gateway.limits import IdleTimeout, StreamWatch, Undecodable, peer_key, within_idle
+from bridge.gateway.session.limits import IdleTimeout, StreamWatch, Undecodable, peer_key, within_idle
 from protos import bridge_pb2, bridge_pb2_grpc
 
 
@@ -34,7 +34,7 @@ class BridgeService(bridge_pb2_grpc.BridgeServicer):
         # a new connection of this id from the same identity takes the session over: this stream then ends
         session.on_superseded = lambda why: watch.end(SessionSuperseded(why))
         session.on_drain = lambda why: watch.end(Draining(why))  # SIGTERM: UNAVAILABLE, the client moves on
-        figures, estops = self._gateway.figures, self._gateway.estops  # bridge.gateway.figures, .holds
+        figures, estops = self._gateway.figures, self._gateway.estops  # bridge.gateway.session.figures, .holds
         figures.opened(session, first.hello)
         log_context.set(session)
         try:

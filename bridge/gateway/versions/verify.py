@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from bridge.gateway.errors import GatewayError
-from bridge.gateway.policies import ServedPolicy
+from bridge.gateway.versions.catalog import ServedPolicy
 from inference_server import ModelRepository, PolicyClient
 from inference_server.repository import fsync_dir
 from protos.codec import Spec

@@ -35,7 +35,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from bridge.gateway.errors import GatewayError, InvalidHello, TooManySessions
-from bridge.gateway.vector_session import MAX_ENVS
+from bridge.gateway.session.vector import MAX_ENVS
 from bridge.security import peer_identity
 
 T = TypeVar("T")

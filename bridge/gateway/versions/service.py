@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from bridge.gateway.errors import GatewayError
-from bridge.gateway.publisher import PublishError, read_metadata
+from bridge.gateway.versions.publisher import PublishError, read_metadata
 from bridge.registry import Event, RegistryError, State, VersionRecord
 from protos import policies_pb2, policies_pb2_grpc
 
@@ -45,7 +45,7 @@ class PoliciesService(policies_pb2_grpc.PoliciesServicer):
             publisher = self._gateway.publisher
             publisher.repository()  # PublishError before any byte is taken when this gateway cannot publish
             async with publisher.admission.hold(header.size):  # PublishRefused past the caps
-                # streamed to a file, hashed on the way (bridge.gateway.uploads): never held whole in memory;
+                # streamed to a file, hashed on the way (bridge.gateway.versions.uploads): never held whole in memory;
                 # the file is gone when the publish ends, however it ends
                 async with publisher.uploads().receive(header, request_iterator) as upload:
                     return await self._gateway.rollout.publish(header, upload, who=who)  # the audit names `who`

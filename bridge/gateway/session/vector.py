@@ -47,10 +47,9 @@ import time
 
 import numpy as np
 
-from bridge.gateway.batcher import MicroBatcher
-from bridge.gateway.policies import LOG_PROB, ServedPolicy
-from bridge.gateway.recorder import RecorderGroup, RewardOutcome
-from bridge.gateway.session import (
+from bridge.gateway.session.batcher import MicroBatcher
+from bridge.gateway.session.recorder import RecorderGroup, RewardOutcome
+from bridge.gateway.session.session import (
     InferenceFailed,
     Rewards,
     SessionBase,
@@ -59,6 +58,7 @@ from bridge.gateway.session import (
     infer_within,
     replayed_log_prob,
 )
+from bridge.gateway.versions.catalog import LOG_PROB, ServedPolicy
 from bridge.rewards import RewardFunction
 from protos import bridge_pb2
 from protos.codec import Spec, TensorError, decode, dtype_to_numpy, encode

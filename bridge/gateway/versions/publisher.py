@@ -1,8 +1,8 @@
 """New weights in, a written, loaded and READY policy version out: the mechanics of a publish.
-The flow (registry, gate, rollout) is `bridge.gateway.rollout.RolloutController.publish`.
+The flow (registry, gate, rollout) is `bridge.gateway.rollout.controller.RolloutController.publish`.
 
     publisher = Publisher(repository=ModelRepository(root), client=policy_client)
-    async with publisher.uploads().receive(header, chunks) as upload:   # streamed to disk (bridge.gateway.uploads)
+    async with publisher.uploads().receive(header, chunks) as upload:   # streamed to disk (versions.uploads)
         integrity, weights = await publisher.check(header, upload, "pendulum", 3, gate)  # large: built apart
         await publisher.write("pendulum", 4, header, weights, base=3)   # version folder + tether.json
     weights, architecture = publisher.decode(header, data, "pendulum", base=3)   # PublishError if unreadable
@@ -13,7 +13,7 @@ The flow (registry, gate, rollout) is `bridge.gateway.rollout.RolloutController.
         ...                                            # receive the chunks, publish
 
 Large versions: a safetensors upload above `PublishLimits.inline_bytes` is checked (integrity) and its version
-folder built by a child process at a lower CPU priority (bridge.gateway.version_build); `write` renames it
+folder built by a child process at a lower CPU priority (bridge.gateway.versions.build); `write` renames it
 into place. Smaller ones are decoded and written in the gateway's threads (no process to start).
 
 Durability: the version folder (its files, the folder, the model folder) and its tether.json are
@@ -39,8 +39,8 @@ from google.protobuf import json_format
 from bridge.common.files import write_text
 from bridge.gate.checks import CheckResult
 from bridge.gateway.errors import GatewayError
-from bridge.gateway.uploads import Upload, Uploads
-from bridge.gateway.version_build import BuildFailed, build_apart
+from bridge.gateway.versions.build import BuildFailed, build_apart
+from bridge.gateway.versions.uploads import Upload, Uploads
 from inference_server import ModelRepository, PolicyClient
 from inference_server.artifact import ARTIFACT_FILES, ArtifactError, ImportedFile, imported_file
 from protos import policies_pb2

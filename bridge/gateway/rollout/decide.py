@@ -6,7 +6,7 @@ No I/O, no clock, no lock: the controller gathers the figures, calls `decide`, a
     if move.action is Action.ROLL_BACK: await controller.rollback(policy, move.version, who="auto", why=move.why)
 
 >>> from bridge.registry import Rollout, Verdict
->>> from bridge.gateway.rollout_config import RolloutPlan
+>>> from bridge.gateway.rollout.config import RolloutPlan
 >>> r = Rollout("hopper", live=3, previous_live=2, shadow=None, canary=4, canary_fraction=0.25)
 >>> decide(r, Observed(canary=Verdict(True, "error rate 0.2 > 0.01")), plan=RolloutPlan(mode="staged"))
 Move(action=<Action.ROLL_BACK: 'roll_back'>, version=4, why='canary regressed: error rate 0.2 > 0.01')
@@ -28,7 +28,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from bridge.gateway.rollout_config import RolloutPlan
+from bridge.gateway.rollout.config import RolloutPlan
 from bridge.registry import Rollout, Verdict
 
 
@@ -43,7 +43,7 @@ class Action(enum.StrEnum):
 class Observed:
     """What the sessions showed. canary: the canary's verdict vs the live version (None: no canary or no live);
     live: the live version's verdict vs the previous live one (None: no previous live); the counts come from
-    the per-version stats (bridge.gateway.version_stats)."""
+    the per-version stats (bridge.gateway.rollout.stats)."""
 
     canary: Verdict | None = None
     live: Verdict | None = None

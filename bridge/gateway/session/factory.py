@@ -13,7 +13,7 @@ back from a power loss reconnects with its stable id before gRPC keepalive notic
 remembered for Welcome.next_step), then fenced (nothing more of it is logged) and its stream ends with
 ABORTED "superseded by a new connection of the same session". Any other authenticated identity gets
 PERMISSION_DENIED (without credentials, another peer host: ALREADY_EXISTS), before the ownership claim: the
-session keeps its epoch and acts on. The claim itself (bridge.gateway.owners) refuses an id bound to another
+session keeps its epoch and acts on. The claim itself (bridge.gateway.session.owners) refuses an id bound to another
 identity on any gateway sharing the store, before its epoch moves.
 
 It checks the Hello (bounded strings, specs, the policy's compatibility, the reward config), applies
@@ -29,13 +29,13 @@ import secrets
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 
-from bridge.gateway.batcher import MicroBatcher
 from bridge.gateway.errors import DuplicateSession, InvalidHello, PermissionDenied
-from bridge.gateway.limits import Admission, Limits, check_hello, may_route
-from bridge.gateway.policies import PolicyCatalog, check_compatible
-from bridge.gateway.recorder import Recorder, RecorderGroup
-from bridge.gateway.session import Session
-from bridge.gateway.vector_session import VectorSession
+from bridge.gateway.session.batcher import MicroBatcher
+from bridge.gateway.session.limits import Admission, Limits, check_hello, may_route
+from bridge.gateway.session.recorder import Recorder, RecorderGroup
+from bridge.gateway.session.session import Session
+from bridge.gateway.session.vector import VectorSession
+from bridge.gateway.versions.catalog import PolicyCatalog, check_compatible
 from bridge.rewards import RewardConfigError, RewardFunction
 from protos import bridge_pb2
 from protos.codec import TensorError, specs_from_proto

@@ -24,11 +24,11 @@ from typing import Protocol
 from google.protobuf import json_format
 
 from bridge.gateway.errors import UnknownPolicy
-from bridge.gateway.policies import PolicyCatalog, ServedPolicy
-from bridge.gateway.publisher import GateSuperseded, Publisher, PublishError, VerificationFailed
-from bridge.gateway.rollout_io import spec_dicts
-from bridge.gateway.rollout_serving import ServingReconciler
-from bridge.gateway.uploads import Upload
+from bridge.gateway.rollout.serving import ServingReconciler
+from bridge.gateway.versions.catalog import PolicyCatalog, ServedPolicy
+from bridge.gateway.versions.publisher import GateSuperseded, Publisher, PublishError, VerificationFailed
+from bridge.gateway.versions.uploads import Upload
+from bridge.gateway.versions.verify import spec_dicts
 from bridge.registry import WITHDRAWN, Registry, Rollout, State
 from protos import policies_pb2
 from protos.codec import Spec, TensorError, specs_from_proto
@@ -66,7 +66,7 @@ class PublishPipeline:
     async def publish(self, header: policies_pb2.PublishHeader, upload: Upload, *,
                       who: str | None = None) -> policies_pb2.PublishReply:
         """Register, gate, write, load, verify and roll out one new version (see the module docstring);
-        `upload`: its bytes on disk (bridge.gateway.uploads).
+        `upload`: its bytes on disk (bridge.gateway.versions.uploads).
         `who`: the publisher's authenticated identity (the audit's who); the trainer name the client
         wrote in the lineage is only a detail. Returns the PublishReply; a version the gate refuses
         raises (PublishError / VerificationFailed / GateSuperseded) naming why, after it was withdrawn."""

@@ -70,7 +70,7 @@ def _share(total: int, i: int, n: int) -> int:
 class SharedRollout:
     """See the module docstring. `catch_up()`: re-read and serve the registry's rollouts (the controller's
     `follow`); `also` and `registry.listeners`: blocking callables run in a thread after each catch-up (the
-    e-stops' cache reload is one: bridge.gateway.holds)."""
+    e-stops' cache reload is one: bridge.gateway.session.holds)."""
 
     def __init__(self, registry: Registry, *, catch_up: Callable[[], Awaitable[int | None]], router=None,
                  also: list[Callable[[], None]] | None = None, poll_s: float = 1.0):

@@ -23,9 +23,9 @@ from typing import Protocol
 
 import numpy as np
 
-from bridge.gateway.batcher import MicroBatcher
-from bridge.gateway.policies import LOG_PROB, ServedPolicy
-from bridge.gateway.recorder import Recorder, RecorderGroup, RewardOutcome
+from bridge.gateway.session.batcher import MicroBatcher
+from bridge.gateway.session.recorder import Recorder, RecorderGroup, RewardOutcome
+from bridge.gateway.versions.catalog import LOG_PROB, ServedPolicy
 from bridge.rewards import RewardFunction
 from protos import bridge_pb2
 from protos.codec import Spec, TensorError, check_all, encode
@@ -151,7 +151,7 @@ class SessionBase:
         self.recorder.flush()
 
     async def held_step(self, obs: bridge_pb2.Observation) -> bridge_pb2.ServerMessage | None:
-        """Take a step that an operator's e-stop holds (bridge.gateway.holds): no inference, nothing logged (what
+        """Take a step that an operator's e-stop holds (session.holds): no inference, nothing logged (what
         is pending is dropped: no transition spans the hold), the edge's guard report kept. Returns an OUT_OF_ORDER
         error, or None: the caller answers with the safe action."""
         if (error := self._out_of_order(obs.step)) is not None:
@@ -230,7 +230,7 @@ class Session(SessionBase):
         return await self._act(obs, arrays, received)
 
     async def held_step(self, obs: bridge_pb2.Observation) -> bridge_pb2.ServerMessage | None:
-        """Take a step that an operator's e-stop holds (bridge.gateway.holds): no inference, nothing logged (the
+        """Take a step that an operator's e-stop holds (session.holds): no inference, nothing logged (the
         pending transition is dropped: no transition spans the hold), the edge's guard report kept without counting
         it against the acting version. Returns the reply when the step gets no safe action: an OUT_OF_ORDER error,
         or a LAST step's EpisodeEnd; None: the caller answers with the safe action."""

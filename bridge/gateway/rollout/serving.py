@@ -20,10 +20,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from bridge.gateway.policies import PolicyCatalog
-from bridge.gateway.publisher import read_metadata
-from bridge.gateway.replicas import Reference, TritonReplicas
-from bridge.gateway.rollout_io import Fingerprint, SwapFailed, restore_version
+from bridge.gateway.replicas.pool import Reference, TritonReplicas
+from bridge.gateway.versions.catalog import PolicyCatalog
+from bridge.gateway.versions.publisher import read_metadata
+from bridge.gateway.versions.verify import Fingerprint, SwapFailed, restore_version
 from bridge.registry import Rollout
 from inference_server import ModelRepository, PolicyClient
 
@@ -43,7 +43,7 @@ class ServingReconciler:
     def __init__(self, *, control: PolicyClient, catalog: PolicyCatalog, repository: ModelRepository | None):
         self._control, self._catalog, self._repo = control, catalog, repository
         self.fingerprint = Fingerprint(control)
-        # several Triton replicas (bridge.gateway.replicas): a version serves only once verified on them
+        # several Triton replicas (bridge.gateway.replicas.pool): a version serves only once verified on them
         self.replicas = control if isinstance(control, TritonReplicas) else None
 
     def retire(self, repo: ModelRepository, name: str, keep: set[int]) -> list[int]:

@@ -39,9 +39,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from bridge.gate.checks import DEFAULT_TOLERANCES, compare_outputs
-from bridge.gateway.policies import ServedPolicy
-from bridge.gateway.replica_sync import VersionCopies
-from bridge.gateway.rollout_io import SwapFailed, _local_outputs, _probe
+from bridge.gateway.replicas.sync import VersionCopies
+from bridge.gateway.versions.catalog import ServedPolicy
+from bridge.gateway.versions.verify import SwapFailed, _local_outputs, _probe
 from bridge.registry.replicas import ReplicaVerifications, Verification
 from inference_server import InferenceError, ModelRepository, PolicyClient
 from inference_server.artifacts import ArtifactStore
