@@ -1,6 +1,6 @@
 """Prometheus metrics of one gateway (`prometheus_client`, a registry of its own per gateway).
 
-    metrics = GatewayMetrics(gateway)              # a MetricsSource (bridge.gateway.views): sessions, log, registry,
+    metrics = GatewayMetrics(gateway)              # a MetricsSource (below): sessions, log, registry,
                                                    # rollout; read at scrape time only
     metrics.step(timing, policy="hopper", version=3, rows=8)   # once per answered observation
     text = metrics.exposition()                    # what GET /metrics serves
@@ -22,8 +22,8 @@ The downlink (gateway_send -> the client applying it) is measured by clients, no
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -33,13 +33,53 @@ from bridge.registry.newest import newest_versions, version_lags
 from bridge.registry.view import view_of
 
 if TYPE_CHECKING:
-    from bridge.gateway.views import MetricsSource
+    from bridge.experience import LogStats
+    from bridge.registry import Registry
 
 HOPS = ("client_to_gateway", "gateway_in", "inference", "gateway_out", "gateway")
 LATENCY_BUCKETS = (50e-6, 100e-6, 200e-6, 300e-6, 500e-6, 750e-6, 1e-3, 1.5e-3, 2e-3, 3e-3, 5e-3, 7.5e-3, 10e-3,
                    20e-3, 50e-3, 100e-3, 250e-3, 1.0)
 GUARD_KINDS = ("clamped", "rate_limited", "watchdog", "estop")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@runtime_checkable
+class SessionSource(Protocol):
+    """The connected sessions by id (each has .id, .source, .policy.name/.version, .stats)."""
+
+    @property
+    def sessions(self) -> Mapping[str, Any]: ...
+
+
+@runtime_checkable
+class FreshnessSource(Protocol):
+    """The rollout controller's read model of how far sessions lag the newest version."""
+
+    def freshness(self) -> dict: ...
+
+    def version_stats(self, policy: str) -> dict: ...
+
+
+@runtime_checkable
+class LogSource(Protocol):
+    """The experience log's counters."""
+
+    @property
+    def stats(self) -> LogStats: ...
+
+
+@runtime_checkable
+class MetricsSource(SessionSource, Protocol):
+    """What /metrics reads at a scrape (bridge.metrics.GatewayMetrics)."""
+
+    @property
+    def registry(self) -> Registry | None: ...
+
+    @property
+    def rollout(self) -> FreshnessSource | None: ...
+
+    @property
+    def experience(self) -> LogSource | None: ...
 
 
 class Histogram:

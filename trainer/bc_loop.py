@@ -13,13 +13,14 @@ import time
 import numpy as np
 import torch
 
+from bridge.client import Credentials, PoliciesClient
 from protos import policies_pb2
 from protos.codec import Spec
 from trainer import checkpoint, dist
 from trainer.bc import BCConfig, BCLearner
 from trainer.policy import GaussianPolicy
 from trainer.sources import LogDataset
-from trainer.weights import PolicyClient, build_policy, hidden_sizes
+from trainer.weights import build_policy, hidden_sizes
 from trainer.worker import (
     load_checkpoint,
     maybe_fail,
@@ -50,7 +51,7 @@ def _specs_from_log(dataset: LogDataset) -> tuple[Spec, Spec]:
 def run_bc(args: argparse.Namespace) -> dict:
     rank, world = dist.world()
     dataset = LogDataset(args.experience_dir, rank=rank, world_size=world, seed=args.seed, policy=args.data_policy)
-    client = PolicyClient(args.gateway) if args.gateway else None
+    client = PoliciesClient(args.gateway, Credentials.from_env()) if args.gateway else None
     parent, policy_name = 0, args.policy
     if client is not None:
         served = client.fetch(args.policy)

@@ -14,13 +14,14 @@ import time
 import numpy as np
 import torch
 
+from bridge.client import Credentials, PoliciesClient
 from protos import policies_pb2
 from trainer import checkpoint, dist
 from trainer.ppo import PPOConfig, PPOLearner
 from trainer.publisher import FATAL, RETRY, BackgroundPublisher, served_version_of
 from trainer.sources import StreamSource
 from trainer.trajectory import TrajectoryAssembler
-from trainer.weights import PolicyClient, build_policy, hidden_sizes
+from trainer.weights import build_policy, hidden_sizes
 from trainer.worker import (
     load_checkpoint,
     maybe_fail,
@@ -44,7 +45,7 @@ def run_ppo(args: argparse.Namespace) -> dict:
     rank, world = dist.world()
     if args.max_ahead and args.publish_every != 1:
         raise ValueError(f"--max-ahead {args.max_ahead} needs --publish-every 1, got {args.publish_every}")
-    client = PolicyClient(args.gateway)
+    client = PoliciesClient(args.gateway, Credentials.from_env())
     served = client.fetch(args.policy)
     policy = build_policy(args.arch, served.inputs, served.outputs, hidden=hidden_sizes(served.state_dict),
                           seed=args.seed)

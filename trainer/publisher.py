@@ -20,8 +20,9 @@ import grpc
 import numpy as np
 import torch
 
+from bridge.client import PoliciesClient
+from bridge.client.weights import safetensors_parts
 from protos import policies_pb2
-from trainer.weights import PolicyClient, safetensors_parts
 
 __all__ = ["FATAL", "RETRY", "BackgroundPublisher", "served_version_of"]
 
@@ -37,7 +38,7 @@ def _say(line: str) -> None:
 
 
 class BackgroundPublisher:
-    def __init__(self, client: PolicyClient, policy: str):
+    def __init__(self, client: PoliciesClient, policy: str):
         self.client, self.policy = client, policy
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="publish")
         self._future: Future[int] | None = None
@@ -95,7 +96,7 @@ def served_version_of(listing: policies_pb2.PolicyList, state_dict: Mapping[str,
     """The served version whose weights are exactly `state_dict` (same safetensors sha256), if any:
     after a restart, the checkpoint's weights may already have been published."""
     digest = hashlib.sha256()
-    for part in safetensors_parts(state_dict):  # the bytes `PolicyClient.publish` sends, never joined
+    for part in safetensors_parts(state_dict):  # the bytes `PoliciesClient.publish` sends, never joined
         digest.update(part)
     digest = digest.hexdigest()
     return next((v for v in listing.versions if v.sha256 == digest), None)

@@ -20,13 +20,14 @@ import time
 
 import numpy as np
 
+from bridge.client import Credentials, PoliciesClient
 from protos import policies_pb2
 from trainer import checkpoint, dist
 from trainer.publisher import FATAL, RETRY, BackgroundPublisher, served_version_of
 from trainer.replay import MixedReplay, ReplayAdder
 from trainer.sac import SACConfig, SACLearner
 from trainer.sources import LogDataset, StreamSource, _misfit
-from trainer.weights import PolicyClient, build_policy, hidden_sizes
+from trainer.weights import build_policy, hidden_sizes
 from trainer.worker import (
     load_checkpoint,
     maybe_fail,
@@ -62,7 +63,7 @@ def run_sac(args: argparse.Namespace) -> dict:
     rank, world = dist.world()
     if world > 1:
         raise ValueError(f"--algo sac runs on one rank (give --nproc 1), this group has {world}")
-    client = PolicyClient(args.gateway)
+    client = PoliciesClient(args.gateway, Credentials.from_env())
     served = client.fetch(args.policy)
     policy = build_policy("gaussian", served.inputs, served.outputs, hidden=hidden_sizes(served.state_dict),
                           seed=args.seed)

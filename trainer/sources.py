@@ -42,9 +42,9 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from protos import codec, experience_pb2, experience_pb2_grpc
+from bridge.client import Credentials, ExperienceClient
+from protos import codec, experience_pb2
 from protos.codec import TRANSITION_TENSORS, Spec, transition_problem
-from trainer.channel import gateway_channel
 from trainer.inbox import Inbox
 
 __all__ = ["LogDataset", "StreamError", "StreamSource", "TRANSITION_SCHEMA", "read_segment", "write_transitions"]
@@ -99,8 +99,7 @@ class StreamSource:
         self._error: BaseException | None = None
         self._closed = threading.Event()
         self._lock = threading.Lock()
-        self._channel = gateway_channel(address, options=[("grpc.max_receive_message_length", 64 << 20)])
-        self._stub = experience_pb2_grpc.ExperienceStub(self._channel)
+        self._client = ExperienceClient(address, Credentials.from_env())
         self._thread = threading.Thread(target=self._run, name=f"stream-{address}", daemon=True)
         self._thread.start()
 
@@ -136,7 +135,7 @@ class StreamSource:
             if self._call is not None:
                 self._call.cancel()
         self._thread.join(timeout=5)
-        self._channel.close()
+        self._client.close()
 
     def __enter__(self) -> StreamSource:
         return self
@@ -162,7 +161,7 @@ class StreamSource:
             requests.put(experience_pb2.SubscribeRequest(start=start))
             with self._lock:
                 self._requests = requests
-                self._call = call = self._stub.Subscribe(_drain(requests))
+                self._call = call = self._client.subscribe(_drain(requests))
             try:
                 for batch in call:
                     self.log_end = batch.log_end

@@ -1,8 +1,12 @@
 """gRPC channels to a gateway, with TLS, mTLS and a token: built here and nowhere else.
 
-    creds = Credentials(ca=Path("certs/ca.crt"), cert=Path("certs/robot.crt"), key=Path("certs/robot.key"),
-                        token=os.environ.get("TETHER_TOKEN"))
+    creds = Credentials.from_args(args)     # --tls-ca/--tls-cert/--tls-key/--token (bridge.common.flags)
+    creds = Credentials.from_env()          # $TETHER_TLS_CA, $TETHER_TLS_CERT, $TETHER_TLS_KEY, $TETHER_TOKEN
     channel = aio_channel("gw.lab:50051", creds)          # grpc.aio; sync_channel(...) for blocking code
+
+A service's client (`ServiceClient`: `PoliciesClient`, `FleetClient`, `ExperienceClient`) owns such a
+channel with its stub; `Credentials.env()` hands the same credentials to child processes (`tether train`'s
+ranks), off their command lines.
 
 Without `ca` the channel is plaintext. The token goes as `authorization: Bearer NAME.SECRET` on every
 call: as call credentials over TLS; over plaintext only to a loopback gateway (127.0.0.0/8, ::1,
@@ -18,15 +22,21 @@ localhost, a unix socket), since anywhere else it would be handed to the network
 from __future__ import annotations
 
 import collections
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, ClassVar
 
 import grpc
 
 from bridge.common.net import is_loopback
 
-__all__ = ["Credentials", "aio_channel", "is_loopback", "is_loopback_address", "sync_channel"]
+__all__ = ["CREDENTIALS_ENV", "Credentials", "ServiceClient", "aio_channel", "is_loopback", "is_loopback_address",
+           "sync_channel"]
+
+# field -> the environment variable `Credentials.from_env` reads it from
+CREDENTIALS_ENV = {"ca": "TETHER_TLS_CA", "cert": "TETHER_TLS_CERT", "key": "TETHER_TLS_KEY", "token": "TETHER_TOKEN"}
 
 
 def is_loopback_address(address: str) -> bool:
@@ -46,6 +56,32 @@ class Credentials:
     cert: Path | None = None
     key: Path | None = None
     token: str | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_args(cls, args) -> Credentials:
+        """From a command's --tls-ca/--tls-cert/--tls-key/--token (`bridge.common.flags.credential_flags`)."""
+        return cls(ca=_path(args.tls_ca), cert=_path(args.tls_cert), key=_path(args.tls_key),
+                   token=getattr(args, "token", None) or None)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Credentials:
+        """From `CREDENTIALS_ENV`'s variables (default: os.environ); unset or empty ones are not given.
+
+        >>> Credentials.from_env({"TETHER_TLS_CA": "ca.crt", "TETHER_TOKEN": ""})
+        Credentials(ca=PosixPath('ca.crt'), cert=None, key=None)
+        """
+        env = os.environ if env is None else env
+        ca, cert, key, token = (env.get(CREDENTIALS_ENV[k]) or None for k in ("ca", "cert", "key", "token"))
+        return cls(ca=_path(ca), cert=_path(cert), key=_path(key), token=token)
+
+    def env(self) -> dict[str, str]:
+        """The variables `from_env` reads these credentials back from (the ones given).
+
+        >>> Credentials(ca=Path("ca.crt"), token="ci.s3cret").env()
+        {'TETHER_TLS_CA': 'ca.crt', 'TETHER_TOKEN': 'ci.s3cret'}
+        """
+        values = {"ca": self.ca, "cert": self.cert, "key": self.key, "token": self.token}
+        return {CREDENTIALS_ENV[k]: str(v) for k, v in values.items() if v}
 
     def check(self, address: str) -> None:
         """ValueError naming what is wrong: half a client certificate, one without a CA, a token in plaintext
@@ -82,6 +118,10 @@ class Credentials:
         return (("authorization", f"Bearer {self.token}"),) if self.token and self.ca is None else None
 
 
+def _path(value: str | Path | None) -> Path | None:
+    return Path(value) if value else None
+
+
 def aio_channel(address: str, credentials: Credentials | None = None, *,
                 options: Sequence[tuple[str, object]] = ()) -> grpc.aio.Channel:
     """A `grpc.aio` channel to `address` (HOST:PORT) with `credentials` checked (`Credentials.check`)."""
@@ -106,6 +146,52 @@ def sync_channel(address: str, credentials: Credentials | None = None, *,
     channel = grpc.insecure_channel(address, options=list(options))
     metadata = credentials.metadata()
     return grpc.intercept_channel(channel, _SyncMetadata(metadata)) if metadata else channel
+
+
+class ServiceClient:
+    """A client of one `tether.v1` service: its stub (`STUB`) on a channel of its own, blocking, or grpc.aio
+    with `aio=True` (then each call returns an awaitable and `async with` closes it), closed with the client.
+
+        with FleetClient("gw.lab:50051", Credentials.from_args(args)) as fleet:
+            fleet.status()
+        async with FleetClient(gw.address, aio=True) as fleet:
+            await fleet.status()
+
+    `timeout_s`: every call's deadline (None: none); `operator`: the name sent as `x-tether-operator` (the
+    audit log's, on a gateway with open access; empty: not sent).
+    """
+
+    STUB: ClassVar[Callable[[Any], Any]]
+    OPTIONS: ClassVar[tuple[tuple[str, object], ...]] = ()
+
+    def __init__(self, address: str, credentials: Credentials | None = None, *, aio: bool = False,
+                 timeout_s: float | None = 60.0, operator: str = "", options: Sequence[tuple[str, object]] = ()):
+        if not address or ":" not in address:
+            raise ValueError(f"gateway address {address!r} must be HOST:PORT")
+        self.address, self.aio, self.timeout_s = address, aio, timeout_s
+        self.metadata = (("x-tether-operator", operator),) if operator else ()
+        self.channel = (aio_channel if aio else sync_channel)(address, credentials, options=[*self.OPTIONS, *options])
+        self.stub = self.STUB(self.channel)
+
+    def _call(self, method: str, request, **kw):
+        """One call of the stub with this client's deadline and metadata (an awaitable when `aio`)."""
+        return getattr(self.stub, method)(request, timeout=self.timeout_s, metadata=self.metadata or None, **kw)
+
+    def close(self):
+        """Close the channel (a coroutine when `aio`)."""
+        return self.channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
 
 
 class _AioMetadata:

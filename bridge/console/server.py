@@ -46,18 +46,21 @@ import ssl
 import time
 from collections import deque
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
 import grpc
 import numpy as np
 from aiohttp import web
 
-from bridge.console.fleet import BadTarget, Target
+from bridge.console.fleet import BadTarget, Fleet, Target
+from bridge.gateway.config import GatewayConfig
 from bridge.gateway.errors import GatewayError
-from bridge.gateway.views import ConsoleSource
-from bridge.metrics import CONTENT_TYPE
+from bridge.metrics import CONTENT_TYPE, MetricsSource
 from bridge.registry.newest import newest_versions, version_lags
-from bridge.security.tls import InsecureBind, is_loopback
+from bridge.security import Authorizer
+from bridge.security.hosts import allowed_host, check_console_bind
+from bridge.security.tls import is_loopback
 
 log = logging.getLogger("tether.console")
 STATIC = Path(__file__).parent / "static"
@@ -75,44 +78,26 @@ WILDCARDS = ("", "0.0.0.0", "::", "[::]")
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 
 
-class ExposedConsole(InsecureBind):
-    """A console on a non-loopback address while the gateway has neither tokens nor client certificates."""
+@runtime_checkable
+class ConsoleSource(MetricsSource, Protocol):
+    """What the console's HTTP server reads and forwards to (bridge.console.server.Console)."""
 
+    @property
+    def auth(self) -> Authorizer: ...
 
-def check_console_bind(host: str, auth) -> None:
-    """Open access only on loopback: elsewhere the console needs tokens or client certificates, whatever
-    the gRPC bind. Raises ExposedConsole naming the way out.
+    @property
+    def config(self) -> GatewayConfig: ...
 
-    >>> from bridge.security import Authorizer
-    >>> check_console_bind("127.0.0.1", Authorizer())       # loopback: open access is fine
-    >>> check_console_bind("0.0.0.0", Authorizer())  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    bridge.console.server.ExposedConsole: refusing to serve the console on '0.0.0.0', which is not a loopback ...
-    """
-    if is_loopback(host):
-        return
-    if auth.open_access or (auth.tokens is None and not auth.client_certs):
-        raise ExposedConsole(f"refusing to serve the console on {host!r}, which is not a loopback address, without "
-                             f"credentials: give the gateway --tokens FILE (tether token add) or --tls-client-ca, "
-                             f"or bind the console to 127.0.0.1 (--console-host)")
+    @property
+    def address(self) -> str: ...
 
+    @property
+    def server_version(self) -> str: ...
 
-def allowed_host(entry: str) -> str:
-    """An allowed Host value, normalised: "NAME", "NAME:PORT", "[V6]:PORT" (a bare IPv6 address gets brackets).
+    @property
+    def fleet(self) -> Fleet: ...
 
-    >>> allowed_host("Console.Example.com"), allowed_host("10.0.0.5:8080"), allowed_host("fe80::1")
-    ('console.example.com', '10.0.0.5:8080', '[fe80::1]')
-    """
-    value = entry.strip().lower()
-    if value.count(":") > 1 and not value.startswith("["):
-        value = f"[{value}]"
-    name, _, port = value.rpartition(":") if not value.endswith("]") else (value, "", "")
-    if not name:
-        name, port = value, ""
-    if not name or any(c in name for c in "/ @?#") or (port and not (port.isdigit() and 0 < int(port) < 65536)):
-        raise ValueError(f"console allowed host {entry!r} is not NAME or NAME:PORT")
-    return name + (f":{port}" if port else "")
+    def logging_state(self) -> str: ...
 
 
 class Console:

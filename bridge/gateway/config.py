@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bridge.common.kv import split_pair
-from bridge.console.server import allowed_host
 from bridge.gate import GateConfig
 from bridge.gateway.rollout.config import RolloutPlan
 from bridge.gateway.rollout.config import add_arguments as add_rollout_arguments
 from bridge.gateway.rollout.config import from_arguments as rollout_settings
 from bridge.gateway.session.limits import Limits
 from bridge.gateway.versions.publisher import PublishLimits
+from bridge.security.hosts import allowed_host
 from inference_server.repository import VERSIONS_SUFFIX
 from inference_server.secret import read_secret
 

@@ -17,8 +17,9 @@ still act, only logging waits. `gateway.logging_state()` ("ok", "off", "degraded
 FleetStatus.logging, the console and the `tether_experience_degraded` gauge show instead.
 
 Here: the wiring (what a Gateway holds, start, stop). The configuration and its flags are
-`bridge.gateway.config`, a Hello becoming a session `bridge.gateway.session.factory`, and
-`tether gateway` `bridge.gateway.cli`.
+`bridge.gateway.config`, a Hello becoming a session `bridge.gateway.session.factory`. The operator's side
+(tether.v1.Fleet, the console) is composed on top of this class by `bridge.app.GatewayApp`, which is what
+`tether gateway` runs: the gateway never imports the console.
 """
 
 from __future__ import annotations
@@ -30,9 +31,6 @@ from collections import Counter, deque
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from bridge.console.fleet import Fleet
-from bridge.console.fleet_service import FleetService
-from bridge.console.server import Console, check_console_bind
 from bridge.gate import Gate
 from bridge.gateway.config import GatewayConfig
 from bridge.gateway.errors import Draining
@@ -61,9 +59,9 @@ from inference_server import ModelRepository, PolicyClient
 from inference_server.persistent import persistent_clients
 from inference_server.repository import VERSIONS_SUFFIX
 from inference_server.secret import read_secret
-from protos import bridge_pb2, bridge_pb2_grpc, fleet_pb2_grpc, policies_pb2_grpc
+from protos import bridge_pb2, bridge_pb2_grpc, policies_pb2_grpc
 
-__all__ = ["Gateway", "GatewayConfig", "main"]
+__all__ = ["Gateway", "GatewayConfig"]
 
 log = logging.getLogger("tether.gateway")
 SERVICE_NAME = bridge_pb2.DESCRIPTOR.services_by_name["Bridge"].full_name
@@ -111,8 +109,6 @@ class Gateway:
         self.figures = FleetFigures(GatewayMetrics(self))  # per-session figures and metrics (session.figures)
         if self.replicas is not None:  # tether_triton_replica_* in /metrics
             self.figures.metrics.registry.register(ReplicaMetrics(self.replicas))
-        self.fleet = Fleet(self)  # what operators see and do: displays the above, forwards e-stops (bridge.console)
-        self.console = None       # the HTTP console, when config.console_port is set
         self.sessions: dict[str, Session | VectorSession] = {}
         self.closed_stats: deque[SessionStats] = deque(maxlen=1024)  # the most recent closed sessions
         self.server_version = ""
@@ -133,11 +129,8 @@ class Gateway:
     async def start(self) -> None:
         """Wait for Triton (a clear error if it is not there), then serve on the configured port."""
         c = self.config
-        tls = TlsFiles(cert=c.tls_cert, key=c.tls_key, client_ca=c.tls_client_ca) if c.tls_cert else None
+        tls = self.tls_files()
         check_exposure(c.host, tls=tls is not None, insecure=c.insecure)  # InsecureBind: plaintext off loopback
-        if c.console_port is not None:  # the console: HTTPS with the same certificate, the same rule
-            check_exposure(c.console_host, tls=tls is not None, insecure=c.insecure, what="console")
-            check_console_bind(c.console_host, self.auth)  # ExposedConsole: off loopback, credentials needed
         log.info("gateway security: %s; %s", ("mTLS (client certificates required)" if c.tls_client_ca else "TLS")
                  if tls else "plaintext", self.auth.describe())
         try:
@@ -157,9 +150,7 @@ class Gateway:
                                                  self.config.limits.max_message_mb << 20),
                                                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                                                 *KEEPALIVE])
-        bridge_pb2_grpc.add_BridgeServicer_to_server(BridgeService(self), self._server)
-        policies_pb2_grpc.add_PoliciesServicer_to_server(PoliciesService(self), self._server)
-        fleet_pb2_grpc.add_FleetServicer_to_server(FleetService(self), self._server)
+        self.add_services(self._server)
         if self.config.experience_dir is not None:
             from bridge.experience.log import ExperienceLog
             from bridge.experience.service import ExperienceService
@@ -199,15 +190,6 @@ class Gateway:
         await self._server.start()
         for name in ("", SERVICE_NAME):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        if self.config.console_port is not None:
-            from bridge.security.tls import http_ssl_context
-
-            self.console = Console(self, host=c.console_host, port=c.console_port,
-                                   allowed_hosts=c.console_allowed_hosts,
-                                   ssl_context=http_ssl_context(tls) if tls else None)
-            await self.console.start()
-            self.fleet.console_url = self.console.url
-            log.info("console on %s", self.console.url)
         log.info("gateway serving on %s (Triton %s at %s)", self.address, self.server_version,
                  self.config.triton_url)
 
@@ -232,8 +214,6 @@ class Gateway:
 
     async def stop(self, grace: float = 1.0) -> None:
         await self._health.enter_graceful_shutdown()
-        if self.console is not None:
-            await self.console.stop()
         if self._server is not None:
             await self._server.stop(grace)
         for session in list(self.sessions.values()):
@@ -247,6 +227,17 @@ class Gateway:
         self.registry.close()
         await self._client.close()
         await self.control.close()
+
+    def add_services(self, server: grpc.aio.Server) -> None:
+        """The gRPC services every gateway serves: tether.v1.Bridge and Policies (Experience and health are added
+        by `start` as configured). A composition above the gateway (bridge.app) adds its own."""
+        bridge_pb2_grpc.add_BridgeServicer_to_server(BridgeService(self), server)
+        policies_pb2_grpc.add_PoliciesServicer_to_server(PoliciesService(self), server)
+
+    def tls_files(self) -> TlsFiles | None:
+        """The server certificate (and client CA for mTLS) the gateway serves with, None for plaintext."""
+        c = self.config
+        return TlsFiles(cert=c.tls_cert, key=c.tls_key, client_ca=c.tls_client_ca) if c.tls_cert else None
 
     async def wait(self) -> None:
         await self._server.wait_for_termination()
@@ -331,20 +322,3 @@ def _authorizer(config: GatewayConfig) -> Authorizer:
     open_access = tokens is None and not mtls and is_loopback(config.host)
     return Authorizer(tokens=tokens, client_certs=mtls, open_access=open_access,
                       anonymous_viewers=config.anonymous_viewers)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`tether gateway`: bridge.gateway.cli.main (kept here: `python -m bridge.gateway.server`, old imports)."""
-    from bridge.gateway.cli import main as cli_main
-
-    return cli_main(argv)
-
-
-def parse_args(argv: list[str] | None = None):
-    from bridge.gateway.cli import parse_args as cli_parse_args
-
-    return cli_parse_args(argv)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

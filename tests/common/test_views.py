@@ -1,19 +1,23 @@
-"""The gateway satisfies the small Protocols its consumers are typed against (bridge/gateway/views.py), and the
-consumers read nothing else of it."""
+"""The gateway satisfies the small Protocols its consumers are typed against (bridge.metrics, bridge/gateway/views.py,
+bridge.console.server), and the consumers read nothing else of it."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-from bridge.gateway.server import Gateway, GatewayConfig
-from bridge.gateway.views import ConsoleSource, FleetSource, FreshnessSource, MetricsSource
+from bridge.app import GatewayApp
+from bridge.console.server import ConsoleSource
+from bridge.gateway.config import GatewayConfig
+from bridge.gateway.views import FleetSource
+from bridge.metrics import FreshnessSource, MetricsSource
 
 ROOT = Path(__file__).resolve().parents[2]
+SOURCES = ("bridge.metrics", "bridge.gateway.views", "bridge.console.server")  # where the Protocols live
 
 
 def test_a_gateway_is_every_source_its_consumers_need():
-    gw = Gateway(GatewayConfig(triton_url="127.0.0.1:1"))  # built, never started: nothing listens
+    gw = GatewayApp(GatewayConfig(triton_url="127.0.0.1:1"))  # built, never started: nothing listens
     assert isinstance(gw, MetricsSource) and isinstance(gw, FleetSource) and isinstance(gw, ConsoleSource)
     assert isinstance(gw.rollout, FreshnessSource)
     assert gw.fleet.figures is gw.figures and gw.fleet.holds is gw.estops  # the fleet view displays the gateway's
@@ -32,7 +36,7 @@ def _gateway_attributes_read(path: Path, handle: str) -> set[str]:
 
 
 def _protocol_members(protocol: type) -> set[str]:
-    return {name for klass in protocol.__mro__ if klass.__module__ == "bridge.gateway.views"
+    return {name for klass in protocol.__mro__ if klass.__module__ in SOURCES
             for name in vars(klass) if not name.startswith("_")}
 
 

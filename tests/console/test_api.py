@@ -13,7 +13,7 @@ import aiohttp
 import grpc
 import pytest
 
-from bridge.console.server import ExposedConsole, allowed_host
+from bridge.security.hosts import ExposedConsole, allowed_host
 from protos import fleet_pb2, fleet_pb2_grpc
 from tests.gateway.helpers import running_gateway
 

@@ -23,7 +23,7 @@ import pytest
 import safetensors.torch
 import torch
 
-from bridge.gateway.server import GatewayConfig
+from bridge.gateway.config import GatewayConfig
 from inference_server import ModelRepository, TritonServer
 from protos import fleet_pb2, fleet_pb2_grpc, policies_pb2, policies_pb2_grpc
 from protos.codec import encode

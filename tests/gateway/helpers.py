@@ -9,7 +9,8 @@ import time
 import grpc
 import numpy as np
 
-from bridge.gateway.server import Gateway, GatewayConfig
+from bridge.app import GatewayApp
+from bridge.gateway.config import GatewayConfig
 from protos import bridge_pb2, bridge_pb2_grpc
 from protos.codec import encode
 
@@ -18,7 +19,7 @@ from protos.codec import encode
 async def running_gateway(triton_url: str, **config):
     """A gateway in this event loop. The deadline is generous: this shared 2-core machine stalls."""
     config.setdefault("deadline_ms", 2000)
-    gateway = Gateway(GatewayConfig(triton_url=triton_url, **config))
+    gateway = GatewayApp(GatewayConfig(triton_url=triton_url, **config))
     await gateway.start()
     try:
         yield gateway

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bridge.gateway.server import Gateway, GatewayConfig
+from bridge.app import GatewayApp
+from bridge.gateway.config import GatewayConfig
 from inference_server import TritonServer
 from protos import bridge_pb2
 from protos.codec import Spec, decode, encode
@@ -143,7 +144,7 @@ def test_health_reports_serving(triton):
 
 
 def test_unreachable_triton_is_a_clear_error_not_a_hang(unused_port):
-    gateway = Gateway(GatewayConfig(triton_url=f"127.0.0.1:{unused_port}", triton_timeout_s=1.0))
+    gateway = GatewayApp(GatewayConfig(triton_url=f"127.0.0.1:{unused_port}", triton_timeout_s=1.0))
     t0 = time.monotonic()
     with pytest.raises(ConnectionError, match=f"Triton at 127.0.0.1:{unused_port} is not ready"):
         asyncio.run(gateway.start())

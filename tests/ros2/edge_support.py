@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bridge.gateway.server import Gateway, GatewayConfig
+from bridge.app import GatewayApp
+from bridge.gateway.config import GatewayConfig
 from bridge.ros2.dds import DdsTransport
 from bridge.ros2.edge_config import EdgeConfig, guard_config
 from bridge.ros2.node import EdgeNode
@@ -60,14 +61,14 @@ def wait_until(predicate, *, timeout: float, what: str, period: float = 0.005):
 
 
 class GatewayThread:
-    """`bridge.gateway.Gateway` served from an asyncio loop on its own thread."""
+    """`bridge.app.GatewayApp` served from an asyncio loop on its own thread."""
 
     def __init__(self, triton_url: str, **config):
         self.triton_url, self.config = triton_url, config
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="test-gateway", daemon=True)
         self.thread.start()
-        self.gateway: Gateway | None = None
+        self.gateway: GatewayApp | None = None
         self.port = 0
 
     def _call(self, coro, timeout: float = 30.0):
@@ -76,7 +77,7 @@ class GatewayThread:
     def start(self) -> str:
         """Serve (on the same port as before after a `stop`); returns HOST:PORT."""
         async def start():
-            gateway = Gateway(GatewayConfig(triton_url=self.triton_url, port=self.port, **self.config))
+            gateway = GatewayApp(GatewayConfig(triton_url=self.triton_url, port=self.port, **self.config))
             await gateway.start()
             return gateway
 

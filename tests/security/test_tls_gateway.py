@@ -14,7 +14,8 @@ import sys
 import grpc
 import pytest
 
-from bridge.gateway.server import Gateway, GatewayConfig
+from bridge.app import GatewayApp
+from bridge.gateway.config import GatewayConfig
 from bridge.gateway.session.limits import Limits
 from bridge.security.channel import secure_channel
 from bridge.security.tls import InsecureBind
@@ -96,7 +97,7 @@ def test_the_certificate_identity_is_the_source_a_cap_counts(triton, certs):
 
 def test_plaintext_off_loopback_refuses_to_start():
     for host in ("0.0.0.0", "::", "gateway.example"):
-        gw = Gateway(GatewayConfig(triton_url="127.0.0.1:1", host=host))
+        gw = GatewayApp(GatewayConfig(triton_url="127.0.0.1:1", host=host))
         with pytest.raises(InsecureBind, match="--insecure"):
             asyncio.run(gw.start())   # refused before anything else: Triton is not even asked
 

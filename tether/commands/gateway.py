@@ -14,7 +14,7 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge.gateway.cli import main
+    from bridge.app import main
 
     return exit_code(main(args.argv))
 
