@@ -16,6 +16,9 @@ before it takes traffic.
     replicas.require_verified("hopper", 4)     # before a version may become shadow, canary or live
     await replicas.close()
 
+Size: ~510 lines, one class: the hot path and the control role share each replica's verified-versions state,
+which must change under one lock with the routing that reads it (the sync step is replicas/sync.py).
+
 Repositories: replica i reads `repositories[i]`; the primary repository is where the gateway writes a new
 version (the publisher), and a version folder reaches every other repository from the artifact store (hard
 links on one filesystem, copies across). One repository shared by every replica (replicas on one machine): no

@@ -45,6 +45,10 @@ serving and changes are refused (RegistryUnavailable: UNAVAILABLE) at once or wi
 (bridge.registry.view.check), never a hang; no read of the shared registry runs on the event loop while sessions
 step (the leader's reconcile reads in a thread, one at a time).
 
+Size: ~520 lines, one class on purpose. The rules and mechanics already live in the modules named above; what
+is left here is carrying out their moves under the one rollout lock (start/restore, operator moves, the judging
+loop, reconcile), and splitting it would spread that lock's invariants over several classes.
+
 Every change of state goes through the registry (an audit event with who/why). Versions nobody
 needs (not live, previous live, canary, shadow or pinned, and no session acting with them) are
 retired from the repository and unloaded; after every load or unload the controller checks what

@@ -26,6 +26,7 @@ from bridge.gateway.versions.publisher import read_metadata
 from bridge.gateway.versions.verify import Fingerprint, SwapFailed, restore_version
 from bridge.registry import Rollout
 from inference_server import ModelRepository, PolicyClient
+from inference_server.formats import ARCHITECTURE
 
 log = logging.getLogger("tether.gateway")
 
@@ -118,4 +119,4 @@ class ServingReconciler:
 
     def format_on_disk(self, name: str, version: int) -> str:
         imported = self._repo.imported_format(name, version) if self._repo is not None else None
-        return imported or "torchscript"
+        return imported or ARCHITECTURE.name  # a module-written version's own file: its TorchScript

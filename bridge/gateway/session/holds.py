@@ -7,6 +7,9 @@
     estops.held_sessions(gateway.sessions.values())         # ["arm-a"]
     await estops.release(Target(robot="arm_1"), who="operator:ada", why="cell clear")
 
+Size: ~410 lines, most of it the durability rules below (memory first, persisted with retries, releases only
+once audited), which are one state machine.
+
 An e-stop is a latched selector: a session id, a robot (a session whose Hello labels say robot=NAME, or node=NAME
 as the ROS 2 edge node's do) or all. It holds the sessions it matches, those that connect later too (an edge that
 reconnects under a new session id is matched by its robot label), until an operator releases it. A held step gets

@@ -1,5 +1,8 @@
 """One connected robot or simulated env: its specs, its step order, its episodes, its rewards.
 
+Size: ~430 lines: the step path of one env in one place (handle, settle, episode and reward accounting), read
+top to bottom in docs/step.md; VectorSession (vector.py) shares its pieces.
+
 `Session.handle(observation)` turns one observation into exactly one reply: an `Action`, a
 `StepError` (the session goes on), or an `EpisodeEnd` for a LAST step (or when a reward term's
 condition ends the episode). The servicer calls `session.flush()` after each reply: what the reply

@@ -42,7 +42,8 @@ from bridge.gateway.errors import GatewayError
 from bridge.gateway.versions.build import BuildFailed, build_apart
 from bridge.gateway.versions.uploads import Upload, Uploads
 from inference_server import ModelRepository, PolicyClient
-from inference_server.artifact import ARTIFACT_FILES, ArtifactError, ImportedFile, imported_file
+from inference_server.artifact import ArtifactError
+from inference_server.formats import FORMATS, ImportedFile, imported_file
 from protos import policies_pb2
 from protos.codec import TensorError, specs_from_proto
 
@@ -224,12 +225,12 @@ class Publisher:
 
 
 def _check_bytes(header: policies_pb2.PublishHeader, data: bytes) -> dict:
-    if header.format not in ("safetensors", *ARTIFACT_FILES):
+    if header.format not in ("safetensors", *FORMATS):
         raise PublishError(f"format {header.format!r}: weights travel as 'safetensors', whole policy files "
-                           f"as {' or '.join(map(repr, ARTIFACT_FILES))}")
+                           f"as {' or '.join(map(repr, FORMATS))}")
     if len(data) != header.size:
         raise PublishError(f"received {len(data)} bytes, the header announced {header.size}")
-    if header.format in ARTIFACT_FILES:  # `tether policy import`: checked by inference_server.artifact
+    if header.format in FORMATS:  # `tether policy import`: checked by its format (inference_server.formats)
         try:
             return imported_file(header.format, data, specs_from_proto(header.inputs),
                                  specs_from_proto(header.outputs))
