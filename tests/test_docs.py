@@ -1,7 +1,9 @@
-"""The docs a newcomer walks stay true to the tree: links resolve, and docs/step.md's hops exist.
+"""The docs a newcomer walks stay true to the tree: links resolve, docs/step.md's hops exist, and every module,
+function and file path a page names is in the code.
 
     links_in(Path("README.md"))      # [(line number, target)] of its relative Markdown links
     hops_in(Path("docs/step.md"))    # [("bridge/gateway/session/session.py", "handle"), ...]
+    code_names_in(Path("docs/x.md")) # [(line number, "bridge.gateway.server.Gateway"), (line number, "tether/cli.py")]
 """
 
 from __future__ import annotations
@@ -16,6 +18,12 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 HOP = re.compile(r"`([\w./-]+\.py):(\w+)`")
 FENCE = re.compile(r"^(```|~~~)")
+PACKAGES = ("bridge", "tether", "trainer", "inference_server", "sim", "protos")
+DOTTED = re.compile(rf"(?<![\w./-])((?:{'|'.join(PACKAGES)})(?:\.\w+)+)")
+PATH = re.compile(rf"(?<![\w./-])((?:{'|'.join(PACKAGES)}|tests|benchmarks|launch|deploy|docs)/[\w./-]*\w)")
+# names that look like code but are wire names: the proto package, NATS subjects, ONNX metadata keys; a list of
+# ROS 2 packages
+NOT_CODE = ("tether.v1", "tether.experience", "tether.initializers", "launch/launch_ros/ros2cli")
 
 
 def links_in(page: Path) -> list[tuple[int, str]]:
@@ -61,6 +69,33 @@ def defines(path: Path, name: str) -> bool:
     return re.search(rf"^\s*(?:async\s+def|def|class)\s+{re.escape(name)}\b", path.read_text(), re.M) is not None
 
 
+def code_names_in(page: Path) -> list[tuple[int, str]]:
+    """Dotted names under the product's packages and repository paths a page mentions (prose and code blocks)."""
+    out = []
+    for n, line in enumerate(page.read_text().splitlines(), 1):
+        for name in [d for d in DOTTED.findall(line) if not d.endswith(".py")] + PATH.findall(line):  # a.launch.py
+            name = name.rstrip(".")
+            if not name.startswith(NOT_CODE) and not name.endswith((".md", ".yaml", ".json", ".svg", ".png")):
+                out.append((n, name))
+    return out
+
+
+def exists(name: str) -> bool:
+    """A repository path, a module (dotted or as path.py), or an attribute a module defines or imports."""
+    if "/" in name and (ROOT / name).exists():
+        return True
+    parts = name.replace("/", ".").removesuffix(".py").split(".")
+    for n in range(len(parts), 0, -1):
+        base = ROOT.joinpath(*parts[:n])
+        module = base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
+        if module.is_file() or base.is_dir():
+            rest = parts[n:]
+            return not rest or (module.is_file() and re.search(
+                rf"^\s*((async\s+)?def|class)\s+{rest[0]}\b|^\s*{rest[0]}\s*[:=]|^\s*(from .* )?import .*\b{rest[0]}\b",
+                module.read_text(), re.M) is not None)
+    return False
+
+
 def test_readme_is_short_and_keeps_the_two_commands():
     text = (ROOT / "README.md").read_text()
     assert len(text.splitlines()) <= 220, f"README.md has {len(text.splitlines())} lines: move detail into docs/"
@@ -90,6 +125,12 @@ def test_every_hop_of_the_step_page_exists():
     assert not missing, "docs/step.md names hops that are not in the code:\n" + "\n".join(missing)
 
 
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_module_function_and_path_a_page_names_exists(page: Path):
+    missing = [f"{page.name}:{n}: {name}" for n, name in code_names_in(page) if not exists(name)]
+    assert not missing, "names that are not in the code:\n" + "\n".join(missing)
+
+
 def test_the_checks_catch_a_broken_link_and_a_missing_hop(tmp_path: Path):
     page = tmp_path / "page.md"
     page.write_text("See [here](nowhere.md) and `x.py:gone`.\n```\n[not a link](in-code.md)\n```\n")
@@ -97,3 +138,8 @@ def test_the_checks_catch_a_broken_link_and_a_missing_hop(tmp_path: Path):
     assert links_in(page) == [(1, "nowhere.md")]
     assert hops_in(page) == [("x.py", "gone")]
     assert not defines(tmp_path / "x.py", "gone") and defines(tmp_path / "x.py", "there")
+    page.write_text("`bridge.gateway.server.Gateway`, bridge.gateway.nothing, `tether/nope.py`, tether.v1.Bridge\n")
+    assert code_names_in(page) == [(1, "bridge.gateway.server.Gateway"), (1, "bridge.gateway.nothing"),
+                                   (1, "tether/nope.py")]
+    assert exists("bridge.gateway.server.Gateway") and exists("bridge/gateway/server.py")
+    assert not exists("bridge.gateway.nothing") and not exists("tether/nope.py")
