@@ -83,6 +83,7 @@ async def stream_rate(directory: Path, *, window: int = 4096, max_batch: int = 2
     each batch): what a trainer can consume."""
     import grpc
 
+    from bridge.client import ExperienceClient
     from bridge.experience.service import ExperienceService
     from protos import experience_pb2_grpc
 
@@ -92,9 +93,8 @@ async def stream_rate(directory: Path, *, window: int = 4096, max_batch: int = 2
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         total = log.durable_offset
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}",
-                                             options=[("grpc.max_receive_message_length", 64 << 20)]) as ch:
-            call = experience_pb2_grpc.ExperienceStub(ch).Subscribe()
+        async with ExperienceClient(f"127.0.0.1:{port}", aio=True) as client:
+            call = client.subscribe()
             t0 = time.perf_counter()
             await call.write(experience_pb2.SubscribeRequest(
                 start=experience_pb2.SubscribeStart(window=window, max_batch=max_batch)))

@@ -17,7 +17,7 @@ Models: `small` (a 64x64 MLP served by torch), `small_ort` (the same, written wi
 its versions are served by onnxruntime), `onnx` (the MLP imported as an ONNX file, as `tether
 policy import` sends it), `big` (a 5000x5000 MLP, 25 M parameters, ~100 MB, served by torch), `huge`
 (`--huge-swaps`: a 16000x16000 MLP, 256 M parameters, ~1 GB, written to a safetensors file and sent from
-disk with `PolicyClient.publish_file`). The sessions act with `small`, which its swaps move them to; the
+disk with `PoliciesClient.publish_file`). The sessions act with `small`, which its swaps move them to; the
 other swaps run beside them. Each swap records the gateway's resident memory growth (sampled every 5 ms).
 
 Every step keeps its Action.timing, so a late step is told apart by the hop it spent longest in (to the gateway,
@@ -46,16 +46,16 @@ import numpy as np
 import safetensors.torch
 import torch
 
-from bridge.client import Session, sync_channel
+from bridge.client import PoliciesClient, Session
+from bridge.client.weights import safetensors_parts
 from bridge.common.percentiles import p50_p99
 from inference_server import ModelRepository, TritonServer
 from inference_server.triton_model import LOAD_NICE_ENV
-from protos import bridge_pb2, policies_pb2, policies_pb2_grpc
+from protos import bridge_pb2, policies_pb2
 from protos.codec import decode_all, encode, encode_all
 from tether.stack import GatewayProcess
 from tether.topology import write_json
 from trainer.policy import MLPPolicy
-from trainer.weights import PolicyClient, safetensors_parts
 
 SMALL, ORT, BIG, ONNX, HUGE = "swap_mlp", "swap_mlp_ort", "swap_big", "swap_onnx", "swap_huge"
 BIG_HIDDEN = (5000, 5000)  # 11*5000 + 5000*5000 + 5000*3 ≈ 25.1 M float32 parameters ≈ 100 MB
@@ -146,7 +146,7 @@ async def _worker(address: str, sessions: int, period_ms: float, out: Path) -> N
 # -- publishing (this process) ------------------------------------------------------------------------------------
 
 
-def publish(stub, name: str, module: torch.nn.Module, observation_spec, *, parent: int) -> dict:
+def publish(policies: PoliciesClient, name: str, module: torch.nn.Module, observation_spec, *, parent: int) -> dict:
     """Publish `module`'s weights as a new version of `name`; the timings of each part."""
     t0 = time.monotonic()
     data = safetensors.torch.save({k: v.contiguous() for k, v in module.state_dict().items()})
@@ -170,7 +170,7 @@ def publish(stub, name: str, module: torch.nn.Module, observation_spec, *, paren
             yield policies_pb2.PublishChunk(data=bytes(view[i:i + CHUNK]))
         marks["last"] = time.monotonic()
 
-    reply = stub.Publish(chunks(), timeout=600)
+    reply = policies.publish_stream(chunks())
     t_end = time.monotonic()
     stream_s = t_end - marks["first"]
     return {"policy": name, "version": reply.version, "bytes": len(data), "serialise_s": t_serialised - t0,
@@ -192,7 +192,7 @@ def onnx_file(module: torch.nn.Module, observation_spec) -> bytes:
     return buffer.getvalue()
 
 
-def publish_import(stub, name: str, data: bytes, obs_spec, act_spec) -> dict:
+def publish_import(policies: PoliciesClient, name: str, data: bytes, obs_spec, act_spec) -> dict:
     """An ONNX file through `tether policy import`'s path (format "onnx": served by onnxruntime in Triton)."""
     from tether.policy_cli import PolicyFile, probe_inputs, publish_chunks, reference_outputs
 
@@ -200,7 +200,7 @@ def publish_import(stub, name: str, data: bytes, obs_spec, act_spec) -> dict:
     probe = probe_inputs(policy.inputs, batch=4)
     expected = reference_outputs(policy, probe)
     t0 = time.monotonic()
-    reply = stub.Publish(publish_chunks(policy, name, probe, expected), timeout=600)
+    reply = policies.publish_stream(publish_chunks(policy, name, probe, expected))
     t_end = time.monotonic()
     return {"policy": name, "version": reply.version, "bytes": len(data), "serialise_s": 0.0, "sha256_s": 0.0,
             "start_ns": int(t0 * 1e9), "end_ns": int(t_end * 1e9), "publish_to_live_s": t_end - t0,
@@ -209,10 +209,10 @@ def publish_import(stub, name: str, data: bytes, obs_spec, act_spec) -> dict:
             "max_abs_error": reply.max_abs_error, "ready_versions": list(reply.ready_versions)}
 
 
-def publish_from_file(client: PolicyClient, module: torch.nn.Module, path: Path, observation_spec, *,
+def publish_from_file(client: PoliciesClient, module: torch.nn.Module, path: Path, observation_spec, *,
                       parent: int) -> dict:
     """`module`'s weights written to a safetensors file (from the tensors' memory, as a trainer's checkpoint),
-    then sent from disk in 1 MiB chunks (`PolicyClient.publish_file`: a digest pass, then the stream)."""
+    then sent from disk in 1 MiB chunks (`PoliciesClient.publish_file`: a digest pass, then the stream)."""
     t0 = time.monotonic()
     with path.open("wb") as f:
         for part in safetensors_parts(module.state_dict()):
@@ -419,8 +419,7 @@ def _run(a: argparse.Namespace, run_dir: Path, load_at_start: float) -> dict:
         try:
             if worker.stdout.readline().strip() != "ready":
                 raise RuntimeError("the sim worker did not start; see its stderr")
-            channel = sync_channel(gw, options=[("grpc.max_send_message_length", 64 << 20)])
-            stub = policies_pb2_grpc.PoliciesStub(channel)
+            policies = PoliciesClient(gw, timeout_s=600)
             time.sleep(a.quiet_s)
             names = {"small": SMALL, "small_ort": ORT, "big": BIG}
             for kind, module, count in (("small", small, a.small_swaps), ("small_ort", small, a.small_swaps),
@@ -428,12 +427,12 @@ def _run(a: argparse.Namespace, run_dir: Path, load_at_start: float) -> dict:
                 name = names[kind]
                 for i in range(count):
                     with RssPeak(gateway.pid) as rss:
-                        swap = publish(stub, name, perturbed(module, i), obs_spec[0], parent=1 + i)
+                        swap = publish(policies, name, perturbed(module, i), obs_spec[0], parent=1 + i)
                     swaps.append({"model": kind, **swap, "gateway_rss_growth_mib": rss.growth_mib})
                     print(f"  {kind} v{swap['version']}: publish -> live {swap['publish_to_live_s']:.2f} s "
                           f"(server {swap['server_s']:.2f} s), {swap['transfer_mb_s']:.0f} MB/s", flush=True)
                     time.sleep(a.gap_s)
-            with PolicyClient(gw, timeout_s=900) as client:
+            with PoliciesClient(gw, timeout_s=900) as client:
                 for i in range(a.huge_swaps):
                     with RssPeak(gateway.pid) as rss:
                         swap = publish_from_file(client, perturbed(huge, i), run_dir / "huge.safetensors",
@@ -444,7 +443,7 @@ def _run(a: argparse.Namespace, run_dir: Path, load_at_start: float) -> dict:
                     time.sleep(a.gap_s)
             for i in range(a.onnx_swaps):
                 try:
-                    swap = publish_import(stub, ONNX, onnx_file(perturbed(small, 100 + i), obs_spec[0]), obs_spec,
+                    swap = publish_import(policies, ONNX, onnx_file(perturbed(small, 100 + i), obs_spec[0]), obs_spec,
                                           act_spec)
                 except grpc.RpcError as exc:
                     print(f"  onnx import refused: {exc.details()}", flush=True)
@@ -453,7 +452,7 @@ def _run(a: argparse.Namespace, run_dir: Path, load_at_start: float) -> dict:
                 print(f"  onnx v{swap['version']}: publish -> live {swap['publish_to_live_s']:.2f} s", flush=True)
                 time.sleep(a.gap_s)
             time.sleep(a.quiet_s)
-            channel.close()
+            policies.close()
             gateway_hwm_mib = _rss_kib(gateway.pid, "VmHWM") / 1024
         finally:
             worker.stdin.write("stop\n")

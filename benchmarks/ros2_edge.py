@@ -60,7 +60,7 @@ import numpy as np
 
 from bridge.common.percentiles import percentile
 from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, load_topic_map
-from bridge.ros2.transport import open_transport
+from bridge.ros2.transports import open_transport
 
 # Cyclone DDS, torch, Triton and the gateway are imported in main(): the echo peer (--echo rclpy)
 # runs from .venv/ros, which has none of them
@@ -322,7 +322,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     def edge_argv(transport: str, rate: float, chunked: bool, report: Path) -> list[str]:
         python = ROS_PYTHON if transport == "rclpy" else Path(sys.executable)
         chunk = ["--policy", CHUNK_MODEL, "--chunk", str(a.chunk)] if chunked else ["--policy", STEP_MODEL]
-        return [str(python), "-m", "bridge.ros2.edge", "--gateway", gw, "--transport", transport, "--domain-id",
+        return [str(python), "-m", "tether", "edge", "--gateway", gw, "--transport", transport, "--domain-id",
                 str(a.domain_id), "--rate", f"{rate:g}", "--velocity-limit", "100", "--status-every", "3600",
                 "--node-name", "bench_edge", "--summary", str(report), "--topic-map", str(topic_map), *chunk]
 

@@ -142,7 +142,7 @@ def cpu_seconds(pids: list[int]) -> float:
 
 
 def triton_pids(triton) -> list[int]:
-    from inference_server.server import group_members
+    from bridge.common.processes import group_members
 
     return group_members(triton.pid)  # tritonserver and its python-backend stubs
 

@@ -29,7 +29,7 @@ from svgplot import line_plot
 
 from inference_server import ModelRepository, TritonServer
 from sim.client import run_vector_sessions
-from sim.vector import make_vector_env
+from sim.registry import make_vector_env
 from tether.topology import gateway_process, write_json
 from trainer.policy import MLPPolicy
 

@@ -1,5 +1,5 @@
 """Weight sync: publish -> served for the demo MLPs (the Gaussian policies `tether demo --train` trains), one
-serving runtime against another, measured the way the trainer publishes (PolicyClient.publish: safetensors,
+serving runtime against another, measured the way the trainer publishes (PoliciesClient.publish: safetensors,
 a probe batch and the trainer's reference outputs, through the gateway's whole publish pipeline: integrity,
 version folder written, Triton load_model, READY, the probe served at exactly the new version, live).
 
@@ -35,14 +35,14 @@ import numpy as np
 import torch
 
 import sim
+from bridge.client import PoliciesClient
 from bridge.common.percentiles import p50_p99
 from inference_server import ModelRepository
 from protos import policies_pb2
+from tether.initial_policy import policy_name
 from tether.stack import Stack
-from tether.topology import DemoConfig, policy_name, run_demo, write_json
-from trainer.policy import GaussianPolicy
-from trainer.weights import PolicyClient
-from trainer.worker import probe_outputs
+from tether.topology import DemoConfig, run_demo, write_json
+from trainer.policy import GaussianPolicy, probe_outputs
 
 RUNTIMES = ("torchscript", "onnx")
 MODES = (*RUNTIMES, "persistent")  # persistent: onnx versions opened by one persistent model (--persistent-versions)
@@ -62,7 +62,7 @@ def specs(env_id: str):
         env.close()
 
 
-def publish_loop(client: PolicyClient, model: str, obs_spec, act_spec, count: int) -> list[dict]:
+def publish_loop(client: PoliciesClient, model: str, obs_spec, act_spec, count: int) -> list[dict]:
     """`count` new versions of `model` (the served weights, perturbed), each as the trainer publishes one."""
     served = client.fetch(model)
     policy = GaussianPolicy(obs_spec[0], act_spec[0])
@@ -88,14 +88,14 @@ def write_cost(envs: list[str], versions: int) -> dict:
     """The ONNX file of a new version, exported (`onnx_export.export`) against re-weighted from its parent's
     (`onnx_export.reweight`, what the gateway does), interleaved in this process: median CPU and wall ms."""
     from inference_server import onnx_export
-    from inference_server.artifact import read_specs
+    from inference_server.formats.onnx import ONNX
 
     results = {}
     for env_id in envs:
         obs, act = specs(env_id)
         policy = GaussianPolicy(obs[0], act[0], seed=0, log_std_init=0.0)
         base = onnx_export.export(torch.jit.script(policy), obs, GaussianPolicy.output_specs(act[0]))
-        io_specs = read_specs("onnx", base)
+        io_specs = ONNX.read_specs(base)
         times: dict[str, tuple[list[float], list[float]]] = {"export": ([], []), "reweight": ([], [])}
         for i in range(2 * versions + 4):
             with torch.no_grad():
@@ -129,7 +129,7 @@ def quiet(envs: list[str], publishes: int, directory: Path) -> dict:
             models[name] = (env_id, runtime, obs, act)
     results = {}
 
-    def measure(client: PolicyClient, log_path: Path, name: str, env_id: str, runtime: str, obs, act) -> None:
+    def measure(client: PoliciesClient, log_path: Path, name: str, env_id: str, runtime: str, obs, act) -> None:
         rows = publish_loop(client, name, obs, act, publishes)
         results[f"{name}_persistent" if runtime == "persistent" else name] = {
             "env": env_id, "runtime": runtime, "publishes": rows, **summary([r["publish_to_served_s"] for r in rows]),
@@ -139,7 +139,7 @@ def quiet(envs: list[str], publishes: int, directory: Path) -> dict:
         print(f"  {env_id:<20} {runtime:<12} publish -> served median {r['median_s']:.3f} s, p99 {r['p99_s']:.3f} s, "
               f"max abs error {r['max_abs_error']:.2e}", flush=True)
 
-    with Stack(directory, models=list(models), deadline_ms=2000) as stack, PolicyClient(stack.gateway) as client:
+    with Stack(directory, models=list(models), deadline_ms=2000) as stack, PoliciesClient(stack.gateway) as client:
         for name, (env_id, runtime, obs, act) in models.items():
             measure(client, directory / "gateway.log", name, env_id, runtime, obs, act)
     for env_id in envs:  # a gateway whose default policy's versions are opened by one persistent model
@@ -150,7 +150,7 @@ def quiet(envs: list[str], publishes: int, directory: Path) -> dict:
         repo.write_version(name, 1, GaussianPolicy(obs[0], act[0], seed=0, log_std_init=0.0), obs,
                            GaussianPolicy.output_specs(act[0]), serve="onnx")
         with Stack(run_dir, models=[name], deadline_ms=2000, persistent_versions=True) as stack, \
-                PolicyClient(stack.gateway) as client:
+                PoliciesClient(stack.gateway) as client:
             measure(client, run_dir / "gateway.log", name, env_id, "persistent", obs, act)
     return results
 

@@ -1,10 +1,12 @@
 """A Triton model repository: one folder per model, one numbered folder per policy version.
 
     root/<model>/config.pbtxt            python backend, dynamic batching, every version served
-    root/<model>/<version>/policy.pt     the TorchScript policy
-    root/<model>/<version>/model.py      the python-backend wrapper (triton_model.py)
-    root/<model>/<version>/policy.onnx   or an imported ONNX file (model.py: onnx_model.py, onnxruntime)
+    root/<model>/<version>/policy.pt     the TorchScript policy (the architecture of a module-written version)
+    root/<model>/<version>/model.py      the python-backend wrapper of the format serving it (triton_model.py)
+    root/<model>/<version>/policy.onnx   or the file of another format (model.py: onnx_model.py, onnxruntime)
     root/<model>/<version>/artifact.json an imported version's format and sha256
+
+The formats (TorchScript, ONNX: their files, wrappers, checks, exports) are in inference_server.formats.
 
 A version folder is built beside its final place and renamed into it, so a running Triton
 never sees half a version; its files and the folder are fsynced before the rename, the model
@@ -37,7 +39,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import io
 import json
 import os
 import py_compile
@@ -48,23 +49,19 @@ import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from bridge.common.files import fsync_dir as common_fsync_dir
 from bridge.common.files import write_text
-from inference_server import onnx_export
-from inference_server.artifact import ARTIFACT_FILES, ArtifactError, check_artifact, read_specs
+from inference_server.artifact import ArtifactError
+from inference_server.formats import ARCHITECTURE, FORMATS, check_artifact, format_named, served_in
+from inference_server.formats.torchscript import probe, script
 from protos.codec import Spec, dtype_to_proto, triton_dtype
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _TENSOR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:/-]*")
-_MODEL_PY = Path(__file__).with_name("triton_model.py")
-_WRAPPERS = {"torchscript": _MODEL_PY, "onnx": Path(__file__).with_name("onnx_model.py")}
 _ARTIFACT_JSON = "artifact.json"
 VERSIONS_SUFFIX = ".versions"  # <policy>.versions: the persistent model of a policy's versions (versions_model.py)
-_VERSIONS_MODEL = Path(__file__).with_name("versions_model.py")
-_PROBE_BATCH = 2
 
 
 class ModelRepository:
@@ -88,12 +85,14 @@ class ModelRepository:
 
         `module.forward` takes the observation tensors positionally in spec order, each with a
         leading batch dimension, and returns one tensor or a tuple in action-spec order. It is
-        probed with zeros before anything is written. `serve="onnx"` serves it (and every version
-        `write_weights` makes from it) with onnxruntime, exported and checked (inference_server.
-        onnx_export): a version then loads in a fraction of the time. Returns the version folder.
+        probed with zeros before anything is written. `serve`: the format that serves it (and every
+        version `write_weights` makes from it), exported from the TorchScript (`PolicyFormat.export`):
+        `serve="onnx"` serves it with onnxruntime, exported and checked (inference_server.onnx_export),
+        a version then loads in a fraction of the time. Returns the version folder.
         """
-        if serve not in _WRAPPERS:
-            raise ValueError(f"serve {serve!r} must be one of {sorted(_WRAPPERS)}")
+        if serve not in FORMATS:
+            raise ValueError(f"serve {serve!r} must be one of {sorted(FORMATS)}")
+        served = FORMATS[serve]
         observation_spec, action_spec = tuple(observation_spec), tuple(action_spec)
         final, config_path, config = self._plan(model, version, observation_spec, action_spec, max_batch_size,
                                                 max_queue_delay_us)
@@ -103,18 +102,16 @@ class ModelRepository:
 
         with warnings.catch_warnings():  # torch deprecates torch.jit; Triton's python backend loads it fine
             warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.jit")
-            scripted = _script(module, observation_spec)
-            _probe(scripted, observation_spec, action_spec)
-            buffer = io.BytesIO()
-            torch.jit.save(scripted, buffer)
-        exported = onnx_export.export(scripted, observation_spec, action_spec) if serve == "onnx" else None
+            scripted = script(module, observation_spec)
+            probe(scripted, observation_spec, action_spec)
+        files = {f.file: f.export(scripted, observation_spec, action_spec)  # the architecture, then what serves it
+                 for f in dict.fromkeys((ARCHITECTURE, served))}
         model_dir.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".v{version}-", dir=model_dir))
         try:
-            (staging / "policy.pt").write_bytes(buffer.getvalue())
-            if exported is not None:
-                (staging / "policy.onnx").write_bytes(exported)
-            _install_wrapper(_WRAPPERS[serve], staging)
+            for name, data in files.items():
+                (staging / name).write_bytes(data)
+            _install_wrapper(served.wrapper, staging)
             os.chmod(staging, 0o755)
             if not config_path.exists() or config_path.read_text() != config:
                 _write_atomically(config_path, config)  # an unchanged config is left as it is
@@ -126,13 +123,12 @@ class ModelRepository:
 
     def write_artifact(self, model: str, version: int, format: str, data: bytes, inputs: Sequence[Spec],
                        outputs: Sequence[Spec], *, max_batch_size: int = 64, max_queue_delay_us: int = 100) -> Path:
-        """An imported policy file (`format` "torchscript" or "onnx", `data` its bytes) as version
-        `version` of `model`, served as it is: a new model gets its config from `inputs`/`outputs`,
+        """An imported policy file (`format` one of inference_server.formats.FORMATS, `data` its bytes) as
+        version `version` of `model`, served as it is: a new model gets its config from `inputs`/`outputs`,
         an existing one must have the same. The file is checked statically (`check_artifact`:
         ValueError naming what does not fit), never run here: load it in Triton and probe it.
         Written beside its final place and renamed into it. Returns the version folder."""
-        if format not in ARTIFACT_FILES:
-            raise ValueError(f"format {format!r} must be one of {sorted(ARTIFACT_FILES)}")
+        fmt = format_named(format)
         inputs, outputs = tuple(inputs), tuple(outputs)
         final, config_path, config = self._plan(model, version, inputs, outputs, max_batch_size,
                                                 max_queue_delay_us)
@@ -140,14 +136,14 @@ class ModelRepository:
             check_artifact(format, data, inputs, outputs)
         except ArtifactError as exc:
             raise ValueError(f"{format} file for {model!r} v{version}: {exc}") from None
-        manifest = json.dumps({"format": format, "file": ARTIFACT_FILES[format], "size": len(data),
+        manifest = json.dumps({"format": format, "file": fmt.file, "size": len(data),
                                "sha256": hashlib.sha256(data).hexdigest()})
         final.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".v{version}-", dir=final.parent))
         try:
-            (staging / ARTIFACT_FILES[format]).write_bytes(data)
+            (staging / fmt.file).write_bytes(data)
             (staging / _ARTIFACT_JSON).write_text(manifest)
-            _install_wrapper(_WRAPPERS[format], staging)
+            _install_wrapper(fmt.wrapper, staging)
             os.chmod(staging, 0o755)
             if not config_path.exists() or config_path.read_text() != config:
                 _write_atomically(config_path, config)
@@ -158,18 +154,24 @@ class ModelRepository:
         return final
 
     def imported_format(self, model: str, version: int) -> str | None:
-        """"torchscript" or "onnx" for a version written by `write_artifact`, None otherwise."""
+        """The format's name of a version written by `write_artifact` ("torchscript", "onnx"), None otherwise."""
         path = self.root / _check_model_name(model) / str(version) / _ARTIFACT_JSON
         return json.loads(path.read_text())["format"] if path.exists() else None
 
     def serving_format(self, model: str, version: int) -> str:
-        """The runtime that serves `version` in Triton: "onnx" (onnxruntime: `serve="onnx"` or an
-        imported ONNX file) or "torchscript" (torch); FileNotFoundError for a version not on disk."""
+        """The name of the format that serves `version` in Triton (`formats.served_in`): "onnx" (onnxruntime:
+        `serve="onnx"` or an imported ONNX file) or "torchscript" (torch); FileNotFoundError for a version not
+        on disk."""
         folder = self.root / _check_model_name(model) / str(version)
         if not folder.is_dir():
             raise FileNotFoundError(f"version {version} of model {model!r} is not in {self.root}")
-        return self.imported_format(model, version) or ("onnx" if (folder / "policy.onnx").exists()
-                                                        else "torchscript")
+        return served_in(folder).name
+
+    def supports_versions_model(self, policy: str) -> bool:
+        """True when the newest version of `policy` is in a format that one persistent model serves every
+        version of (`write_versions_model` writes it)."""
+        versions = self.versions(policy)
+        return bool(versions) and bool(format_named(self.serving_format(policy, versions[-1])).versions_model)
 
     def _plan(self, model: str, version: int, inputs: tuple[Spec, ...], outputs: tuple[Spec, ...],
               max_batch_size: int, max_queue_delay_us: int) -> tuple[Path, Path, str]:
@@ -202,7 +204,7 @@ class ModelRepository:
         """A new version: the TorchScript architecture of `base_version` (default: the newest on
         disk) with `weights` loaded over it, strictly: every name, shape and dtype must match and
         every value be finite (ValueError naming the tensor otherwise). Served like the base version
-        (torch, or onnxruntime when it was written with `serve="onnx"`)."""
+        (in the format it was written with: `serve`)."""
         _check_model_name(model)
         on_disk = self.versions(model)
         if not on_disk:
@@ -227,17 +229,15 @@ class ModelRepository:
         not installed: `install(model, version, into)` moves it in. A separate process can build it."""
         base = self.root / _check_model_name(model) / str(base_version)
         self._refuse_imported(model, base_version, "new weights over its architecture")
+        served = served_in(base)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.jit")
-            scripted = torch.jit.load(str(base / "policy.pt"), map_location="cpu")
+            scripted = torch.jit.load(str(base / ARCHITECTURE.file), map_location="cpu")
             check_weights(scripted.state_dict(), weights)
             scripted.load_state_dict(dict(weights), strict=True)
-            torch.jit.save(scripted, str(into / "policy.pt"))  # straight to the file: no copy of it in memory
-        base_onnx = base / "policy.onnx"
-        if base_onnx.exists():  # the base's graph with these weights put in (exported again if it cannot be)
-            graph = base_onnx.read_bytes()
-            (into / "policy.onnx").write_bytes(onnx_export.reweight(graph, scripted, *read_specs("onnx", graph)))
-        _install_wrapper(_WRAPPERS["onnx" if base_onnx.exists() else "torchscript"], into)
+        for fmt in dict.fromkeys((ARCHITECTURE, served)):  # e.g. ONNX: the base's graph with these weights put in
+            fmt.reweight(base / fmt.file, scripted, into / fmt.file)
+        _install_wrapper(served.wrapper, into)
         os.chmod(into, 0o755)
 
     def install(self, model: str, version: int, built: Path) -> Path:
@@ -250,7 +250,7 @@ class ModelRepository:
 
     def state_dict(self, model: str, version: int) -> dict[str, torch.Tensor]:
         """The weights `version` of `model` serves (its TorchScript's state_dict)."""
-        path = self.root / _check_model_name(model) / str(version) / "policy.pt"
+        path = self.root / _check_model_name(model) / str(version) / ARCHITECTURE.file
         if not path.exists():
             raise FileNotFoundError(f"version {version} of model {model!r} is not in {self.root}")
         self._refuse_imported(model, version, "reading its weights")
@@ -264,7 +264,7 @@ class ModelRepository:
         opened from `root/<policy>/<N>/policy.onnx` at its first request (inference_server/versions_model.py):
         `root/<policy>.versions/`, its config the policy's (inputs, outputs, batching) under its own name. Written
         only when missing or different (atomically, fsynced); returns the model's name. ValueError when `policy`
-        has no ONNX version to serve this way."""
+        has no version in a format served this way (`PolicyFormat.versions_model`: ONNX)."""
         if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
             raise ValueError(f"max_sessions {max_sessions!r} must be an integer >= 1")
         name = versions_model_name(policy)
@@ -272,15 +272,19 @@ class ModelRepository:
         config_path = self.root / policy / "config.pbtxt"
         if not versions or not config_path.exists():
             raise ValueError(f"policy {policy!r} has no version in {self.root} to serve")
-        if self.serving_format(policy, versions[-1]) != "onnx":
-            raise ValueError(f"policy {policy!r} v{versions[-1]} is served by torch, not onnxruntime: only ONNX "
-                             "versions are served by a persistent model (write the policy with serve='onnx')")
+        served = format_named(self.serving_format(policy, versions[-1]))
+        if not served.versions_model:
+            able = [f for f in FORMATS.values() if f.versions_model]
+            raise ValueError(f"policy {policy!r} v{versions[-1]} is served by {served.runtime}, not "
+                             f"{' or '.join(f.runtime for f in able)}: only {' or '.join(f.name for f in able)} "
+                             "versions are served by a persistent model (write the policy with "
+                             f"{' or '.join(f'serve={f.name!r}' for f in able)})")
         lines = [line for line in config_path.read_text().splitlines()
                  if not line.startswith(("name:", "version_policy"))]
         config = "\n".join([f'name: "{name}"', *lines,
                             f'parameters: {{ key: "policy" value: {{ string_value: "{policy}" }} }}',
                             f'parameters: {{ key: "max_sessions" value: {{ string_value: "{max_sessions}" }} }}', ""])
-        files = {"model.py": _VERSIONS_MODEL.read_bytes(), "onnx_model.py": _WRAPPERS["onnx"].read_bytes()}
+        files = {file: source.read_bytes() for file, source in served.versions_model.items()}
         final = self.root / name
         if (final / "config.pbtxt").exists() and (final / "config.pbtxt").read_text() == config and all(
                 (final / "1" / f).exists() and (final / "1" / f).read_bytes() == data for f, data in files.items()):
@@ -381,58 +385,6 @@ def _check_specs(observation_spec: tuple[Spec, ...], action_spec: tuple[Spec, ..
         if 0 in spec.shape:
             raise ValueError(f"tensor {spec.name!r} has a zero dimension in shape {list(spec.shape)}")
         seen.add(spec.name)
-
-
-def _zeros(observation_spec: tuple[Spec, ...]) -> tuple[torch.Tensor, ...]:
-    return tuple(torch.from_numpy(np.zeros((_PROBE_BATCH, *s.shape), dtype=s.dtype))
-                 for s in observation_spec)
-
-
-def _script(module: torch.nn.Module, observation_spec: tuple[Spec, ...]) -> torch.jit.ScriptModule:
-    """torch.jit.script, or a trace on zeros when the module does not script."""
-    if isinstance(module, torch.jit.ScriptModule):
-        scripted = module
-    else:
-        try:
-            scripted = torch.jit.script(module)
-        except Exception as script_error:
-            was_training = module.training
-            try:
-                with torch.no_grad():
-                    scripted = torch.jit.trace(module.eval(), _zeros(observation_spec), check_trace=False)
-            except Exception as trace_error:
-                raise ValueError(f"module {type(module).__name__} neither scripts ({script_error}) "
-                                 f"nor traces ({trace_error})") from trace_error
-            finally:
-                module.train(was_training)
-    return scripted.eval()
-
-
-def _probe(scripted: torch.jit.ScriptModule, observation_spec: tuple[Spec, ...],
-           action_spec: tuple[Spec, ...]) -> None:
-    """Run the policy on a zero batch; raise ValueError naming any output that does not fit."""
-    try:
-        with torch.inference_mode():
-            result = scripted(*_zeros(observation_spec))
-    except Exception as exc:
-        shapes = [[_PROBE_BATCH, *s.shape] for s in observation_spec]
-        raise ValueError(f"the policy fails on zero observations of shapes {shapes}: {exc}") from exc
-    if isinstance(result, torch.Tensor):
-        result = (result,)
-    if not isinstance(result, tuple | list) or not all(isinstance(t, torch.Tensor) for t in result):
-        raise ValueError(f"the policy must return a tensor or a tuple of tensors, "
-                         f"got {type(result).__name__}")
-    if len(result) != len(action_spec):
-        raise ValueError(f"the policy returns {len(result)} tensors, action spec names "
-                         f"{[s.name for s in action_spec]}")
-    for spec, tensor in zip(action_spec, result, strict=True):
-        shape, expected = tuple(tensor.shape), (_PROBE_BATCH, *spec.shape)
-        if shape != expected:
-            raise ValueError(f"output {spec.name!r} has shape {list(shape)} for a batch of {_PROBE_BATCH}, "
-                             f"expected {list(expected)}")
-        dtype = tensor.numpy().dtype
-        if dtype != spec.dtype:
-            raise ValueError(f"output {spec.name!r} has dtype {dtype.name}, expected {spec.dtype.name}")
 
 
 def _io_block(observation_spec: tuple[Spec, ...], action_spec: tuple[Spec, ...]) -> str:

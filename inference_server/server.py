@@ -2,7 +2,8 @@
 
 The server runs in its own process group with explicit model control on loopback ports, its
 python backend in a per-server temporary folder; `stop()` (or leaving the `with` block) sends
-SIGTERM to the whole group and SIGKILL to whatever is left, so no backend stub outlives it.
+tritonserver SIGTERM and SIGKILL to whatever is left of its group, so no backend stub outlives it
+(bridge.common.processes.stop_group).
 Usage (plain text: starting Triton takes seconds):
 
     with TritonServer(repo.root, models=["policy"]) as server:
@@ -31,25 +32,21 @@ Failures to start are `TritonStartError`s carrying the end of Triton's log:
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import sysconfig
 import tempfile
-import time
 import urllib.error
 import urllib.request
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
 
-from bridge.common.processes import parent_death_signal
+from bridge.common.processes import NotReady, free_port, spawn, stop_group, wait_ready
 from inference_server.secret import CATEGORIES, KEY, check_secret, grpc_headers, http_headers, redact
 
 _EXIT_TIMEOUT_S = 1  # Triton's own grace after SIGTERM; a python-backend model takes ~2 s to unload
@@ -121,22 +118,15 @@ def triton_env(base: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 class TritonServer:
     """One `tritonserver` subprocess serving `repository` with explicit model control."""
 
     def __init__(self, repository: Path | str, *, host: str = "127.0.0.1", grpc_port: int | None = None,
                  http_port: int | None = None, models: Sequence[str] = (), log_path: Path | None = None,
-                 die_with_parent: bool = False, secret: str | None = None):
-        """`host`: the address both endpoints bind (loopback by default). `die_with_parent`: the kernel sends
-        tritonserver SIGTERM when the thread that started it ends, e.g. when this process is SIGKILLed
-        (PR_SET_PDEATHSIG; start it from the main thread). `secret`: restrict every endpoint to requests
-        carrying it (see the module docstring)."""
+                 secret: str | None = None):
+        """`host`: the address both endpoints bind (loopback by default). `secret`: restrict every endpoint to
+        requests carrying it (see the module docstring). Started on the main thread, tritonserver gets SIGTERM from
+        the kernel should this process be killed (bridge.common.processes)."""
         if isinstance(models, str):
             raise TypeError(f"models must be a sequence of names, got the string {models!r}")
         self.repository = Path(repository)
@@ -147,7 +137,6 @@ class TritonServer:
             self.http_port = free_port(host)
         self.models = tuple(models)
         self.log_path = Path(log_path) if log_path is not None else None
-        self.die_with_parent = die_with_parent
         self.secret = check_secret(secret, where="TritonServer(secret=...)") if secret is not None else None
         self._proc: subprocess.Popen | None = None
         self._workdir: Path | None = None
@@ -201,18 +190,16 @@ class TritonServer:
             args += [f"--grpc-restricted-protocol={','.join(CATEGORIES)}:{KEY}={self.secret}",
                      f"--http-restricted-api={','.join(CATEGORIES)}:{KEY}={self.secret}"]
         with open(self.log_path, "ab") as log:
-            self._proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log,
-                                          stderr=subprocess.STDOUT, env=triton_env(), start_new_session=True,
-                                          preexec_fn=parent_death_signal() if self.die_with_parent else None)
+            self._proc = spawn(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=triton_env())
         self._finalizer = weakref.finalize(self, _cleanup, self._proc, self._workdir, self._shm_prefix)
-        deadline = time.monotonic() + timeout
-        while not self._ready():
-            code = self._proc.poll()
-            if code is not None:
-                self._fail(f"tritonserver exited with code {code} before it was ready")
-            if time.monotonic() > deadline:
-                self._fail(f"tritonserver not ready on {self.http_url} after {timeout:g} s")
-            time.sleep(0.05)
+        try:
+            wait_ready(self._proc, self._ready, timeout=timeout, what="tritonserver")
+        except NotReady as exc:
+            self._fail(str(exc) if exc.exit_code is not None
+                       else f"tritonserver not ready on {self.http_url} after {timeout:g} s")
+        except BaseException:  # e.g. Ctrl-C or SIGTERM (bridge.common.processes.Terminated) while it starts
+            self.stop()
+            raise
         try:
             with urllib.request.urlopen(self._request("/v2"), timeout=5) as response:
                 self._version = str(json.load(response)["version"])
@@ -258,7 +245,7 @@ class TritonServer:
             return redact(f.read().decode(errors="replace"), self.secret)
 
     def stop(self) -> None:
-        """SIGTERM the server's process group, SIGKILL after a grace period; idempotent."""
+        """SIGTERM the server, SIGKILL to its process group after a grace period; idempotent."""
         if self._finalizer is not None:
             self._finalizer()  # runs _cleanup once
             self._finalizer = None
@@ -296,36 +283,7 @@ class TritonServer:
 def _cleanup(proc: subprocess.Popen, workdir: Path, shm_prefix: str) -> None:
     """Stop `proc` and every process of its group (the backend stubs), then remove `workdir`
     and the python backend's shared memory regions (left behind when a stub is killed)."""
-    with contextlib.suppress(ProcessLookupError):
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=_STOP_GRACE_S)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    deadline = time.monotonic() + 5.0
-    while group_members(proc.pid) and time.monotonic() < deadline:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        time.sleep(0.02)
+    stop_group(proc, grace_s=_STOP_GRACE_S)
     shutil.rmtree(workdir, ignore_errors=True)
     for region in Path("/dev/shm").glob(f"{shm_prefix}*"):
         region.unlink(missing_ok=True)
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes whose process group is `pgid`, read from /proc."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(entry.name))
-    return members

@@ -17,14 +17,14 @@ import sys
 import tempfile
 from pathlib import Path
 
+from inference_server.artifact import ArtifactError
+
 TIMEOUT_S = 120.0
 
 
 def read_weights(data: bytes, *, timeout_s: float = TIMEOUT_S) -> dict:
     """The archive's state_dict (torch tensors, read from safetensors bytes)."""
     import safetensors.torch
-
-    from inference_server.artifact import ArtifactError
 
     with tempfile.TemporaryDirectory(prefix="tether-import-") as folder:
         path = Path(folder) / "policy.pt"

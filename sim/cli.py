@@ -2,7 +2,7 @@
 
     tether sim --gateway 127.0.0.1:50051 --env Hopper-v5 --envs 8 --seconds 10
     tether sim --gateway 127.0.0.1:50051 --env Hopper-v5 --envs 4 --rate 50   # a robot's fixed 50 Hz control rate
-    python -m sim.cli --gateway 127.0.0.1:50051 --env newton:cartpole --envs 64 --sessions 2
+    tether sim --gateway 127.0.0.1:50051 --env newton:cartpole --envs 64 --sessions 2
 
 Status lines go to stderr, the summary JSON to stdout.
 """
@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from bridge.common.errors import CommandError
 from bridge.common.files import write_json
 from bridge.common.flags import deprecated_alias, gateway_flags, output_flags, policy_flag
 from bridge.common.kv import parse_pairs
@@ -66,9 +67,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """`tether sim`: connect simulated envs to a gateway; status lines on stderr, summary JSON on stdout.
 
-    Returns 0; a failure (unreachable gateway, rejected session, bad --env) raises SystemExit
-    with a non-zero code after printing why, so callers that ignore the return value still exit
-    non-zero.
+    Returns 0. A bad flag (or --env) exits 2 with the usage (`parser.error`); an unreachable gateway or a
+    rejected session raises `CommandError` (`tether sim` prints why and exits 1).
     """
 
     parser_ = parser()
@@ -108,12 +108,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             session_prefix=args.session_id, token=args.token, balanced=args.balanced and len(gateways) > 1,
             rate_hz=args.rate,
             tls=ClientTls(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key) if args.tls_ca else None))
-    except ValueError as e:  # a bad --env or budget: a usage error, like argparse's
-        print(f"tether sim: error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    except ValueError as e:  # a bad --env or budget
+        parser_.error(str(e))
     except (ConnectionError, SessionError, TimeoutError) as e:
-        print(f"tether sim: error: {e}", file=sys.stderr)
-        raise SystemExit(1) from None
+        raise CommandError(e) from None
     status(stats)
     print(json.dumps(stats.summary()))
     if args.summary is not None:
@@ -125,7 +123,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _write_summary(path: Path, summary: dict) -> None:
     """Atomically: a reader never sees half a file (bridge.common.files)."""
     write_json(path, summary, indent=None)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import sys
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -38,10 +37,9 @@ from bridge.client.session import CHANNEL_OPTIONS
 from protos.codec import TensorError, decode_all, encode_all
 from protos.tether.v1 import bridge_pb2
 from sim.env import Environment, StepType, TimeStep, zeros
-from sim.registry import VECTOR_PREFIXES  # noqa: F401 - `--env` names of vector envs; old import path
 from sim.vector import VectorEnvironment, VectorTimeStep, safe_action
 
-__all__ = ["ClientTls", "Pacer", "SessionError", "SimStats", "check_rate", "main", "run_sessions",
+__all__ = ["ClientTls", "Pacer", "SessionError", "SimStats", "check_rate", "run_sessions",
            "run_vector_sessions", "vector_observation"]
 
 
@@ -400,14 +398,3 @@ async def _tick(stats: SimStats, start: float, on_progress: Callable[[SimStats],
             on_progress(stats)
         if until is not None and until(stats):
             budget.deadline = time.monotonic()  # sessions end their episodes (truncated LAST) and close
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`tether sim`: moved to `sim.cli.main` (kept here for `python -m sim.client` and old imports)."""
-    from sim.cli import main as cli_main
-
-    return cli_main(argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -53,7 +53,7 @@ over the whole batch (no per-env Python).
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -62,8 +62,7 @@ import numpy as np
 from protos.codec import Spec, TensorError
 from sim.env import ResetRequired, StepType, bounds
 
-__all__ = ["BaseVectorEnvironment", "VectorEnvironment", "VectorTimeStep", "make_vector_env", "register_vector",
-           "safe_action"]
+__all__ = ["BaseVectorEnvironment", "VectorEnvironment", "VectorTimeStep", "safe_action"]
 
 FIRST, MID, LAST = np.int8(StepType.FIRST), np.int8(StepType.MID), np.int8(StepType.LAST)
 
@@ -237,58 +236,3 @@ class BaseVectorEnvironment(abc.ABC):
     @abc.abstractmethod
     def _step(self, actions: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray,
                                                              np.ndarray, dict[str, np.ndarray] | None]: ...
-
-
-_FACTORIES: dict[str, Callable[..., VectorEnvironment]] = {}
-
-
-def register_vector(prefix: str, factory: Callable[..., VectorEnvironment]) -> None:
-    """Make `make_vector_env(f"{prefix}:{task}", **kw)` call `factory(task, **kw)`."""
-    _FACTORIES[prefix] = factory
-
-
-def make_vector_env(name: str, *, num_envs: int, **kw: Any) -> VectorEnvironment:
-    """A vector env by name: `newton:<task>`, `isaaclab:<task id>`, `mujoco:<id>` or a gymnasium id,
-    or `serial:<name>` (N single envs from `sim.mujoco.make_env`, e.g. "serial:PointMass").
-
-    Keyword arguments (seed, max_episode_steps, device, ...) go to the adapter.
-    """
-    prefix, sep, task = name.partition(":")
-    if not sep:
-        prefix, task = "gymnasium", name
-    if prefix not in _FACTORIES:
-        raise ValueError(f"unknown vector env {name!r}: the prefix {prefix!r} is not one of {sorted(_FACTORIES)}")
-    if not task:
-        raise ValueError(f"vector env {name!r} names no task after {prefix!r}:")
-    return _FACTORIES[prefix](task, num_envs=num_envs, **kw)
-
-
-def _gymnasium(task: str, **kw: Any) -> VectorEnvironment:
-    from sim.gym_vector import GymnasiumVectorEnv
-
-    return GymnasiumVectorEnv(task, **kw)
-
-
-def _newton(task: str, **kw: Any) -> VectorEnvironment:
-    from sim.newton_tasks import make_newton_task
-
-    return make_newton_task(task, **kw)
-
-
-def _serial(task: str, **kw: Any) -> VectorEnvironment:
-    from sim.serial_vector import make_serial
-
-    return make_serial(task, **kw)
-
-
-def _isaaclab(task: str, **kw: Any) -> VectorEnvironment:
-    from sim.isaaclab import make_isaaclab_env
-
-    return make_isaaclab_env(task, **kw)
-
-
-register_vector("gymnasium", _gymnasium)
-register_vector("mujoco", _gymnasium)
-register_vector("newton", _newton)
-register_vector("isaaclab", _isaaclab)
-register_vector("serial", _serial)

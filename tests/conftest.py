@@ -1,55 +1,47 @@
-"""Shared fixtures: one real tritonserver per test session, serving a tiny MLP policy."""
+"""Shared fixtures: one real tritonserver per test session (`triton`: tests/support/triton.py), serving a tiny MLP
+policy and, for a module at a time, the module's own models."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pytest
-import torch
 
+from bridge.common.processes import free_port
 from inference_server import ModelRepository, TritonServer
 from protos.codec import Spec
+from tests.support.triton import ServedTriton
 from trainer.policy import MLPPolicy
 
 OBS = (Spec("observation", np.float32, (11,)),)
 ACT = (Spec("action", np.float32, (3,), low=(-1.0,), high=(1.0,)),)
-
-
-@dataclass
-class ServedTriton:
-    server: TritonServer
-    repo: ModelRepository
-    policy: str
-    module: torch.nn.Module
-
-    @property
-    def url(self) -> str:
-        return self.server.grpc_url
-
-    def expected_action(self, observation: np.ndarray) -> np.ndarray:
-        with torch.no_grad():
-            return self.module(torch.from_numpy(observation[None])).numpy()[0]
+_SERVED = pytest.StashKey[ServedTriton]()
 
 
 @pytest.fixture(scope="session")
-def triton(tmp_path_factory) -> ServedTriton:
+def triton(tmp_path_factory, pytestconfig) -> ServedTriton:
     repo = ModelRepository(tmp_path_factory.mktemp("models"))
     module = MLPPolicy(OBS[0], ACT[0], seed=0).eval()
     repo.write_version("tiny", 1, module, OBS, ACT)
     server = TritonServer(repo.root, models=["tiny"], log_path=repo.root.parent / "triton.log")
     server.start()
-    yield ServedTriton(server, repo, "tiny", module)
+    pytestconfig.stash[_SERVED] = served = ServedTriton(server, repo, "tiny", module, OBS, ACT)
+    yield served
+    del pytestconfig.stash[_SERVED]
     server.stop()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _session_triton_reset(pytestconfig):
+    """After each module the session's Triton serves `tiny` alone again (ServedTriton.reset); starts nothing."""
+    yield
+    served = pytestconfig.stash.get(_SERVED, None)
+    if served is not None:
+        served.reset()
 
 
 @pytest.fixture
 def unused_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port()
 
 
 # -- CI runs the fleet or fails (issue 23) ---------------------------------------------------------------

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bridge.common.flags import CONCEPTS, deprecated_aliases
+from tether.cli import COMMANDS
 from tether.cli_reference import all_parsers, reference
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,7 +22,7 @@ def tether(*args, timeout=60):
 
 def test_unknown_subcommand_prints_usage():
     run = tether("fly")
-    assert run.returncode != 0 and "usage: tether {demo,triton,gateway,sim,edge,train,rollout," in run.stderr
+    assert run.returncode == 2 and "usage: tether {demo,triton,gateway,sim,edge,train,rollout," in run.stderr
     assert all(f",{command}" in run.stderr for command in ("status", "estop", "release", "certs", "token", "log"))
 
 
@@ -43,6 +44,27 @@ def test_an_old_spelling_still_works_and_warns_naming_the_new_one(tmp_path):
     assert run.returncode == 1 and "nope" in run.stderr  # it did what --model-repository does
 
 
+def test_help_imports_no_command():
+    """`tether --help` reads the table of commands only: no command's module (nor grpc, torch) is imported."""
+    code = ("import sys\nfrom tether.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('bridge', 'sim', 'trainer', 'inference_server', 'grpc', 'torch')))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert run.stdout.splitlines()[-1] == "[]", run.stdout[-2000:] + run.stderr[-2000:]
+    assert all(f"    {name}" in run.stdout for name in COMMANDS)
+
+
+def test_demo_trains_from_one_vectorised_session_unless_told():
+    """The fast path is the default: `tether demo --train` learns from one session of 8 envs (`--envs 8
+    --sessions 1`), not from 8 single-env sessions."""
+    from tether.demo_cli import parser
+    from tether.topology import DemoConfig
+
+    a = parser().parse_args(["--train"])
+    assert (a.envs, a.sessions) == (8, 1)
+    assert DemoConfig(train=True, envs=a.envs, sessions=a.sessions).vector
+
+
 def test_demo_rejects_bad_flags():
     run = tether("demo", "--envs", "0")
     assert run.returncode == 2 and "--envs must be at least 1, got 0" in run.stderr
@@ -56,7 +78,7 @@ def _flags(parser: argparse.ArgumentParser) -> list[argparse.Action]:
 
 
 def test_every_command_has_parsers_and_every_flag_and_argument_has_help():
-    assert {name for name, _, _ in PARSERS} == set(__import__("tether.commands").commands.NAMES)
+    assert {name for name, _, _ in PARSERS} == set(COMMANDS)
     missing = [f"{prog} {a.option_strings or a.dest}" for _, prog, p in PARSERS for a in _flags(p) if not a.help]
     assert not missing, f"flags without help text: {missing}"
 

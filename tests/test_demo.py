@@ -1,39 +1,20 @@
-"""`tether demo` as a user runs it: a summary with real figures, and Ctrl-C leaves no process behind."""
+"""`tether demo` as a user runs it: a summary with real figures, and Ctrl-C, SIGTERM or SIGKILL leave no
+process behind (each child checked by pid and command line in /proc)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
+from collections.abc import Iterator
 from pathlib import Path
 
-
-def _children(pid: int) -> set[int]:
-    """All descendants of `pid`, from /proc."""
-    parents: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+from bridge.common.processes import spawn, stop_group
+from tests.support.processes import descendants, running
+from tests.support.waiting import wait_until
 
 
 def test_demo_writes_a_summary_of_a_real_closed_loop(tmp_path):
@@ -64,24 +45,47 @@ def test_demo_with_a_newton_task_in_vectorised_sessions(tmp_path):
     assert "2 vectorised session(s) x 16 envs of newton:cartpole" in run.stdout
 
 
-def test_ctrl_c_stops_everything(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "tether", "demo", "--envs", "2", "--seconds", "60",
-                             "--run-dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+@contextlib.contextmanager
+def running_demo(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, dict[int, str]]]:
+    """`tether demo --seconds 60` once its sims step; yields it and the processes under it (tritonserver, the
+    gateway, Triton's stubs). Started as `spawn` starts a child: its own process group, SIGTERM should we die."""
+    proc = spawn([sys.executable, "-m", "tether", "demo", "--env", "InvertedPendulum-v5", "--envs", "2",
+                  "--seconds", "60", "--run-dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                 text=True)
     try:
-        deadline = time.monotonic() + 90
-        for line in proc.stdout:  # wait until the loop runs
-            if line.lstrip().startswith("sim ") and "steps" in line or time.monotonic() > deadline:
+        lines = []
+        for line in proc.stdout:  # the status lines start once the loop runs; EOF if the demo dies first
+            lines.append(line)
+            if line.lstrip().startswith("sim ") and "steps" in line:
                 break
-        children = _children(proc.pid)
-        assert len(children) >= 2, "expected tritonserver and the gateway under the demo"
-        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
-        proc.wait(timeout=30)
-        deadline = time.monotonic() + 15  # they got the SIGINT too: wait until they are gone (bounded)
-        while (left := [pid for pid in children if _alive(pid)]) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not left, f"processes outlived the demo by 15 s: {left}"
+        children = descendants(proc.pid)
+        assert any("tritonserver" in c for c in children.values()) and \
+            any(" tether gateway " in c for c in children.values()), ("".join(lines[-20:]), children)
+        yield proc, children
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop_group(proc, grace_s=30)
         proc.stdout.close()
+
+
+def test_ctrl_c_stops_everything(tmp_path):
+    with running_demo(tmp_path) as (proc, children):
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        assert proc.wait(timeout=60) == 130
+        assert not running(children), f"processes outlived the demo: {running(children)}"
+
+
+def test_sigterm_stops_the_demo_and_every_process_it_started(tmp_path):
+    """`kill -TERM PID` (what timeout, systemd and Kubernetes send) to the demo alone: it stops its children, as
+    Ctrl-C does, before it exits (143: the shell's status for SIGTERM)."""
+    with running_demo(tmp_path) as (proc, children):
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+        assert not running(children), f"processes outlived the demo: {running(children)}"
+
+
+def test_a_sigkilled_demo_leaves_no_process_behind(tmp_path):
+    """SIGKILL cannot be handled: the kernel sends tritonserver and the gateway SIGTERM (PR_SET_PDEATHSIG)."""
+    with running_demo(tmp_path) as (proc, children):
+        proc.kill()
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+        wait_until(lambda: not running(children), what="the SIGKILLed demo's processes gone", timeout=60, period=0.1)

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bridge.common.processes import free_port
 from tests.support import manifests as k8s
 
 NATS_HOSTS = [f"tether-nats-{i}.tether-nats" for i in range(3)]
@@ -135,20 +136,12 @@ def _without_block(conf: str, name: str) -> str:
             return conf[:start] + conf[i:]
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def _deploy_nats(lab: Path, tmp_path: Path):
     """One nats-server with nats.yaml's config on a free loopback port (the cluster block left out: its routes name
     pods); yields its client URL once /healthz answers."""
     binary = _nats_server()
-    port, http = _free_port(), _free_port()
+    port, http = free_port(), free_port()
     conf = _without_block(k8s.find("ConfigMap", "tether-nats")["data"]["nats.conf"], "cluster")
     conf = conf.replace("port: 4222", f'listen: "127.0.0.1:{port}"').replace("127.0.0.1:8222", f"127.0.0.1:{http}")
     path = _nats_files(lab, tmp_path / "nats", conf, routes=False)

@@ -7,10 +7,10 @@ gateway restart the registry on disk still tells the chain (RolloutStatus and Li
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
-import time
 
 import grpc
 import pytest
@@ -18,6 +18,7 @@ import pytest
 from protos import policies_pb2, policies_pb2_grpc
 from sim.client import run_sessions
 from sim.mujoco import make_env
+from tests.support.waiting import wait_until
 from tests.test_behaviour_cloning import controller
 from tether.rollout_cli import lineage_chain
 from tether.stack import Stack
@@ -89,15 +90,11 @@ def test_bc_then_ppo_lineage_is_recorded_in_the_registry_and_survives_a_gateway_
 
         before = rollout_status(stack.gateway)
         address = stack.restart_gateway()
-        deadline = time.monotonic() + 60
-        while True:  # the restarted gateway answers once its registry and repository are read back
-            try:
-                after, listed = rollout_status(address), listing(address)
-                break
-            except grpc.RpcError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+        def answers():  # the restarted gateway answers once its registry and repository are read back
+            with contextlib.suppress(grpc.RpcError):
+                return rollout_status(address), listing(address)
+
+        after, listed = wait_until(answers, "the restarted gateway answering", timeout=60, period=0.2)
 
     for reply in (before, after):
         versions = {v.version: v for v in reply.versions}

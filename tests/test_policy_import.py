@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from inference_server import ModelRepository, PolicyClient, TritonServer
+from inference_server import PolicyClient
 from inference_server.artifact import ArtifactError, specs_to_json
 from protos.codec import Spec, decode_all, specs_from_proto
+from tests.support.gateways import gateway_process
 from tether import policy_cli
 from tether.cli import main as tether_main
 
@@ -89,10 +90,11 @@ def test_the_publish_stream_carries_the_whole_file_and_its_specs(files):
 
 
 @pytest.mark.slow
-def test_imported_files_are_served_by_triton_as_computed_locally(files, tmp_path):
-    """What the gateway does with an import stream, step by step, against a real Triton."""
+def test_imported_files_are_served_by_triton_as_computed_locally(files, triton):
+    """What the gateway does with an import stream, step by step, against a real Triton (the session's)."""
     folder, _ = files
-    repo = ModelRepository(tmp_path / "models")
+    repo = triton.repo
+    triton.claim("mine")
     streams = {}
     for version, name in enumerate(["policy.pt", "policy.onnx"], start=1):
         policy = policy_cli.read_policy_file(folder / name, outputs=ACT)
@@ -105,7 +107,7 @@ def test_imported_files_are_served_by_triton_as_computed_locally(files, tmp_path
         streams[version] = header
 
     async def served():
-        client = PolicyClient(server.grpc_url, timeout_s=10.0)
+        client = PolicyClient(triton.url, timeout_s=10.0)
         try:
             results = {}
             for version, header in streams.items():
@@ -116,8 +118,8 @@ def test_imported_files_are_served_by_triton_as_computed_locally(files, tmp_path
         finally:
             await client.close()
 
-    with TritonServer(repo.root, models=["mine"]) as server:
-        errors, ready = asyncio.run(served())
+    triton.server.load_model("mine")
+    errors, ready = asyncio.run(served())
     assert ready == [1, 2] and max(errors.values()) < 1e-5
 
 
@@ -155,33 +157,40 @@ def test_inspect_prints_the_specs(files, capsys):
 
 
 # -- through a real gateway (tether.v1.Policies.Publish -> registry -> gate -> Triton) -------------------------
-# The module's stack (tether.testing's tether_stack: Triton and a `tether gateway` process); what the
-# gateway recorded is read back through its public RPC (Policies.RolloutStatus), as an operator would.
+# A `tether gateway` process on the session's Triton, publishing into its repository with a registry of its own; what
+# the gateway recorded is read back through its public RPC (Policies.RolloutStatus), as an operator would.
 
 
 @pytest.fixture(scope="module")
-def byo(tether_stack, files) -> int:
+def gateway(triton, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("gateway")
+    with gateway_process(triton.url, folder / "gateway.log", *triton.publishing_args(folder), policy="") as gw:
+        yield gw.address
+
+
+@pytest.fixture(scope="module")
+def byo(gateway, files) -> int:
     """This module's policy `byo`, created by importing policy.pt (its imports add versions only it sees)."""
     folder, _ = files
-    return tether_stack.import_policy(folder / "policy.pt", name="byo")
+    return policy_cli.import_policy_file(gateway, folder / "policy.pt", name="byo")[1].version
 
 
-def rollout(stack, policy: str):
+def rollout(gateway: str, policy: str):
     """The gateway's Policies.RolloutStatus of `policy`: its rollout (live version) and every version's record."""
     import grpc
 
     from protos import policies_pb2, policies_pb2_grpc
 
-    with grpc.insecure_channel(stack.gateway) as channel:
+    with grpc.insecure_channel(gateway) as channel:
         return policies_pb2_grpc.PoliciesStub(channel).RolloutStatus(
             policies_pb2.RolloutStatusRequest(policy=policy), timeout=30)
 
 
-def served(stack, policy: str, version: int | None, inputs: dict) -> tuple[dict | None, list[int]]:
+def served(triton, policy: str, version: int | None, inputs: dict) -> tuple[dict | None, list[int]]:
     """What Triton serves: `version`'s outputs on `inputs` (None: none asked) and the ready versions."""
 
     async def ask():
-        client = PolicyClient(stack.triton_url, timeout_s=10.0)
+        client = PolicyClient(triton.url, timeout_s=10.0)
         try:
             out = None if version is None else await client.infer(policy, version, inputs, ["action"])
             return out, await client.ready_versions(policy)
@@ -191,22 +200,22 @@ def served(stack, policy: str, version: int | None, inputs: dict) -> tuple[dict 
     return asyncio.run(ask())
 
 
-def import_command(stack, *args) -> list[str]:
-    return ["policy", "import", *map(str, args), "--gateway", stack.gateway, "--timeout", "120"]
+def import_command(gateway: str, *args) -> list[str]:
+    return ["policy", "import", *map(str, args), "--gateway", gateway, "--timeout", "120"]
 
 
 @pytest.mark.slow
-def test_tether_policy_import_serves_an_onnx_and_a_torchscript_version(files, tether_stack, byo, capsys):
+def test_tether_policy_import_serves_an_onnx_and_a_torchscript_version(files, triton, gateway, byo, capsys):
     folder, module = files
     obs = np.random.default_rng(5).uniform(-2, 2, (6, 4)).astype(np.float32)
     with torch.no_grad():
         expected = module(torch.from_numpy(obs)).numpy()
     imported = {}
     for name in ("policy.onnx", "policy.pt"):
-        tether_main(import_command(tether_stack, folder / name, "--name", "byo", "--action", "action:float32:2:-1:1"))
-        status = rollout(tether_stack, "byo")
+        tether_main(import_command(gateway, folder / name, "--name", "byo", "--action", "action:float32:2:-1:1"))
+        status = rollout(gateway, "byo")
         version = status.rollout.live
-        imported[name] = (version, served(tether_stack, "byo", version, {"obs": obs})[0],
+        imported[name] = (version, served(triton, "byo", version, {"obs": obs})[0],
                           next(v for v in status.versions if v.version == version))
     out = capsys.readouterr().out
     assert "imported" in out and "(onnx," in out and "(torchscript," in out and "served and verified" in out
@@ -218,12 +227,12 @@ def test_tether_policy_import_serves_an_onnx_and_a_torchscript_version(files, te
         assert {"integrity", "consistency"} <= checks.keys() and checks["integrity"].figures["tensors"] == 4
     np.testing.assert_allclose(onnx_out["action"], expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(ts_out["action"], expected, rtol=1e-5, atol=1e-6)
-    repo = tether_stack.repository
+    repo = triton.repo
     assert repo.imported_format("byo", v_onnx) == "onnx" and repo.imported_format("byo", v_ts) == "torchscript"
 
 
 @pytest.mark.slow
-def test_the_gateway_refuses_bad_imports_naming_why_and_keeps_serving(files, tether_stack, byo):
+def test_the_gateway_refuses_bad_imports_naming_why_and_keeps_serving(files, triton, gateway, byo):
     import grpc
 
     from protos import policies_pb2_grpc
@@ -236,16 +245,16 @@ def test_the_gateway_refuses_bad_imports_naming_why_and_keeps_serving(files, tet
     wrong = policy_cli.PolicyFile("onnx", good.data, OBS, (Spec("action", np.float32, (3,)),))
     zipped = policy_cli.PolicyFile("torchscript", b"PK\x03\x04 not really a zip", OBS, ACT)
 
-    live = rollout(tether_stack, "byo").rollout.live
+    live = rollout(gateway, "byo").rollout.live
     refusals = []
-    with grpc.insecure_channel(tether_stack.gateway) as channel:
+    with grpc.insecure_channel(gateway) as channel:
         stub = policies_pb2_grpc.PoliciesStub(channel)
         for policy in (truncated, wrong, zipped):
             with pytest.raises(grpc.RpcError) as info:
                 stub.Publish(policy_cli.publish_chunks(policy, "byo", probe, expected), timeout=120)
             refusals.append((info.value.code(), info.value.details()))
-    current = rollout(tether_stack, "byo").rollout.live
-    out, ready = served(tether_stack, "byo", current, {"obs": probe["obs"]})
+    current = rollout(gateway, "byo").rollout.live
+    out, ready = served(triton, "byo", current, {"obs": probe["obs"]})
     assert live == current and current in ready
     assert all(code == grpc.StatusCode.INVALID_ARGUMENT for code, _ in refusals), refusals
     assert "neither a TorchScript archive nor an ONNX model" in refusals[0][1]
@@ -255,8 +264,8 @@ def test_the_gateway_refuses_bad_imports_naming_why_and_keeps_serving(files, tet
 
 
 @pytest.mark.slow
-def test_a_new_name_creates_a_policy(files, tether_stack, capsys):
+def test_a_new_name_creates_a_policy(files, triton, gateway, capsys):
     folder, module = files
-    tether_main(import_command(tether_stack, folder / "policy.onnx", "--name", "walker"))
-    assert served(tether_stack, "walker", None, {})[1] == [1]
+    tether_main(import_command(gateway, folder / "policy.onnx", "--name", "walker"))
+    assert served(triton, "walker", None, {})[1] == [1]
     assert "as walker v1" in capsys.readouterr().out

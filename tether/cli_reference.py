@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bridge.common.flags import CONCEPTS, deprecated_aliases
-from tether.commands import NAMES, load
+from tether.cli import COMMANDS
 
 __all__ = ["all_parsers", "reference"]
 
@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def all_parsers() -> Iterator[tuple[str, str, argparse.ArgumentParser]]:
     """(command, prog, parser) for every command's parsers and their subcommands, depth first."""
-    for name in NAMES:
-        for parser in load(name).parsers().values():
+    for name, command in COMMANDS.items():
+        for parser in command.parser_by_prog().values():
             yield from _walk(name, parser)
 
 
@@ -65,6 +65,21 @@ def _flag_rows(parser: argparse.ArgumentParser) -> list[str]:
 _ENV = {"LOGNAME": "$USER", "TETHER_OPERATOR": "", "TETHER_TOKEN": "", "ROS_DOMAIN_ID": "0"}
 
 
+_EXIT = [
+    "## Exit status and errors", "",
+    "One convention for every command (`tether/cli.py` holds the table of commands):", "",
+    "| status | when | on stderr |", "|---|---|---|",
+    "| 0 | done | - |",
+    "| 1 | the command failed while running: a peer refused or is unreachable, a file does not load (the code "
+    "raises `bridge.common.errors.CommandError`) | `tether COMMAND: why` |",
+    "| 2 | bad usage: a flag that is malformed, out of range or contradicts another (`parser.error`) | the usage "
+    "line, then `tether COMMAND: error: why` |",
+    "| 130 | interrupted (Ctrl-C) | - |", "",
+    "`tether eval` keeps its own CI contract: 1 means a check failed, 2 a usage or setup error (a policy that does "
+    "not load, a gateway that cannot be reached). `tether train` exits with torchrun's status when a rank fails.",
+]
+
+
 def reference() -> str:
     saved = {k: os.environ.get(k) for k in _ENV}
     os.environ.update(_ENV)
@@ -82,7 +97,8 @@ def _reference() -> str:
     out = ["# `tether` command-line reference", "",
            "Generated from the parsers by `python -m tether.cli_reference > docs/cli.md`; do not edit by hand "
            "(tests/test_cli.py checks it is current).", "",
-           "Commands: " + ", ".join(f"[`{n}`](#tether-{n})" for n in NAMES) + ".", "",
+           "Commands: " + ", ".join(f"[`{n}`](#tether-{n})" for n in COMMANDS) + ".", "",
+           *_EXIT, "",
            "## One spelling per concept", "",
            "Old spellings still work for one release and print a warning naming the new one.", "",
            "| concept | flag | replaces |", "|---|---|---|"]
@@ -91,7 +107,8 @@ def _reference() -> str:
     for name, prog, parser in all_parsers():
         if name != current:
             current = name
-            out += ["", f"## tether {name}", "", load(name).HELP[:1].upper() + load(name).HELP[1:] + "."]
+            help_ = COMMANDS[name].help
+            out += ["", f"## tether {name}", "", help_[:1].upper() + help_[1:] + "."]
         out += ["", f"### `{prog}`", ""]
         if parser.description:
             out += [parser.description, ""]

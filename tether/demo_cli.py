@@ -1,10 +1,10 @@
 """`tether demo` and `tether triton`: the whole topology in one process tree, and tritonserver alone.
 
     tether demo --env Hopper-v5 --envs 8 --seconds 10 --summary out/summary.json
-    tether demo --train --env newton:cartpole --envs 64          # PPO from a vectorised session
-    tether demo --train --env InvertedPendulum-v5 --envs 8 --sessions 1
+    tether demo --train                                          # PPO from one vectorised session of 8 envs
+    tether demo --train --env newton:cartpole --envs 64
     tether demo --train --algo sac --envs 4                      # off-policy SAC (one rank) instead of PPO
-    tether demo --train --algo sac --envs 4 --sessions 1 --rate 25  # the sims at a robot's fixed 25 Hz
+    tether demo --train --algo sac --envs 4 --rate 25            # the sims at a robot's fixed 25 Hz
     tether triton --model-repository runs/models --init Hopper-v5
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from bridge.common.errors import CommandError
 from bridge.common.flags import deprecated_alias, output_flags
 
 __all__ = ["main", "parser", "triton_main", "triton_parser"]
@@ -21,12 +22,8 @@ __all__ = ["main", "parser", "triton_main", "triton_parser"]
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tether demo", description="Triton + gateway + MuJoCo sims, closed loop.")
     p.add_argument("--env", help="gymnasium id or newton:<task> (default Hopper-v5; InvertedPendulum-v5 with --train)")
-    p.add_argument("--envs", type=int, default=8,
-                   help="envs per vectorised session (with --train and a MuJoCo --env without --sessions: "
-                        "single-env sessions)")
-    p.add_argument("--sessions", type=int,
-                   help="vectorised sessions of --envs envs each (default 1; with --train: learn from vectorised "
-                        "sessions)")
+    p.add_argument("--envs", type=int, default=8, help="envs per vectorised session")
+    p.add_argument("--sessions", type=int, default=1, help="vectorised sessions of --envs envs each")
     p.add_argument("--seconds", type=float, help="default 10 s; 240 s with --train")
     output_flags(p, summary=True, summary_help="write the summary as JSON here")
     p.add_argument("--run-dir", type=Path, help="model repository and logs (default: a temp dir)")
@@ -43,6 +40,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import signal
+
+    from bridge.common.processes import Terminated, sigterm_interrupts
     from inference_server import TritonStartError
     from tether.topology import DemoConfig, run_demo
 
@@ -57,9 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         p.error(str(exc))
     try:
-        run_demo(config)
+        with sigterm_interrupts():  # SIGTERM stops the demo as Ctrl-C does, every process it started with it
+            run_demo(config)
     except TritonStartError as exc:
-        raise SystemExit(f"tether demo: {exc}") from None
+        raise CommandError(exc) from None
+    except Terminated:
+        raise SystemExit(128 + signal.SIGTERM) from None  # the shell's status for a SIGTERMed command
     return 0
 
 
@@ -85,7 +88,7 @@ def triton_main(argv: list[str] | None = None) -> int:
 
     from inference_server import ModelRepository, TritonServer, TritonStartError
     from inference_server.secret import read_secret
-    from tether.topology import write_initial_policy
+    from tether.initial_policy import write_initial_policy
 
     p = triton_parser()
     a = p.parse_args(argv)
@@ -109,5 +112,5 @@ def triton_main(argv: list[str] | None = None) -> int:
                   f"{' (restricted: tether-triton-key)' if secret else ''}", flush=True)
             stop.wait()
     except TritonStartError as exc:
-        raise SystemExit(f"tether triton: {exc}") from None
+        raise CommandError(exc) from None
     return 0

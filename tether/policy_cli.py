@@ -23,27 +23,20 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import os
 import socket
-import warnings
+import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from bridge.client import Credentials, PoliciesClient
+from bridge.common.errors import CommandError
 from bridge.common.flags import deprecated_alias, gateway_flags, policy_flag
-from inference_server.artifact import (
-    FORMATS,
-    ArtifactError,
-    check_artifact,
-    detect_format,
-    onnx_batch_is_fixed,
-    parse_spec,
-    read_specs,
-    specs_to_json,
-)
+from inference_server.artifact import ArtifactError, parse_spec, specs_to_json
+from inference_server.formats import FORMATS, check_artifact, detect, format_named
 from protos import codec, policies_pb2
 from protos.codec import Spec
 
@@ -69,17 +62,15 @@ def read_policy_file(path: Path, *, format: str | None = None, inputs: Sequence[
         data = Path(path).read_bytes()
     except OSError as exc:
         raise ArtifactError(f"cannot read {path}: {exc.strerror or exc}") from None
-    fmt = format or detect_format(data)
-    if fmt not in FORMATS:
-        raise ArtifactError(f"format {fmt!r} must be one of {FORMATS}")
-    declared = read_specs(fmt, data)
+    fmt = format_named(format) if format else detect(data)
+    declared = fmt.read_specs(data)
     inputs = tuple(inputs) or (declared[0] if declared else ())
     outputs = tuple(outputs) or (declared[1] if declared else ())
     if not inputs or not outputs:
         raise ArtifactError(f"{path} declares no specs: pass --obs and --action (NAME:DTYPE:SHAPE[:LOW:HIGH]) "
                             "or save a tether.json in the TorchScript archive")
-    check_artifact(fmt, data, inputs, outputs)
-    return PolicyFile(fmt, data, inputs, outputs, source=Path(path).name)
+    check_artifact(fmt.name, data, inputs, outputs)
+    return PolicyFile(fmt.name, data, inputs, outputs, source=Path(path).name)
 
 
 def probe_inputs(inputs: Sequence[Spec], *, batch: int = 8, seed: int = 0) -> dict[str, np.ndarray]:
@@ -113,37 +104,11 @@ def probe_inputs(inputs: Sequence[Spec], *, batch: int = 8, seed: int = 0) -> di
 
 
 def reference_outputs(policy: PolicyFile, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Run the file here (torch.jit.load or onnxruntime) on `inputs`; its outputs by name, checked
-    against the declared output specs (ArtifactError naming the output that does not fit)."""
-    names = [s.name for s in policy.outputs]
+    """Run the file here (its format's `run`: torch.jit.load, onnxruntime) on `inputs`; its outputs by name,
+    checked against the declared output specs (ArtifactError naming the output that does not fit)."""
     batch = len(next(iter(inputs.values())))
     try:
-        if policy.format == "torchscript":
-            import torch
-
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", category=DeprecationWarning)
-                module = torch.jit.load(io.BytesIO(policy.data), map_location="cpu").eval()
-                with torch.inference_mode():
-                    result = module(*(torch.from_numpy(np.array(inputs[s.name])) for s in policy.inputs))
-            result = (result,) if isinstance(result, torch.Tensor) else result
-            if not isinstance(result, tuple | list) or not all(isinstance(t, torch.Tensor) for t in result):
-                raise ArtifactError("the module must return a tensor or a tuple of tensors, got "
-                                    f"{type(result).__name__}")
-            if len(result) != len(names):
-                raise ArtifactError(f"the module returns {len(result)} tensors, the action specs name {names}")
-            outputs = {name: t.numpy() for name, t in zip(names, result, strict=True)}
-        else:
-            import onnxruntime as ort
-
-            options = ort.SessionOptions()
-            options.intra_op_num_threads = 1
-            session = ort.InferenceSession(policy.data, sess_options=options, providers=["CPUExecutionProvider"])
-            feed = {s.name: inputs[s.name] for s in policy.inputs}
-            rows = [{k: v[i:i + 1] for k, v in feed.items()} for i in range(batch)] \
-                if onnx_batch_is_fixed(policy.data) else [feed]
-            runs = [session.run(names, row) for row in rows]
-            outputs = {name: np.concatenate([r[j] for r in runs]) for j, name in enumerate(names)}
+        outputs = format_named(policy.format).run(policy.data, inputs, policy.inputs, policy.outputs)
     except ArtifactError:
         raise
     except Exception as exc:
@@ -176,15 +141,11 @@ def publish_chunks(policy: PolicyFile, name: str, inputs: Mapping[str, np.ndarra
 
 
 def publish(address: str, chunks: Iterable[policies_pb2.PublishChunk], *, timeout_s: float = 300.0,
-            ca: Path | None = None, cert: Path | None = None, key: Path | None = None,
-            token: str | None = None) -> policies_pb2.PublishReply:
-    """Send a Publish stream to the gateway at `address` (TLS and token as bridge.security.channel
-    takes them); grpc.RpcError says why it was refused."""
-    from bridge.security.channel import secure_channel_sync
-    from protos import policies_pb2_grpc
-
-    with secure_channel_sync(address, ca=ca, cert=cert, key=key, token=token) as channel:
-        return policies_pb2_grpc.PoliciesStub(channel).Publish(iter(chunks), timeout=timeout_s, wait_for_ready=True)
+            credentials: Credentials | None = None) -> policies_pb2.PublishReply:
+    """Send a Publish stream to the gateway at `address` (TLS and token: `credentials`); grpc.RpcError says
+    why it was refused."""
+    with PoliciesClient(address, credentials, timeout_s=timeout_s) as client:
+        return client.publish_stream(chunks)
 
 
 class ImportRefused(RuntimeError):
@@ -194,11 +155,11 @@ class ImportRefused(RuntimeError):
 def import_policy_file(address: str, path: Path, *, name: str, format: str | None = None,
                        obs: Sequence[str] = (), action: Sequence[str] = (), probe_batch: int = 8, seed: int = 0,
                        atol: float = 0.0, chunk_bytes: int = CHUNK_BYTES, timeout_s: float = 300.0,
-                       **credentials) -> tuple[PolicyFile, policies_pb2.PublishReply]:
+                       credentials: Credentials | None = None) -> tuple[PolicyFile, policies_pb2.PublishReply]:
     """What `tether policy import PATH --policy NAME` does: read the file (specs from it or `obs`/`action`
-    as NAME:DTYPE:SHAPE[:LOW:HIGH]), probe it here, publish it to the gateway at `address` (`credentials`:
-    ca, cert, key, token as `publish` takes them); returns the file read and the gateway's reply (its
-    `version`). ArtifactError/ValueError for a bad file or spec, ImportRefused when the gateway says no."""
+    as NAME:DTYPE:SHAPE[:LOW:HIGH]), probe it here, publish it to the gateway at `address` (with
+    `credentials`); returns the file read and the gateway's reply (its `version`). ArtifactError/ValueError for
+    a bad file or spec, ImportRefused when the gateway says no."""
     import grpc
 
     policy = read_policy_file(path, format=format, inputs=[parse_spec(s) for s in obs],
@@ -207,7 +168,8 @@ def import_policy_file(address: str, path: Path, *, name: str, format: str | Non
     expected = reference_outputs(policy, probe)
     try:
         return policy, publish(address, publish_chunks(policy, name, probe, expected, atol=atol,
-                                                       chunk_bytes=chunk_bytes), timeout_s=timeout_s, **credentials)
+                                                       chunk_bytes=chunk_bytes), timeout_s=timeout_s,
+                               credentials=credentials)
     except grpc.RpcError as exc:
         raise ImportRefused(f"the gateway at {address} refused {path} ({exc.code().name}): {exc.details()}") from None
 
@@ -243,15 +205,14 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
 
 
 def _import(argv: list[str]) -> None:
-    from bridge.security.channel import channel_kwargs
-
     a = import_parser().parse_args(argv)
     try:
         policy, reply = import_policy_file(a.gateway, a.file, name=a.policy, format=a.format, obs=a.obs,
                                            action=a.action, probe_batch=a.probe_batch, seed=a.seed, atol=a.atol,
-                                           chunk_bytes=a.chunk_bytes, timeout_s=a.timeout, **channel_kwargs(a))
+                                           chunk_bytes=a.chunk_bytes, timeout_s=a.timeout,
+                                           credentials=Credentials.from_args(a))
     except (ArtifactError, ValueError, ImportRefused) as exc:
-        raise SystemExit(f"tether policy import: {exc}") from None
+        raise CommandError(exc, prog="tether policy import") from None
     print(f"imported {a.file} ({policy.format}, {len(policy.data) / 1e6:.1f} MB) as {reply.policy} v{reply.version}: "
           f"served and verified (max abs error {reply.max_abs_error:.2e}, {reply.load_seconds:.2f} s), "
           f"Triton serves versions {list(reply.ready_versions)}", flush=True)
@@ -261,18 +222,19 @@ def _inspect(argv: list[str]) -> None:
     a = inspect_parser().parse_args(argv)
     try:
         data = a.file.read_bytes()
-        fmt = detect_format(data)
-        specs = read_specs(fmt, data)
+        fmt = detect(data)
+        specs = fmt.read_specs(data)
     except (OSError, ArtifactError) as exc:
-        raise SystemExit(f"tether policy inspect: {exc}") from None
+        raise CommandError(exc, prog="tether policy inspect") from None
     if specs is None:
-        raise SystemExit(f"tether policy inspect: {a.file} is a TorchScript archive without tether.json: "
-                         "declare --obs/--action when importing it")
-    print(f"# {a.file}: {fmt}\n{specs_to_json(*specs)}")
+        raise CommandError(f"{a.file} is a TorchScript archive without tether.json: declare --obs/--action when "
+                           "importing it", prog="tether policy inspect")
+    print(f"# {a.file}: {fmt.name}\n{specs_to_json(*specs)}")
 
 
 def main(argv: list[str]) -> None:
     commands = {"import": _import, "inspect": _inspect}
     if not argv or argv[0] not in commands:
-        raise SystemExit(f"usage: tether policy {{{','.join(commands)}}} FILE [options]\n{__doc__}")
+        print(f"usage: tether policy {{{','.join(commands)}}} FILE [options]\n{__doc__}", file=sys.stderr)
+        raise SystemExit(2)
     commands[argv[0]](argv[1:])

@@ -8,7 +8,7 @@
     tether rollout canary   --policy hopper_v5 --label robot=arm_2 --reason "arm_2 first"
 
 Common flags: --gateway HOST:PORT (default 127.0.0.1:50051), --operator NAME (the name the audit log
-records on a gateway with open access), --tls-ca/--tls-cert/--tls-key/--token (bridge.security).
+records on a gateway with open access), --tls-ca/--tls-cert/--tls-key/--token (`Credentials.from_args`).
 `--json` prints the reply as JSON instead of the table. Old spellings `--why` and `--labels K=V,K=V`
 still work for one release, with a warning.
 """
@@ -23,9 +23,11 @@ import time
 import grpc
 from google.protobuf import json_format
 
+from bridge.client import Credentials, PoliciesClient
+from bridge.common.errors import CommandError
 from bridge.common.flags import deprecated_alias, gateway_flags, output_flags, policy_flag
 from bridge.common.kv import parse_pairs
-from protos import policies_pb2, policies_pb2_grpc
+from protos import policies_pb2
 
 TARGETS = ("shadow", "canary", "live")
 
@@ -69,48 +71,31 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    return parser().parse_args(argv)
-
-
 def main(argv: list[str] | None = None) -> None:
-    from bridge.security.channel import channel_kwargs, secure_channel_sync
-
-    a = parse_args(sys.argv[1:] if argv is None else argv)
+    p = parser()
+    a = p.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         labels = parse_pairs(getattr(a, "label", []), what="--label")
-        channel = secure_channel_sync(a.gateway, **channel_kwargs(a))
-    except ValueError as exc:
-        raise SystemExit(f"tether rollout: {exc}") from None
-    stub = policies_pb2_grpc.PoliciesStub(channel)
-    metadata = (("x-tether-operator", a.operator),)
-    call = {"metadata": metadata, "timeout": a.timeout}
+        pinned = _version(a.version) if a.command == "pin" else None
+        client = PoliciesClient(a.gateway, Credentials.from_args(a), operator=a.operator, timeout_s=a.timeout)
+    except ValueError as exc:  # bad or contradicting flags: usage, exit 2
+        p.error(str(exc))
     try:
         if a.command == "list":
-            reply = stub.RolloutStatus(policies_pb2.RolloutStatusRequest(policy=a.policy, events=a.events), **call)
+            reply = client.rollout_status(a.policy, events=a.events)
         elif a.command == "promote":
-            request = policies_pb2.PromoteRequest(policy=a.policy, version=a.version, to=a.to, why=a.reason,
-                                                  canary_labels=labels)
-            if a.fraction is not None:
-                request.canary_fraction = a.fraction
-            reply = stub.Promote(request, **call)
+            reply = client.promote(a.policy, a.version, to=a.to, reason=a.reason, fraction=a.fraction, labels=labels)
         elif a.command == "rollback":
-            reply = stub.Rollback(policies_pb2.RollbackRequest(policy=a.policy, version=a.version, why=a.reason),
-                                  **call)
+            reply = client.rollback(a.policy, a.version, reason=a.reason)
         elif a.command == "pin":
-            version = 0 if a.version.lower() == "none" else _version(a.version)
-            reply = stub.Pin(policies_pb2.PinRequest(policy=a.policy, selector=a.selector, version=version,
-                                                     why=a.reason), **call)
+            reply = client.pin(a.policy, a.selector, pinned, reason=a.reason)
         else:
-            request = policies_pb2.CanaryRequest(policy=a.policy, labels=labels, clear_labels=a.clear_labels,
-                                                 why=a.reason)
-            if a.fraction is not None:
-                request.fraction = a.fraction
-            reply = stub.SetCanary(request, **call)
+            reply = client.set_canary(a.policy, fraction=a.fraction, labels=labels, clear_labels=a.clear_labels,
+                                      reason=a.reason)
     except grpc.RpcError as exc:
-        raise SystemExit(f"tether rollout {a.command}: {exc.code().name}: {exc.details()}") from None
+        raise CommandError(f"{exc.code().name}: {exc.details()}", prog=f"tether rollout {a.command}") from None
     finally:
-        channel.close()
+        client.close()
     if a.json:
         print(json_format.MessageToJson(reply, preserving_proto_field_name=True))
     else:
@@ -182,12 +167,15 @@ def render(reply: policies_pb2.RolloutStatusReply, *, events: int = 10) -> str:
 
 
 def _version(text: str) -> int:
+    """`tether rollout pin`'s VERSION: a number >= 1, or 'none' (0: unpin); ValueError otherwise."""
+    if text.lower() == "none":
+        return 0
     try:
         version = int(text)
     except ValueError:
-        raise SystemExit(f"tether rollout pin: version {text!r} must be a number or 'none'") from None
+        raise ValueError(f"pin: version {text!r} must be a number or 'none'") from None
     if version < 1:
-        raise SystemExit(f"tether rollout pin: version {version} must be >= 1")
+        raise ValueError(f"pin: version {version} must be >= 1")
     return version
 
 

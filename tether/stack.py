@@ -17,63 +17,31 @@ event loop never competes with the test's, and a hung or crashed gateway cannot 
 with it. Both processes lead their own process group; `close()` (idempotent, also run by a
 finalizer at interpreter exit and when `start()` fails half-way) stops each group, SIGKILL after a
 grace period, so nothing outlives the stack. A caller SIGKILLed itself cannot clean up: Triton and
-the gateway then get SIGTERM from the kernel (PR_SET_PDEATHSIG, when the stack was started on the
-main thread: the signal follows the thread that started them).
+the gateway then get SIGTERM from the kernel (bridge.common.processes: when the stack was started
+on the main thread, as the signal follows the thread that started them).
 
-`GatewayProcess` and `stop_process` are the process pieces the demo topology (tether.topology),
-benchmarks and tests share.
+`GatewayProcess` is the gateway piece the demo topology (tether.topology), the cluster, benchmarks
+and tests share.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import subprocess
 import sys
-import threading
-import time
 import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from bridge.common.processes import parent_death_signal
-from inference_server.server import group_members
+from bridge.common.processes import Child, NotReady
 
-__all__ = ["GatewayProcess", "Stack", "StackError", "gateway_process", "stop_process"]
+__all__ = ["GatewayProcess", "Stack", "StackError", "gateway_process"]
 
 
 class StackError(RuntimeError):
     """A part of the stack did not start or refused a request; the message names it and where its log is."""
 
 
-def stop_process(proc: subprocess.Popen, *, grace_s: float = 10.0) -> None:
-    """SIGTERM, then SIGKILL after `grace_s`; returns once the process is gone. A process leading its own
-    process group (started with start_new_session) takes whatever of its group is left with it."""
-    leads_group = _pgid(proc.pid) == proc.pid
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    if leads_group:
-        deadline = time.monotonic() + 5.0
-        while group_members(proc.pid) and time.monotonic() < deadline:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            time.sleep(0.02)
-
-
-def _pgid(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except ProcessLookupError:
-        return None
-
-
-class GatewayProcess:
+class GatewayProcess(Child):
     """`tether gateway` as a subprocess on a loopback port (0 = a free one), in its own process group.
 
         gw = GatewayProcess(triton_url=triton.grpc_url, policy="hopper_v5", log_path=run_dir / "gateway.log")
@@ -85,64 +53,22 @@ class GatewayProcess:
     """
 
     def __init__(self, *, triton_url: str, policy: str, log_path: Path, extra_args: Sequence[str] = (),
-                 port: int = 0, timeout: float = 30.0, die_with_parent: bool = False):
+                 port: int = 0, timeout: float = 30.0):
         if isinstance(extra_args, str):
             raise TypeError(f"extra_args must be a sequence of arguments, got the string {extra_args!r}")
-        self.cmd = [sys.executable, "-m", "tether", "gateway", "--triton", triton_url, "--policy", policy,
-                    "--port", str(port), *extra_args]
-        self.log_path, self.timeout, self.die_with_parent = Path(log_path), timeout, die_with_parent
-        self.address: str | None = None
-        self.proc: subprocess.Popen | None = None
-        self._finalizer: weakref.finalize | None = None
+        super().__init__([sys.executable, "-m", "tether", "gateway", "--triton", triton_url, "--policy", policy,
+                          "--port", str(port), *extra_args], log_path, name="gateway",
+                         ready="gateway listening on ", timeout=timeout)
 
-    pid = property(lambda self: self.proc.pid if self.proc is not None else None)
-
-    def __enter__(self) -> GatewayProcess:
-        self.start()
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.stop()
+    address = property(lambda self: self.ready_value)
 
     def start(self) -> str:
         if self.proc is not None:
             raise StackError(f"gateway already started (pid {self.proc.pid})")
-        log = open(self.log_path, "a")  # noqa: SIM115 - closed by _stop, after the process
-        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True,
-                                     preexec_fn=parent_death_signal() if self.die_with_parent else None)
-        address: list[str] = []
-        ready = threading.Event()
-
-        def pump() -> None:  # the first line tells the address; the rest goes to the log
-            for line in self.proc.stdout:
-                if not address and line.startswith("gateway listening on "):
-                    address.append(line.split()[-1])
-                    ready.set()
-                log.write(line)
-                log.flush()
-            ready.set()
-
-        pumping = threading.Thread(target=pump, daemon=True, name="gateway-log")
-        pumping.start()
-        self._finalizer = weakref.finalize(self, _stop, self.proc, pumping, log)
-        ready.wait(self.timeout)
-        if not address:
-            self.stop()
-            raise StackError(f"gateway did not start within {self.timeout:g} s; see {self.log_path}:\n"
-                             + self.log_path.read_text()[-2000:])
-        self.address = address[0]
-        return self.address
-
-    def stop(self) -> None:
-        if self._finalizer is not None:
-            self._finalizer()  # runs _stop once
-            self._finalizer = None
-
-
-def _stop(proc: subprocess.Popen, pumping: threading.Thread, log) -> None:
-    stop_process(proc)
-    pumping.join(5)
-    log.close()
+        try:
+            return super().start()
+        except NotReady as exc:
+            raise StackError(str(exc)) from None
 
 
 @contextlib.contextmanager
@@ -159,7 +85,7 @@ class Stack:
     `models/` (the model repository, with its registry in models/.tether/), `triton.log`,
     `gateway.log`, and with `secure` `certs/` and `tokens.json`.
 
-    `envs`: a freshly initialised policy per env (named `tether.topology.policy_name(env)`, e.g.
+    `envs`: a freshly initialised policy per env (named `tether.initial_policy.policy_name(env)`, e.g.
     `invertedpendulum_v5`), served as v1 (`stochastic`: a Gaussian policy, as PPO trains). `models`:
     more models already in `directory/models` to load. `policy`: the gateway's default policy (default:
     the first of those). `deadline_ms`: the gateway's per-step inference deadline (None: its default,
@@ -219,7 +145,7 @@ class Stack:
     @property
     def pids(self) -> dict[str, int]:
         """The process (and process group) ids it started: {"triton": pid, "gateway": pid} (Triton's only
-        while it runs): for checking that none is left, e.g. with inference_server.server.group_members."""
+        while it runs): for checking that none is left, e.g. with bridge.common.processes.group_members."""
         out = {}
         if self.triton is not None and self.triton.pid is not None:
             out["triton"] = self.triton.pid
@@ -246,8 +172,8 @@ class Stack:
             repo = self.repository
             repo.root.mkdir(parents=True, exist_ok=True)
             names = []
-            if self.envs:  # (tether.topology imports torch and the sims: not for a bare stack)
-                from tether.topology import write_initial_policy
+            if self.envs:  # (tether.initial_policy imports torch and the sims: not for a bare stack)
+                from tether.initial_policy import write_initial_policy
 
                 names = [write_initial_policy(repo, env, seed=self.seed, stochastic=self.stochastic)
                          for env in self.envs]
@@ -257,13 +183,11 @@ class Stack:
             persistent = self.persistent_versions
             if persistent is None:  # the learning loop's (stochastic) policies, when served by onnxruntime
                 persistent = self.stochastic and default in names[:len(self.envs)] and \
-                    repo.serving_format(default, repo.versions(default)[-1]) == "onnx"
+                    repo.supports_versions_model(default)
             if persistent and default in names:  # the default policy's versions from one model
                 loaded[names.index(default)] = repo.write_versions_model(default)
                 args.append("--persistent-versions")
-            main_thread = threading.current_thread() is threading.main_thread()  # PDEATHSIG follows the thread
-            self.triton = TritonServer(repo.root, models=loaded, log_path=self.directory / "triton.log",
-                                       die_with_parent=main_thread)
+            self.triton = TritonServer(repo.root, models=loaded, log_path=self.directory / "triton.log")
             self._exit.callback(self.triton.stop)
             self.triton.start(timeout=self.timeout_s)
             if self.deadline_ms is not None:
@@ -271,7 +195,7 @@ class Stack:
             args += self.gateway_args  # last: the caller's flags win
             self._gateway = GatewayProcess(triton_url=self.triton.grpc_url, policy=default,
                                            log_path=self.directory / "gateway.log", extra_args=args,
-                                           timeout=self.timeout_s, die_with_parent=main_thread)
+                                           timeout=self.timeout_s)
             self._exit.callback(self._gateway.stop)
             self._gateway.start()
         except BaseException:
@@ -286,8 +210,7 @@ class Stack:
         if old is None or old.proc is None:
             raise StackError("the stack is not started: use `with Stack(...) as stack` or stack.start()")
         old.stop()
-        new = GatewayProcess(triton_url=self.triton_url, policy="", log_path=old.log_path, timeout=old.timeout,
-                             die_with_parent=old.die_with_parent)
+        new = GatewayProcess(triton_url=self.triton_url, policy="", log_path=old.log_path, timeout=old.timeout)
         new.cmd = list(old.cmd)  # the same command line (its --port 0: a fresh port)
         self._gateway = new
         self._exit.callback(new.stop)
@@ -328,9 +251,11 @@ class Stack:
 
         return {"tls": ClientTls(ca=self.ca), "token": self.token}
 
-    def credentials(self) -> dict:
-        """`ca` and `token` for tether.policy_cli.publish and bridge.security.channel (empty when not secure)."""
-        return {"ca": self.ca, "token": self.token} if self.secure else {}
+    def credentials(self) -> Credentials:
+        """The CA and token clients of this stack's gateway need (none when not secure)."""
+        from bridge.client import Credentials
+
+        return Credentials(ca=self.ca, token=self.token) if self.secure else Credentials()
 
     def client_flags(self) -> list[str]:
         """`--gateway HOST:PORT` and, when secure, `--tls-ca` and `--token`: for `tether sim/status/eval ...`."""
@@ -349,7 +274,7 @@ class Stack:
 
         try:
             _, reply = import_policy_file(self.gateway, Path(path), name=name, format=format, obs=obs, action=action,
-                                       timeout_s=timeout_s, **self.credentials())
+                                       timeout_s=timeout_s, credentials=self.credentials())
         except ImportRefused as exc:
             raise StackError(f"{exc}; see {self.directory / 'gateway.log'}") from None
         return reply.version

@@ -2,8 +2,9 @@
 connected to it, policy files imported into it, and markers that skip where a component is absent.
 
 Load it with `pytest -p tether.testing`, or nothing at all: installing tether registers it (entry
-point `pytest11`). Loaded, it only adds fixtures, markers and options: nothing starts until a test
-asks for `tether_stack`. A sample project (plain text: it starts processes):
+point `pytest11`). Loaded, it only adds fixtures, markers and options, and makes SIGTERM end the run
+as Ctrl-C does (every fixture torn down): nothing starts until a test asks for `tether_stack`. A
+sample project (plain text: it starts processes):
 
     # conftest.py
     import pytest
@@ -51,15 +52,17 @@ Markers: `requires_triton`, `requires_mujoco`, `requires_newton`, `requires_onnx
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import re
 import shutil
-import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from bridge.common.processes import sigterm_interrupts
 
 __all__ = ["ImportedPolicy", "SimResult", "absent", "run_sims"]
 
@@ -171,7 +174,7 @@ async def run_sims(stack, env: str, *, episodes: int | None = None, steps: int |
     else the gateway's default."""
     import sim
     from sim.client import run_sessions
-    from tether.topology import policy_name
+    from tether.initial_policy import policy_name
 
     if policy is None:
         policy = policy_name(env) if env in getattr(stack, "envs", ()) else ""
@@ -213,6 +216,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for marker, text in MARKERS.items():
         config.addinivalue_line("markers", f"{marker}: {text}")
+    # SIGTERM (a cancelled CI job, `timeout`) ends the run as Ctrl-C does: pytest then tears every fixture down,
+    # the stack's and a conftest's own servers alike (where SIGTERM still has its default action)
+    guard = contextlib.ExitStack()
+    guard.enter_context(sigterm_interrupts())
+    config.add_cleanup(guard.close)
 
 
 @pytest.hookimpl(tryfirst=True)  # before fixtures: a skipped test never starts a stack
@@ -274,38 +282,10 @@ def tether_stack(tether_stack_options: dict, tmp_path_factory: pytest.TempPathFa
         pytest.skip(f"tether_stack: {reason}")
     options = {"deadline_ms": int(pytestconfig.getini("tether_deadline_ms")), **tether_stack_options}
     stack = Stack(tmp_path_factory.mktemp("tether-stack"), **options)
-    with _sigterm_stops_the_run():
-        stack.start()
-        try:
-            yield stack
-        finally:
-            stack.close()
-
-
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM while a stack runs: ends the run like Ctrl-C, so pytest tears the stack down."""
-
-
-class _sigterm_stops_the_run:
-    """While in the block, SIGTERM (as a CI job's cancel sends) ends the run like Ctrl-C, so fixtures are torn
-    down; only where SIGTERM still has its default action and on the main thread."""
-
-    def __enter__(self):
-        self.previous = None
-        import threading
-
-        if threading.current_thread() is threading.main_thread() \
-                and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-            self.previous = signal.signal(signal.SIGTERM, self._raise)
-        return self
-
-    @staticmethod
-    def _raise(signum, frame):
-        raise _Terminated(f"signal {signum}")
-
-    def __exit__(self, *exc_info):
-        if self.previous is not None and signal.getsignal(signal.SIGTERM) is self._raise:
-            signal.signal(signal.SIGTERM, self.previous)
+    try:
+        yield stack.start()
+    finally:
+        stack.close()
 
 
 @pytest.fixture

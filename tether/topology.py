@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import subprocess
 import sys
 import tempfile
@@ -28,67 +27,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 import sim
 from bridge.common import files as common_files
+from bridge.common.processes import NotReady, free_port, spawn, stop_group, wait_ready
 from inference_server import ModelRepository, TritonServer
-from inference_server.server import free_port
 from sim.client import check_rate, run_sessions, run_vector_sessions
-from tether.stack import gateway_process, stop_process  # noqa: F401 - the process pieces; also imported from here
-from trainer.policy import GaussianPolicy, MLPPolicy
-
-
-def policy_name(env_id: str) -> str:
-    """A Triton model name for an env's policy: `Hopper-v5` -> `hopper_v5`."""
-    return re.sub(r"[^a-z0-9]+", "_", env_id.lower()).strip("_")
+from tether.initial_policy import write_initial_policy
+from tether.stack import gateway_process
 
 
 def is_vector_env(env_id: str) -> bool:
     """`newton:cartpole`, `isaaclab:...`, `mujoco:Hopper-v5`: a name only the vector env factory knows."""
     return sim.is_vector(env_id)
-
-
-def write_initial_policy(repo: ModelRepository, env_id: str, *, seed: int = 0, stochastic: bool = False,
-                         serve: str | None = None) -> str:
-    """A freshly initialised policy for `env_id`, written as version 1 of its model; returns the
-    name. `stochastic`: a Gaussian policy that samples in Triton and reports its log-probability
-    (what PPO learns from); otherwise a deterministic MLP. `serve`: its runtime in Triton, and
-    that of every version published over it ("torchscript" | "onnx"); by default onnxruntime for
-    the stochastic (trained) policy: a version then goes live in ~0.3 s instead of ~1.5-10 s, the
-    stub not importing torch (benchmarks/weight_sync.py)."""
-    serve = serve or ("onnx" if stochastic else "torchscript")
-    env = sim.make(env_id)  # the one env registry (sim.registry): a vector id gives a vector env of one
-    try:
-        observation, action = env.observation_spec(), env.action_spec()
-    finally:
-        env.close()
-    name = policy_name(env_id)
-    if not repo.versions(name):
-        if stochastic:
-            module = GaussianPolicy(observation[0], action[0], seed=seed, log_std_init=initial_log_std(action[0]))
-            repo.write_version(name, 1, module, observation, GaussianPolicy.output_specs(action[0]), serve=serve)
-        else:
-            repo.write_version(name, 1, MLPPolicy(observation[0], action[0], seed=seed), observation, action,
-                               serve=serve)
-    return name
-
-
-def initial_log_std(action) -> float:
-    """The fresh Gaussian policy's exploration: std = a quarter of the action's range, at most 1 (1 without
-    bounds). A [-1, 1] actuator (Hopper, Newton's cartpole) starts at 0.5: at std 1 about a third of the samples
-    fall outside the bounds (clipped by the actuator) and PPO spends its first updates shrinking the std
-    (Newton's cartpole: std 1.07 -> 1.00 over 11 versions); InvertedPendulum's [-3, 3] keeps 1.
-
-    >>> from protos.codec import Spec
-    >>> round(initial_log_std(Spec("a", "float32", (1,), low=(-1.0,), high=(1.0,))), 3), initial_log_std(
-    ...     Spec("a", "float32", (1,), low=(-3.0,), high=(3.0,))), initial_log_std(Spec("a", "float32", (2,)))
-    (-0.693, 0.0, 0.0)
-    """
-    if not action.low or not action.high:
-        return 0.0
-    span = float(np.min(np.asarray(action.high, np.float64) - np.asarray(action.low, np.float64)))
-    return float(np.log(min(1.0, span / 4))) if np.isfinite(span) and span > 0 else 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -165,17 +115,16 @@ def trainer_process(*, gateway: str, policy: str, run_dir: Path, nproc: int, see
     cmd = [sys.executable, "-m", "tether", "train", "--gateway", gateway, "--algo", algo, "--policy", policy,
            "--nproc", str(nproc), "--seed", str(seed), "--checkpoint-dir", str(run_dir / "checkpoints"),
            "--seconds", str(seconds), "--summary", str(run_dir / "trainer.json"), *extra_args]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = spawn(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + ready_timeout
-        while f"[trainer] {algo}:" not in log_path.read_text()[start:]:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                why = f"exited ({proc.returncode})" if proc.poll() is not None else f"not ready in {ready_timeout:g} s"
-                raise RuntimeError(f"trainer {why}; see {log_path}:\n" + log_path.read_text()[start:][-2000:])
-            time.sleep(0.2)
+        try:
+            wait_ready(proc, lambda: f"[trainer] {algo}:" in log_path.read_text()[start:], timeout=ready_timeout,
+                       what="trainer", period=0.2)
+        except NotReady as exc:
+            raise RuntimeError(f"{exc}; see {log_path}:\n" + log_path.read_text()[start:][-2000:]) from None
         yield proc
     finally:
-        stop_process(proc)
+        stop_group(proc)
         log.close()
 
 
@@ -195,8 +144,8 @@ def run_demo(config: DemoConfig) -> dict:
         # 1000 steps, and waiting for an episode's end would leave PPO learning from far-behind versions
         gateway_args = ("--model-repository", str(repo.root), "--experience-dir", str(run_dir / "experience"),
                         "--switch", "step")
-        onnx = repo.serving_format(name, repo.versions(name)[-1]) == "onnx"
-        if config.persistent_versions or (config.persistent_versions is None and onnx):
+        shared = repo.supports_versions_model(name)  # served by onnxruntime: one model can serve every version
+        if config.persistent_versions or (config.persistent_versions is None and shared):
             # every version from one persistent model: no Triton stub started per version (docs/versions.md)
             models = [repo.write_versions_model(name)]
             gateway_args += ("--persistent-versions",)

@@ -6,6 +6,8 @@
     [1.0, 2.0]
     >>> broadcast_int(7)
     7
+    >>> per_rank(5)
+    [5]
 
 A rank waits at most `TETHER_COLLECTIVE_TIMEOUT_S` (default 120 s; torch's own default is 30 minutes) in a
 collective: a peer whose host went silent (a partition drops its packets, nothing resets the connection) then
@@ -15,6 +17,7 @@ longest legitimate wait between collectives (rank 0 publishing weights to the ga
 
 from __future__ import annotations
 
+import hashlib
 import os
 from datetime import timedelta
 
@@ -22,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["all_reduce_max", "all_reduce_sum", "barrier", "broadcast_int", "broadcast_tensor", "collective_timeout",
-           "device", "init", "is_distributed", "shutdown", "world"]
+           "device", "init", "is_distributed", "param_digests", "per_rank", "shutdown", "world"]
 
 
 def is_distributed() -> bool:
@@ -127,3 +130,23 @@ def broadcast_tensor(tensor: torch.Tensor, *, src: int = 0) -> torch.Tensor:
 def barrier() -> None:
     if is_distributed():
         dist.barrier()
+
+
+def per_rank(value: int) -> list[int]:
+    """`value` of every rank, in rank order."""
+    rank, world_size = world()
+    slots = torch.zeros(world_size, dtype=torch.int64)
+    slots[rank] = int(value)
+    return [int(v) for v in all_reduce_sum(slots).tolist()]
+
+
+def param_digests(module: torch.nn.Module) -> list[str]:
+    """sha256 of each rank's parameters and buffers, for every rank (identical under DDP)."""
+    h = hashlib.sha256()
+    for name, t in sorted(module.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    rank, world_size = world()
+    slots = torch.zeros(world_size, 32, dtype=torch.int64)
+    slots[rank] = torch.tensor(list(h.digest()), dtype=torch.int64)
+    return [bytes(int(b) for b in row).hex() for row in all_reduce_sum(slots).tolist()]

@@ -19,8 +19,8 @@ The launcher's own options are `--nproc`, `--max-restarts`, the rendezvous's (`-
 `--rdzv-endpoint`, `--rdzv-id`/`--rdzv-id-file`, `--rdzv-external`, `--local-addr`) and the credentials;
 everything else goes to every rank (see `python -m trainer.worker --help`) and is checked here
 before anything starts. Without `--rdzv-endpoint` torchrun's rendezvous takes a free port
-(`--standalone`). The ranks die with this process (SIGTERM to their process group, and a
-parent-death signal if this process is killed).
+(`--standalone`). The ranks die with this process (SIGTERM to torchrun, which stops them, SIGKILL
+to its process group after 10 s; the kernel's SIGTERM to torchrun if this process is killed).
 Status lines come on stderr; the summary (rank 0's) is the last line on stdout.
 """
 
@@ -29,15 +29,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from bridge.client import Credentials
+from bridge.common.flags import credential_flags
 from bridge.common.net import is_loopback
-from bridge.common.processes import parent_death_signal
-from trainer.channel import ENV
+from bridge.common.processes import spawn, stop_group
 from trainer.worker import check as worker_check
 from trainer.worker import parser as worker_parser
 
@@ -64,11 +63,7 @@ def _launcher() -> argparse.ArgumentParser:
     p.add_argument("--local-addr", default="", metavar="HOST", help="this node's address for the other nodes "
                    "(default: 127.0.0.1 when the rendezvous is on loopback, else torchrun's choice)")
     p.add_argument("--summary", default="", metavar="PATH", help="also write the summary JSON (rank 0's) here")
-    p.add_argument("--tls-ca", help="TLS to the gateway: the CA that signed its certificate")
-    p.add_argument("--tls-cert", help="mTLS: this trainer's certificate (e.g. `tether certs client DIR ci --role "
-                   "trainer`)")
-    p.add_argument("--tls-key", help="mTLS: its key")
-    p.add_argument("--token", help="a trainer token NAME.SECRET (default: $TETHER_TOKEN)")
+    credential_flags(p, token_help="a trainer token NAME.SECRET")
     p.add_argument("-h", "--help", action="store_true", help="show the launcher's and the ranks' flags")
     return p
 
@@ -151,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     nproc = launcher.nproc or (1 if checked.algo == "sac" else 2)
     for name in ("tls_ca", "tls_cert", "tls_key"):
         if getattr(launcher, name) and not Path(getattr(launcher, name)).is_file():
-            raise SystemExit(f"tether train: --{name.replace('_', '-')} {getattr(launcher, name)!r} is not a file")
+            raise SystemExit(f"tether train: --{name.replace('_', '-')} {str(getattr(launcher, name))!r} is not a file")
     if checked.algo == "ppo" and not checked.gateway:
         raise SystemExit("tether train: --algo ppo needs --gateway HOST:PORT")
     if checked.algo == "bc" and not Path(checked.experience_dir or "/nonexistent").is_dir():
@@ -169,9 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's pairs on loopback
         if launcher.rdzv_endpoint:  # a new store per rendezvous round (see trainer.dist.init)
             env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-        for name, variable in ENV.items():  # every rank's gateway channel (trainer.channel), off the command line
-            if getattr(launcher, name):
-                env[variable] = str(getattr(launcher, name))
+        env.update(Credentials.from_args(launcher).env())  # every rank's gateway channel, off the command line
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH", "")) if p)
         env.pop("PET_RDZV_ID", None)
         if launcher.rdzv_id_file:  # off the command line: torchrun reads PET_RDZV_ID
@@ -180,11 +173,11 @@ def main(argv: list[str] | None = None) -> int:
                       nnodes=launcher.nnodes, rdzv_endpoint=launcher.rdzv_endpoint,
                       rdzv_id=None if launcher.rdzv_id_file else run_id,
                       rdzv_external=launcher.rdzv_external, local_addr=launcher.local_addr)
-        proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=parent_death_signal())
+        proc = spawn(cmd, env=env)
         try:
             rc = proc.wait()
         except BaseException:
-            _stop(proc)
+            stop_group(proc, grace_s=10.0)  # SIGTERM: the torchrun agent stops its ranks; SIGKILL after 10 s
             raise
         summary = {}
         if Path(summary_path).is_file():
@@ -207,20 +200,6 @@ def _run_id(launcher: argparse.Namespace) -> str:
         return read_run_id(launcher.rdzv_id_file)
     except ValueError as exc:
         raise SystemExit(f"tether train: --rdzv-id-file: {exc}") from None
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM the torchrun group (the agent stops its ranks), SIGKILL what is left after 10 s."""
-    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 if __name__ == "__main__":

@@ -16,10 +16,11 @@ start an existing consumer with unacknowledged messages is moved back to its ack
 created again from the first unacknowledged sequence), so a restarted trainer gets them at once rather
 than after the consumer's ack wait. The consumer acknowledges "all" (an ack covers every earlier
 message): `commit()` is one confirmed ack of the last message polled. Each rank has its own consumer
-and keeps its shard of sessions (`bridge.experience.service.shard_of`, as `Experience.Subscribe`);
+and keeps its shard of sessions (`bridge.experience.shards.shard_of`, as `Experience.Subscribe`);
 another shard's transitions are passed over and acknowledged with the rest. `window` bounds what the
 stream delivers unacknowledged (the server's `max_ack_pending`): between two commits a rank reads at
 most that many; `ack(offset)` is accepted for `StreamSource` compatibility and does nothing.
+The PPO and SAC trainers read it with `tether train --experience nats://...` (trainer.loop).
 
 A message that is not a transition of the session its subject names (`bridge.experience.jetstream.
 transition_of`: an undecodable body, a msg id that is not `<session>:<ASCII digits>` or names another
@@ -45,11 +46,11 @@ from bridge.experience.jetstream import (
     parse_servers,
     transition_of,
 )
-from bridge.experience.service import shard_of
+from bridge.experience.shards import shard_of
 from protos import experience_pb2
 from protos.codec import Spec, transition_problem
 from trainer.inbox import Inbox
-from trainer.sources import _misfit
+from trainer.sources import misfit
 
 __all__ = ["JetStreamSource"]
 
@@ -198,7 +199,7 @@ class JetStreamSource:
         t.offset = meta.sequence.stream - 1
         if shard_of(t.session, self.num_shards) != self.shard or (self.policy and t.policy != self.policy):
             return None
-        problem = transition_problem(t) or _misfit(t, self._expect)
+        problem = transition_problem(t) or misfit(t, self._expect)
         if problem is None:
             return t
         self.skipped += 1

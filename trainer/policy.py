@@ -182,3 +182,13 @@ class GaussianPolicy(nn.Module):
         log_prob = (-0.5 * z * z - log_std - _LOG_SQRT_2PI).sum(dim=-1)
         entropy = (log_std + 0.5 + _LOG_SQRT_2PI).sum().expand(log_prob.shape[0])
         return log_prob, entropy
+
+
+def probe_outputs(policy: nn.Module, probe: np.ndarray) -> dict[str, np.ndarray]:
+    """The policy's deterministic outputs on `probe`, by served output name: what a publish sends for the gateway
+    to compare with the served version's (`action_mean` of a GaussianPolicy, else `action`)."""
+    with torch.no_grad():
+        x = torch.from_numpy(probe).to(next(policy.parameters()).device)
+        if isinstance(policy, GaussianPolicy):
+            return {"action_mean": policy.mean(x).float().cpu().numpy()}
+        return {"action": policy(x).float().cpu().numpy()}

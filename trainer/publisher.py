@@ -7,24 +7,40 @@
     if publisher.idle:
         publisher.submit(policy.state_dict(), lineage=..., probe_inputs=..., probe_outputs=...)
     publisher.close()
+
+The training loop (trainer.loop) puts a `PublishQueue` in front of it (the newest queued version waits for
+the publisher to be free; a retryable failure goes again a second later) and keeps the `Versions` every rank
+learns from the outcomes:
+
+    versions = Versions.of(served, "pendulum")
+    queue = PublishQueue(client, versions, "ppo", "observation")       # rank 0
+    queue.queue(Publication(progress=1, trainer_step=16, data_offset=4096, reward_version="", probe=obs), policy)
+    queue.submit()                                                     # when the publisher is free
+    versions.learn(*queue.outcome())           # on every rank: rank 0's outcome, all-reduced (trainer.loop)
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+import socket
 import sys
+import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import grpc
 import numpy as np
 import torch
 
-from bridge.client import PoliciesClient
+from bridge.client import PoliciesClient, ServedPolicy
 from bridge.client.weights import safetensors_parts
 from protos import policies_pb2
+from trainer import dist
+from trainer.policy import probe_outputs
 
-__all__ = ["FATAL", "RETRY", "BackgroundPublisher", "served_version_of"]
+__all__ = ["FATAL", "RETRY", "BackgroundPublisher", "PublishQueue", "Publication", "Versions", "served_version_of"]
 
 RETRY, FATAL = -1, -2
 # RESOURCE_EXHAUSTED: the gateway's publish caps; ABORTED: the version the gate judged against was rolled back
@@ -100,3 +116,105 @@ def served_version_of(listing: policies_pb2.PolicyList, state_dict: Mapping[str,
         digest.update(part)
     digest = digest.hexdigest()
     return next((v for v in listing.versions if v.sha256 == digest), None)
+
+
+@dataclass(frozen=True)
+class Publication:
+    """A version to publish, besides its weights: its lineage and the probe batch the gateway checks it on."""
+
+    progress: int
+    trainer_step: int
+    data_offset: int
+    reward_version: str
+    probe: np.ndarray
+    atol: float = 0.0                  # 0: the gate's tolerance for the serving format
+
+
+@dataclass
+class Versions:
+    """The trained policy's versions, the same on every rank: `version` is the newest (the next publish's parent
+    and what lag is measured against), `parent` the one the run started from, `served_progress` the algorithm's
+    progress that the newest version it published holds."""
+
+    policy: str
+    version: int = 0
+    parent: int = 0
+    publish_ns: int = 0
+    published: list[int] = field(default_factory=list)
+    served_progress: int = 0
+
+    @classmethod
+    def of(cls, served: ServedPolicy | None, policy: str) -> Versions:
+        if served is None:
+            return cls(policy)
+        return cls(served.policy, served.version, served.version, served.published_unix_ns or time.time_ns())
+
+    def meta(self) -> dict:
+        return {"version": self.version, "parent": self.parent, "publish_ns": self.publish_ns,
+                "published": self.published}
+
+    def restore(self, meta: dict) -> None:
+        self.version, self.parent = meta.get("version", self.version), meta.get("parent", self.parent)
+        self.publish_ns, self.published = meta.get("publish_ns", self.publish_ns), list(meta.get("published", []))
+
+    def catch_up(self, listing: policies_pb2.PolicyList, weights: dict[str, torch.Tensor]) -> None:
+        """After a restart: a publish that finished after the checkpoint holds these weights, or the chain goes
+        on from the newest version anyway."""
+        match = served_version_of(listing, weights)
+        if match is not None and match.version > self.version:
+            self.version, self.publish_ns = match.version, match.published_unix_ns or self.publish_ns
+            self.published.append(match.version)
+        self.version = max(self.version, listing.newest)
+
+    def learn(self, code: int, progress: int) -> None:
+        """Rank 0's publish outcome `code` (the same on every rank: a collective when it is a version)."""
+        if code == FATAL:
+            raise RuntimeError("publishing failed (see rank 0's log)")
+        if code > 0:
+            self.published.append(code)
+            self.version, self.publish_ns, self.served_progress = code, dist.broadcast_int(time.time_ns()), progress
+
+
+class PublishQueue:
+    """Rank 0's publishes: the newest queued version waits for the background publisher to be free."""
+
+    def __init__(self, client: PoliciesClient, versions: Versions, algo: str, input_name: str):
+        self.publisher = BackgroundPublisher(client, versions.policy)
+        self.versions, self.algo, self.input_name = versions, algo, input_name
+        self.queued: _Queued | None = None
+        self.submitted: _Queued | None = None
+        self.retry_at = 0.0
+
+    def queue(self, publication: Publication, policy: torch.nn.Module) -> None:
+        """A snapshot of `policy`'s weights and its outputs on the probe, to publish when the publisher is free."""
+        weights = {k: v.detach().to("cpu", copy=True) for k, v in policy.state_dict().items()}
+        self.queued = _Queued(publication, weights, probe_outputs(policy, publication.probe))
+
+    def outcome(self, *, wait: bool = False) -> tuple[int, int]:
+        """(the finished publish's code, the progress its version holds); (0, 0) when none finished."""
+        code = self.publisher.result(wait=wait)
+        if code == RETRY and self.submitted is not None:
+            self.queued = self.queued or self.submitted  # nothing newer: publish the same weights again
+            self.retry_at = time.monotonic() + 1.0
+        return code, self.submitted.publication.progress if code > 0 and self.submitted is not None else 0
+
+    def submit(self) -> None:
+        if self.queued is None or not self.publisher.idle or time.monotonic() < self.retry_at:
+            return
+        self.submitted, self.queued = self.queued, None
+        p = self.submitted.publication
+        self.publisher.submit(self.submitted.weights, lineage=policies_pb2.Lineage(
+            parent_version=self.versions.version, trainer_step=p.trainer_step, data_offset=p.data_offset,
+            reward_version=p.reward_version, trainer=f"{self.algo}@{socket.gethostname()}:{os.getpid()}",
+            algo=self.algo), probe_inputs={self.input_name: p.probe}, probe_outputs=self.submitted.outputs,
+            atol=p.atol)
+
+    def close(self) -> None:
+        self.publisher.close()
+
+
+@dataclass(frozen=True)
+class _Queued:
+    publication: Publication
+    weights: dict[str, torch.Tensor]
+    outputs: dict[str, np.ndarray]

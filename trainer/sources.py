@@ -47,7 +47,8 @@ from protos import codec, experience_pb2
 from protos.codec import TRANSITION_TENSORS, Spec, transition_problem
 from trainer.inbox import Inbox
 
-__all__ = ["LogDataset", "StreamError", "StreamSource", "TRANSITION_SCHEMA", "read_segment", "write_transitions"]
+__all__ = ["LogDataset", "StreamError", "StreamSource", "TRANSITION_SCHEMA", "misfit", "read_segment",
+           "write_transitions"]
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +128,10 @@ class StreamSource:
                 self._requests.put(experience_pb2.SubscribeRequest(
                     ack=experience_pb2.SubscribeAck(through_offset=through_offset)))
 
+    def commit(self) -> int:
+        """`JetStreamSource` compatibility: nothing (the gateway's log keeps everything; `ack` is flow control)."""
+        return 0
+
     def close(self) -> None:
         self._closed.set()
         with self._lock:
@@ -144,7 +149,7 @@ class StreamSource:
         self.close()
 
     def _usable(self, t: experience_pb2.Transition) -> bool:
-        problem = transition_problem(t) or _misfit(t, self._expect)
+        problem = transition_problem(t) or misfit(t, self._expect)
         if problem is None:
             return True
         self.skipped += 1
@@ -261,8 +266,9 @@ def read_segment(path: str | Path, *, on_skip=None) -> list[experience_pb2.Trans
     return out
 
 
-def _misfit(t: experience_pb2.Transition, expect: dict[str, Spec]) -> str | None:
-    """Why a tensor of `t` does not fit the spec of the same name in `expect`, or None."""
+def misfit(t: experience_pb2.Transition, expect: dict[str, Spec]) -> str | None:
+    """Why a tensor of `t` does not fit the spec of the same name in `expect` (a policy's inputs and outputs by
+    name), or None: such a transition cannot be learned from by that policy."""
     for group in TRANSITION_TENSORS if expect else ():
         for x in getattr(t, group):
             spec = expect.get(x.name)

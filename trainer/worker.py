@@ -1,8 +1,8 @@
 """One trainer process under torchrun: `python -m torch.distributed.run ... -m trainer.worker ARGS`.
 
-Every rank runs the same loop (PPO from the experience stream, or BC from the log); gradients
-are averaged by DDP, rank 0 publishes new versions and all ranks learn the version number. SAC
-(off-policy, from a replay of the stream and of seed logs: trainer.sac_loop) runs on one rank.
+Every rank runs the same loop (trainer.loop) with the algorithm --algo names (trainer.algorithms: PPO from
+the experience stream, BC from the log, SAC from a replay of the stream and of seed logs, on one rank);
+gradients are averaged by DDP, rank 0 publishes new versions and all ranks learn the version number.
 `trainer.main` builds the torchrun command; run one rank by hand (no process group) with:
 
     python -m trainer.worker --algo bc --experience-dir runs/x/log --steps 100 --out policy.safetensors
@@ -13,20 +13,20 @@ Status lines go to stderr (rank 0); `--summary PATH` gets a JSON summary at the 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
-import socket
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from bridge.common.files import write_atomic, write_json
+from bridge.common.files import write_json
 from bridge.common.flags import deprecated_alias
-from trainer import checkpoint, dist
+from bridge.experience.jetstream import add_nats_arguments, nats_auth_from, parse_servers
+from trainer import dist
+from trainer.algorithms import ALGORITHMS
+from trainer.loop import run, status
 from trainer.weights import ARCHS
 
 __all__ = ["main", "parser"]
@@ -63,10 +63,8 @@ def parser() -> argparse.ArgumentParser:
                    "with a gateway they must match the served architecture)")
     p.add_argument("--experience-dir", default="", help="BC: an experience log, a directory of *.mcap segments")
     p.add_argument("--experience", default="", metavar="nats://HOST:PORT[,...]",
-                   help="PPO: transitions from the NATS JetStream experience stream (a durable consumer per rank, "
-                        "acknowledged after each checkpoint) instead of the gateway's Experience.Subscribe")
-    from bridge.experience.jetstream import add_nats_arguments
-
+                   help="PPO, SAC: transitions from the NATS JetStream experience stream (a durable consumer per "
+                        "rank, acknowledged after each checkpoint) instead of the gateway's Experience.Subscribe")
     add_nats_arguments(p)  # --nats-user/--nats-password-file/--nats-ca: the stream's credentials (with --experience)
     deprecated_alias(p, "--log-dir", "--experience-dir")
     p.add_argument("--data-policy", default=None, help="BC: only transitions acted by this policy")
@@ -136,94 +134,6 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def status(line: str) -> None:
-    if dist.world()[0] == 0:
-        print(f"[trainer] {line}", file=sys.stderr, flush=True)
-
-
-def maybe_fail(args: argparse.Namespace, step: int) -> None:
-    """Test hook: rank `--fail-rank` dies at `--fail-at-step`, only in torchrun's first attempt."""
-    if (args.fail_at_step and step >= args.fail_at_step and dist.world()[0] == args.fail_rank
-            and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"):
-        print(f"[trainer] rank {args.fail_rank}: failing on purpose at step {step}", file=sys.stderr, flush=True)
-        os._exit(17)
-
-
-def rng_state(generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
-    state = {"torch": torch.get_rng_state()}
-    if generator is not None:
-        state["generator"] = generator.get_state()
-    return state
-
-
-def restore_rng(state: dict[str, torch.Tensor], generator: torch.Generator | None = None) -> None:
-    if "torch" in state:
-        torch.set_rng_state(state["torch"])
-    if generator is not None and "generator" in state:
-        generator.set_state(state["generator"])
-
-
-def per_rank(value: int) -> list[int]:
-    """`value` of every rank, in rank order."""
-    rank, world = dist.world()
-    slots = torch.zeros(world, dtype=torch.int64)
-    slots[rank] = int(value)
-    return [int(v) for v in dist.all_reduce_sum(slots).tolist()]
-
-
-def param_digests(module: torch.nn.Module) -> list[str]:
-    """sha256 of this rank's parameters and buffers, for every rank (identical under DDP)."""
-    h = hashlib.sha256()
-    for name, t in sorted(module.state_dict().items()):
-        h.update(name.encode())
-        h.update(t.detach().cpu().contiguous().numpy().tobytes())
-    rank, world = dist.world()
-    slots = torch.zeros(world, 32, dtype=torch.int64)
-    slots[rank] = torch.tensor(list(h.digest()), dtype=torch.int64)
-    return [bytes(int(b) for b in row).hex() for row in dist.all_reduce_sum(slots).tolist()]
-
-
-def write_json_atomically(path: str | Path, data: dict) -> None:
-    write_json(path, data, indent=2, sort_keys=True)  # bridge.common.files: temp, fsync, rename, fsync folder
-
-
-def write_weights(path: str | Path, state_dict: dict[str, torch.Tensor]) -> None:
-    from trainer.weights import to_safetensors
-
-    write_atomic(path, to_safetensors(state_dict), mode=0o644)
-
-
-def trainer_id(algo: str) -> str:
-    return f"{algo}@{socket.gethostname()}:{os.getpid()}"
-
-
-def stop_requested(args: argparse.Namespace) -> bool:
-    """--stop-file exists (each rank looks; the loops all-reduce the answer, so all stop together)."""
-    return bool(args.stop_file) and os.path.exists(args.stop_file)
-
-
-def load_checkpoint(args: argparse.Namespace) -> checkpoint.Checkpoint | None:
-    if not args.checkpoint_dir:
-        return None
-    ckpt = checkpoint.load(args.checkpoint_dir, map_location=dist.device())
-    if ckpt is not None:
-        status(f"resuming from {ckpt.path} (step {ckpt.step}, restart "
-               f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}, world {dist.world()[1]} "
-               f"(was {ckpt.meta.get('world_size', '?')}))")
-    return ckpt
-
-
-def probe_outputs(policy: torch.nn.Module, probe: np.ndarray) -> dict[str, np.ndarray]:
-    """The policy's deterministic outputs on `probe`, by served output name."""
-    from trainer.policy import GaussianPolicy
-
-    with torch.no_grad():
-        x = torch.from_numpy(probe).to(dist.device())
-        if isinstance(policy, GaussianPolicy):
-            return {"action_mean": policy.mean(x).float().cpu().numpy()}
-        return {"action": policy(x).float().cpu().numpy()}
-
-
 def check(args: argparse.Namespace) -> argparse.Namespace:
     """Defaults that depend on --algo, and what no rank should start with (SystemExit naming the flag)."""
     if args.publish_every is None:
@@ -231,8 +141,6 @@ def check(args: argparse.Namespace) -> argparse.Namespace:
     if args.lr is None:
         args.lr = 3e-3 if args.algo == "sac" else 1e-3
     if args.experience:
-        from bridge.experience.jetstream import nats_auth_from, parse_servers
-
         try:
             parse_servers(args.experience)
             nats_auth_from(args)
@@ -244,8 +152,6 @@ def check(args: argparse.Namespace) -> argparse.Namespace:
                              "publishes there)")
         if args.arch != "gaussian":
             raise SystemExit(f"tether train: --algo sac needs --arch gaussian (a stochastic actor), got {args.arch}")
-        if args.experience:
-            raise SystemExit("tether train: --algo sac reads Experience.Subscribe; --experience (NATS) is PPO's")
         for flag, dirs in (("--seed-log", args.seed_log), ("--demos", args.demos)):
             for d in dirs:
                 if not Path(d).is_dir():
@@ -275,22 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     started = time.monotonic()
     try:
-        if args.algo == "ppo":
-            from trainer.ppo_loop import run_ppo
-
-            summary = run_ppo(args)
-        elif args.algo == "sac":
-            from trainer.sac_loop import run_sac
-
-            summary = run_sac(args)
-        else:
-            from trainer.bc_loop import run_bc
-
-            summary = run_bc(args)
+        summary = run(args, ALGORITHMS[args.algo])
         summary.update(algo=args.algo, world_size=world, seconds=round(time.monotonic() - started, 3),
                        restarts=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
         if rank == 0 and args.summary:
-            write_json_atomically(args.summary, summary)
+            write_json(args.summary, summary, indent=2, sort_keys=True)  # temp, fsync, rename, fsync folder
         status("done: " + json.dumps({k: summary[k] for k in ("steps", "seconds") if k in summary}))
         dist.barrier()  # leave together: gloo aborts a rank ("terminate called ...") whose peer tore down first
     finally:

@@ -8,13 +8,17 @@ the servicer edge: `await context.abort(exc.status, str(exc))`).
     ...     '''No such policy version.'''
     >>> issubclass(UnknownVersion, TetherError), UnknownVersion.status.name
     (True, 'NOT_FOUND')
+
+`CommandError` is the command line's: a command that failed while running (a peer that refused, a file
+that does not load). The `tether` entry (tether/cli.py) prints `tether <command>: <message>` on stderr and
+exits 1; flags that are wrong or contradict each other are the parser's (`parser.error`: usage, exit 2).
 """
 
 from __future__ import annotations
 
 import grpc
 
-__all__ = ["AlreadyExists", "FailedPrecondition", "InvalidArgument", "NotFound", "PermissionDenied",
+__all__ = ["AlreadyExists", "CommandError", "FailedPrecondition", "InvalidArgument", "NotFound", "PermissionDenied",
            "ResourceExhausted", "TetherError", "Unauthenticated", "Unavailable"]
 
 
@@ -70,3 +74,17 @@ class ResourceExhausted(TetherError):
     """A cap is reached (sessions per gateway, per source)."""
 
     status = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class CommandError(Exception):
+    """A `tether` command that failed at run time, for a reason its user can act on (exit status 1).
+
+    `prog` names a subcommand when the message is its own (default: `tether <command>`):
+
+        >>> str(CommandError("no such file", prog="tether policy inspect")), CommandError("x").prog
+        ('no such file', None)
+    """
+
+    def __init__(self, message: object, *, prog: str | None = None):
+        super().__init__(str(message))
+        self.prog = prog

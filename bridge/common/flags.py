@@ -2,6 +2,7 @@
 
     p = argparse.ArgumentParser(prog="tether status")
     gateway_flags(p)                     # --gateway HOST:PORT, --tls-ca/--tls-cert/--tls-key, --token
+    credential_flags(p)                  # the credentials alone (a command with its own --gateway)
     policy_flag(p)                       # --policy NAME
     output_flags(p, summary=True)        # --summary PATH (JSON), and/or --json (print JSON)
     p.add_argument("--reason", default="", help="why (audit log)")
@@ -9,7 +10,8 @@
 
 `CONCEPTS` is the table of one spelling per concept (tests/test_cli.py checks every parser against it).
 A deprecated alias shares its flag's dest, type and action; using it prints
-`<prog>: warning: --why is deprecated, use --reason` and otherwise behaves the same.
+`<prog>: warning: --why is deprecated, use --reason` and otherwise behaves the same. The credential
+flags are declared here only; `bridge.client.Credentials.from_args(args)` reads them.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ import os
 import sys
 from pathlib import Path
 
-__all__ = ["CONCEPTS", "TOKEN_ENV", "deprecated_alias", "deprecated_aliases", "gateway_flags", "output_flags",
-           "policy_flag"]
+__all__ = ["CONCEPTS", "TOKEN_ENV", "credential_flags", "deprecated_alias", "deprecated_aliases", "gateway_flags",
+           "output_flags", "policy_flag"]
 
 TOKEN_ENV = "TETHER_TOKEN"
 
@@ -89,14 +91,26 @@ def gateway_flags(parser: argparse.ArgumentParser, *, required: bool = False, de
     g.add_argument("--gateway", metavar="HOST:PORT" + (",..." if several else ""), required=required,
                    default=None if required else default,
                    help=what + ("" if required else f" (default {default})"))
-    g.add_argument("--tls-ca", type=Path, help="CA certificate to verify the gateway with (turns TLS on)")
-    g.add_argument("--tls-cert", type=Path, help="client certificate, for a gateway that requires one (mTLS; with "
-                   "--tls-key)")
-    g.add_argument("--tls-key", type=Path, help="the client certificate's private key")
-    if token:
-        g.add_argument("--token", default=os.environ.get(TOKEN_ENV) or None,
-                       help=f"{token_help} for a gateway that checks tokens (default: ${TOKEN_ENV})")
+    credential_flags(g, token=token, token_help=token_help)
     return g
+
+
+def credential_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *, token: bool = True,
+                     token_help: str = "token NAME.SECRET") -> None:
+    """--tls-ca, --tls-cert, --tls-key (paths; an empty one is not given, as a launch file leaves it) and --token
+    (default $TETHER_TOKEN, which keeps it off the process list)."""
+    parser.add_argument("--tls-ca", type=_optional_path, help="CA certificate to verify the gateway with (turns TLS "
+                        "on)")
+    parser.add_argument("--tls-cert", type=_optional_path, help="client certificate, for a gateway that requires one "
+                        "(mTLS; with --tls-key)")
+    parser.add_argument("--tls-key", type=_optional_path, help="the client certificate's private key")
+    if token:
+        parser.add_argument("--token", default=os.environ.get(TOKEN_ENV) or None,
+                            help=f"{token_help} for a gateway that checks tokens (default: ${TOKEN_ENV})")
+
+
+def _optional_path(text: str) -> Path | None:
+    return Path(text) if text.strip() else None
 
 
 def policy_flag(parser: argparse.ArgumentParser, *, required: bool = False,

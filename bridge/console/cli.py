@@ -5,7 +5,7 @@
     tether estop --gateway 127.0.0.1:50051 --all
     tether release --gateway 127.0.0.1:50051 --robot arm_1 --reason "cell clear"
 
-Credentials (bridge.security.channel): `--token NAME.SECRET` (or $TETHER_TOKEN), TLS with `--tls-ca`,
+Credentials (`bridge.client.Credentials.from_args`): `--token NAME.SECRET` (or $TETHER_TOKEN), TLS with `--tls-ca`,
 a client certificate with `--tls-cert/--tls-key`; `--operator NAME` (or $TETHER_OPERATOR) names you
 where the gateway allows open access (with credentials the audit records who they prove, never this name).
 E-stops are durable in the gateway's registry and survive its restart; each has an id (`tether status` shows it,
@@ -21,9 +21,9 @@ import sys
 
 import grpc
 
+from bridge.client import Credentials, FleetClient
 from bridge.common.flags import gateway_flags, output_flags
-from bridge.security.channel import channel_kwargs, secure_channel_sync
-from protos import fleet_pb2, fleet_pb2_grpc
+from protos import fleet_pb2
 
 
 def _parser(command: str) -> argparse.ArgumentParser:
@@ -40,10 +40,6 @@ def _parser(command: str) -> argparse.ArgumentParser:
     else:
         output_flags(p, json=True)  # the FleetStatus message as JSON
     return p
-
-
-def metadata(operator: str) -> list[tuple[str, str]]:
-    return [("x-tether-operator", operator)] if operator else []
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:
@@ -80,16 +76,14 @@ def render(status: fleet_pb2.FleetStatus) -> str:
 def main(command: str, argv: list[str] | None = None) -> int:
     parser = _parser(command)
     a = parser.parse_args(argv)
-    md = metadata(a.operator)
     try:
-        channel = secure_channel_sync(a.gateway, **channel_kwargs(a))
+        client = FleetClient(a.gateway, Credentials.from_args(a), operator=a.operator, timeout_s=a.timeout)
     except (ValueError, OSError) as exc:  # a token to a plaintext remote address, unreadable cert files
         parser.error(str(exc))
-    with channel:
-        stub = fleet_pb2_grpc.FleetStub(channel)
+    with client:
         try:
             if command == "status":
-                status = stub.Status(fleet_pb2.StatusRequest(), metadata=md, timeout=a.timeout)
+                status = client.status()
                 if a.json:
                     from google.protobuf.json_format import MessageToJson
 
@@ -97,15 +91,8 @@ def main(command: str, argv: list[str] | None = None) -> int:
                 else:
                     print(render(status))
                 return 0
-            request = fleet_pb2.EStopRequest(reason=a.reason)
-            if a.all:
-                request.all = True
-            elif a.robot:
-                request.robot = a.robot
-            else:
-                request.session_id = a.session
-            call = stub.EStop if command == "estop" else stub.Release
-            reply = call(request, metadata=md, timeout=a.timeout)
+            call = client.estop if command == "estop" else client.release
+            reply = call(session_id=a.session, robot=a.robot, all=a.all, reason=a.reason)
         except grpc.RpcError as exc:
             print(f"tether {command}: {exc.code().name}: {exc.details()}", file=sys.stderr)
             return 1

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import hashlib
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -33,6 +32,7 @@ import grpc
 
 from bridge.experience.reader import LogCursor
 from bridge.experience.segment import SegmentError
+from bridge.experience.shards import shard_of
 from protos import experience_pb2, experience_pb2_grpc
 
 DEFAULT_WINDOW = 4096
@@ -59,19 +59,6 @@ class SubscribeError(ValueError):
     def __init__(self, field: str, message: str):
         super().__init__(f"{field}: {message}")
         self.field = field
-
-
-def shard_of(session: str, num_shards: int) -> int:
-    """The shard a session's transitions go to: the first 8 bytes (little-endian) of the BLAKE2b-64
-    digest of its UTF-8 name, modulo num_shards. Stable across processes and Python versions (unlike
-    hash()), and well mixed (crc32 is linear: "robot-0".."robot-3" all land on shard 0 of 2).
-
-    >>> [shard_of(f"robot-{i}", 2) for i in range(6)], shard_of("robot-0", 1)
-    ([0, 0, 1, 0, 1, 1], 0)
-    """
-    if num_shards <= 1:
-        return 0
-    return int.from_bytes(hashlib.blake2b(session.encode(), digest_size=8).digest(), "little") % num_shards
 
 
 class Subscription:

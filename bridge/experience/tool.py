@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bridge.common.errors import CommandError
 from bridge.experience.reader import read_transitions
 from bridge.experience.segment import list_segments, scan_segment
 from protos import codec, experience_pb2
@@ -348,8 +349,4 @@ def main(argv: list[str] | None = None) -> None:
                   + (f" ({info['skipped']} unusable record(s) skipped, first at offset {first['offset']}: "
                      f"{first['problem']})" if info["skipped"] else ""))
     except (OSError, ValueError) as exc:
-        raise SystemExit(f"tether log {a.command}: {exc}") from None
-
-
-if __name__ == "__main__":
-    main()
+        raise CommandError(exc, prog=f"tether log {a.command}") from None

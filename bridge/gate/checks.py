@@ -34,7 +34,8 @@ CHECKS = ("integrity", "consistency", "evaluation", "action_sanity")
 DEFAULT_TOLERANCES: Mapping[str, tuple[float, float]] = MappingProxyType({
     "float64": (1e-7, 1e-7), "float32": (1e-4, 1e-4), "float16": (1e-2, 1e-2), "bfloat16": (1e-2, 1e-2),
     "int64": (0.0, 0.0), "int32": (0.0, 0.0), "uint8": (0.0, 0.0), "bool": (0.0, 0.0)})
-# per serving format, over DEFAULT_TOLERANCES (docs/versions.md, "Consistency tolerance per serving format"):
+# per serving format (by its name in inference_server.formats; one not here gets DEFAULT_TOLERANCES), over
+# DEFAULT_TOLERANCES (docs/versions.md, "Consistency tolerance per serving format"):
 # torch serves the trainer's own float32 kernels (measured max abs difference 0.0), onnxruntime its own
 # (measured up to 3.8e-6 on the demo MLPs' action_mean, |values| <= 3): ~10x margin each
 SERVING_TOLERANCES: Mapping[str, Mapping[str, tuple[float, float]]] = MappingProxyType({

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from bridge.gate import checks
+import bridge.gate.checks as checks
 from bridge.gate.checks import DEFAULT_TOLERANCES, SERVING_TOLERANCES, CheckResult
 from bridge.gate.samples import LogIndex, recent_observations
 from protos import policies_pb2

@@ -41,8 +41,9 @@ import threading
 import time
 from pathlib import Path
 
+from bridge.common.errors import CommandError
 from bridge.common.files import write_json
-from bridge.common.flags import deprecated_alias
+from bridge.common.flags import credential_flags, deprecated_alias
 from bridge.ros2 import release_auth
 from bridge.ros2.edge_config import EdgeConfig, EdgeConfigError, default_latch_file, guard_config
 from bridge.ros2.edge_stats import EdgeStats
@@ -50,7 +51,8 @@ from bridge.ros2.estop import ESTOP_TOPIC, RELEASE_TOPIC, STATE_TOPIC, EstopErro
 from bridge.ros2.node import EdgeError, EdgeNode
 from bridge.ros2.release_auth import DEFAULT_NODE, TOKEN_ENV, read_token
 from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, TopicMapError, load_topic_map
-from bridge.ros2.transport import TransportError, open_transport
+from bridge.ros2.transport import TransportError
+from bridge.ros2.transports import open_transport
 
 __all__ = ["EdgeConfig", "EdgeNode", "EdgeStats", "guard_config", "main", "parse_vector"]
 
@@ -134,12 +136,7 @@ def _node_parser() -> argparse.ArgumentParser:
     p.add_argument("--ensemble-decay", type=float, default=0.01, help="ensembling weight exp(-decay * i)")
     p.add_argument("--status-every", type=float, default=5.0, metavar="SECONDS", help="seconds between status lines")
     deprecated_alias(p, "--status-s", "--status-every")
-    p.add_argument("--tls-ca", type=_optional_path, help="CA of the gateway's certificate (turns TLS on)")
-    p.add_argument("--tls-cert", type=_optional_path,
-                   help="this robot's certificate, its identity (mTLS; tether certs init)")
-    p.add_argument("--tls-key", type=_optional_path, help="the certificate's private key")
-    p.add_argument("--token", default="", help="robot token NAME.SECRET for a gateway that checks tokens "
-                   "(default, and when empty: $TETHER_TOKEN, which keeps it out of the process list)")
+    credential_flags(p, token_help="robot token NAME.SECRET")
     p.add_argument("--summary", type=_optional_path, metavar="PATH", help="on stop, write the node's counts and every "
                    "command with what produced it (policy version, chunk, index) to this JSON file")
     deprecated_alias(p, "--report", "--summary")
@@ -179,7 +176,7 @@ def write_report(node: EdgeNode, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`tether edge ...`; raises SystemExit with a message on failure."""
+    """`tether edge ...`: bad flags exit 2 (`parser.error`); a transport or node failure raises `CommandError`."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in ("estop", "release"):
         _operator(argv[0], argv[1:])
@@ -217,7 +214,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         transport = open_transport(a.transport, domain_id=a.domain_id, node_name=a.node_name)
     except TransportError as exc:
-        raise SystemExit(f"tether edge: {exc}") from None
+        raise CommandError(exc) from None
     try:
         node = EdgeNode(config=config, topic_map=tmap, transport=transport, guard=guard)
         node.start()
@@ -241,7 +238,7 @@ def main(argv: list[str] | None = None) -> None:
                     write_report(node, a.summary)
         print(f"{node.status_line()}  stopped", flush=True)
     except (EdgeError, TransportError) as exc:
-        raise SystemExit(f"tether edge: {exc}") from None
+        raise CommandError(exc) from None
     finally:
         transport.close()
 
@@ -287,7 +284,7 @@ def _operator(command: str, argv: list[str]) -> None:
     try:
         transport = open_transport(a.transport, domain_id=a.domain_id, node_name="tether_operator")
     except TransportError as exc:
-        raise SystemExit(f"tether edge {command}: {exc}") from None
+        raise CommandError(exc, prog=p.prog) from None
     try:
         if command == "estop":
             entry = tmap.estop
@@ -297,12 +294,8 @@ def _operator(command: str, argv: list[str]) -> None:
             request_release(transport, operator=a.operator.strip(), token=token, node=a.node, reason=a.reason,
                             release_topic=a.release_topic, state_topic=a.state_topic, timeout_s=a.timeout)
     except (EstopError, ValueError) as exc:
-        raise SystemExit(f"tether edge {command}: {exc}") from None
+        raise CommandError(exc, prog=p.prog) from None
     finally:
         transport.close()
     what = "latched" if command == "estop" else "released"
     print(f"e-stop {what} by {a.operator.strip()} on domain {a.domain_id}", flush=True)
-
-
-if __name__ == "__main__":
-    main()

@@ -45,13 +45,13 @@ import hmac
 import json
 import os
 import secrets
-import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from bridge.common.errors import CommandError
 from bridge.security.tokens import MAX_TOKEN_CHARS, NAME, TokenError, check_name, write_private
 
 __all__ = ["DEFAULT_NODE", "FORMAT", "TOKEN_ENV", "ReleaseAuthority", "ReleaseError", "ReleaseSigner", "add_operator",
@@ -359,8 +359,4 @@ def main(argv: list[str]) -> None:
             for name in ReleaseAuthority.load(a.tokens).operators:
                 print(name)
     except (ReleaseError, TokenError) as exc:
-        raise SystemExit(f"tether edge token: {exc}") from None
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
+        raise CommandError(exc, prog=p.prog) from None

@@ -11,7 +11,8 @@ as a `TransportError` that `raise_if_failed()` raises, and a publish that fails 
 raises one: the edge node latches its guard and publishes the safe action on either. Publishing
 still works after delivery failed, so that safe action can go out.
 
-The call loop, as the edge node runs it (plain text; the DDS tests run it for real):
+The call loop, as the edge node runs it (plain text; the DDS tests run it for real; `open_transport` picks an
+implementation: bridge.ros2.transports):
 
     transport = open_transport("auto", domain_id=0, node_name="tether_edge")
     transport.subscribe("/joint_states", "sensor_msgs/msg/JointState", latest.update)
@@ -29,7 +30,6 @@ Topic names follow ROS 2 rules; relative names are taken from the root namespace
 from __future__ import annotations
 
 import collections
-import importlib.util
 import logging
 import re
 import threading
@@ -136,33 +136,6 @@ def check_depth(depth: int) -> int:
     if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
         raise TransportError(f"QoS depth {depth!r} must be a positive integer")
     return depth
-
-
-def rclpy_available() -> bool:
-    """Whether rclpy can be imported here (a sourced ROS 2 installation)."""
-    return importlib.util.find_spec("rclpy") is not None
-
-
-def open_transport(kind: str = "auto", *, domain_id: int = 0, node_name: str = "tether_edge") -> Transport:
-    """`"rclpy"`, `"dds"`, or `"auto"`: rclpy when it imports, otherwise DDS directly.
-
-    >>> try:
-    ...     open_transport("zeromq")
-    ... except TransportError as exc:
-    ...     print(exc)
-    transport kind 'zeromq' is not one of ['auto', 'dds', 'rclpy']
-    """
-    if kind not in ("auto", "dds", "rclpy"):
-        raise TransportError(f"transport kind {kind!r} is not one of ['auto', 'dds', 'rclpy']")
-    if not isinstance(domain_id, int) or not 0 <= domain_id <= 232:
-        raise TransportError(f"domain_id {domain_id!r} must be an integer in [0, 232]")
-    if kind == "rclpy" or (kind == "auto" and rclpy_available()):
-        from bridge.ros2.rclpy_transport import RclpyTransport
-
-        return RclpyTransport(domain_id=domain_id, node_name=node_name)
-    from bridge.ros2.dds import DdsTransport
-
-    return DdsTransport(domain_id=domain_id, node_name=node_name)
 
 
 def wait_for_subscribers(publisher: Publisher, *, count: int = 1, timeout: float = 5.0) -> bool:

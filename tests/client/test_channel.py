@@ -11,9 +11,8 @@ from pathlib import Path
 import grpc
 import pytest
 
+from bridge.client import ExperienceClient, FleetClient, PoliciesClient
 from bridge.client.channel import Credentials, aio_channel, is_loopback_address, sync_channel
-from bridge.security.channel import secure_channel_sync
-from trainer.channel import gateway_channel
 
 
 @pytest.mark.parametrize("address", ["10.0.0.7:50051", "gw.lab:50051", "0.0.0.0:50051", "[2001:db8::1]:50051",
@@ -21,8 +20,9 @@ from trainer.channel import gateway_channel
 def test_a_token_in_plaintext_to_a_non_loopback_address_is_refused_by_every_builder(address):
     token = Credentials(token="robot_1.s3cret")
     for build in (lambda: aio_channel(address, token), lambda: sync_channel(address, token),
-                  lambda: secure_channel_sync(address, token="robot_1.s3cret"),
-                  lambda: gateway_channel(address, env={"TETHER_TOKEN": "robot_1.s3cret"})):
+                  lambda: sync_channel(address, Credentials.from_env({"TETHER_TOKEN": "robot_1.s3cret"})),
+                  lambda: PoliciesClient(address, token), lambda: FleetClient(address, token),
+                  lambda: ExperienceClient(address, token, aio=True)):
         with pytest.raises(ValueError, match=re.escape(f"refusing to send a token in plaintext to {address!r}")):
             build()
 

@@ -17,7 +17,7 @@ from bridge.client import Session
 from bridge.experience import read_transitions
 from sim.client import run_sessions
 from sim.mujoco import make_env
-from tests.gateway.test_durable_sessions import start_gateway
+from tests.support.gateways import start_gateway
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +42,7 @@ def _logged(log_dir) -> tuple[Counter[int], dict[int, bool]]:
 def test_kill_9_first_gateway_session_resumes_on_second_with_replay(triton, tmp_path):
     dirs = [tmp_path / "experience-a", tmp_path / "experience-b"]
     ports = [_port(), _port()]
-    gateways = [start_gateway(triton.url, port, d, tmp_path / f"gateway-{i}.log")
+    gateways = [start_gateway(triton.url, tmp_path / f"gateway-{i}.log", "--experience-dir", d, port=port)
                 for i, (port, d) in enumerate(zip(ports, dirs, strict=True))]
     addresses = [f"127.0.0.1:{p}" for p in ports]
     sessions: list[Session] = []
@@ -65,13 +65,10 @@ def test_kill_9_first_gateway_session_resumes_on_second_with_replay(triton, tmp_
     try:
         stats, at_kill = asyncio.run(scenario())
     finally:
-        for proc in gateways:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in gateways:
-            proc.wait(30)
+        for gateway in gateways:
+            gateway.stop()
     [session] = sessions
-    assert gateways[0].returncode == -signal.SIGKILL
+    assert gateways[0].proc.returncode == -signal.SIGKILL
     assert session.reconnects == 1 and session.address == addresses[1]
     [move] = session.failovers
     assert (move.source, move.target) == (addresses[0], addresses[1])

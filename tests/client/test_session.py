@@ -11,7 +11,7 @@ from bridge.client import Session, SessionError
 from sim.client import run_sessions
 from sim.mujoco import make_env
 from tests.client.test_failover import _port
-from tests.gateway.helpers import running_gateway
+from tests.support.gateways import running_gateway
 
 
 def test_a_dead_first_address_is_skipped_and_the_session_runs_on_the_next(triton):

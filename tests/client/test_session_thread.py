@@ -19,7 +19,7 @@ from protos.tether.v1 import bridge_pb2
 from tests.client.test_failover import _port
 from tests.conftest import ACT, OBS
 from tests.gateway.helpers import hello
-from tests.gateway.test_durable_sessions import start_gateway
+from tests.support.gateways import start_gateway
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +34,7 @@ def _observation(step: int) -> bridge_pb2.Observation:
 def test_session_thread_fails_over_with_replay_for_a_blocking_caller(triton, tmp_path):
     dirs = [tmp_path / "experience-a", tmp_path / "experience-b"]
     ports = [_port(), _port()]
-    gateways = [start_gateway(triton.url, port, d, tmp_path / f"gateway-{i}.log")
+    gateways = [start_gateway(triton.url, tmp_path / f"gateway-{i}.log", "--experience-dir", d, port=port)
                 for i, (port, d) in enumerate(zip(ports, dirs, strict=True))]
     addresses = [f"127.0.0.1:{p}" for p in ports]
     events: list[str] = []
@@ -60,11 +60,8 @@ def test_session_thread_fails_over_with_replay_for_a_blocking_caller(triton, tmp
             replies.append(future.result(timeout=60))
     finally:
         link.close()
-        for proc in gateways:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in gateways:
-            proc.wait(30)
+        for gateway in gateways:
+            gateway.stop()
     assert [r.WhichOneof("kind") for r in replies] == ["action"] * STEPS
     assert [r.action.step for r in replies] == list(range(STEPS))
     assert link.error is None

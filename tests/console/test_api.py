@@ -10,20 +10,19 @@ import subprocess
 import sys
 
 import aiohttp
-import grpc
 import pytest
 
+from bridge.client import FleetClient
 from bridge.security.hosts import ExposedConsole, allowed_host
-from protos import fleet_pb2, fleet_pb2_grpc
-from tests.gateway.helpers import running_gateway
+from tests.support.gateways import running_gateway
 
 OWN = {"X-Tether-Console": "1"}  # what the console page sends with every action
 
 
 async def held(address: str) -> list:
     """The e-stops the gateway reports through tether.v1.Fleet (what `tether status` shows)."""
-    async with grpc.aio.insecure_channel(address) as channel:
-        return list((await fleet_pb2_grpc.FleetStub(channel).Status(fleet_pb2.StatusRequest())).estops)
+    async with FleetClient(address, aio=True) as fleet:
+        return list((await fleet.status()).estops)
 
 
 def test_bad_requests_are_refused_with_the_reason(triton):

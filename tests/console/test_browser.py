@@ -9,7 +9,6 @@ cannot e-stop an open-access console, nor read it through DNS rebinding, while t
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hashlib
 import os
 import shutil
@@ -17,18 +16,16 @@ import sys
 import time
 from pathlib import Path
 
-import grpc
 import numpy as np
 import pytest
 import safetensors.torch
 import torch
 
-from bridge.gateway.config import GatewayConfig
-from inference_server import ModelRepository, TritonServer
-from protos import fleet_pb2, fleet_pb2_grpc, policies_pb2, policies_pb2_grpc
+from bridge.client import Credentials, FleetClient, PoliciesClient
+from protos import fleet_pb2, policies_pb2
 from protos.codec import encode
 from tests.conftest import ACT, OBS
-from tests.gateway.helpers import running_gateway
+from tests.support.gateways import running_gateway
 from trainer.policy import MLPPolicy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,20 +35,10 @@ FLAGS = ["--disable-gpu", "--disable-quic", "--no-first-run", "--disable-backgro
 EVIL = "evil.example"  # another site; Chromium resolves it to 127.0.0.1 (--host-resolver-rules)
 EVIL_FLAGS = [f"--host-resolver-rules=MAP {EVIL} 127.0.0.1", "--disable-features=HttpsUpgrades"]
 SCREENSHOT = ROOT / "docs" / "console.png"  # the README's; refreshed with TETHER_UPDATE_SCREENSHOT=1
-GATEWAY_FIELDS = {f.name for f in dataclasses.fields(GatewayConfig)}
 
 playwright_api = pytest.importorskip("playwright.async_api", reason="playwright is not installed (.[dev] extras)")
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
                                 reason="Debian's chromium is not installed (make setup: apt-get install chromium)")
-
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """Its own Triton and repository: the test publishes a version other tests must not see."""
-    repo = ModelRepository(tmp_path_factory.mktemp("console") / "models")
-    repo.write_version("walker", 1, MLPPolicy(OBS[0], ACT[0], seed=0), OBS, ACT)
-    with TritonServer(repo.root, models=["walker"], log_path=repo.root.parent / "triton.log") as server:
-        yield server, repo
 
 
 async def publish_v2(address: str, token: str) -> int:
@@ -66,16 +53,14 @@ async def publish_v2(address: str, token: str) -> int:
         lineage=policies_pb2.Lineage(parent_version=1, trainer_step=100, trainer="test"),
         probe_inputs=[encode("observation", probe)], probe_outputs=[encode("action", reference)])
     chunks = [policies_pb2.PublishChunk(header=header), policies_pb2.PublishChunk(data=data)]
-    async with grpc.aio.insecure_channel(address) as channel:
-        reply = await policies_pb2_grpc.PoliciesStub(channel).Publish(
-            iter(chunks), metadata=[("authorization", f"Bearer {token}")])
+    async with PoliciesClient(address, Credentials(token=token), aio=True) as policies:
+        reply = await policies.publish_stream(chunks)
     return reply.version
 
 
 async def live_version(address: str) -> int:
-    async with grpc.aio.insecure_channel(address) as channel:
-        reply = await policies_pb2_grpc.PoliciesStub(channel).RolloutStatus(
-            policies_pb2.RolloutStatusRequest(policy="walker"))
+    async with PoliciesClient(address, aio=True) as policies:
+        reply = await policies.rollout_status("walker")
     return reply.rollout.live
 
 
@@ -95,13 +80,13 @@ async def start_sim(address: str, robot: str, token: str) -> asyncio.subprocess.
 
 
 async def standing_estops(address: str) -> list[fleet_pb2.EStop]:
-    async with grpc.aio.insecure_channel(address) as channel:
-        return list((await fleet_pb2_grpc.FleetStub(channel).Status(fleet_pb2.StatusRequest())).estops)
+    async with FleetClient(address, aio=True) as fleet:
+        return list((await fleet.status()).estops)
 
 
 async def fleet_status(address: str) -> dict[str, fleet_pb2.SessionStatus]:
-    async with grpc.aio.insecure_channel(address) as channel:
-        status = await fleet_pb2_grpc.FleetStub(channel).Status(fleet_pb2.StatusRequest())
+    async with FleetClient(address, aio=True) as fleet:
+        status = await fleet.status()
     return {s.session_id: s for s in status.sessions}
 
 
@@ -116,16 +101,15 @@ async def click_and_confirm(page, selector: str, why: str) -> str:
     return await page.text_content("#toast")
 
 
-def test_console_shows_the_fleet_and_operator_clicks_need_a_token(served, tmp_path):
+def test_console_shows_the_fleet_and_operator_clicks_need_a_token(triton, tmp_path):
     """The gateway checks tokens (--tokens): the page's clicks carry alice's token, the console header and
     JSON from the console's own origin, and are done under her name."""
-    server, repo = served
+    triton.add_policy("walker")  # the test publishes v2 into the session's repository, its registry its own
     tokens, token, robot_token = tokens_file(tmp_path)
 
     async def scenario():
-        extra = {"registry": tmp_path / "registry.sqlite"} if "registry" in GATEWAY_FIELDS else {}
-        async with running_gateway(server.grpc_url, policy="walker", console_port=0, model_repository=repo.root,
-                                   tokens=tokens, **extra) as gw:
+        async with running_gateway(triton.url, policy="walker", console_port=0, tokens=tokens,
+                                   **triton.publishing(tmp_path)) as gw:
             assert not gw.auth.open_access
             rollout = getattr(gw, "rollout", None)
             if rollout is not None:

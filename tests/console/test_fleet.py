@@ -14,7 +14,8 @@ from bridge.console.fleet import Target
 from protos import bridge_pb2, fleet_pb2, fleet_pb2_grpc
 from protos.codec import decode
 from tests.conftest import ACT, OBS
-from tests.gateway.helpers import RawSession, running_gateway
+from tests.gateway.helpers import RawSession
+from tests.support.gateways import running_gateway
 
 
 def labelled(session_id: str, **labels) -> bridge_pb2.Hello:

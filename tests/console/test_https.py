@@ -10,7 +10,7 @@ import ssl
 import aiohttp
 import pytest
 
-from tests.gateway.helpers import running_gateway
+from tests.support.gateways import running_gateway
 
 certs_module = pytest.importorskip("bridge.security.certs", reason="bridge.security has no certificates yet")
 

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bridge.common.logs import JsonFormatter
 from bridge.console.fleet import Target
-from tests.gateway.helpers import running_gateway
+from tests.support.gateways import running_gateway
 
 
 def samples(text: str) -> dict[tuple[str, tuple], float]:

@@ -15,13 +15,7 @@ from bridge.experience.log import LogFull
 from bridge.experience.segment import is_finished, list_segments
 from bridge.metrics import GatewayMetrics
 from tests.experience.helpers import mcap_transitions, transition
-
-
-async def _until(predicate, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.005)
+from tests.support.waiting import until
 
 
 @pytest.fixture
@@ -43,10 +37,10 @@ def test_enospc_degrades_keeps_accepting_and_resumes_with_every_transition_in_or
             assert log.degraded is None and log.durable_step("s0") == 19
             fault.write_text("ENOSPC")
             during = [log.append(transition(f"s{i % 2}", i // 2)) for i in range(40, 400)]  # spans rotations
-            await _until(lambda: log.degraded is not None, "degraded")
+            await until(lambda: log.degraded is not None, "degraded")
             assert log.degraded.startswith("ENOSPC"), log.degraded
             frozen = log.durable_offset
-            await _until(lambda: log.stats.write_errors >= 3, "several retries failing")
+            await until(lambda: log.stats.write_errors >= 3, "several retries failing")
             assert log.durable_offset == frozen <= 40 and not any(f.done() for f in during[-10:])
             assert log.durable_step("s0") <= 19 + (frozen - 40) and log.stats.write_errors >= 3
             assert log.stats.degraded and log.stats.pending == 400 - frozen
@@ -77,7 +71,7 @@ def test_a_fault_at_close_loses_only_what_was_never_durable_and_the_directory_re
         await asyncio.gather(*[log.append(transition("a", i)) for i in range(10)])
         fault.write_text("EIO")
         late = [log.append(transition("a", i)) for i in range(10, 15)]
-        await _until(lambda: log.degraded is not None, "degraded")
+        await until(lambda: log.degraded is not None, "degraded")
         await log.close()  # gives up on what the disk refused: their futures fail, close does not hang
         assert all(f.done() and f.exception() is not None for f in late)
         fault.unlink()
@@ -126,7 +120,7 @@ def test_the_bound_in_bytes(tmp_path, fault):
         async with ExperienceLog(tmp_path / "log", max_pending_bytes=sum(sizes), retry_min_s=0.01) as log:
             fault.write_text("ENOSPC")
             kept = [log.append(transition("a", i)) for i in range(3)]
-            await _until(lambda: log.stats.pending_bytes >= sum(sizes), "the writer measured them")
+            await until(lambda: log.stats.pending_bytes >= sum(sizes), "the writer measured them")
             with pytest.raises(LogFull):
                 log.append(transition("b", 0))
             fault.unlink()
@@ -166,7 +160,7 @@ def test_retention_prunes_finished_segments_oldest_first_by_size_and_by_age(tmp_
     async def by_age():
         async with ExperienceLog(log_dir, retention_s=3600) as log:
             assert log.last_step("a") == 300  # the newest finished segment (every session's last step) stays
-            await _until(lambda: log.stats.pruned == len(after) - 1, "age pruning")
+            await until(lambda: log.stats.pruned == len(after) - 1, "age pruning")
     asyncio.run(by_age())
     assert [p for _, p in list_segments(log_dir)] == after[-1:]
     with pytest.raises(ValueError, match="retention_s"):

@@ -9,7 +9,8 @@ import grpc
 import pytest
 
 from bridge.experience import ExperienceLog
-from bridge.experience.service import ExperienceService, shard_of
+from bridge.experience.service import ExperienceService
+from bridge.experience.shards import shard_of
 from protos import experience_pb2, experience_pb2_grpc
 from tests.experience.helpers import transition
 

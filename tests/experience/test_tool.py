@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 
+from bridge.common.errors import CommandError
 from bridge.experience import ExperienceLog
 from bridge.experience.tool import export, inspect, main
 from protos import codec
@@ -80,12 +81,12 @@ def test_bad_paths_are_named_and_nothing_is_half_written(tmp_path):
     make_run(tmp_path)
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "x").write_text("keep")
-    with pytest.raises(SystemExit, match="taken"):
+    with pytest.raises(CommandError, match="taken"):
         main(["export", str(tmp_path), str(tmp_path / "taken")])
     assert [p.name for p in (tmp_path / "taken").iterdir()] == ["x"]
-    with pytest.raises(SystemExit, match="nowhere"):
+    with pytest.raises(CommandError, match="nowhere"):
         main(["inspect", str(tmp_path / "nowhere")])
-    with pytest.raises(SystemExit, match="no experience log"):
+    with pytest.raises(CommandError, match="no experience log"):
         main(["inspect", str(tmp_path / "taken")])
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "a temporary directory was left"
 

@@ -30,6 +30,7 @@ import numpy as np
 from bridge.client import Credentials, Session
 from protos import bridge_pb2
 from protos.codec import Spec, encode
+from tests.support.waiting import until
 
 OBS = (Spec("observation", np.float32, (11,)),)
 ACT = (Spec("action", np.float32, (3,), low=(-1.0,), high=(1.0,)),)
@@ -100,10 +101,7 @@ class Gate:
 
     async def closed_on(self, n: int, timeout: float = 30.0) -> None:
         self._open.clear()
-        deadline = time.monotonic() + timeout
-        while self.waiting < n:
-            assert time.monotonic() < deadline, f"only {self.waiting} of {n} sessions reached the gate"
-            await asyncio.sleep(0.005)
+        await until(lambda: self.waiting >= n, f"{n} sessions at the gate", timeout=timeout)
 
     def open(self) -> None:
         self._open.set()

@@ -7,24 +7,20 @@ import json
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
+from bridge.common.processes import free_port
 from bridge.experience import read_transitions
 from bridge.experience.merge import Merged, merge_logs
-from tests.gateway.test_durable_sessions import start_gateway
+from tests.support.gateways import start_gateway
+from tether.stack import GatewayProcess
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Gateways:
@@ -36,28 +32,30 @@ class Gateways:
         self.names = [f"gw-{i}" for i in range(count)]
         self.dirs = [tmp / f"experience-{i}" for i in range(count)]
         self.logs = [tmp / f"gateway-{i}.log" for i in range(count)]
-        self.procs: list[subprocess.Popen] = []
+        self.gateways: list[GatewayProcess] = []
 
     @property
     def addresses(self) -> list[str]:
         return [f"127.0.0.1:{p}" for p in self.ports]
 
-    def start(self) -> Gateways:
-        for port, name, d, log in zip(self.ports, self.names, self.dirs, self.logs, strict=True):
-            self.procs.append(start_gateway(self.triton_url, port, d, log, "--registry", self.registry,
-                                            "--gateway-id", name, "--idle-timeout-s", "0"))
+    @property
+    def procs(self) -> list[subprocess.Popen]:
+        return [gateway.proc for gateway in self.gateways]
+
+    def start(self, *args: str, first: Sequence[str] = ()) -> Gateways:
+        """Each with `args` (more `tether gateway` flags); gw-0 with `first` too."""
+        for i, (port, name, d, log) in enumerate(zip(self.ports, self.names, self.dirs, self.logs, strict=True)):
+            self.gateways.append(start_gateway(
+                self.triton_url, log, "--experience-dir", d, "--registry", self.registry, "--gateway-id", name,
+                "--idle-timeout-s", "0", *args, *(first if i == 0 else ()), port=port, grace_s=30))
         return self
 
     def stop(self) -> None:
-        for proc in self.procs:
+        for proc in self.procs:  # all drain at once
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        for gateway in self.gateways:
+            gateway.stop()
 
     def merged(self) -> Merged:
         return merge_logs(self.dirs)

@@ -32,14 +32,15 @@ import pytest
 
 import sim
 from bridge.client import Session
+from bridge.common.processes import group_members
 from inference_server import triton_binary
-from inference_server.server import group_members
 from sim.client import ClientTls, run_sessions
 from tether.cluster.nats import nats_server_binary
 from tether.cluster.postgres import postgres_bin_dir
 from tether.cluster.up import Cluster, ClusterSpec, Role, credentials, gateway_args, roles
+from tether.initial_policy import policy_name
 from tether.stack import GatewayProcess
-from tether.topology import policy_name, trainer_process
+from tether.topology import trainer_process
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psycopg
@@ -17,10 +16,11 @@ import pytest
 
 import sim
 from bridge.client.session import SessionError
+from bridge.common.processes import group_members
 from bridge.security.lab import LabCredentials
 from inference_server import triton_binary
-from inference_server.server import group_members
 from sim.client import ClientTls, run_sessions
+from tests.support.waiting import wait_until
 from tether.cluster.nats import NatsSecurity, nats_server_binary
 from tether.cluster.postgres import postgres_bin_dir
 
@@ -59,11 +59,9 @@ def test_cluster_up_serves_a_session_and_ctrl_c_stops_every_process(tmp_path):
                             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     pids: list[int] = []
     try:
-        deadline = time.monotonic() + 240
-        while not summary.exists():
-            assert proc.poll() is None, (tmp_path / "up.log").read_text()[-4000:]
-            assert time.monotonic() < deadline, (tmp_path / "up.log").read_text()[-4000:]
-            time.sleep(0.2)
+        wait_until(lambda: summary.exists() or proc.poll() is not None,
+                   lambda: "the cluster up: " + (tmp_path / "up.log").read_text()[-4000:], timeout=240, period=0.2)
+        assert proc.poll() is None, (tmp_path / "up.log").read_text()[-4000:]
         roles = {r["role"]: r for r in json.loads(summary.read_text())["roles"]}
         pids = [p for r in roles.values() for p in r["pids"]]
         assert list(roles) == ["postgres", "nats", "triton-0", "gateway-0", "gateway-1"]

@@ -24,19 +24,13 @@ import pytest
 from tests.fleet.blackhole import Blackhole
 from tests.fleet.clients import READY, Gate, Record, sim_session
 from tests.fleet.support import Gateways, check_merged, p50_p99_ms
+from tests.support.waiting import until
 from tether.cluster.postgres import PostgresServer, postgres_bin_dir
 
 pytestmark = pytest.mark.slow
 
 SESSIONS = 8
 REPLY_TIMEOUT_S = 1.0
-
-
-async def _until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
-        await asyncio.sleep(0.01)
 
 
 @pytest.fixture
@@ -66,17 +60,17 @@ def test_a_blackholed_gateway_loses_its_sessions_and_its_late_writes_are_fenced(
         tasks = [asyncio.create_task(sim_session([proxy.address, gateways.addresses[1]], r, channels, stop, 20.0, i,
                                                  REPLY_TIMEOUT_S, False, gate)) for i, r in enumerate(records)]
         try:
-            await _until(lambda: all(len(r.answered) >= READY for r in records), 60, "every session on gw-0")
+            await until(lambda: all(len(r.answered) >= READY for r in records), "every session on gw-0", timeout=60)
             assert {r.first_gateway for r in records} == {"gw-0"}
             await gate.closed_on(SESSIONS)  # every session between two steps: its next observation is held
             cut_at = time.time()
             proxy.block()
             gate.open()
-            await _until(lambda: all(r.moves and r.after_move >= READY for r in records), 60,
-                         "every session moved to gw-1 and stepped there")
+            await until(lambda: all(r.moves and r.after_move >= READY for r in records),
+                        "every session moved to gw-1 and stepped there", timeout=60)
             held, healed_at = proxy.held_bytes, time.time()
             delivered = await proxy.unblock(gap_s=0.1)  # TCP retransmits once the partition heals
-            await _until(lambda: len(fenced()) == SESSIONS, 30, "gw-0 fencing every session's late writes")
+            await until(lambda: len(fenced()) == SESSIONS, "gw-0 fencing every session's late writes")
             fenced_after_s = time.time() - healed_at
             stop.touch()
             await asyncio.gather(*tasks)

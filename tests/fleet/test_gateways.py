@@ -21,6 +21,7 @@ import time
 import pytest
 
 from tests.fleet.support import Clients, Gateways, check_merged, moved_and_resumed, p50_p99_ms
+from tests.support.waiting import until
 
 pytestmark = pytest.mark.slow
 
@@ -76,22 +77,16 @@ def test_sigterm_drains_a_gateway_and_its_sessions_move_at_once(triton, tmp_path
     records = [Record(f"drain-{i}") for i in range(8)]
     stop = tmp_path / "stop"
 
-    async def until(predicate, what: str) -> None:
-        deadline = time.monotonic() + 60
-        while not predicate():
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            await asyncio.sleep(0.01)
-
     async def scenario() -> float:
         channels: dict = {}
         tasks = [asyncio.create_task(sim_session(gateways.addresses, r, channels, stop, 20.0, i, 5.0, i % 2 == 1))
                  for i, r in enumerate(records)]
         try:
-            await until(lambda: all(len(r.answered) >= READY for r in records), "every session up")
+            await until(lambda: all(len(r.answered) >= READY for r in records), "every session up", timeout=60)
             termed_at = time.time()
             gateways.procs[0].send_signal(signal.SIGTERM)
             await until(lambda: all(r.moves and r.after_move >= READY for r in records
-                                    if r.first_gateway == "gw-0"), "the sessions of gw-0 moved")
+                                    if r.first_gateway == "gw-0"), "the sessions of gw-0 moved", timeout=60)
             stop.touch()
             await asyncio.gather(*tasks)
         finally:

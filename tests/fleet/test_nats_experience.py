@@ -28,7 +28,9 @@ from bridge.experience.tee import TeeLog
 from protos import bridge_pb2, experience_pb2
 from protos.codec import encode
 from tests.conftest import ACT, OBS
-from tests.gateway.helpers import hello, running_gateway
+from tests.gateway.helpers import hello
+from tests.support.gateways import running_gateway
+from tests.support.waiting import until, wait_until
 from tether.cluster.nats import NatsCluster, nats_server_binary
 
 pytestmark = pytest.mark.skipif(nats_server_binary() is None,
@@ -83,13 +85,6 @@ async def _stream_leader(cluster: NatsCluster) -> int:
         await nc.close()
 
 
-async def _until(predicate, what: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out after {timeout_s:g} s waiting for {what}"
-        await asyncio.sleep(0.05)
-
-
 def test_stream_leader_killed_no_acknowledged_transition_lost(triton, tmp_path):
     with NatsCluster(tmp_path / "nats", servers=3) as cluster:
         asyncio.run(_leader_killed(triton, cluster, tmp_path))
@@ -102,15 +97,16 @@ async def _leader_killed(triton, cluster: NatsCluster, tmp_path: Path) -> None:
         steppers = [Stepper(gateway.address, f"robot-{i}") for i in range(SESSIONS)]
         tasks = [asyncio.create_task(s.run()) for s in steppers]
         try:
-            await _until(lambda: all(s.session.durable_through >= 20 for s in steppers), "20 durable steps each", 60)
+            await until(lambda: all(s.session.durable_through >= 20 for s in steppers), "20 durable steps each",
+                        timeout=60, period=0.05)
             leader = await _stream_leader(cluster)
             at_kill = {s.session.id: s.sent for s in steppers}
             cluster.kill(leader)
             killed = time.monotonic()
             # every session's durable_through passes what it had sent at the kill, and its replay buffer drains
-            await _until(lambda: all(s.session.durable_through >= at_kill[s.session.id] + 20
-                                     and len(s.session.unacked) <= 10 for s in steppers),
-                         "durable_through past the kill, replay buffers drained", 60)
+            await until(lambda: all(s.session.durable_through >= at_kill[s.session.id] + 20
+                                    and len(s.session.unacked) <= 10 for s in steppers),
+                        "durable_through past the kill, replay buffers drained", timeout=60, period=0.05)
             recovered = time.monotonic() - killed
         finally:
             for s in steppers:
@@ -211,10 +207,12 @@ def test_archiver_killed_and_restarted_archives_every_message_once(tmp_path):
                "--batch", "50"]
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            deadline = time.monotonic() + 60
-            while not archive.is_dir() or sum(1 for _ in read_transitions(archive)) < 500:
-                assert proc.poll() is None and time.monotonic() < deadline, "the archiver did not get going"
-                time.sleep(0.05)
+            def archived() -> int:
+                return sum(1 for _ in read_transitions(archive)) if archive.is_dir() else 0
+
+            wait_until(lambda: proc.poll() is not None or archived() >= 500, "500 transitions archived", timeout=60,
+                       period=0.05)
+            assert proc.poll() is None, "the archiver did not get going"
         finally:
             proc.kill()
             proc.wait()

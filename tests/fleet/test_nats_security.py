@@ -232,7 +232,8 @@ async def _poisoned(triton, cluster: NatsCluster, lab: NatsSecurity, tmp_path: P
     from bridge.experience.archive import Archiver
     from protos.codec import decode
     from tests.conftest import ACT, OBS
-    from tests.gateway.helpers import hello, running_gateway
+    from tests.gateway.helpers import hello
+    from tests.support.gateways import running_gateway
     from trainer.nats_source import JetStreamSource
 
     config = dict(policy=triton.policy, experience_url=cluster.url, nats_user="gateway",

@@ -70,7 +70,7 @@ async def _publish(url: str) -> None:
         await asyncio.gather(*(log.append(_transition(i)) for i in range(TOTAL)))
 
 
-def _wait_line(proc: subprocess.Popen, line: str) -> None:
+def _expect_line(proc: subprocess.Popen, line: str) -> None:
     got = proc.stdout.readline().strip()  # the trainer's polls are bounded (5 s each), the test's timeout too
     assert got == line, f"trainer printed {got!r} (exit {proc.poll()}), expected {line!r}"
 
@@ -82,8 +82,8 @@ def test_unacknowledged_transitions_come_again_after_a_killed_trainer(tmp_path):
         first.mkdir()
         proc = _trainer(cluster.url, first, FIRST, SECOND)
         try:
-            _wait_line(proc, "committed")
-            _wait_line(proc, "polled")
+            _expect_line(proc, "committed")
+            _expect_line(proc, "polled")
         finally:
             proc.kill()  # SIGKILL between a poll and its checkpoint
             proc.wait()
@@ -95,7 +95,7 @@ def test_unacknowledged_transitions_come_again_after_a_killed_trainer(tmp_path):
         second.mkdir()
         proc = _trainer(cluster.url, second, TOTAL - FIRST, 0)
         try:
-            _wait_line(proc, "committed")
+            _expect_line(proc, "committed")
             assert proc.wait(timeout=60) == 0
         finally:
             proc.kill()

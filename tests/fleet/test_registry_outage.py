@@ -30,12 +30,12 @@ import psycopg
 import pytest
 
 from bridge.client import Credentials, aio_channel
+from bridge.common.processes import free_port
 from protos import bridge_pb2, bridge_pb2_grpc, fleet_pb2, fleet_pb2_grpc, policies_pb2, policies_pb2_grpc
 from protos.codec import encode
 from tests.conftest import ACT, OBS
-from tests.fleet.support import ROOT, Gateways, free_port, p50_p99_ms
+from tests.fleet.support import ROOT, Gateways, p50_p99_ms
 from tests.gateway.helpers import hello
-from tests.gateway.test_durable_sessions import start_gateway
 from tests.support.waiting import until
 from tether.cluster.postgres import PostgresServer, postgres_bin_dir
 
@@ -175,11 +175,7 @@ def test_the_database_blackholed_while_8_sessions_step(triton, tmp_path):
         gateways = Gateways(tmp_path, triton.url, 2, url)
         console_port = free_port()
         try:
-            for i, (port, name, d, log) in enumerate(zip(gateways.ports, gateways.names, gateways.dirs, gateways.logs,
-                                                         strict=True)):
-                extra = ["--console-port", str(console_port)] if i == 0 else []
-                gateways.procs.append(start_gateway(triton.url, port, d, log, "--registry", url, "--gateway-id", name,
-                                                    "--idle-timeout-s", "0", *extra))
+            gateways.start(first=["--console-port", str(console_port)])
             figures = asyncio.run(_scenario(gateways.addresses, proxy, functools.partial(_get, console_port)))
             with psycopg.connect(pg.url) as conn:  # durable, after the outage
                 rows = conn.execute("SELECT id, target, released_ns FROM estops").fetchall()

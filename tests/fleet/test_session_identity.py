@@ -18,11 +18,10 @@ import grpc
 import psycopg
 import pytest
 
+from bridge.client import Credentials, aio_channel
 from bridge.registry.ownership import OwnershipRefused, open_ownership
-from bridge.security.channel import secure_channel
 from bridge.security.tokens import TokenStore
 from tests.fleet.support import Gateways
-from tests.gateway.test_durable_sessions import start_gateway
 from tests.gateway.test_session_takeover import Stream
 from tether.cluster.postgres import PostgresServer, postgres_bin_dir
 
@@ -71,16 +70,14 @@ def test_robot_b_cannot_take_robot_a_session_on_either_gateway(triton, tmp_path)
     arm_a, arm_b = store.add("arm_a", role="robot"), store.add("arm_b", role="robot")
     with PostgresServer(tmp_path / "pg") as pg:
         gateways = Gateways(tmp_path, triton.url, 2, pg.url)
-        for port, name, d, log in zip(gateways.ports, gateways.names, gateways.dirs, gateways.logs, strict=True):
-            gateways.procs.append(start_gateway(triton.url, port, d, log, "--registry", pg.url, "--gateway-id", name,
-                                                "--idle-timeout-s", "0", "--tokens", str(tmp_path / "tokens.json"),
-                                                "--fsync-interval-ms", "1"))
+        gateways.start("--tokens", str(tmp_path / "tokens.json"), "--fsync-interval-ms", "1")
 
         async def scenario() -> dict:
             gw0, gw1 = gateways.addresses
             out: dict = {"refused": [], "steps": []}
-            async with secure_channel(gw0, token=arm_a) as a_channel, \
-                    secure_channel(gw0, token=arm_b) as b_here, secure_channel(gw1, token=arm_b) as b_there:
+            async with aio_channel(gw0, Credentials(token=arm_a)) as a_channel, \
+                    aio_channel(gw0, Credentials(token=arm_b)) as b_here, \
+                    aio_channel(gw1, Credentials(token=arm_b)) as b_there:
                 a = await Stream.open(a_channel, "arm-a")
                 assert (a.welcome.owner_epoch, a.welcome.gateway_id) == (1, "gw-0"), a.welcome
                 step = 0
@@ -107,7 +104,8 @@ def test_robot_b_cannot_take_robot_a_session_on_either_gateway(triton, tmp_path)
                     await asyncio.sleep(0.01)
                 await a.call.done_writing()
             # A has left: the id stays bound to robot:arm_a on every gateway; A itself moves to gw-1
-            async with secure_channel(gw1, token=arm_b) as b_there, secure_channel(gw1, token=arm_a) as a_there:
+            async with aio_channel(gw1, Credentials(token=arm_b)) as b_there, \
+                    aio_channel(gw1, Credentials(token=arm_a)) as a_there:
                 with pytest.raises(grpc.aio.AioRpcError) as info:
                     await Stream.open(b_there, "arm-a")
                 out["refused"].append((info.value.code(), info.value.details()))

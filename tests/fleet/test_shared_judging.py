@@ -1,5 +1,5 @@
-"""The leader judges the whole fleet's sessions: two gateways on one PostgreSQL registry (in this process, one
-Triton), every session on the follower B. A flipped version published through B goes shadow -> canary on the
+"""The leader judges the whole fleet's sessions: two gateways on one PostgreSQL registry (in this process, the
+session's Triton), every session on the follower B. A flipped version published through B goes shadow -> canary on the
 leader A's decisions, fed by the samples B ships, and A rolls the regressed canary back; B's sessions follow."""
 
 from __future__ import annotations
@@ -11,13 +11,11 @@ import pytest
 
 from bridge.gateway.rollout.config import RolloutPlan
 from bridge.registry import Thresholds
-from inference_server import ModelRepository, TritonServer
 from protos import policies_pb2_grpc
-from tests.conftest import ACT, OBS
-from tests.gateway.helpers import running_gateway, until
-from tests.gateway.rollout_helpers import Fleet, new_policy, publish, variant
+from tests.gateway.rollout_helpers import Fleet, publish, variant
+from tests.support.gateways import running_gateway
+from tests.support.waiting import until
 from tether.cluster.postgres import PostgresServer, postgres_bin_dir
-from trainer.policy import MLPPolicy
 
 pytestmark = pytest.mark.skipif(postgres_bin_dir() is None, reason="PostgreSQL's initdb is not installed "
                                 "(/usr/lib/postgresql/*/bin/initdb; Debian package postgresql)")
@@ -28,18 +26,15 @@ STAGED = RolloutPlan(mode="staged", shadow_steps=12, canary_labels={"robot": "a"
 LABELS = [{"robot": "a"}, {"robot": "a"}, {"robot": "b"}, {"robot": "b"}]
 
 
-def test_the_leader_rolls_back_a_canary_whose_sessions_are_on_another_gateway(tmp_path):
-    repo = ModelRepository(tmp_path / "models")
-    repo.write_version("seed", 1, MLPPolicy(OBS[0], ACT[0], seed=0), OBS, ACT)
-    with PostgresServer(tmp_path / "pg") as pg, \
-            TritonServer(repo.root, models=["seed"], log_path=tmp_path / "triton.log") as server:
-        v1 = new_policy(server, repo, "judged")
+def test_the_leader_rolls_back_a_canary_whose_sessions_are_on_another_gateway(triton, tmp_path):
+    with PostgresServer(tmp_path / "pg") as pg:
+        v1 = triton.add_policy("judged")
 
         async def scenario():
-            config = dict(triton_timeout_s=60, policy="judged", model_repository=repo.root, registry=pg.url,
+            config = dict(triton_timeout_s=60, policy="judged", model_repository=triton.repo.root, registry=pg.url,
                           rollout=STAGED, switch="episode")
-            async with running_gateway(server.grpc_url, **config) as a, \
-                    running_gateway(server.grpc_url, **config) as b, \
+            async with running_gateway(triton.url, **config) as a, \
+                    running_gateway(triton.url, **config) as b, \
                     grpc.aio.insecure_channel(b.address) as channel:
                 await until(lambda: a.rollout.leading, "gateway A leading")
                 assert not b.rollout.leading

@@ -1,9 +1,9 @@
-"""Two gateway processes on one PostgreSQL registry (issue 16, part 1), with one Triton and one model repository:
-a promote on gateway A is served by gateway B within the follow latency (recorded; the target is 100 ms); 100
-racing promotes on A and B leave exactly one live version at every sampled instant and every action's version was
-live when it was served; PostgreSQL restarted mid-run costs no step, changes are refused (UNAVAILABLE) while it is
-down and B catches up within 2 s after; the advisory leader lock passes to the other gateway when its holder is
-killed with SIGKILL.
+"""Two gateway processes on one PostgreSQL registry (issue 16, part 1), with one Triton and one model repository
+(the session's): a promote on gateway A is served by gateway B within the follow latency (recorded; the target is
+100 ms); 100 racing promotes on A and B leave exactly one live version at every sampled instant and every action's
+version was live when it was served; PostgreSQL restarted mid-run costs no step, changes are refused (UNAVAILABLE)
+while it is down and B catches up within 2 s after; the advisory leader lock passes to the other gateway when its
+holder is killed with SIGKILL.
 
 Every version is pinned to a label no session carries, so all of them stay loaded: a promote moves the registry
 and the routing only (what is measured is the registry's propagation, not Triton's loading). Measurements are
@@ -27,13 +27,12 @@ import pytest
 
 from bridge.registry import Registry, State
 from bridge.registry.follow import LEADER_LOCK_KEY
-from inference_server import ModelRepository, TritonServer
 from protos import bridge_pb2, fleet_pb2, fleet_pb2_grpc, policies_pb2, policies_pb2_grpc
 from tests.conftest import ACT, OBS
 from tests.gateway.helpers import RawSession, hello
+from tests.support.gateways import gateway_process
+from tests.support.waiting import until, wait_until
 from tether.cluster.postgres import PostgresServer, postgres_bin_dir
-from tether.stack import GatewayProcess
-from trainer.policy import MLPPolicy
 
 pytestmark = pytest.mark.skipif(postgres_bin_dir() is None, reason="PostgreSQL's initdb is not installed "
                                 "(/usr/lib/postgresql/*/bin/initdb; Debian package postgresql)")
@@ -46,17 +45,13 @@ FAILOVER_BOUND_S = 10.0
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """PostgreSQL, one Triton serving v1..v6 of `shared`, the registry (v6 live, every version pinned to a label
+def cluster(triton, tmp_path_factory):
+    """PostgreSQL, v1..v6 of `shared` in the session's Triton, the registry (v6 live, every version pinned to a label
     nobody has) and two gateways A and B on it; `figures` gathers what the tests measure."""
     root = tmp_path_factory.mktemp("shared_registry")
-    repo = ModelRepository(root / "models")
-    repo.root.mkdir()
-    for version in range(1, VERSIONS + 1):
-        repo.write_version(POLICY, version, MLPPolicy(OBS[0], ACT[0], seed=version).eval(), OBS, ACT, serve="onnx")
     figures: dict = {}
-    with PostgresServer(root / "pg") as pg, TritonServer(repo.root, log_path=root / "triton.log") as triton:
-        triton.load_model(POLICY)
+    with PostgresServer(root / "pg") as pg:
+        triton.add_policy(POLICY, versions=VERSIONS, seed=1, serve="onnx")
         with Registry(pg.url) as registry:
             for version in range(1, VERSIONS + 1):  # each enters live, the one before retires
                 registry.add(POLICY, version, sha256=f"{version:064x}", format="onnx", lineage={}, inputs=[],
@@ -66,11 +61,10 @@ def cluster(tmp_path_factory):
         gateways = {}
         try:
             for name in ("a", "b"):
-                gateways[name] = GatewayProcess(
-                    triton_url=triton.grpc_url, policy=POLICY, log_path=root / f"gateway-{name}.log",
-                    extra_args=["--registry", pg.url, "--model-repository", str(repo.root), "--switch", "step",
-                                "--gateway-id", f"gw-{name}", "--deadline-ms", "5000"], timeout=90,
-                    die_with_parent=True)
+                gateways[name] = gateway_process(
+                    triton.url, root / f"gateway-{name}.log", "--registry", pg.url, "--model-repository",
+                    triton.repo.root, "--switch", "step", "--gateway-id", f"gw-{name}", "--deadline-ms", "5000",
+                    policy=POLICY, timeout=90)
                 gateways[name].start()
             yield {"pg": pg, "root": root, "figures": figures, **gateways}
         finally:
@@ -128,14 +122,6 @@ async def stepping(*steppers: Stepper):
         assert s.errors == [], f"{s.session_id} on {s.address}: {s.errors[:3]}"
 
 
-async def until(predicate, what: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-        await asyncio.sleep(0.005)
-
-
 def stub(address: str):
     channel = grpc.aio.insecure_channel(address)
     return channel, policies_pb2_grpc.PoliciesStub(channel)
@@ -175,7 +161,7 @@ def test_a_promote_on_a_is_served_by_b(cluster):
                 committed = live_entries(cluster["pg"].url)[-1]
                 assert committed[1] == version
                 await until(lambda v=version, t=committed[0]: on_b.seen_after(v, t) is not None,
-                            f"gateway B serving v{version}", timeout_s=10)
+                            f"gateway B serving v{version}", timeout=10)
                 latencies.append((on_b.seen_after(version, committed[0]) - committed[0]) / 1e9)
         await a_ch.close()
         return latencies
@@ -220,7 +206,7 @@ def test_racing_promotes_leave_one_live_version(cluster):
                                  stream(b, [2 + (i * 2 + 3) % (VERSIONS - 1) for i in range(50)]))
             final = live_now(url)
             await until(lambda: all(s.actions[-1][1] == final for s in steppers), f"every session on v{final}",
-                        timeout_s=FOLLOW_BOUND_S + 5)
+                        timeout=FOLLOW_BOUND_S + 5)
         await a_ch.close()
         await b_ch.close()
         return outcomes, steppers, started
@@ -287,7 +273,7 @@ def test_postgres_restarted_mid_run(cluster):
                     await asyncio.sleep(0.05)
             promoted = time.time_ns()
             await until(lambda: steppers[1].seen_after(target, back) is not None, f"B serving v{target}",
-                        timeout_s=10)
+                        timeout=10)
             caught_up = (steppers[1].seen_after(target, back) - back) / 1e9
         await a_ch.close()
         await b_ch.close()
@@ -313,12 +299,12 @@ def test_an_estop_on_a_holds_a_session_on_b(cluster):
         async with stepping(arm, other):
             latched = time.time_ns()
             await on_a.EStop(fleet_pb2.EStopRequest(robot="arm_9", reason="person in the cell"), timeout=30)
-            await until(lambda: arm.held and arm.held[-1] > latched, "B holding arm_9", timeout_s=FOLLOW_BOUND_S)
+            await until(lambda: arm.held and arm.held[-1] > latched, "B holding arm_9", timeout=FOLLOW_BOUND_S)
             held_after = (arm.held[0] - latched) / 1e9
             await on_b.Release(fleet_pb2.EStopRequest(robot="arm_9", reason="clear"), timeout=30)
             released = time.time_ns()
             await until(lambda: arm.actions[-1][0] > released and arm.held[-1] < arm.actions[-1][0],
-                        "B acting for arm_9 again", timeout_s=FOLLOW_BOUND_S)
+                        "B acting for arm_9 again", timeout=FOLLOW_BOUND_S)
             assert other.held == []
         await a_ch.close()
         await b_ch.close()
@@ -342,17 +328,12 @@ def test_the_leader_lock_passes_on_when_its_holder_is_killed(cluster):
     """Last in this file: it kills one of the gateways."""
     url = cluster["pg"].url
     pids = {cluster["a"].pid: "a", cluster["b"].pid: "b"}
-    deadline = time.monotonic() + 10
-    while leader_pid(url) not in pids:
-        assert time.monotonic() < deadline, f"no gateway holds the leader lock ({leader_pid(url)})"
-        time.sleep(0.05)
-    holder = pids[leader_pid(url)]
+    holder = wait_until(lambda: pids.get(leader_pid(url)), "a gateway holding the leader lock", period=0.05)
     survivor = "b" if holder == "a" else "a"
     os.kill(cluster[holder].pid, signal.SIGKILL)
     killed = time.monotonic()
-    while leader_pid(url) != cluster[survivor].pid:
-        assert time.monotonic() - killed < FAILOVER_BOUND_S, f"the lock did not pass to {survivor}"
-        time.sleep(0.01)
+    wait_until(lambda: leader_pid(url) == cluster[survivor].pid, f"the lock passing to {survivor}",
+               timeout=FAILOVER_BOUND_S, period=0.01)
     failover = time.monotonic() - killed
     cluster["figures"]["leader_failover_s"] = failover
     print(f"\nleader lock: gateway {holder} killed -> gateway {survivor} leads after {failover * 1e3:.0f} ms")

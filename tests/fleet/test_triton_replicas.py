@@ -25,8 +25,10 @@ from inference_server import ModelRepository, TritonServer
 from inference_server.artifacts import ArtifactStore
 from protos import bridge_pb2, policies_pb2_grpc
 from tests.conftest import ACT, OBS
-from tests.gateway.helpers import RawSession, hello, running_gateway, until
+from tests.gateway.helpers import RawSession, hello
 from tests.gateway.rollout_helpers import Fleet, publish, variant
+from tests.support.gateways import running_gateway
+from tests.support.waiting import until
 from trainer.policy import MLPPolicy
 
 THRESHOLDS = Thresholds(min_episodes=2, min_steps=8, max_latency_p99_ratio=1e6)  # latency: a shared box jitters
@@ -42,9 +44,8 @@ def replicas(tmp_path_factory):
     repo_a, repo_b = ModelRepository(root / "a"), ModelRepository(root / "b")
     repo_a.root.mkdir()
     repo_b.root.mkdir()
-    # die_with_parent: a pytest killed outright leaves no tritonserver behind
-    a = TritonServer(repo_a.root, log_path=root / "triton-a.log", die_with_parent=True)
-    b = TritonServer(repo_b.root, log_path=root / "triton-b.log", die_with_parent=True)
+    a = TritonServer(repo_a.root, log_path=root / "triton-a.log")  # a pytest killed outright: the kernel stops it
+    b = TritonServer(repo_b.root, log_path=root / "triton-b.log")
     with a, b:
         yield root, (a, repo_a), (b, repo_b)
 
@@ -242,7 +243,6 @@ def test_a_killed_replica_costs_no_step_and_is_reconciled_before_traffic(replica
             assert gw.replicas.verified_on("kill", 2) == [a.grpc_url]
             await asyncio.to_thread(b.stop)    # removes what the killed server left (its stubs, shared memory)
             restarted = time.time_ns()
-            b.die_with_parent = False          # started from a worker thread: it must outlive that thread
             await asyncio.to_thread(b.start)   # same ports, nothing loaded
             await until(lambda: replica_b.state == "up", "replica b is reconciled")
             assert repo_b.versions("kill") == [1, 2]

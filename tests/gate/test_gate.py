@@ -23,7 +23,7 @@ from protos import bridge_pb2, policies_pb2, policies_pb2_grpc
 from sim.client import run_sessions
 from sim.mujoco import make_env
 from tests.gate.helpers import ACT, OBS, STABLE, Linear, probe_header
-from tests.gateway.helpers import running_gateway
+from tests.support.gateways import running_gateway
 from trainer.policy import GaussianPolicy
 
 ENV = "InvertedPendulum-v5"

@@ -2,29 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 
 import grpc
 import numpy as np
 
-from bridge.app import GatewayApp
-from bridge.gateway.config import GatewayConfig
 from protos import bridge_pb2, bridge_pb2_grpc
 from protos.codec import encode
-
-
-@contextlib.asynccontextmanager
-async def running_gateway(triton_url: str, **config):
-    """A gateway in this event loop. The deadline is generous: this shared 2-core machine stalls."""
-    config.setdefault("deadline_ms", 2000)
-    gateway = GatewayApp(GatewayConfig(triton_url=triton_url, **config))
-    await gateway.start()
-    try:
-        yield gateway
-    finally:
-        await gateway.stop(grace=0.1)
 
 
 class RawSession:
@@ -66,15 +50,3 @@ def hello(session_id: str = "", *, obs, act, policy: str = "") -> bridge_pb2.Hel
                             observation_spec=[s.to_proto() for s in obs],
                             action_spec=[s.to_proto() for s in act])
 
-
-async def until(predicate, what: str, *, timeout_s: float = 30.0, period_s: float = 0.02) -> None:
-    """Polls `predicate()` until it is true: a wait on state, never a sleep-then-assert. AssertionError
-    naming `what` after `timeout_s` (generous: this shared machine stalls).
-
-        await until(lambda: len(gw.closed_stats) == 3, "the gateway closed the 3 streams")
-    """
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-        await asyncio.sleep(period_s)

@@ -1,5 +1,5 @@
-"""Shared pieces of the rollout tests: a policy model of its own in a shared Triton, publishing a
-version, and a small fleet of raw sessions whose env reward depends on the action they got."""
+"""Shared pieces of the rollout tests (each adds a policy of its own to the session's Triton: `triton.add_policy`):
+publishing a version, and a small fleet of raw sessions whose env reward depends on the action they got."""
 
 from __future__ import annotations
 
@@ -16,13 +16,6 @@ from protos.codec import decode, encode
 from tests.conftest import ACT, OBS
 from tests.gateway.helpers import RawSession, hello
 from trainer.policy import MLPPolicy
-
-
-def new_policy(server, repo, name: str, seed: int = 0) -> MLPPolicy:
-    module = MLPPolicy(OBS[0], ACT[0], seed=seed).eval()
-    repo.write_version(name, 1, module, OBS, ACT)
-    server.load_model(name)
-    return module
 
 
 def variant(module: MLPPolicy, *, scale: float = 1.0, flip: bool = False) -> dict[str, torch.Tensor]:

@@ -12,7 +12,7 @@ from bridge.gateway.session.session import Session
 from bridge.gateway.versions.catalog import ServedPolicy
 from protos import bridge_pb2
 from protos.codec import Spec, decode, encode
-from tests.gateway.helpers import until
+from tests.support.waiting import until
 
 OBS = (Spec("obs", np.float32, (2,)),)
 ACT = (Spec("act", np.float32, (2,)),)

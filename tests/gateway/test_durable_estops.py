@@ -19,7 +19,7 @@ from protos import bridge_pb2, fleet_pb2, fleet_pb2_grpc
 from protos.codec import decode
 from tests.conftest import ACT, OBS
 from tests.gateway.helpers import RawSession, hello
-from tests.gateway.test_durable_sessions import start_gateway
+from tests.support.gateways import start_gateway
 
 pytestmark = pytest.mark.slow
 OPERATOR = (("x-tether-operator", "ada"),)  # open access (loopback, no tokens): the name the audit shows
@@ -55,9 +55,9 @@ async def fleet_call(address: str, method: str, request=None):
         return await getattr(stub, method)(request or fleet_pb2.StatusRequest(), metadata=OPERATOR, timeout=30)
 
 
-def kill_9(proc) -> None:
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(30)
+def kill_9(gateway) -> None:
+    os.kill(gateway.pid, signal.SIGKILL)
+    gateway.stop()  # reaped
 
 
 @pytest.mark.parametrize("where", ["registry", "experience_dir"])
@@ -71,7 +71,8 @@ def test_an_estop_holds_through_kill_9_and_restart_until_released_on_purpose(tri
     rng = np.random.default_rng(0)
 
     def start():
-        return start_gateway(triton.url, unused_port, tmp_path / "experience", tmp_path / "gateway.log", *extra)
+        return start_gateway(triton.url, tmp_path / "gateway.log", "--experience-dir", tmp_path / "experience", *extra,
+                             port=unused_port)
 
     async def before_the_crash() -> tuple[str, str]:
         async with RawSession(address, robot_hello(robot="arm_7")) as arm, \

@@ -6,33 +6,26 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import defaultdict
 
+import numpy as np
 import pytest
 from mcap.reader import make_reader
 
 from bridge.experience import read_transitions
 from bridge.experience.segment import TOPIC
+from protos import bridge_pb2
+from protos.codec import encode
 from sim.client import run_sessions
 from sim.mujoco import make_env
-from tether.topology import gateway_process
+from tests.conftest import ACT, OBS
+from tests.gateway.helpers import RawSession, hello
+from tests.support.gateways import gateway_process, running_gateway, start_gateway
+from tests.support.waiting import until
 
 pytestmark = pytest.mark.slow
-
-
-def start_gateway(triton_url: str, port: int, log_dir, log_path, *extra_args: str) -> subprocess.Popen:
-    """`tether gateway` as a process (to kill -9), once it serves; `extra_args` go on its command line."""
-    cmd = [sys.executable, "-m", "tether", "gateway", "--triton", triton_url, "--policy", "tiny",
-           "--port", str(port), "--experience-dir", str(log_dir), "--deadline-ms", "2000", *extra_args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(log_path, "a"), text=True,  # noqa: SIM115
-                            start_new_session=True)
-    line = proc.stdout.readline()
-    assert line.startswith("gateway listening on"), (line, log_path.read_text()[-2000:])
-    return proc
 
 
 def check_log_is_every_answered_step_once(log_dir, sessions: int) -> dict[str, list[int]]:
@@ -63,7 +56,7 @@ def check_log_is_every_answered_step_once(log_dir, sessions: int) -> dict[str, l
 
 def test_kill_9_mid_stream_then_restart_loses_and_duplicates_nothing(triton, tmp_path, unused_port):
     log_dir = tmp_path / "experience"
-    first = start_gateway(triton.url, unused_port, log_dir, tmp_path / "gateway.log")
+    first = start_gateway(triton.url, tmp_path / "gateway.log", "--experience-dir", log_dir, port=unused_port)
     address = f"127.0.0.1:{unused_port}"
     restarted = threading.Event()
     killed_at: list[float] = []
@@ -72,10 +65,9 @@ def test_kill_9_mid_stream_then_restart_loses_and_duplicates_nothing(triton, tmp
         time.sleep(1.5)
         killed_at.append(time.monotonic())
         os.kill(first.pid, signal.SIGKILL)
-        first.wait()
+        first.proc.wait()
         time.sleep(0.3)
-        with gateway_process(triton_url=triton.url, policy="tiny", log_path=tmp_path / "gateway.log", port=unused_port,
-                             extra_args=("--experience-dir", str(log_dir), "--deadline-ms", "2000")):
+        with gateway_process(triton.url, tmp_path / "gateway.log", "--experience-dir", log_dir, port=unused_port):
             restarted.set()
             done.wait(60)
 
@@ -88,8 +80,7 @@ def test_kill_9_mid_stream_then_restart_loses_and_duplicates_nothing(triton, tmp
     finally:
         done.set()
         crasher.join(30)
-        if first.poll() is None:
-            first.kill()
+        first.stop()
     assert restarted.is_set() and stats.reconnects == 3
     assert not stats.errors, stats.errors
     steps = check_log_is_every_answered_step_once(log_dir, sessions=3)
@@ -99,13 +90,6 @@ def test_kill_9_mid_stream_then_restart_loses_and_duplicates_nothing(triton, tmp
 def test_replay_logs_what_the_log_lacks_once_and_completes_the_pending_step(triton, tmp_path):
     """A client that lost its gateway resends steps 0..2 (2 without its successor); the new gateway
     logs them, drops the ones it already has, and the live step 3 completes step 2."""
-    import numpy as np
-
-    from protos import bridge_pb2
-    from protos.codec import encode
-    from tests.conftest import ACT, OBS
-    from tests.gateway.helpers import RawSession, hello, running_gateway, until
-
     log_dir = tmp_path / "experience"
 
     def observation(step, step_type=bridge_pb2.MID, reward=1.0):

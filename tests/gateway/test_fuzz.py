@@ -25,7 +25,8 @@ import numpy as np
 
 from protos import bridge_pb2
 from tests.conftest import ACT, OBS
-from tests.gateway.helpers import RawSession, hello, running_gateway
+from tests.gateway.helpers import RawSession, hello
+from tests.support.gateways import running_gateway
 
 TOTAL = int(os.environ.get("TETHER_FUZZ_MESSAGES", 100_000))
 DEADLINE_MS = 2000

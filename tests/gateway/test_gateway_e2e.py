@@ -16,7 +16,8 @@ from inference_server import TritonServer
 from protos import bridge_pb2
 from protos.codec import Spec, decode, encode
 from tests.conftest import ACT, OBS
-from tests.gateway.helpers import RawSession, hello, running_gateway
+from tests.gateway.helpers import RawSession, hello
+from tests.support.gateways import running_gateway
 
 Code = bridge_pb2.StepError.Code
 

@@ -14,7 +14,8 @@ import pytest
 from protos import bridge_pb2, fleet_pb2, fleet_pb2_grpc
 from protos.codec import decode
 from tests.conftest import ACT, OBS
-from tests.gateway.helpers import RawSession, hello, running_gateway
+from tests.gateway.helpers import RawSession, hello
+from tests.support.gateways import running_gateway
 
 
 def robot_hello(session_id: str, **labels: str) -> bridge_pb2.Hello:

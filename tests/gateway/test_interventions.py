@@ -12,14 +12,13 @@ import numpy as np
 import pytest
 
 from bridge.experience import read_transitions
-from inference_server import ModelRepository, TritonServer
 from protos import bridge_pb2, policies_pb2, policies_pb2_grpc
 from protos.codec import decode, encode
 from tests.conftest import ACT, OBS
-from tests.gateway.helpers import RawSession, hello, running_gateway, until
-from tests.gateway.rollout_helpers import new_policy
+from tests.gateway.helpers import RawSession, hello
+from tests.support.gateways import running_gateway
+from tests.support.waiting import until
 from tether.rollout_cli import render
-from trainer.policy import MLPPolicy
 
 N = 4                       # envs of the vectorised session
 PERSON = np.array([0.9, -0.9, 0.5], np.float32)   # what the person's command applied
@@ -27,29 +26,20 @@ STEPS = 10                  # MID steps of the single-env episode
 FLAGGED = {3, 4, 5}         # observations whose previous step a person acted
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    repo = ModelRepository(tmp_path_factory.mktemp("interventions") / "models")
-    repo.write_version("seed", 1, MLPPolicy(OBS[0], ACT[0], seed=0), OBS, ACT)
-    with TritonServer(repo.root, models=["seed"], log_path=repo.root.parent / "triton.log") as server:
-        yield server, repo
-
-
 async def _send(s: RawSession, obs: bridge_pb2.Observation) -> bridge_pb2.ServerMessage:
     await s.call.write(bridge_pb2.ClientMessage(observation=obs))
     return await s.call.read()
 
 
-def test_interventions_are_logged_and_counted_per_version(served, tmp_path):
-    server, repo = served
-    new_policy(server, repo, "iv")
+def test_interventions_are_logged_and_counted_per_version(triton, tmp_path):
+    triton.add_policy("iv")
     log_dir = tmp_path / "experience"
     rng = np.random.default_rng(0)
 
     vector_applied: dict[int, np.ndarray] = {}   # step -> the (N, 3) rows the vector session reported applied
 
     async def scenario():
-        async with running_gateway(server.grpc_url, triton_timeout_s=60, policy="iv", model_repository=repo.root,
+        async with running_gateway(triton.url, triton_timeout_s=60, policy="iv", **triton.publishing(tmp_path),
                                    experience_dir=log_dir) as gw, grpc.aio.insecure_channel(gw.address) as channel:
             async with RawSession(gw.address, hello("one", obs=OBS, act=ACT, policy="iv")) as s:
                 for t in range(STEPS + 2):

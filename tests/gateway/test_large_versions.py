@@ -22,14 +22,15 @@ import numpy as np
 import pytest
 import torch
 
-from bridge.client import sync_channel
+from bridge.client import PoliciesClient
+from bridge.client.weights import safetensors_parts
 from inference_server import ModelRepository, TritonServer
-from protos import codec, policies_pb2, policies_pb2_grpc
+from protos import codec, policies_pb2
 from tests.conftest import ACT, OBS
-from tests.gateway.helpers import RawSession, hello, until
+from tests.gateway.helpers import RawSession, hello
+from tests.support.waiting import until
 from tether.stack import GatewayProcess
 from trainer.policy import MLPPolicy
-from trainer.weights import PolicyClient, safetensors_parts
 
 HIDDEN = (5000, 5000)  # 25 M float32 parameters: a 100 MB version
 DEADLINE_MS = 2000     # clearly met at 20 Hz on this loaded 2-core machine (load 10-16: steps take 5-400 ms, once 1 s)
@@ -102,6 +103,10 @@ def incoming(repo: ModelRepository) -> list[str]:
     return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
 
 
+def part_bytes(repo: ModelRepository) -> int:
+    return sum((repo.root / ".incoming" / n).stat().st_size for n in incoming(repo) if n.endswith(".part"))
+
+
 def test_a_large_version_goes_live_while_sessions_act_without_a_step_error_and_streams_to_disk(wide):
     gateway, repo, module = wide
     state = perturbed(module, 1)
@@ -111,7 +116,7 @@ def test_a_large_version_goes_live_while_sessions_act_without_a_step_error_and_s
     async def main():
         stop, replies = asyncio.Event(), [[], []]
         sessions = [asyncio.create_task(act(gateway.address, i, stop, replies[i])) for i in range(2)]
-        await until(lambda: all(len(r) >= 5 for r in replies), "both sessions acting", timeout_s=60)
+        await until(lambda: all(len(r) >= 5 for r in replies), "both sessions acting", timeout=60)
         before = [len(r) for r in replies]
         peak, sampling = [rss_kib(gateway.pid)], threading.Event()
 
@@ -123,7 +128,7 @@ def test_a_large_version_goes_live_while_sessions_act_without_a_step_error_and_s
         sampler = threading.Thread(target=sample)
         sampler.start()
         try:
-            with PolicyClient(gateway.address, timeout_s=180) as client:
+            with PoliciesClient(gateway.address, timeout_s=180) as client:
                 reply = await asyncio.to_thread(
                     client.publish, "wide", state, lineage=policies_pb2.Lineage(parent_version=1, trainer="test"),
                     probe_inputs=probe_inputs, probe_outputs=probe_outputs)
@@ -168,18 +173,20 @@ def test_a_publish_cut_off_or_with_a_wrong_sha256_leaves_no_file_and_the_live_ve
     async def main():
         stop, replies = asyncio.Event(), []
         session = asyncio.create_task(act(gateway.address, 9, stop, replies))
-        await until(lambda: len(replies) >= 3, "the session acting", timeout_s=60)
+        await until(lambda: len(replies) >= 3, "the session acting", timeout=60)
         live = replies[-1][1]
-        # a client killed mid-stream: 40 of the 100 MB it announced sent, then SIGKILL
+        # a client killed mid-stream: 40 of the 100 MB it announced sent (and written by the gateway), then SIGKILL.
+        # The gateway's stream ends at once and gRPC cancels the servicer as it removes the file: the removal must
+        # survive that (bridge.gateway.versions.uploads.finished)
         sender = subprocess.Popen([sys.executable, "-c", _SENDER, gateway.address], stdout=subprocess.PIPE,
                                   text=True)
         try:
             assert (await asyncio.to_thread(sender.stdout.readline)).strip() == "sent 40 MiB"
-            await until(lambda: any(n.endswith(".part") for n in incoming(repo)), "the partial upload on disk")
+            await until(lambda: part_bytes(repo) == 40 << 20, "the 40 MiB sent written to the partial upload")
         finally:
             sender.send_signal(signal.SIGKILL)
             sender.wait(10)
-        await until(lambda: incoming(repo) == [], "the partial upload removed after the client died", timeout_s=30)
+        await until(lambda: incoming(repo) == [], "the partial upload removed after the client died", timeout=30)
         # the whole version, with a sha256 that is not its own: the gate's integrity check refuses it
         with pytest.raises(grpc.RpcError) as refused:
             await asyncio.to_thread(_publish_with_wrong_sha256, gateway.address, state, probe_inputs, probe_outputs)
@@ -198,8 +205,8 @@ def test_a_publish_cut_off_or_with_a_wrong_sha256_leaves_no_file_and_the_live_ve
     assert incoming(repo) == []
     assert sorted(p.name for p in (repo.root / "wide").iterdir()) == folders  # no version folder added
     assert all(r[0] == "action" and r[1] == live for r in replies), replies[-5:]
-    with sync_channel(gateway.address) as channel:
-        listing = policies_pb2_grpc.PoliciesStub(channel).List(policies_pb2.ListRequest(policy="wide"))
+    with PoliciesClient(gateway.address) as client:
+        listing = client.list("wide")
     assert listing.newest == live
 
 
@@ -217,8 +224,8 @@ def _publish_with_wrong_sha256(address: str, state, probe_inputs, probe_outputs)
             for i in range(0, len(view), 1 << 20):
                 yield policies_pb2.PublishChunk(data=bytes(view[i:i + (1 << 20)]))
 
-    with sync_channel(address) as channel:
-        policies_pb2_grpc.PoliciesStub(channel).Publish(chunks(), timeout=180)
+    with PoliciesClient(address, timeout_s=180) as client:
+        client.publish_stream(chunks())
 
 
 def _publish_bytes(address: str, data: bytes) -> None:
@@ -226,8 +233,8 @@ def _publish_bytes(address: str, data: bytes) -> None:
                                         sha256=hashlib.sha256(data).hexdigest())
     chunks = [policies_pb2.PublishChunk(header=header)]
     chunks += [policies_pb2.PublishChunk(data=data[i:i + (1 << 20)]) for i in range(0, len(data), 1 << 20)]
-    with sync_channel(address) as channel:
-        policies_pb2_grpc.PoliciesStub(channel).Publish(iter(chunks), timeout=180)
+    with PoliciesClient(address, timeout_s=180) as client:
+        client.publish_stream(chunks)
 
 
 # a publisher that announces 100 MiB, sends 40 and then waits to be killed

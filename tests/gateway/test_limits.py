@@ -20,7 +20,8 @@ from bridge.gateway.session.limits import Limits
 from protos import bridge_pb2, bridge_pb2_grpc
 from protos.codec import encode
 from tests.conftest import ACT, OBS
-from tests.gateway.helpers import RawSession, hello, running_gateway
+from tests.gateway.helpers import RawSession, hello
+from tests.support.gateways import running_gateway
 
 Status = grpc.StatusCode
 

@@ -7,11 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
+import re
 import urllib.request
 
 import grpc
@@ -23,34 +19,16 @@ from bridge.experience.segment import is_finished, list_segments
 from protos import fleet_pb2, fleet_pb2_grpc
 from tests.conftest import ACT, OBS
 from tests.gateway.helpers import RawSession, hello
+from tests.support.gateways import gateway_process
+from tests.support.waiting import until, wait_until
 
 pytestmark = pytest.mark.slow
-
-
-def start_gateway(triton_url: str, port: int, log_dir, log_path, fault, *extra: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "tether", "gateway", "--triton", triton_url, "--policy", "tiny",
-           "--port", str(port), "--experience-dir", str(log_dir), "--deadline-ms", "2000", *extra]
-    env = {**os.environ, "TETHER_LOG_FAULTS": str(fault)}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(log_path, "a"), text=True,  # noqa: SIM115
-                            start_new_session=True, env=env)
-    line = proc.stdout.readline()
-    assert line.startswith("gateway listening on"), (line, log_path.read_text()[-2000:])
-    return proc
+POLL = {"timeout": 60.0, "period": 0.02}  # each poll of a state asks the gateway over gRPC
 
 
 def _get(url: str) -> str:
     with urllib.request.urlopen(url, timeout=10) as response:
         return response.read().decode()
-
-
-async def _until(predicate, what: str, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
 
 
 def test_enospc_with_two_sessions_acting_throughout_then_logging_resumes(triton, tmp_path, unused_port):
@@ -84,10 +62,10 @@ def test_enospc_with_two_sessions_acting_throughout_then_logging_resumes(triton,
                         task.result()  # a session that broke fails the test here
                 return all(r and r[-1][2] >= n for r in replies.values())
 
-            await _until(lambda: durable_at_least(5), "steps durable before the fault")
+            await until(lambda: durable_at_least(5), "steps durable before the fault", **POLL)
             assert await logging_is("ok")
             fault.write_text("ENOSPC")
-            state = await _until(lambda: logging_is("degraded: ENOSPC"), "logging degraded")
+            state = await until(lambda: logging_is("degraded: ENOSPC"), "logging degraded", **POLL)
             marks = {name: len(r) for name, r in replies.items()}
             shown = await asyncio.to_thread(_get, f"{console}/api/state")
             assert json.loads(shown)["gateway"]["logging"].startswith("degraded: ENOSPC")  # the console's view
@@ -97,16 +75,16 @@ def test_enospc_with_two_sessions_acting_throughout_then_logging_resumes(triton,
                 await durable_at_least(0)
                 return all(len(r) >= marks[name] + n for name, r in replies.items())
 
-            await _until(lambda: acted_on(40), "sessions acting during the fault")
+            await until(lambda: acted_on(40), "sessions acting during the fault", **POLL)
             assert await logging_is("degraded: ENOSPC")  # still: the writer's retries fail too
             # from the second reply on after degraded showed: acks the writer had sent before its failed write
             # are on the gateway's loop by then (a reply in flight at the mark may predate them)
             during = {name: r[marks[name] + 2:] for name, r in replies.items()}
             fault.unlink()
-            await _until(lambda: logging_is("ok"), "logging resumed")
+            await until(lambda: logging_is("ok"), "logging resumed", **POLL)
             assert "tether_experience_degraded 0.0" in await asyncio.to_thread(_get, f"{console}/metrics")
             last_fault_step = {name: r[-1][0] for name, r in during.items()}
-            await _until(lambda: durable_at_least(max(last_fault_step.values()) + 1), "durable again")
+            await until(lambda: durable_at_least(max(last_fault_step.values()) + 1), "durable again", **POLL)
             stop.set()
             await asyncio.gather(*tasks)
         await channel.close()
@@ -116,18 +94,13 @@ def test_enospc_with_two_sessions_acting_throughout_then_logging_resumes(triton,
         assert "ENOSPC" in state and "transitions kept" in state
         return {name: r[-1][0] + 1 for name, r in replies.items()}
 
-    gateway = start_gateway(triton.url, unused_port, log_dir, log_path, fault, "--console-port", "0")
-    console = gateway.stdout.readline().split()[-1].rstrip("/")
-    assert console.startswith("http://127.0.0.1:"), console
-    try:
+    with gateway_process(triton.url, log_path, "--experience-dir", log_dir, "--console-port", "0", port=unused_port,
+                         env={"TETHER_LOG_FAULTS": str(fault)}, grace_s=30) as gateway:
+        shown = wait_until(lambda: re.search(r"^console on (\S+)", log_path.read_text(), re.M), "the console's URL")
+        console = shown.group(1).rstrip("/")
+        assert console.startswith("http://127.0.0.1:"), console
         sent = asyncio.run(scenario())
-    finally:
-        gateway.send_signal(signal.SIGTERM)
-        try:
-            gateway.wait(30)
-        except subprocess.TimeoutExpired:
-            gateway.kill()
-    assert gateway.returncode == 0, log_path.read_text()[-3000:]
+    assert gateway.proc.returncode == 0, log_path.read_text()[-3000:]
     for name, r in replies.items():
         kinds = {kind for _, kind, _ in r}
         assert kinds == {"action"}, f"{name}: every step answered with an action, got {kinds}"
@@ -144,7 +117,7 @@ def test_enospc_with_two_sessions_acting_throughout_then_logging_resumes(triton,
     assert "logging degraded" in log_path.read_text() and "writing resumed" in log_path.read_text()
 
 
-def test_tether_gateway_log_retention_flags_prune_the_oldest_finished_segments(triton, tmp_path, unused_port):
+def test_tether_gateway_log_retention_flags_prune_the_oldest_finished_segments(triton, tmp_path):
     from bridge.experience import ExperienceLog
     from tests.experience.helpers import transition
 
@@ -157,18 +130,14 @@ def test_tether_gateway_log_retention_flags_prune_the_oldest_finished_segments(t
     asyncio.run(fill())
     before = [p for _, p in list_segments(log_dir)]
     assert sum(p.stat().st_size for p in before) > 1 << 20 and len(before) > 12
-    gateway = start_gateway(triton.url, unused_port, log_dir, tmp_path / "gateway.log", tmp_path / "no-fault",
-                            "--log-retention-mb", "0.5", "--log-retention-hours", "48")
-    try:
-        deadline = time.monotonic() + 30
-        while "retention deleted" not in (tmp_path / "gateway.log").read_text():  # logged once pruning is done
-            assert time.monotonic() < deadline and gateway.poll() is None, (tmp_path / "gateway.log").read_text()
-            time.sleep(0.05)
+    gateway_log = tmp_path / "gateway.log"
+    with gateway_process(triton.url, gateway_log, "--experience-dir", log_dir, "--log-retention-mb", "0.5",
+                         "--log-retention-hours", "48", grace_s=30) as gateway:
+        wait_until(lambda: "retention deleted" in gateway_log.read_text() or gateway.proc.poll() is not None,
+                   "the retention's first pass (logged once it is done)", timeout=30)
+        assert gateway.proc.poll() is None, gateway_log.read_text()
         assert sum(p.stat().st_size for _, p in list_segments(log_dir)) <= 512 << 10
         after = [p for _, p in list_segments(log_dir)]
         assert after == before[len(before) - len(after):] and before[-1] in after  # oldest first, newest kept
         steps = [t.step for t in read_transitions(log_dir)]
         assert steps == list(range(steps[0], 200)) and steps[0] > 0
-    finally:
-        gateway.send_signal(signal.SIGTERM)
-        gateway.wait(30)

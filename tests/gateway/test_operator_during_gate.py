@@ -20,8 +20,8 @@ from bridge.gateway.versions.publisher import PublishLimits
 from bridge.registry import Thresholds
 from bridge.security.tokens import TokenStore
 from protos import fleet_pb2, fleet_pb2_grpc, policies_pb2, policies_pb2_grpc
-from tests.gateway.helpers import running_gateway
-from tests.gateway.rollout_helpers import Fleet, new_policy, publish, variant
+from tests.gateway.rollout_helpers import Fleet, publish, variant
+from tests.support.gateways import running_gateway
 
 ANSWER_S = 1.0  # each call also has a 30 s deadline: behind the old lock it would wait for the whole gate
 HELD = GateConfig(eval_env="Held-v0", eval_episodes=2)  # evaluation runs (the evaluator is the stand-in below)
@@ -50,9 +50,10 @@ class HeldEvaluator:
         return [1.0] * episodes
 
 
-def gateway(triton, policy: str, **config):
-    return running_gateway(triton.url, triton_timeout_s=60, policy=policy, model_repository=triton.repo.root,
-                           gate=HELD, **config)
+def gateway(triton, folder, policy: str, **config):
+    """On the session's Triton, publishing into its repository with a registry of its own in `folder`."""
+    return running_gateway(triton.url, triton_timeout_s=60, policy=policy, **triton.publishing(folder), gate=HELD,
+                           **config)
 
 
 async def timed(call) -> tuple[float, object]:
@@ -72,11 +73,11 @@ async def held_publish(gw, stub, evaluator, module, version: int, **kw) -> async
     return task
 
 
-def test_operators_are_answered_within_a_second_while_a_publish_is_gated(triton):
-    module = new_policy(triton.server, triton.repo, "heldgate")
+def test_operators_are_answered_within_a_second_while_a_publish_is_gated(triton, tmp_path):
+    module = triton.add_policy("heldgate")
 
     async def scenario():
-        async with gateway(triton, "heldgate") as gw, grpc.aio.insecure_channel(gw.address) as channel:
+        async with gateway(triton, tmp_path, "heldgate") as gw, grpc.aio.insecure_channel(gw.address) as channel:
             evaluator = gw.rollout.gate.evaluator = HeldEvaluator(gw.rollout)
             stub, fleet = policies_pb2_grpc.PoliciesStub(channel), fleet_pb2_grpc.FleetStub(channel)
             evaluator.release.set()
@@ -125,11 +126,11 @@ def test_operators_are_answered_within_a_second_while_a_publish_is_gated(triton)
     asyncio.run(scenario())
 
 
-def test_publishes_past_the_caps_are_refused_with_resource_exhausted(triton):
-    module = new_policy(triton.server, triton.repo, "capped")
+def test_publishes_past_the_caps_are_refused_with_resource_exhausted(triton, tmp_path):
+    module = triton.add_policy("capped")
 
     async def scenario():
-        async with gateway(triton, "capped") as gw, grpc.aio.insecure_channel(gw.address) as channel:
+        async with gateway(triton, tmp_path, "capped") as gw, grpc.aio.insecure_channel(gw.address) as channel:
             evaluator = gw.rollout.gate.evaluator = HeldEvaluator(gw.rollout)
             stub = policies_pb2_grpc.PoliciesStub(channel)
             gw.publisher.admission.limits = PublishLimits(max_inflight=1)
@@ -155,12 +156,12 @@ def test_publishes_past_the_caps_are_refused_with_resource_exhausted(triton):
 
 
 def test_publish_audits_the_authenticated_identity_and_bad_tokens_cost_one_scrypt_each(triton, tmp_path):
-    module = new_policy(triton.server, triton.repo, "audited")
+    module = triton.add_policy("audited")
     store = TokenStore(tmp_path / "tokens.json")
     trainer = store.add("ci", role="trainer")
 
     async def scenario():
-        async with gateway(triton, "audited", tokens=tmp_path / "tokens.json") as gw, \
+        async with gateway(triton, tmp_path, "audited", tokens=tmp_path / "tokens.json") as gw, \
                 grpc.aio.insecure_channel(gw.address) as channel:
             gw.rollout.gate.evaluator = HeldEvaluator(gw.rollout)
             gw.rollout.gate.evaluator.release.set()
@@ -196,16 +197,16 @@ def test_publish_audits_the_authenticated_identity_and_bad_tokens_cost_one_scryp
     asyncio.run(scenario())
 
 
-def test_a_regressing_canary_is_rolled_back_automatically_while_a_publish_is_gated(triton):
+def test_a_regressing_canary_is_rolled_back_automatically_while_a_publish_is_gated(triton, tmp_path):
     """The judging loop takes the rollout lock every tick: it rolls back a canary whose sessions earn
     negative returns while another version's evaluation is held; the held version then goes on."""
-    module = new_policy(triton.server, triton.repo, "autoback")
+    module = triton.add_policy("autoback")
     plan = RolloutPlan(mode="staged", shadow_steps=10**6, canary_episodes=10**6, tick_s=0.05,
                        thresholds=Thresholds(min_episodes=3, min_steps=12, max_latency_p99_ratio=1e6))
     labels = [{"robot": "a"}, {"robot": "a"}, {"robot": "b"}, {"robot": "b"}]
 
     async def scenario():
-        async with gateway(triton, "autoback", rollout=plan, switch="episode") as gw, \
+        async with gateway(triton, tmp_path, "autoback", rollout=plan, switch="episode") as gw, \
                 grpc.aio.insecure_channel(gw.address) as channel:
             evaluator = gw.rollout.gate.evaluator = HeldEvaluator(gw.rollout)
             stub = policies_pb2_grpc.PoliciesStub(channel)

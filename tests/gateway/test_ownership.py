@@ -17,7 +17,9 @@ from bridge.registry.ownership import SqliteOwnership
 from protos import bridge_pb2, bridge_pb2_grpc
 from protos.codec import encode
 from tests.conftest import ACT, OBS
-from tests.gateway.helpers import hello, running_gateway, until
+from tests.gateway.helpers import hello
+from tests.support.gateways import running_gateway
+from tests.support.waiting import until
 
 
 async def _open(address: str, msg: bridge_pb2.Hello):

@@ -7,6 +7,7 @@ serves the versions again from their files on disk."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import statistics
@@ -16,17 +17,18 @@ import grpc
 import numpy as np
 import pytest
 
+from bridge.client import PoliciesClient
+from bridge.common.processes import group_members
 from bridge.gate.checks import SERVING_TOLERANCES
 from bridge.gateway.config import GatewayConfig
 from inference_server import InferenceError, ModelRepository, TritonServer
 from inference_server.repository import versions_model_name
-from inference_server.server import group_members
 from protos import policies_pb2
-from tests.gateway.helpers import running_gateway
 from tests.gateway.test_weight_sync import ENV, limit_s, probe, publish_a_wrong_then_the_right_export, trained
-from tether.topology import write_initial_policy
-from trainer.weights import PolicyClient
-from trainer.worker import probe_outputs
+from tests.support.gateways import running_gateway
+from tests.support.waiting import until
+from tether.initial_policy import write_initial_policy
+from trainer.policy import probe_outputs
 
 RTOL, ATOL = SERVING_TOLERANCES["onnx"]["float32"]  # the gate's onnxruntime tolerance: |d| <= atol + rtol * |want|
 
@@ -35,8 +37,9 @@ def close(got: np.ndarray, want: np.ndarray) -> bool:
     return bool(np.all(np.abs(got - want) <= ATOL + RTOL * np.abs(want)))
 
 
-def triton(repo: ModelRepository, name: str, **ports) -> TritonServer:
-    """Triton loading only the persistent model (as `tether demo --train` starts it); not started."""
+def own_triton(repo: ModelRepository, name: str, **ports) -> TritonServer:
+    """A Triton of its own (its processes are counted, or it is killed) loading only the persistent model, as
+    `tether demo --train` starts it; not started."""
     return TritonServer(repo.root, models=[versions_model_name(name)], log_path=repo.root.parent / "triton.log",
                         **ports)
 
@@ -49,7 +52,7 @@ def policy_repo(tmp_path):
     return repo, name
 
 
-def publish(client: PolicyClient, repo: ModelRepository, name: str, seed: int):
+def publish(client: PoliciesClient, repo: ModelRepository, name: str, seed: int):
     parent = repo.versions(name)[-1]
     policy, batch = trained(repo, name, parent, seed=seed), probe(seed)
     reply = client.publish(name, policy.state_dict(), probe_inputs={"observation": batch},
@@ -74,7 +77,7 @@ def test_each_version_is_served_at_exactly_its_weights_by_one_persistent_process
         async with running_gateway(server.grpc_url, policy=name, model_repository=repo.root,
                                    persistent_versions=True) as gw:
             published, seconds = {}, []
-            with PolicyClient(gw.address) as client:
+            with PoliciesClient(gw.address) as client:
                 for seed in range(4):
                     started = time.monotonic()
                     reply, policy = await asyncio.to_thread(publish, client, repo, name, seed)
@@ -99,7 +102,7 @@ def test_each_version_is_served_at_exactly_its_weights_by_one_persistent_process
             return seconds
 
     load = os.getloadavg()[0]
-    with triton(repo, name) as server:
+    with own_triton(repo, name) as server:
         seconds = asyncio.run(scenario(server))
         # tritonserver and one python-backend stub: no process was started per version
         assert len(group_members(server.pid)) == 2, group_members(server.pid)
@@ -108,16 +111,16 @@ def test_each_version_is_served_at_exactly_its_weights_by_one_persistent_process
     assert statistics.median(seconds[1:]) < limit_s(load), seconds
 
 
-def test_the_consistency_check_still_rejects_a_wrong_export(policy_repo):
-    repo, name = policy_repo
+def test_the_consistency_check_still_rejects_a_wrong_export(triton, tmp_path):
+    name = triton.add_initial_policy(ENV, load=False)  # in the session's Triton: its persistent model only
+    triton.server.load_model(triton.repo.write_versions_model(name))
 
-    async def scenario(server):
-        async with running_gateway(server.grpc_url, policy=name, model_repository=repo.root,
-                                   persistent_versions=True) as gw:
-            return await publish_a_wrong_then_the_right_export(gw, repo, name)
+    async def scenario():
+        async with running_gateway(triton.url, policy=name, persistent_versions=True,
+                                   **triton.publishing(tmp_path)) as gw:
+            return await publish_a_wrong_then_the_right_export(gw, triton.repo, name)
 
-    with triton(repo, name) as server:
-        live, refused, accepted, now = asyncio.run(scenario(server))
+    live, refused, accepted, now = asyncio.run(scenario())
     assert len(refused) == 2, refused
     for exc in refused:
         assert exc.code() == grpc.StatusCode.FAILED_PRECONDITION and "consistency" in exc.details(), exc.details()
@@ -126,14 +129,14 @@ def test_the_consistency_check_still_rejects_a_wrong_export(policy_repo):
 
 def test_after_triton_is_killed_and_restarted_the_persistent_model_serves_the_version_from_disk(policy_repo):
     repo, name = policy_repo
-    server = triton(repo, name)
+    server = own_triton(repo, name)
     server.start()
     try:
         async def scenario():
             nonlocal server
             async with running_gateway(server.grpc_url, policy=name, model_repository=repo.root,
                                        persistent_versions=True) as gw:
-                with PolicyClient(gw.address) as client:
+                with PoliciesClient(gw.address) as client:
                     reply, policy = await asyncio.to_thread(publish, client, repo, name, 3)
                 batch = probe(7)
                 want = probe_outputs(policy, batch)["action_mean"]
@@ -142,17 +145,13 @@ def test_after_triton_is_killed_and_restarted_the_persistent_model_serves_the_ve
                 os.killpg(server.pid, signal.SIGKILL)  # tritonserver and its stub: nothing in memory survives
                 ports = {"grpc_port": server.grpc_port, "http_port": server.http_port}
                 server.stop()
-                server = triton(repo, name, **ports)
+                server = own_triton(repo, name, **ports)
                 await asyncio.to_thread(server.start)
-                deadline = time.monotonic() + 30
-                while True:  # the gateway's stream reconnects; the model opens the version's file again
-                    try:
-                        got = await gw.control.infer(name, reply.version, {"observation": batch}, ["action_mean"])
-                        break
-                    except Exception:
-                        if time.monotonic() > deadline:
-                            raise
-                        await asyncio.sleep(0.05)
+                async def served():  # the gateway's stream reconnects; the model opens the version's file again
+                    with contextlib.suppress(Exception):
+                        return await gw.control.infer(name, reply.version, {"observation": batch}, ["action_mean"])
+
+                got = await until(served, "the restarted Triton serving the version", period=0.05)
                 assert close(got["action_mean"], want), np.abs(got["action_mean"] - want).max()
                 assert reply.version in await gw.control.ready_versions(name)
 

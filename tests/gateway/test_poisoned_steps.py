@@ -12,7 +12,8 @@ from bridge.experience.reader import read_transitions
 from protos import bridge_pb2
 from protos.codec import decode, encode
 from tests.conftest import ACT, OBS
-from tests.gateway.helpers import RawSession, hello, running_gateway
+from tests.gateway.helpers import RawSession, hello
+from tests.support.gateways import running_gateway
 
 NAN3 = np.array([0.1, np.nan, 0.1], np.float32)
 

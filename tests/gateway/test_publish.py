@@ -11,21 +11,20 @@ import pytest
 import safetensors.torch
 import torch
 
-from inference_server import ModelRepository, TritonServer
 from protos import bridge_pb2, policies_pb2, policies_pb2_grpc
 from protos.codec import decode, encode
 from tests.conftest import ACT, OBS
-from tests.gateway.helpers import RawSession, hello, running_gateway
+from tests.gateway.helpers import RawSession, hello
+from tests.support.gateways import running_gateway
 from trainer.policy import MLPPolicy
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """Its own Triton and repository: publishing adds versions other tests must not see."""
-    repo = ModelRepository(tmp_path_factory.mktemp("publish") / "models")
-    repo.write_version("pub", 1, MLPPolicy(OBS[0], ACT[0], seed=0), OBS, ACT)
-    with TritonServer(repo.root, models=["pub"], log_path=repo.root.parent / "triton.log") as server:
-        yield server, repo
+def publishing(triton, tmp_path_factory) -> dict:
+    """v1 of `pub` in the session's Triton; gateways publish into its repository with this module's registry
+    (what the module publishes goes with the module's models at its end)."""
+    triton.add_policy("pub")
+    return triton.publishing(tmp_path_factory.mktemp("publish"))
 
 
 async def fetch(stub, version=0):
@@ -55,12 +54,11 @@ def scaled(weights, factor):
     return {k: (v * factor if k.startswith("net.") else v).contiguous() for k, v in weights.items()}
 
 
-def test_publish_verifies_and_sessions_move_at_their_next_episode(served):
-    server, repo = served
+def test_publish_verifies_and_sessions_move_at_their_next_episode(triton, publishing):
     obs = np.linspace(-1, 1, 11).astype(np.float32)
 
     async def scenario():
-        async with running_gateway(server.grpc_url, policy="pub", model_repository=repo.root) as gw:
+        async with running_gateway(triton.url, policy="pub", **publishing) as gw:
             async with grpc.aio.insecure_channel(gw.address) as channel:
                 stub = policies_pb2_grpc.PoliciesStub(channel)
                 header, weights = await fetch(stub)
@@ -88,12 +86,11 @@ def test_publish_verifies_and_sessions_move_at_their_next_episode(served):
     asyncio.run(scenario())
 
 
-def test_bad_versions_are_refused_naming_why_and_the_live_one_keeps_serving(served):
-    server, repo = served
+def test_bad_versions_are_refused_naming_why_and_the_live_one_keeps_serving(triton, publishing):
     obs = np.zeros(11, np.float32)
 
     async def scenario():
-        async with running_gateway(server.grpc_url, policy="pub", model_repository=repo.root) as gw:
+        async with running_gateway(triton.url, policy="pub", **publishing) as gw:
             async with grpc.aio.insecure_channel(gw.address) as channel:
                 stub = policies_pb2_grpc.PoliciesStub(channel)
                 _, weights = await fetch(stub)
@@ -120,11 +117,10 @@ def test_bad_versions_are_refused_naming_why_and_the_live_one_keeps_serving(serv
     asyncio.run(scenario())
 
 
-def test_a_gateway_without_a_repository_says_it_cannot_publish(served):
-    server, _ = served
+def test_a_gateway_without_a_repository_says_it_cannot_publish(triton, publishing):
 
     async def scenario():
-        async with running_gateway(server.grpc_url, policy="pub") as gw:
+        async with running_gateway(triton.url, policy="pub") as gw:
             async with grpc.aio.insecure_channel(gw.address) as channel:
                 stub = policies_pb2_grpc.PoliciesStub(channel)
                 with pytest.raises(grpc.aio.AioRpcError, match="without --model-repository"):

@@ -12,12 +12,13 @@ import os
 import grpc
 
 from protos import policies_pb2_grpc
-from tests.gateway.helpers import running_gateway
-from tests.gateway.rollout_helpers import new_policy, publish, variant
+from tests.gateway.rollout_helpers import publish, variant
+from tests.support.gateways import running_gateway
 
 
-def test_the_version_folder_and_its_metadata_are_fsynced_before_the_registry_commits_them(triton, monkeypatch):
-    module = new_policy(triton.server, triton.repo, "durable")
+def test_the_version_folder_and_its_metadata_are_fsynced_before_the_registry_commits_them(triton, tmp_path,
+                                                                                           monkeypatch):
+    module = triton.add_policy("durable")
     model = str(triton.repo.root / "durable")
     order: list[tuple[str, str]] = []
     real_fsync = os.fsync
@@ -28,7 +29,7 @@ def test_the_version_folder_and_its_metadata_are_fsynced_before_the_registry_com
 
     async def scenario():
         async with running_gateway(triton.url, triton_timeout_s=60, policy="durable",
-                                   model_repository=triton.repo.root) as gw, \
+                                   **triton.publishing(tmp_path)) as gw, \
                 grpc.aio.insecure_channel(gw.address) as channel:
             real_move = gw.registry.move
 

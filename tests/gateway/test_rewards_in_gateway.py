@@ -14,7 +14,9 @@ from bridge.rewards import RewardFunction
 from protos import bridge_pb2
 from protos.codec import decode
 from tests.conftest import ACT, OBS
-from tests.gateway.helpers import RawSession, hello, running_gateway, until
+from tests.gateway.helpers import RawSession, hello
+from tests.support.gateways import running_gateway
+from tests.support.waiting import until
 
 CONFIG = """
 reward:

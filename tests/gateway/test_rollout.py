@@ -15,12 +15,13 @@ import pytest
 from bridge.gateway.rollout.config import RolloutPlan
 from bridge.gateway.versions.verify import Fingerprint, SwapFailed
 from bridge.registry import State, Thresholds
-from inference_server import ModelRepository, TritonServer
+from inference_server import ModelRepository
 from protos import bridge_pb2, policies_pb2, policies_pb2_grpc
 from protos.codec import encode
 from tests.conftest import ACT, OBS
-from tests.gateway.helpers import RawSession, hello, running_gateway
-from tests.gateway.rollout_helpers import Fleet, new_policy, publish, variant
+from tests.gateway.helpers import RawSession, hello
+from tests.gateway.rollout_helpers import Fleet, publish, variant
+from tests.support.gateways import running_gateway
 from trainer.policy import MLPPolicy
 
 THRESHOLDS = Thresholds(min_episodes=3, min_steps=12, max_latency_p99_ratio=1e6)  # latency: a shared box jitters
@@ -30,18 +31,10 @@ LABELS = [{"robot": "a"}, {"robot": "a"}, {"robot": "b"}, {"robot": "b"}]
 MAX_ROUNDS = 60
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """Its own Triton and repository: each test adds a policy of its own to it."""
-    repo = ModelRepository(tmp_path_factory.mktemp("rollout") / "models")
-    repo.write_version("seed", 1, MLPPolicy(OBS[0], ACT[0], seed=0), OBS, ACT)
-    with TritonServer(repo.root, models=["seed"], log_path=repo.root.parent / "triton.log") as server:
-        yield server, repo
-
-
-def gateway(server, repo, policy: str, **config):
-    """A gateway on the module's Triton and repository (a patient start: this shared machine stalls)."""
-    return running_gateway(server.grpc_url, triton_timeout_s=60, policy=policy, model_repository=repo.root, **config)
+def gateway(triton, folder, policy: str, **config):
+    """A gateway on the session's Triton publishing into its repository, its registry in `folder` (a restart with the
+    same folder reads it back); a patient start: this shared machine stalls."""
+    return running_gateway(triton.url, triton_timeout_s=60, policy=policy, **triton.publishing(folder), **config)
 
 
 def states(gw, policy: str) -> dict[int, str]:
@@ -61,12 +54,11 @@ async def drive_until(fleet: Fleet, done, what: str) -> int:
     raise AssertionError(f"{what} did not happen within {MAX_ROUNDS} rounds of episodes")
 
 
-def test_staged_shadow_canary_live_with_sessions_running(served):
-    server, repo = served
-    v1 = new_policy(server, repo, "staged")
+def test_staged_shadow_canary_live_with_sessions_running(triton, tmp_path):
+    v1 = triton.add_policy("staged")
 
     async def scenario():
-        async with gateway(server, repo, "staged", rollout=STAGED, switch="step") as gw, \
+        async with gateway(triton, tmp_path, "staged", rollout=STAGED, switch="step") as gw, \
                 grpc.aio.insecure_channel(gw.address) as channel:
             stub = policies_pb2_grpc.PoliciesStub(channel)
             async with Fleet(gw, "staged", LABELS) as fleet:
@@ -104,13 +96,12 @@ def test_staged_shadow_canary_live_with_sessions_running(served):
     asyncio.run(scenario())
 
 
-def test_a_regressed_canary_rolls_back_automatically_and_restart_restores(served):
-    server, repo = served
-    v1 = new_policy(server, repo, "regress")
+def test_a_regressed_canary_rolls_back_automatically_and_restart_restores(triton, tmp_path):
+    v1 = triton.add_policy("regress")
 
     async def scenario():
         config = dict(rollout=STAGED, switch="episode")
-        async with gateway(server, repo, "regress", **config) as gw, grpc.aio.insecure_channel(gw.address) as ch:
+        async with gateway(triton, tmp_path, "regress", **config) as gw, grpc.aio.insecure_channel(gw.address) as ch:
             stub = policies_pb2_grpc.PoliciesStub(ch)
             async with Fleet(gw, "regress", LABELS) as fleet:
                 await fleet.round()
@@ -130,7 +121,7 @@ def test_a_regressed_canary_rolls_back_automatically_and_restart_restores(served
             await stub.Pin(policies_pb2.PinRequest(policy="regress", selector="robot=b", version=1, why="hold b"),
                            metadata=(("x-tether-operator", "alice"),))
             before = await gw.control.ready_versions("regress")
-        async with gateway(server, repo, "regress", **config) as gw:   # a restart: same registry file
+        async with gateway(triton, tmp_path, "regress", **config) as gw:   # a restart: same registry file
             rollout = gw.rollout.rollouts()["regress"]
             assert rollout.live == 1 and rollout.pins == {"robot=b": 1} and rollout.canary is None
             assert states(gw, "regress") == {1: "live", 2: "rolled_back"}
@@ -141,13 +132,12 @@ def test_a_regressed_canary_rolls_back_automatically_and_restart_restores(served
     asyncio.run(scenario())
 
 
-def test_a_canary_the_edge_guard_keeps_clamping_rolls_back(served):
+def test_a_canary_the_edge_guard_keeps_clamping_rolls_back(triton, tmp_path):
     """Returns as good as the live version's, but the edge guard intervenes on every canary step."""
-    server, repo = served
-    v1 = new_policy(server, repo, "guard")
+    v1 = triton.add_policy("guard")
 
     async def scenario():
-        async with gateway(server, repo, "guard", rollout=STAGED, switch="step") as gw, \
+        async with gateway(triton, tmp_path, "guard", rollout=STAGED, switch="step") as gw, \
                 grpc.aio.insecure_channel(gw.address) as channel:
             async with Fleet(gw, "guard", LABELS, clamped_by=2) as fleet:
                 await fleet.round()
@@ -160,13 +150,12 @@ def test_a_canary_the_edge_guard_keeps_clamping_rolls_back(served):
     asyncio.run(scenario())
 
 
-def test_a_version_an_operator_put_live_that_regresses_rolls_back_to_the_previous(served):
-    server, repo = served
-    v1 = new_policy(server, repo, "liveback")
+def test_a_version_an_operator_put_live_that_regresses_rolls_back_to_the_previous(triton, tmp_path):
+    v1 = triton.add_policy("liveback")
     slow = RolloutPlan(mode="staged", shadow_steps=10**6, thresholds=THRESHOLDS, tick_s=0.05)
 
     async def scenario():
-        async with gateway(server, repo, "liveback", rollout=slow, switch="step") as gw, \
+        async with gateway(triton, tmp_path, "liveback", rollout=slow, switch="step") as gw, \
                 grpc.aio.insecure_channel(gw.address) as channel:
             stub = policies_pb2_grpc.PoliciesStub(channel)
             async with Fleet(gw, "liveback", LABELS) as fleet:
@@ -184,12 +173,11 @@ def test_a_version_an_operator_put_live_that_regresses_rolls_back_to_the_previou
     asyncio.run(scenario())
 
 
-def test_operator_rollback_needs_a_previous_live_and_names_the_refusal(served):
-    server, repo = served
-    new_policy(server, repo, "manual")
+def test_operator_rollback_needs_a_previous_live_and_names_the_refusal(triton, tmp_path):
+    triton.add_policy("manual")
 
     async def scenario():
-        async with gateway(server, repo, "manual") as gw, \
+        async with gateway(triton, tmp_path, "manual") as gw, \
                 grpc.aio.insecure_channel(gw.address) as channel:
             stub = policies_pb2_grpc.PoliciesStub(channel)
             with pytest.raises(grpc.aio.AioRpcError) as refused:
@@ -206,14 +194,13 @@ def test_operator_rollback_needs_a_previous_live_and_names_the_refusal(served):
     asyncio.run(scenario())
 
 
-def test_restart_restores_canary_shadow_and_pins_and_triton_serves_the_same(served):
+def test_restart_restores_canary_shadow_and_pins_and_triton_serves_the_same(triton, tmp_path):
     """Operator steps (no sessions, so nothing advances by itself): v2 canary at 30 %, v3 shadow, a pin."""
-    server, repo = served
-    v1 = new_policy(server, repo, "restart")
+    v1 = triton.add_policy("restart")
     slow = RolloutPlan(mode="staged", shadow_steps=10**6, canary_episodes=10**6, thresholds=THRESHOLDS)
 
     async def scenario():
-        async with gateway(server, repo, "restart", rollout=slow) as gw, \
+        async with gateway(triton, tmp_path, "restart", rollout=slow) as gw, \
                 grpc.aio.insecure_channel(gw.address) as channel:
             stub = policies_pb2_grpc.PoliciesStub(channel)
             await publish(stub, "restart", variant(v1, scale=1.1))
@@ -224,7 +211,7 @@ def test_restart_restores_canary_shadow_and_pins_and_triton_serves_the_same(serv
             status = await stub.Pin(policies_pb2.PinRequest(policy="restart", selector="session=x", version=2, why="x"))
             before, ready = gw.rollout.rollouts()["restart"], await gw.control.ready_versions("restart")
             assert (before.live, before.canary, before.shadow, ready) == (1, 2, 3, [1, 2, 3])
-        async with gateway(server, repo, "restart", rollout=slow) as gw:
+        async with gateway(triton, tmp_path, "restart", rollout=slow) as gw:
             assert gw.rollout.rollouts()["restart"] == before
             assert await gw.control.ready_versions("restart") == ready
             assert states(gw, "restart") == {1: "live", 2: "canary", 3: "shadow"}
@@ -241,12 +228,11 @@ async def tether(*args: str) -> tuple[int, str]:
     return proc.returncode, out.decode()
 
 
-def test_cli_round_trip_list_rollback_pin_canary(served):
-    server, repo = served
-    v1 = new_policy(server, repo, "cli")
+def test_cli_round_trip_list_rollback_pin_canary(triton, tmp_path):
+    v1 = triton.add_policy("cli")
 
     async def scenario():
-        async with gateway(server, repo, "cli") as gw, \
+        async with gateway(triton, tmp_path, "cli") as gw, \
                 grpc.aio.insecure_channel(gw.address) as channel:
             assert (await publish(policies_pb2_grpc.PoliciesStub(channel), "cli", variant(v1, scale=0.9))).version == 2
             common = ("--gateway", gw.address, "--policy", "cli", "--operator", "bob")
@@ -270,16 +256,16 @@ def test_cli_round_trip_list_rollback_pin_canary(served):
     asyncio.run(scenario())
 
 
-def test_stale_weights_behind_a_version_number_are_caught(served):
+def test_stale_weights_behind_a_version_number_are_caught(triton, tmp_path):
     """The output fingerprint: Triton still serves the old weights of v1 while the file says otherwise."""
-    server, repo = served
-    new_policy(server, repo, "stale")
+    triton.add_policy("stale")
 
     async def scenario():
-        async with gateway(server, repo, "stale") as gw:
+        async with gateway(triton, tmp_path, "stale") as gw:
             served_v1 = await gw.catalog.ensure("stale", 1)
+            repo = triton.repo
             assert await Fingerprint(gw.control).verify(repo, served_v1)   # agrees: figures per output
-            other = ModelRepository(repo.root.parent / "other")
+            other = ModelRepository(tmp_path / "other")
             other.write_version("stale", 1, MLPPolicy(OBS[0], ACT[0], seed=5), OBS, ACT)
             shutil.copyfile(other.root / "stale" / "1" / "policy.pt", repo.root / "stale" / "1" / "policy.pt")
             with pytest.raises(SwapFailed, match="stale or wrong weights are served"):
@@ -288,14 +274,14 @@ def test_stale_weights_behind_a_version_number_are_caught(served):
     asyncio.run(scenario())
 
 
-def test_a_vectorised_session_is_shadowed_and_follows_a_label_pin(served):
-    server, repo = served
-    v1 = new_policy(server, repo, "vec")
+def test_a_vectorised_session_is_shadowed_and_follows_a_label_pin(triton, tmp_path):
+    v1 = triton.add_policy("vec")
     slow = RolloutPlan(mode="staged", shadow_steps=10**6, thresholds=THRESHOLDS)
     rows = np.random.default_rng(2).standard_normal((3, 11)).astype(np.float32)
 
     async def scenario():
-        async with gateway(server, repo, "vec", rollout=slow) as gw, grpc.aio.insecure_channel(gw.address) as channel:
+        async with gateway(triton, tmp_path, "vec", rollout=slow) as gw, \
+                grpc.aio.insecure_channel(gw.address) as channel:
             stub = policies_pb2_grpc.PoliciesStub(channel)
             h = hello("vec-0", obs=OBS, act=ACT, policy="vec")
             h.num_envs, h.labels["robot"] = 3, "a"

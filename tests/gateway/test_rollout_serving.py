@@ -11,15 +11,12 @@ import pytest
 from bridge.gateway.rollout.serving import ServingReconciler
 from bridge.gateway.versions.catalog import PolicyCatalog
 from bridge.gateway.versions.verify import SwapFailed
-from inference_server import ModelRepository, PolicyClient, TritonServer
-from tests.conftest import ACT, OBS
-from trainer.policy import MLPPolicy
+from inference_server import PolicyClient, TritonServer
 
 
-def test_the_reconciler_unloads_what_is_not_kept_restores_what_must_serve_and_reports_a_swap_that_failed(tmp_path):
-    repo = ModelRepository(tmp_path / "models")
-    for version in (1, 2, 3):
-        repo.write_version("srv", version, MLPPolicy(OBS[0], ACT[0], seed=version), OBS, ACT)
+def test_the_reconciler_unloads_what_is_not_kept_restores_what_must_serve_and_reports_a_swap_that_failed(triton):
+    repo = triton.repo
+    triton.add_policy("srv", versions=3, seed=1)
 
     async def scenario(server: TritonServer) -> dict:
         client = PolicyClient(server.grpc_url, timeout_s=30.0)
@@ -49,8 +46,7 @@ def test_the_reconciler_unloads_what_is_not_kept_restores_what_must_serve_and_re
             await client.close()
         return seen
 
-    with TritonServer(repo.root, models=["srv"], log_path=tmp_path / "triton.log") as server:
-        seen = asyncio.run(scenario(server))
+    seen = asyncio.run(scenario(triton.server))
     assert seen["start"] == [1, 2, 3]
     assert seen["kept"] == ([1, 3], [1, 3], [2])
     assert seen["restored"] == ([1, 2, 3], [], 2)

@@ -7,7 +7,6 @@ import asyncio
 import os
 import signal
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -16,22 +15,13 @@ from bridge.experience import read_transitions, segment
 from protos import bridge_pb2
 from protos.codec import encode
 from tests.conftest import ACT, OBS
-from tests.gateway.helpers import RawSession, hello, running_gateway
-from tests.gateway.test_durable_sessions import start_gateway
+from tests.gateway.helpers import RawSession, hello
+from tests.support.gateways import gateway_process, running_gateway
+from tests.support.waiting import until
 
 
 def _obs(step: int) -> list:
     return [encode("observation", np.full(11, 0.01 * step, np.float32))]
-
-
-def _wait_for(predicate, what: str, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
 def _logged_steps(log_dir) -> dict[str, list[int]]:
@@ -61,16 +51,11 @@ def test_durable_through_never_passes_the_fsynced_steps(triton, tmp_path, monkey
                 assert s.welcome.durable_through == 0 and s.welcome.next_step == 0
                 for step in range(5):
                     assert (await s.step(np.zeros(11, np.float32), step=step)).WhichOneof("kind") == "action"
-                deadline = time.monotonic() + 30
-                while gw.experience.durable_step("r1") != 3:   # step 4 waits for its successor
-                    assert time.monotonic() < deadline, gw.experience.stats
-                    await asyncio.sleep(0.01)
+                await until(lambda: gw.experience.durable_step("r1") == 3,  # step 4 waits for its successor
+                            "r1's step 3 durable")
                 fsync_open.clear()
                 replies = [await s.step(np.zeros(11, np.float32), step=step) for step in range(5, 10)]
-                deadline = time.monotonic() + 30
-                while gw.experience.stats.next_offset < 9:
-                    assert time.monotonic() < deadline
-                    await asyncio.sleep(0.01)
+                await until(lambda: gw.experience.stats.next_offset >= 9, "9 transitions appended")
                 assert gw.experience.last_step("r1") == 8          # appended ...
                 assert [r.durable_through for r in replies] == [4] * 5  # ... but not reported durable
                 replay = bridge_pb2.Replay(observation=bridge_pb2.Observation(step=6, tensors=_obs(6)),
@@ -79,13 +64,10 @@ def test_durable_through_never_passes_the_fsynced_steps(triton, tmp_path, monkey
                 dup = await s.call.read()
                 assert dup.replayed.duplicate and dup.durable_through == 4
                 fsync_open.set()
-                deadline = time.monotonic() + 30
-                while True:  # once the fsync ran, the replies say so
-                    reply = await s.step(np.zeros(11, np.float32))
-                    if reply.durable_through >= 9:
-                        break
-                    assert time.monotonic() < deadline, reply
-                    await asyncio.sleep(0.01)
+                async def durable_through_9() -> bool:  # once the fsync ran, the replies say so
+                    return (await s.step(np.zeros(11, np.float32))).durable_through >= 9
+
+                await until(durable_through_9, "a reply saying step 9 is durable", period=0.01)
                 assert gw.experience.durable_step("r1") >= 8
 
     asyncio.run(scenario())
@@ -107,8 +89,9 @@ def test_a_restarted_gateway_serves_an_id_less_client_from_step_0_and_tells_a_kn
             for step in range(10):
                 assert (await known.step(np.zeros(11, np.float32), step=step)).WhichOneof("kind") == "action"
             # on disk before the crash: anon's steps 0..18 and r1's 0..8 (step t is logged when t+1 arrives)
-            _wait_for(lambda: (lambda s: s.get(anon.welcome.session_id, [])[-1:] == [18]
-                               and s.get("r1", [])[-1:] == [8])(_logged_steps(log_dir)), "steps on disk")
+            await until(lambda: (lambda s: s.get(anon.welcome.session_id, [])[-1:] == [18]
+                                 and s.get("r1", [])[-1:] == [8])(_logged_steps(log_dir)), "steps on disk",
+                        period=0.05)
             return anon.welcome.session_id
 
     async def after_restart(old_id: str) -> None:
@@ -124,20 +107,9 @@ def test_a_restarted_gateway_serves_an_id_less_client_from_step_0_and_tells_a_kn
             late = await known.step(np.zeros(11, np.float32), step=5)
             assert late.WhichOneof("kind") == "error" and late.error.code == bridge_pb2.StepError.OUT_OF_ORDER
 
-    first = start_gateway(triton.url, unused_port, log_dir, log_path)
-    try:
+    with gateway_process(triton.url, log_path, "--experience-dir", log_dir, port=unused_port) as first:
         old_id = asyncio.run(before_crash())
         os.kill(first.pid, signal.SIGKILL)
-        first.wait(30)
-    finally:
-        if first.poll() is None:
-            first.kill()
-    second = start_gateway(triton.url, unused_port, log_dir, log_path)
-    try:
+        first.proc.wait(30)
+    with gateway_process(triton.url, log_path, "--experience-dir", log_dir, port=unused_port):
         asyncio.run(after_restart(old_id))
-    finally:
-        second.send_signal(signal.SIGTERM)
-        try:
-            second.wait(30)
-        except Exception:
-            second.kill()

@@ -90,6 +90,28 @@ def test_a_receive_cancelled_mid_stream_leaves_nothing(tmp_path):
     assert list(uploads.folder.iterdir()) == []
 
 
+def test_a_receive_cancelled_just_after_its_stream_ended_has_removed_the_file_when_it_ends(tmp_path):
+    # what gRPC's aio server does when a client dies: the stream ends, then the servicer is cancelled at its next
+    # await, here the removal's (a SIGKILLed publisher in tests/gateway/test_large_versions.py)
+    uploads = Uploads(tmp_path / ".incoming")
+
+    async def main():
+        async def cut_off():
+            yield policies_pb2.PublishChunk(data=b"x" * (2 * FLUSH_BYTES))
+            asyncio.get_running_loop().call_soon(task.cancel)  # the client is gone
+
+        async def receive():
+            async with uploads.receive(header(10 * FLUSH_BYTES), cut_off()):
+                raise AssertionError("an incomplete upload was handed on")
+
+        task = asyncio.create_task(receive())
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert list(uploads.folder.iterdir()) == []  # when the receive ended, not some time later
+
+    asyncio.run(main())
+
+
 def test_what_a_dead_gateway_left_is_removed_and_a_live_ones_uploads_are_kept(tmp_path):
     folder = tmp_path / ".incoming"
     folder.mkdir()

@@ -16,13 +16,12 @@ import pytest
 
 import sim
 from bridge.experience import read_transitions
-from inference_server import ModelRepository, TritonServer
 from protos import bridge_pb2
 from protos.codec import Spec, encode
 from sim.client import run_vector_sessions
-from tests.gateway.helpers import RawSession, running_gateway, until
-from tests.gateway.test_durable_sessions import start_gateway
-from tether.topology import gateway_process, write_initial_policy
+from tests.gateway.helpers import RawSession
+from tests.support.gateways import gateway_process, running_gateway, start_gateway
+from tests.support.waiting import until
 
 pytestmark = pytest.mark.slow
 
@@ -32,20 +31,17 @@ OBS, ACT = (Spec("observation", np.float32, (4,)),), (Spec("action", np.float32,
 
 
 @pytest.fixture(scope="module")
-def gaussian(tmp_path_factory):
-    """tritonserver serving the learning loop's policy for InvertedPendulum-v5 (obs 4, action 1, log_prob)."""
-    repo = ModelRepository(tmp_path_factory.mktemp("vector_replay") / "models")
-    name = write_initial_policy(repo, ENV, stochastic=True)
-    with TritonServer(repo.root, models=[name], log_path=repo.root.parent / "triton.log") as server:
-        yield server, name
+def gaussian(triton):
+    """The learning loop's policy for InvertedPendulum-v5 (obs 4, action 1, log_prob) in the session's Triton."""
+    return triton.server, triton.add_initial_policy(ENV)
 
 
 def test_kill_9_mid_stream_vector_sessions_replay_and_log_every_answered_env_step_once(gaussian, tmp_path,
                                                                                         unused_port):
     server, name = gaussian
     log_dir, gateway_log = tmp_path / "experience", tmp_path / "gateway.log"
-    args = ("--deadline-ms", "2000", "--fsync-interval-ms", "100")  # a longer group commit: more to replay
-    first = start_gateway(server.grpc_url, unused_port, log_dir, gateway_log, "--policy", name, *args)
+    args = ("--experience-dir", log_dir, "--fsync-interval-ms", "100")  # a longer group commit: more to replay
+    first = start_gateway(server.grpc_url, gateway_log, *args, policy=name, port=unused_port)
     restarted, done = threading.Event(), threading.Event()
     sessions_out = []
 
@@ -57,9 +53,8 @@ def test_kill_9_mid_stream_vector_sessions_replay_and_log_every_answered_env_ste
                 return
             time.sleep(0.01)
         os.kill(first.pid, signal.SIGKILL)
-        first.wait()
-        with gateway_process(triton_url=server.grpc_url, policy=name, log_path=gateway_log, port=unused_port,
-                             extra_args=("--experience-dir", str(log_dir), *args)):
+        first.proc.wait()
+        with gateway_process(server.grpc_url, gateway_log, *args, policy=name, port=unused_port):
             restarted.set()
             done.wait(60)
 
@@ -73,8 +68,7 @@ def test_kill_9_mid_stream_vector_sessions_replay_and_log_every_answered_env_ste
     finally:
         done.set()
         crasher.join(30)
-        if first.poll() is None:
-            first.kill()
+        first.stop()
     assert restarted.is_set() and stats.reconnects == 2, stats.reconnects
     assert stats.replayed > 0 and not stats.errors, (stats.replayed, stats.errors)
     moves = [f for s in sessions_out for f in s.failovers]

@@ -13,7 +13,8 @@ from protos import bridge_pb2
 from protos.codec import decode_all, encode
 from sim.client import run_vector_sessions, vector_observation
 from sim.gym_vector import GymnasiumVectorEnv
-from tests.gateway.helpers import running_gateway, until
+from tests.support.gateways import running_gateway
+from tests.support.waiting import until
 
 
 class VectorStream(Session):
@@ -167,8 +168,8 @@ def test_newton_cartpole_through_the_full_loop(triton):
 
 def test_sim_client_runs_vector_sessions(triton, capsys):
     """`run_vector_sessions` and `tether sim --sessions M --envs N`: M streams of N envs each."""
-    from sim.client import main
-    from sim.vector import make_vector_env
+    from sim.cli import main
+    from sim.registry import make_vector_env
 
     async def scenario():
         async with running_gateway(triton.url, policy="tiny") as gw:

@@ -16,16 +16,14 @@ import numpy as np
 import pytest
 import torch
 
+from bridge.client import PoliciesClient
 from bridge.gate.checks import SERVING_TOLERANCES
-from inference_server import ModelRepository, TritonServer, onnx_export
-from inference_server.artifact import onnx_weights
-from protos import policies_pb2, policies_pb2_grpc
+from inference_server import ModelRepository, onnx_export
+from inference_server.formats.onnx import onnx_weights
+from protos import policies_pb2
 from protos.codec import Spec, encode_all
-from tests.gateway.helpers import running_gateway
-from tether.topology import write_initial_policy
-from trainer.policy import GaussianPolicy
-from trainer.weights import PolicyClient
-from trainer.worker import probe_outputs
+from tests.support.gateways import running_gateway
+from trainer.policy import GaussianPolicy, probe_outputs
 
 ENV = "InvertedPendulum-v5"
 OBS = (Spec("observation", np.float32, (4,)),)
@@ -46,12 +44,12 @@ def limit_s(load: float) -> float:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    repo = ModelRepository(tmp_path_factory.mktemp("weight_sync") / "models")
-    name = write_initial_policy(repo, ENV, stochastic=True)  # the learning loop's policy: served by onnxruntime
-    assert repo.serving_format(name, 1) == "onnx"
-    with TritonServer(repo.root, models=[name], log_path=repo.root.parent / "triton.log") as server:
-        yield server, repo, name
+def served(triton, tmp_path_factory):
+    """The learning loop's policy (served by onnxruntime) in the session's Triton; gateways publish into its
+    repository with a registry of this module's."""
+    name = triton.add_initial_policy(ENV)
+    assert triton.repo.serving_format(name, 1) == "onnx"
+    return triton.server, triton.repo, name, triton.publishing(tmp_path_factory.mktemp("weight_sync"))
 
 
 def trained(repo: ModelRepository, name: str, version: int, seed: int) -> GaussianPolicy:
@@ -72,11 +70,11 @@ def probe(seed: int) -> np.ndarray:
 
 
 def test_publish_to_served_is_sub_second_through_onnxruntime_and_within_its_tolerance(served):
-    server, repo, name = served
+    server, repo, name, publishing = served
 
     async def scenario():
-        async with running_gateway(server.grpc_url, policy=name, model_repository=repo.root) as gw:
-            with PolicyClient(gw.address) as client:
+        async with running_gateway(server.grpc_url, policy=name, **publishing) as gw:
+            with PoliciesClient(gw.address) as client:
                 seconds, errors = [], []
                 for i in range(PUBLISHES):
                     parent = repo.versions(name)[-1]
@@ -132,31 +130,31 @@ async def publish_a_wrong_then_the_right_export(gw, repo: ModelRepository, name:
     with torch.no_grad():  # one weight off by 1e-2: the mean moves by ~3e-4, 6x the ONNX tolerance
         wrong.net[0].weight[0, 0] += 1e-2
     refused = []
-    with PolicyClient(gw.address) as client:
+    with PoliciesClient(gw.address) as client:
         try:
             await asyncio.to_thread(client.publish, name, wrong.state_dict(), probe_inputs={"observation": batch},
                                     probe_outputs=probe_outputs(right, batch),
                                     lineage=policies_pb2.Lineage(parent_version=parent, trainer="test"))
         except grpc.RpcError as exc:
             refused.append(exc)
-    async with grpc.aio.insecure_channel(gw.address) as channel:
-        stub = policies_pb2_grpc.PoliciesStub(channel)
+    async with PoliciesClient(gw.address, aio=True) as policies:
         header, data = onnx_import(repo, name, wrong, right, batch)
         try:
-            await stub.Publish(iter([policies_pb2.PublishChunk(header=header), policies_pb2.PublishChunk(data=data)]))
+            await policies.publish_stream([policies_pb2.PublishChunk(header=header),
+                                           policies_pb2.PublishChunk(data=data)])
         except grpc.aio.AioRpcError as exc:
             refused.append(exc)
         header, data = onnx_import(repo, name, right, right, batch)
-        accepted = await stub.Publish(iter([policies_pb2.PublishChunk(header=header),
-                                            policies_pb2.PublishChunk(data=data)]))
+        accepted = await policies.publish_stream([policies_pb2.PublishChunk(header=header),
+                                                  policies_pb2.PublishChunk(data=data)])
     return live, refused, accepted, gw.rollout.rollout(name).live
 
 
 def test_the_consistency_check_rejects_a_served_onnx_version_that_is_not_the_trainers(served):
-    server, repo, name = served
+    server, repo, name, publishing = served
 
     async def scenario():
-        async with running_gateway(server.grpc_url, policy=name, model_repository=repo.root) as gw:
+        async with running_gateway(server.grpc_url, policy=name, **publishing) as gw:
             return await publish_a_wrong_then_the_right_export(gw, repo, name)
 
     live, refused, accepted, now = asyncio.run(scenario())

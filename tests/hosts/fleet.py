@@ -13,12 +13,12 @@ starting one waits for that line, and a process that exits first fails the test 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
+from bridge.common.processes import stop_group
 from bridge.security.lab import LabCredentials
 from tests.support.hosts import Host, Lab
 
@@ -92,13 +92,7 @@ class Placed:
 
     def stop(self) -> None:
         for _, proc, _ in reversed(self.procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
+            stop_group(proc, grace_s=30)
         self.procs.clear()
 
     def outsider(self, host: Host, **targets: str) -> dict:

@@ -9,13 +9,13 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+from bridge.common.processes import stop_group
 from tests.support.hosts import Host
 from tests.trainer.test_elastic import _meta as meta
 
@@ -47,7 +47,7 @@ class Rendezvous:
         return ["--rdzv-endpoint", f"{self.address}:{PORT}", "--rdzv-id-file", str(self.id_file), "--rdzv-external"]
 
     def stop(self) -> None:
-        _stop(self.proc)
+        stop_group(self.proc, grace_s=10)
 
 
 class HostNode:
@@ -73,20 +73,8 @@ class HostNode:
         return [ln for ln in self.text()[mark:].splitlines() if all(n in ln for n in needles)]
 
     def stop(self) -> None:
-        _stop(self.proc)
+        stop_group(self.proc, grace_s=10)
         self.out.close()
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-            proc.wait(10)
-            return
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 class CheckpointWatch:

@@ -15,8 +15,10 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-from inference_server import InferenceError, ModelRepository, PolicyClient, TritonServer, artifact
-from inference_server.artifact import ArtifactError, check_artifact, read_specs, specs_to_json
+from inference_server import InferenceError, ModelRepository, PolicyClient, TritonServer
+from inference_server.artifact import ArtifactError, parse_spec, specs_to_json
+from inference_server.formats import ONNX, TORCHSCRIPT, check_artifact, detect, imported_file
+from inference_server.formats.onnx import onnx_batch_is_fixed
 from protos.codec import Spec
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -75,7 +77,7 @@ def served(tmp_path_factory, module):
     repo = ModelRepository(tmp_path_factory.mktemp("import") / "models")
     repo.write_artifact("ts", 1, "torchscript", torchscript_bytes(module), OBS, ACT)
     repo.write_artifact("ox", 1, "onnx", onnx_bytes(module), OBS, ACT)
-    inputs, outputs = read_specs("onnx", helper_onnx())
+    inputs, outputs = ONNX.read_specs(helper_onnx())
     repo.write_artifact("rows", 1, "onnx", helper_onnx(), inputs, outputs)
     repo.write_version("mixed", 1, torch.nn.Linear(3, 2), OBS, ACT)
     repo.write_artifact("mixed", 2, "onnx", onnx_bytes(module), OBS, ACT)
@@ -95,15 +97,14 @@ def run(server: TritonServer, fn):
 
 
 def test_specs_are_read_from_the_files(module):
-    assert read_specs("torchscript", torchscript_bytes(module)) == (OBS, ACT)
-    assert read_specs("torchscript", torchscript_bytes(module, specs=None)) is None
-    assert read_specs("onnx", onnx_bytes(module)) == (OBS, (Spec("action", np.float32, (2,)),))
-    inputs, outputs = read_specs("onnx", helper_onnx())
+    assert TORCHSCRIPT.read_specs(torchscript_bytes(module)) == (OBS, ACT)
+    assert TORCHSCRIPT.read_specs(torchscript_bytes(module, specs=None)) is None
+    assert ONNX.read_specs(onnx_bytes(module)) == (OBS, (Spec("action", np.float32, (2,)),))
+    inputs, outputs = ONNX.read_specs(helper_onnx())
     assert [(s.name, s.dtype.name, s.shape) for s in inputs + outputs] == [
         ("obs", "float32", (3,)), ("counter", "int64", (1,)), ("action", "float32", (2,)), ("steps", "int64", (1,))]
-    assert artifact.onnx_batch_is_fixed(helper_onnx()) and not artifact.onnx_batch_is_fixed(onnx_bytes(module))
-    assert artifact.detect_format(torchscript_bytes(module)) == "torchscript"
-    assert artifact.detect_format(helper_onnx()) == "onnx"
+    assert onnx_batch_is_fixed(helper_onnx()) and not onnx_batch_is_fixed(onnx_bytes(module))
+    assert detect(torchscript_bytes(module)) is TORCHSCRIPT and detect(helper_onnx()) is ONNX
 
 
 @pytest.mark.slow
@@ -166,7 +167,7 @@ def test_onnx_with_external_data_or_a_fixed_batch_is_refused(tmp_path, module):
     with pytest.raises(ArtifactError, match="external files"):
         check_artifact("onnx", model.SerializeToString(), OBS, ACT)
     with pytest.raises(ArtifactError, match="fixed batch dimension 4"):
-        check_artifact("onnx", helper_onnx(batch=4), *read_specs("onnx", helper_onnx(batch=4)))
+        check_artifact("onnx", helper_onnx(batch=4), *ONNX.read_specs(helper_onnx(batch=4)))
 
 
 def test_existing_models_keep_their_specs_and_imported_weights_stay_unread(tmp_path, module):
@@ -190,7 +191,7 @@ def test_existing_models_keep_their_specs_and_imported_weights_stay_unread(tmp_p
 ])
 def test_bad_spec_strings_name_the_value(text, needle):
     with pytest.raises(ArtifactError, match=needle):
-        artifact.parse_spec(text)
+        parse_spec(text)
 
 
 @pytest.mark.slow
@@ -235,7 +236,7 @@ def test_a_torchscript_file_with_nan_weights_is_not_served(served, module):
 def test_loading_a_new_version_leaves_the_loaded_ones_as_they_are(served, module):
     """Triton reloads a version whose folder changed since it loaded it: the stub must not write
     bytecode there (model.py's is written beside it), or every swap restarts the previous version."""
-    from inference_server.server import group_members
+    from bridge.common.processes import group_members
 
     repo, server = served
 
@@ -266,12 +267,12 @@ def test_an_imported_file_carries_its_readable_weights(module):
     values = onnx.numpy_helper.to_array(bias).copy()
     values[0] = np.nan
     bias.CopyFrom(onnx.numpy_helper.from_array(values, bias.name))
-    imported = artifact.imported_file("onnx", ox.SerializeToString(), OBS, ACT)
+    imported = imported_file("onnx", ox.SerializeToString(), OBS, ACT)
     assert imported.format == "onnx" and imported.inputs == OBS and isinstance(imported.data, bytes)
     shapes = {k: tuple(v.shape) for k, v in module.state_dict().items()}
     assert {k: tuple(v.shape) for k, v in imported.items()} == shapes
     assert torch.isnan(imported[bias.name]).sum() == 1  # the gate's integrity check sees it
-    ts = artifact.imported_file("torchscript", torchscript_bytes(module), OBS, ACT)  # read in a subprocess
+    ts = imported_file("torchscript", torchscript_bytes(module), OBS, ACT)  # read in a subprocess
     assert ts.outputs == ACT and ts.keys() == module.state_dict().keys()
     torch.testing.assert_close(ts["0.weight"], module.state_dict()["0.weight"])
     zipped = io.BytesIO()
@@ -279,9 +280,9 @@ def test_an_imported_file_carries_its_readable_weights(module):
         archive.writestr("x/data.pkl", b"not a pickle")
         archive.writestr("x/code/__torch__.py", b"nonsense")
     with pytest.raises(ArtifactError, match=r"does not load \(torch.jit.load\)"):
-        artifact.imported_file("torchscript", zipped.getvalue(), OBS, ACT)
+        imported_file("torchscript", zipped.getvalue(), OBS, ACT)
     with pytest.raises(ArtifactError, match="travels with its input and output specs"):
-        artifact.imported_file("onnx", onnx_bytes(module), (), ACT)
+        imported_file("onnx", onnx_bytes(module), (), ACT)
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from inference_server import ModelRepository, onnx_export
-from inference_server.artifact import onnx_weights, read_specs
+from inference_server.formats.onnx import ONNX, onnx_weights
 from protos.codec import Spec
 from trainer.policy import GaussianPolicy
 
@@ -56,7 +56,7 @@ def test_reweight_puts_a_later_versions_weights_in_the_base_graph_exactly():
     policy = GaussianPolicy(OBS[0], ACTION, seed=0, log_std_init=0.0)
     base = onnx_export.export(torch.jit.script(policy), OBS, OUTPUTS)
     policy = moved(policy, seed=1)
-    data = onnx_export.reweight(base, torch.jit.script(policy), *read_specs("onnx", base))
+    data = onnx_export.reweight(base, torch.jit.script(policy), *ONNX.read_specs(base))
     assert_holds(data, policy)
     batch = np.random.default_rng(0).standard_normal((5, 11)).astype(np.float32)
     (served,) = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(["action_mean"],
@@ -86,7 +86,7 @@ def test_a_base_not_named_after_the_state_dict_is_exported_again():
     old = buffer.getvalue()
     assert "log_std" not in onnx_weights(old)  # merged: substituting by name would lose it
     policy = moved(policy, seed=2)
-    data = onnx_export.reweight(old, torch.jit.script(policy), *read_specs("onnx", old))
+    data = onnx_export.reweight(old, torch.jit.script(policy), *ONNX.read_specs(old))
     assert_holds(data, policy)
 
 

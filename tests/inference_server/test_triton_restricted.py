@@ -35,8 +35,9 @@ from inference_server import InferenceError, ModelControlError, ModelRepository,
 from inference_server.secret import GRPC_HEADER, KEY, new_secret, read_secret
 from protos import bridge_pb2, policies_pb2_grpc
 from tests.conftest import ACT, OBS
-from tests.gateway.helpers import RawSession, hello, running_gateway
+from tests.gateway.helpers import RawSession, hello
 from tests.gateway.rollout_helpers import publish, variant
+from tests.support.gateways import running_gateway
 from tether.stack import GatewayProcess
 from trainer.policy import MLPPolicy
 
@@ -65,8 +66,8 @@ def guarded(tmp_path_factory):
     secret = new_secret()
     write_private(root / "triton.secret", (secret + "\n").encode())
     server = TritonServer(repo.root, models=["tiny"], secret=read_secret(root / "triton.secret"),
-                          log_path=root / "triton.log", die_with_parent=True)
-    open_ = TritonServer(repo.root, models=["tiny"], log_path=root / "open.log", die_with_parent=True)
+                          log_path=root / "triton.log")
+    open_ = TritonServer(repo.root, models=["tiny"], log_path=root / "open.log")
     with server, open_:
         yield Guarded(server, open_, repo, secret, root / "triton.secret", module)
 
@@ -219,8 +220,8 @@ def test_two_restricted_replicas_are_synced_verified_and_serve(tmp_path):
     repo_a, repo_b = ModelRepository(tmp_path / "a"), ModelRepository(tmp_path / "b")
     repo_b.root.mkdir()
     repo_a.write_version("rep", 1, MLPPolicy(OBS[0], ACT[0], seed=0).eval(), OBS, ACT, serve="onnx")
-    a = TritonServer(repo_a.root, models=["rep"], secret=secret, log_path=tmp_path / "a.log", die_with_parent=True)
-    b = TritonServer(repo_b.root, secret=secret, log_path=tmp_path / "b.log", die_with_parent=True)
+    a = TritonServer(repo_a.root, models=["rep"], secret=secret, log_path=tmp_path / "a.log")
+    b = TritonServer(repo_b.root, secret=secret, log_path=tmp_path / "b.log")
     obs = np.linspace(-1, 1, 11, dtype=np.float32)
 
     async def scenario():

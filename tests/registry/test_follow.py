@@ -12,20 +12,14 @@ import pytest
 from bridge.registry import Registry, State
 from bridge.registry.follow import EpochFollower, LeaderLock
 from tests.registry.helpers import reach, serving
+from tests.support.waiting import wait_until
 from tether.cluster.postgres import PostgresServer, postgres_bin_dir
 
 pytestmark = pytest.mark.skipif(postgres_bin_dir() is None, reason="PostgreSQL's initdb is not installed "
                                 "(/usr/lib/postgresql/*/bin/initdb; Debian package postgresql)")
 
 
-def wait_for(predicate, what: str, timeout_s: float = 10.0) -> float:
-    """Seconds until `predicate()` held; AssertionError naming `what` after `timeout_s`."""
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > timeout_s:
-            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(0.005)
-    return time.monotonic() - start
+POLL = {"timeout": 10.0, "period": 0.005}
 
 
 def test_the_follower_reports_every_epoch_and_reads_again_after_a_restart(tmp_path):
@@ -39,17 +33,19 @@ def test_the_follower_reports_every_epoch_and_reads_again_after_a_restart(tmp_pa
 
         follower = EpochFollower(pg.url, on_change=on_change, poll_s=5.0).start()  # a slow poll: NOTIFY must do
         try:
-            wait_for(lambda: seen == [0], "the first read on connect")
+            wait_until(lambda: seen == [0], "the first read on connect", **POLL)
             serving(registry)
-            wait_for(lambda: seen[-1] == registry.epoch(), "the notify of the first change")
+            wait_until(lambda: seen[-1] == registry.epoch(), "the notify of the first change", **POLL)
             reach(registry, State.LIVE)
-            latency = wait_for(lambda: seen[-1] == registry.epoch(), "the notify of the last change")
+            changed_at = time.monotonic()
+            wait_until(lambda: seen[-1] == registry.epoch(), "the notify of the last change", **POLL)
+            latency = time.monotonic() - changed_at
             assert latency < 2.0 and seen == sorted(seen)
             pg.stop()
-            wait_for(lambda: not follower.connected, "the follower noticing the server is gone")
+            wait_until(lambda: not follower.connected, "the follower noticing the server is gone", **POLL)
             pg.start()
             count = len(seen)
-            wait_for(lambda: follower.connected and len(seen) > count, "a read after the reconnect")
+            wait_until(lambda: follower.connected and len(seen) > count, "a read after the reconnect", **POLL)
             assert seen[-1] == registry.epoch()
         finally:
             follower.stop()
@@ -65,11 +61,11 @@ def test_one_leader_and_the_lock_passes_on_when_it_goes(tmp_path):
             time.sleep(0.3)  # b keeps trying: still not held
             assert [a.held, b.held] == [True, False]
             a.stop()  # its connection closes: the session-level lock is released
-            wait_for(lambda: b.held, "b taking the lock")
+            wait_until(lambda: b.held, "b taking the lock", **POLL)
             pg.kill()  # a crashed server takes every lock with it
-            wait_for(lambda: not b.held, "b noticing it lost the lock", timeout_s=15)
+            wait_until(lambda: not b.held, "b noticing it lost the lock", timeout=15, period=0.005)
             pg.start()
-            wait_for(lambda: b.held, "b taking the lock again once the server is back", timeout_s=15)
+            wait_until(lambda: b.held, "b taking the lock again once the server is back", timeout=15, period=0.005)
         finally:
             a.stop()
             b.stop()

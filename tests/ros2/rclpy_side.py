@@ -33,7 +33,8 @@ import numpy as np
 
 from bridge.ros2 import messages
 from bridge.ros2.rclpy_transport import RclpyTransport
-from bridge.ros2.transport import TransportError, open_transport, wait_for_subscribers
+from bridge.ros2.transport import TransportError, wait_for_subscribers
+from bridge.ros2.transports import open_transport
 
 
 def selftest(domain: int) -> dict:

@@ -31,13 +31,13 @@ def rclpy_robot(domain: int, joints: tuple[str, ...], *, hz: float = 100.0, lock
 
 
 class EdgeProcess:
-    """`python -m bridge.ros2.edge` from the ROS environment, stopped with SIGTERM (as Ctrl-C)."""
+    """`python -m tether edge` from the ROS environment, stopped with SIGTERM (as Ctrl-C)."""
 
     def __init__(self, domain: int, gateway: str, tmp_path: Path, *flags: str, transport: str = "rclpy",
                  python: Path = ROS_PYTHON):
         """`python`: the ROS environment's (rclpy), or the test's own for `--transport dds` (Cyclone)."""
         self.report_path = tmp_path / f"edge_report_{domain}.json"
-        self.argv = [str(python), "-m", "bridge.ros2.edge", "--gateway", gateway, "--transport", transport,
+        self.argv = [str(python), "-m", "tether", "edge", "--gateway", gateway, "--transport", transport,
                      "--domain-id", str(domain), "--node-name", "tether_edge", "--status-s", "1",
                      "--report", str(self.report_path), "--latch-file", str(tmp_path / f"latch_{domain}.json"),
                      *flags]

@@ -20,7 +20,8 @@ from cyclonedds.topic import Topic
 from bridge.ros2 import messages
 from bridge.ros2.dds import DdsTransport, dds_topic, idl_type, loopback_config, qos, to_idl
 from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, load_topic_map
-from bridge.ros2.transport import TransportError, open_transport, wait_for_subscribers
+from bridge.ros2.transport import TransportError, wait_for_subscribers
+from bridge.ros2.transports import open_transport
 from tests.ros2.samples import SAMPLES
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bridge.common.processes import stop_group
 from bridge.gateway.session.session import session as gateway_session
 from bridge.ros2 import messages
 from bridge.ros2.dds import DdsTransport
@@ -42,7 +43,6 @@ from tests.ros2.edge_support import (
 )
 from tests.ros2.rclpy_support import EdgeProcess
 from tests.ros2.ros_env import needs_rclpy
-from tether.topology import stop_process
 
 TMAP = load_topic_map(DEFAULT_TOPIC_MAP)
 HIGH = np.array(TMAP.action_specs()[0].high)
@@ -223,7 +223,7 @@ def test_a_frozen_gateway_process_is_survived(ros_domain, robot, triton, unused_
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(gw.pid, signal.SIGCONT)
-            stop_process(gw)
+            stop_group(gw)
 
 
 def test_estop_latches_until_an_operator_releases_with_a_credential(ros_domain, robot, gateway, tmp_path):

@@ -11,6 +11,7 @@ import socket
 import numpy as np
 import pytest
 
+from bridge.common.errors import CommandError
 from bridge.ros2 import messages
 from bridge.ros2.dds import DdsTransport
 from bridge.ros2.edge import main
@@ -88,10 +89,10 @@ def test_release_needs_a_valid_fresh_credential_for_this_node(ros_domain, tokens
                          config={"release_tokens": path}) as node:
         sniffer.subscribe("/tether/estop_release", messages.STRING, lambda m: sniffed.append(m.data), reliable=True)
         cli("estop", "--operator", "ada", domain=ros_domain)
-        with pytest.raises(SystemExit, match="no edge node confirmed a release of 'edge_under_test' by 'ada'"):
+        with pytest.raises(CommandError, match="no edge node confirmed a release of 'edge_under_test' by 'ada'"):
             cli("release", "--operator", "ada", "--token-file", str(mallory), "--node", NODE, "--timeout", "0.5",
                 domain=ros_domain)
-        with pytest.raises(SystemExit, match="no edge node confirmed a release of 'arm_9' by 'ada'"):
+        with pytest.raises(CommandError, match="no edge node confirmed a release of 'arm_9' by 'ada'"):
             cli("release", "--operator", "ada", "--token-file", str(token_file), "--node", "arm_9", "--timeout",
                 "0.5", domain=ros_domain)
         assert node.guard.estopped and node.stats.errors["RELEASE_REFUSED"] >= 2
@@ -122,7 +123,7 @@ def test_a_node_without_release_tokens_refuses_every_release(ros_domain, tokens,
     _, token_file = tokens
     with running_edge(ros_domain, dead_address(), TMAP, policy="none", safe_action="zero") as node:
         cli("estop", "--operator", "ada", domain=ros_domain)
-        with pytest.raises(SystemExit, match="no edge node confirmed a release"):
+        with pytest.raises(CommandError, match="no edge node confirmed a release"):
             cli("release", "--operator", "ada", "--token-file", str(token_file), "--node", NODE, "--timeout", "0.5",
                 domain=ros_domain)
         assert node.guard.estopped and node.stats.errors["RELEASE_REFUSED"] >= 1
@@ -175,7 +176,7 @@ def test_an_operator_estop_survives_a_restart_of_the_node(ros_domain, tokens, tm
 def test_cli_errors_name_the_problem(ros_domain, tokens, capsys, monkeypatch):
     _, token_file = tokens
     monkeypatch.delenv(TOKEN_ENV, raising=False)
-    with pytest.raises(SystemExit, match="no edge node confirmed a release of 'tether_edge' by 'ada'"):
+    with pytest.raises(CommandError, match="no edge node confirmed a release of 'tether_edge' by 'ada'"):
         cli("release", "--operator", "ada", "--token-file", str(token_file), "--timeout", "0.3", domain=ros_domain)
     with pytest.raises(SystemExit) as exc:
         main(["release", "--operator", "  ", "--domain-id", str(ros_domain)])
@@ -183,7 +184,7 @@ def test_cli_errors_name_the_problem(ros_domain, tokens, capsys, monkeypatch):
     with pytest.raises(SystemExit) as exc:
         main(["release", "--operator", "ada", "--domain-id", str(ros_domain)])
     assert exc.value.code == 2 and f"--token, --token-file or ${TOKEN_ENV}" in capsys.readouterr().err
-    with pytest.raises(SystemExit, match="token: this token is for 'ada', not 'bob'"):
+    with pytest.raises(CommandError, match="token: this token is for 'ada', not 'bob'"):
         cli("release", "--operator", "bob", "--token-file", str(token_file), domain=ros_domain)
     with pytest.raises(SystemExit) as exc:
         main(["--gateway", "127.0.0.1:1", "--rate", "0", "--domain-id", str(ros_domain)])

@@ -170,7 +170,7 @@ def test_a_node_whose_launch_is_killed_stops_in_order(ros_domain, tmp_path):
     latch, summary, log = tmp_path / "latch.json", tmp_path / "summary.json", tmp_path / "edge.log"
     with log.open("w") as stderr:
         node = subprocess.Popen(
-            [sys.executable, "-m", "bridge.ros2.edge", "--gateway", dead_address(), "--transport", "dds", "--domain-id",
+            [sys.executable, "-m", "tether", "edge", "--gateway", dead_address(), "--transport", "dds", "--domain-id",
              str(ros_domain), "--status-every", "0.2", "--latch-file", str(latch), "--summary", str(summary)],
             stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=LAUNCH.parent)
     try:

@@ -16,7 +16,8 @@ import pytest
 
 from bridge.ros2 import messages
 from bridge.ros2.dds import DdsTransport
-from bridge.ros2.transport import TransportError, open_transport, rclpy_available, wait_for_subscribers
+from bridge.ros2.transport import TransportError, wait_for_subscribers
+from bridge.ros2.transports import open_transport, rclpy_available
 from tests.ros2.ros_env import ROOT, ROS_PYTHON, needs_rclpy, ros_env
 
 SIDE = ROOT / "tests" / "ros2" / "rclpy_side.py"

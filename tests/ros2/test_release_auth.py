@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from bridge.common.errors import CommandError
 from bridge.ros2.edge import main as edge_main
 from bridge.ros2.release_auth import (
     TOKEN_ENV,
@@ -192,10 +193,10 @@ def test_cli_token_add_list_revoke(tmp_path, capsys):
     capsys.readouterr()
     edge_main(["token", "list", "--tokens", str(path)])
     assert capsys.readouterr().out.split() == ["ada", "bob"]
-    with pytest.raises(SystemExit, match="tether edge token: exists: 'ada'"):
+    with pytest.raises(CommandError, match="exists: 'ada'"):
         edge_main(["token", "add", "ada", "--tokens", str(path)])
     edge_main(["token", "revoke", "bob", "--tokens", str(path)])
-    with pytest.raises(SystemExit, match="tether edge token: unknown operator: 'bob'"):
+    with pytest.raises(CommandError, match="unknown operator: 'bob'"):
         edge_main(["token", "revoke", "bob", "--tokens", str(path)])
     with pytest.raises(SystemExit) as exc:
         edge_main(["token", "add", "--tokens", str(path)])
@@ -208,7 +209,7 @@ def test_concurrent_token_adds_from_separate_processes_all_land(tmp_path):
     path = tmp_path / "release_tokens.json"
     names = ["op0", "op1", "op2", "op3"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    procs = [subprocess.Popen([sys.executable, "-m", "bridge.ros2.release_auth", "add", name, "--tokens", str(path)],
+    procs = [subprocess.Popen([sys.executable, "-m", "tether", "edge", "token", "add", name, "--tokens", str(path)],
                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for name in names]
     outs = [p.communicate(timeout=120) for p in procs]

@@ -8,9 +8,9 @@ import asyncio
 import grpc
 import pytest
 
+from bridge.client import Credentials, aio_channel
 from bridge.gateway.errors import PermissionDenied, Unauthenticated
 from bridge.security import Authorizer
-from bridge.security.channel import secure_channel
 from bridge.security.tls import TlsFiles
 from bridge.security.tokens import TokenStore
 from tests.security.helpers import ask, client_files, make_certs, probe_server
@@ -31,7 +31,7 @@ def test_tokens_over_loopback_plaintext(tmp_path):
     async def scenario():
         async with probe_server(Authorizer(tokens=store)) as address:
             async def who(token, role):
-                async with secure_channel(address, token=token) as channel:
+                async with aio_channel(address, Credentials(token=token)) as channel:
                     return await ask(channel, role)
 
             assert await who(alice, "operator") == (OK, "operator:alice")
@@ -60,7 +60,7 @@ def test_client_certificates_and_tokens_over_mtls(certs, tmp_path):
     async def scenario():
         async with probe_server(auth, tls=tls) as address:
             async def who(name, role, token=None):
-                async with secure_channel(address, token=token, **client_files(certs, name)) as channel:
+                async with aio_channel(address, Credentials(token=token, **client_files(certs, name))) as channel:
                     return await ask(channel, role)
 
             assert await who("alice", "operator") == (OK, "operator:alice")
@@ -83,9 +83,9 @@ def test_a_certificate_from_another_ca_is_refused(certs, tmp_path):
     async def scenario():
         async with probe_server(Authorizer(client_certs=True), tls=tls) as address:
             files = {"ca": certs / "ca.crt", "cert": other / "alice.crt", "key": other / "alice.key"}
-            async with secure_channel(address, **files) as channel:
+            async with aio_channel(address, Credentials(**files)) as channel:
                 assert (await ask(channel, "operator"))[0] == grpc.StatusCode.UNAVAILABLE
-            async with secure_channel(address, **client_files(other, "alice")) as channel:  # trusts the wrong CA
+            async with aio_channel(address, Credentials(**client_files(other, "alice"))) as channel:  # the wrong CA
                 assert (await ask(channel, "viewer"))[0] == grpc.StatusCode.UNAVAILABLE
 
     asyncio.run(scenario())
@@ -94,7 +94,7 @@ def test_a_certificate_from_another_ca_is_refused(certs, tmp_path):
 def test_open_access_and_exposed_without_credentials():
     async def scenario():
         async with probe_server(Authorizer()) as address:
-            async with secure_channel(address) as channel:
+            async with aio_channel(address) as channel:
                 assert await ask(channel, "operator") == (OK, "operator:anonymous")
             async with grpc.aio.insecure_channel(address) as channel:
                 reply = await channel.unary_unary("/probe.Probe/Who")(b"operator", metadata=(
@@ -104,7 +104,7 @@ def test_open_access_and_exposed_without_credentials():
                     ("x-tether-operator", "root <script>" + "x" * 100),))       # not a name: not in the audit log
                 assert reply == b"operator:anonymous"
         async with probe_server(Authorizer(open_access=False)) as address:  # exposed, nothing configured
-            async with secure_channel(address) as channel:
+            async with aio_channel(address) as channel:
                 code, details = await ask(channel, "operator")
                 assert code == DENIED and "--tokens" in details
                 assert await ask(channel, "viewer") == (OK, "viewer:anonymous")
@@ -132,13 +132,13 @@ def test_require_http(tmp_path):
 
 def test_a_token_is_not_sent_in_plaintext_off_loopback():
     with pytest.raises(ValueError, match="plaintext"):
-        secure_channel("192.0.2.7:50051", token="alice.secret")
+        aio_channel("192.0.2.7:50051", Credentials(token="alice.secret"))
     with pytest.raises(ValueError, match="--tls-key"):
-        secure_channel("127.0.0.1:50051", ca=None, cert="x.crt")
+        aio_channel("127.0.0.1:50051", Credentials(ca=None, cert="x.crt"))
 
 
 def test_the_token_rides_on_every_kind_of_call_aio_and_blocking():
-    from bridge.security.channel import secure_channel_sync
+    from bridge.client import sync_channel
 
     async def scenario():
         seen: list[str | None] = []
@@ -172,14 +172,14 @@ def test_the_token_rides_on_every_kind_of_call_aio_and_blocking():
         address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
         await server.start()
         try:
-            async with secure_channel(address, token="ci.aio") as ch:
+            async with aio_channel(address, Credentials(token="ci.aio")) as ch:
                 await ch.unary_unary("/p.P/UU")(b"x")
                 assert [r async for r in ch.unary_stream("/p.P/US")(b"x")] == [b"ok"]
                 await ch.stream_unary("/p.P/SU")(iter([b"a", b"b"]))
                 assert [r async for r in ch.stream_stream("/p.P/SS")(iter([b"a"]))] == [b"a"]
 
             def blocking():
-                with secure_channel_sync(address, token="ci.sync") as ch:
+                with sync_channel(address, Credentials(token="ci.sync")) as ch:
                     ch.unary_unary("/p.P/UU")(b"x")
                     assert list(ch.unary_stream("/p.P/US")(b"x")) == [b"ok"]
                     ch.stream_unary("/p.P/SU")(iter([b"a"]))

@@ -9,11 +9,11 @@ import asyncio
 import grpc
 import pytest
 
-from bridge.security.channel import secure_channel
+from bridge.client import Credentials, aio_channel
 from bridge.security.tokens import TokenStore
 from protos import policies_pb2, policies_pb2_grpc
-from tests.gateway.helpers import running_gateway
 from tests.security.helpers import client_files, make_certs
+from tests.support.gateways import running_gateway
 
 OK, UNAUTH, DENIED = grpc.StatusCode.OK, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED
 
@@ -44,8 +44,9 @@ def test_tokens_guard_operator_rpcs_on_loopback(triton, tmp_path):
 
     async def scenario():
         async with running_gateway(triton.url, policy="tiny", tokens=tmp_path / "tokens.json") as gw:
-            async with secure_channel(gw.address) as anonymous, secure_channel(gw.address, token=bob) as viewer, \
-                       secure_channel(gw.address, token=alice) as operator:
+            async with aio_channel(gw.address) as anonymous, \
+                       aio_channel(gw.address, Credentials(token=bob)) as viewer, \
+                       aio_channel(gw.address, Credentials(token=alice)) as operator:
                 code, details = await pin(anonymous, "robot=arm_9")
                 assert code == UNAUTH and "tether token add" in details
                 code, details = await pin(viewer, "robot=arm_9")
@@ -73,8 +74,8 @@ def test_a_client_certificate_with_the_operator_role_acts(triton, certs):
 
     async def scenario():
         async with running_gateway(triton.url, policy="tiny", **tls) as gw:
-            async with secure_channel(gw.address, **client_files(certs, "arm_1")) as robot, \
-                       secure_channel(gw.address, **client_files(certs, "alice")) as operator:
+            async with aio_channel(gw.address, Credentials(**client_files(certs, "arm_1"))) as robot, \
+                       aio_channel(gw.address, Credentials(**client_files(certs, "alice"))) as operator:
                 code, details = await pin(robot, "robot=arm_1")
                 assert code == DENIED and "robot:arm_1 may not act as operator" in details
                 code, reply = await pin(operator, "robot=arm_1")

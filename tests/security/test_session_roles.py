@@ -13,13 +13,15 @@ import os
 import grpc
 import pytest
 
+from bridge.client import Credentials, aio_channel
 from bridge.gateway.session.limits import Limits
-from bridge.security.channel import secure_channel
 from bridge.security.tokens import TokenStore
 from protos import bridge_pb2, bridge_pb2_grpc
 from tests.conftest import ACT, OBS
-from tests.gateway.helpers import hello, running_gateway
+from tests.gateway.helpers import hello
 from tests.security.helpers import client_files, make_certs, step_loop
+from tests.support.gateways import running_gateway
+from tests.support.waiting import until
 
 OK, UNAUTH, DENIED = grpc.StatusCode.OK, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED
 
@@ -46,12 +48,9 @@ def tokens(tmp_path):
             (("arm_1", "robot"), ("bob", "viewer"), ("alice", "operator"), ("tina", "trainer"))}
 
 
-async def wait_closed(gw) -> None:
-    for _ in range(600):  # streams end asynchronously: a bounded wait on state
-        if not gw.sessions and len(gw.admission) == 0:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"sessions still open: {sorted(gw.sessions)}")
+def all_closed(gw) -> bool:
+    """No session open, none admitted (streams end asynchronously: wait on it)."""
+    return not gw.sessions and len(gw.admission) == 0
 
 
 def test_with_tokens_a_session_needs_the_robot_role(triton, tokens, tmp_path):
@@ -59,11 +58,11 @@ def test_with_tokens_a_session_needs_the_robot_role(triton, tokens, tmp_path):
         async with running_gateway(triton.url, policy="tiny", tokens=tmp_path / "tokens.json") as gw:
             got = {}
             for who in (None, "bob", "tina", "arm_1", "alice"):
-                async with secure_channel(gw.address, token=tokens[who] if who else None) as channel:
+                async with aio_channel(gw.address, Credentials(token=tokens[who] if who else None)) as channel:
                     got[who] = await connect(channel, f"s-{who}")
-            async with secure_channel(gw.address, token=tokens["arm_1"][:-2] + "xx") as channel:
+            async with aio_channel(gw.address, Credentials(token=tokens["arm_1"][:-2] + "xx")) as channel:
                 got["mistyped"] = await connect(channel, "s-mistyped")
-            await wait_closed(gw)
+            await until(lambda: all_closed(gw), "every stream closed")
             return got
 
     got = asyncio.run(scenario())
@@ -101,9 +100,9 @@ def test_a_viewer_certificate_cannot_open_a_session(triton, tmp_path):
         async with running_gateway(triton.url, policy="tiny", **tls) as gw:
             got = {}
             for name in ("bob", "arm_1", "alice"):
-                async with secure_channel(gw.address, **client_files(certs, name)) as channel:
+                async with aio_channel(gw.address, Credentials(**client_files(certs, name))) as channel:
                     got[name] = await connect(channel, f"s-{name}")
-            await wait_closed(gw)
+            await until(lambda: all_closed(gw), "every stream closed")
             return got
 
     got = asyncio.run(scenario())
@@ -129,9 +128,9 @@ def test_labels_route_only_from_identities_allowed_to_route(triton, tokens, tmp_
             gw.rollout.acting = spy
             labels = {"labels": {"robot": "arm_9", "canary": "yes"}}
             for who, token in (("arm_1", tokens["arm_1"]), ("arm_2", arm_2), ("alice", tokens["alice"])):
-                async with secure_channel(gw.address, token=token) as channel:
+                async with aio_channel(gw.address, Credentials(token=token)) as channel:
                     assert await connect(channel, f"s-{who}", **labels) == (OK, "action")
-            await wait_closed(gw)
+            await until(lambda: all_closed(gw), "every stream closed")
             return seen
 
     with caplog.at_level(logging.INFO, logger="tether.gateway"):
@@ -146,8 +145,8 @@ def test_sessions_are_capped_per_token_identity_and_num_envs_is_bounded(triton, 
 
     async def scenario():
         async with running_gateway(triton.url, policy="tiny", tokens=tmp_path / "tokens.json", limits=limits) as gw:
-            async with secure_channel(gw.address, token=tokens["arm_1"]) as arm, \
-                       secure_channel(gw.address, token=tokens["alice"]) as alice:
+            async with aio_channel(gw.address, Credentials(token=tokens["arm_1"])) as arm, \
+                       aio_channel(gw.address, Credentials(token=tokens["alice"])) as alice:
                 held = bridge_pb2_grpc.BridgeStub(arm).Connect()
                 await held.write(bridge_pb2.ClientMessage(hello=hello("held", obs=OBS, act=ACT)))
                 assert (await held.read()).WhichOneof("kind") == "welcome"
@@ -157,7 +156,7 @@ def test_sessions_are_capped_per_token_identity_and_num_envs_is_bounded(triton, 
                 too_many_envs = await connect(alice, "wide", num_envs=5)
                 await held.done_writing()
                 await held.read()
-            await wait_closed(gw)
+            await until(lambda: all_closed(gw), "every stream closed")
             return second, other, too_many_envs
 
     second, other, too_many_envs = asyncio.run(scenario())

@@ -15,13 +15,14 @@ import grpc
 import pytest
 
 from bridge.app import GatewayApp
+from bridge.client import Credentials, aio_channel
 from bridge.gateway.config import GatewayConfig
 from bridge.gateway.session.limits import Limits
-from bridge.security.channel import secure_channel
 from bridge.security.tls import InsecureBind
 from tests.conftest import ACT, OBS
-from tests.gateway.helpers import hello, running_gateway
+from tests.gateway.helpers import hello
 from tests.security.helpers import client_files, make_certs, non_loopback_ip, step_loop
+from tests.support.gateways import running_gateway
 
 
 @pytest.fixture(scope="module")
@@ -38,14 +39,14 @@ def test_mtls_refuses_clients_without_the_right_certificate_and_runs_the_loop_wi
 
     async def scenario():
         async with running_gateway(triton.url, policy="tiny", **mtls(certs)) as gw:
-            async with secure_channel(gw.address, **client_files(certs, "arm_1")) as channel:
+            async with aio_channel(gw.address, Credentials(**client_files(certs, "arm_1"))) as channel:
                 replies = await step_loop(channel, hello("arm-1", obs=OBS, act=ACT), steps=5)
             assert replies[0].welcome.session_id == "arm-1"
             assert [r.WhichOneof("kind") for r in replies[1:]] == ["action"] * 5
             refused = {"plaintext": grpc.aio.insecure_channel(gw.address),
-                       "TLS without a client certificate": secure_channel(gw.address, ca=certs / "ca.crt"),
-                       "a certificate from another CA": secure_channel(
-                           gw.address, ca=certs / "ca.crt", cert=other / "arm_1.crt", key=other / "arm_1.key")}
+                       "TLS without a client certificate": aio_channel(gw.address, Credentials(ca=certs / "ca.crt")),
+                       "a certificate from another CA": aio_channel(gw.address, Credentials(
+                           ca=certs / "ca.crt", cert=other / "arm_1.crt", key=other / "arm_1.key"))}
             for what, channel in refused.items():
                 async with channel:
                     with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -76,8 +77,8 @@ def test_the_certificate_identity_is_the_source_a_cap_counts(triton, certs):
 
     async def scenario():
         async with running_gateway(triton.url, policy="tiny", limits=limits, **mtls(certs)) as gw:
-            async with secure_channel(gw.address, **client_files(certs, "arm_1")) as arm1, \
-                       secure_channel(gw.address, **client_files(certs, "arm_2")) as arm2:
+            async with aio_channel(gw.address, Credentials(**client_files(certs, "arm_1"))) as arm1, \
+                       aio_channel(gw.address, Credentials(**client_files(certs, "arm_2"))) as arm2:
                 release = asyncio.Event()
                 held = [asyncio.Event(), asyncio.Event()]
                 tasks = [asyncio.create_task(hold(arm1, f"a{i}", held[i], release)) for i in range(2)]

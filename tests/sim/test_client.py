@@ -13,9 +13,11 @@ import grpc
 import numpy as np
 import pytest
 
+from bridge.common.errors import CommandError
 from protos.codec import check_all, decode_all, encode, specs_from_proto
 from protos.tether.v1 import bridge_pb2, bridge_pb2_grpc
-from sim.client import SessionError, SimStats, main, run_sessions
+from sim.cli import main
+from sim.client import SessionError, SimStats, run_sessions
 from sim.env import StepType
 from sim.mujoco import make_env
 from sim.toy import PointMass
@@ -209,10 +211,9 @@ def test_main_prints_status_lines_and_a_summary(gateway, capsys):
     assert "sessions 2" in err.splitlines()[-1]
 
 
-def test_main_reports_an_unreachable_gateway(capsys):
-    with pytest.raises(SystemExit) as exit_info:
+def test_main_reports_an_unreachable_gateway():
+    with pytest.raises(CommandError, match="127.0.0.1:9"):  # `tether sim` prints it and exits 1
         main(["--gateway", "127.0.0.1:9", "--env", "PointMass", "--steps", "5", "--connect-timeout", "0.2"])
-    assert exit_info.value.code == 1 and "127.0.0.1:9" in capsys.readouterr().err
 
 
 def test_main_reports_an_unknown_env(gateway, capsys):

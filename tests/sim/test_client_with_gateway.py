@@ -15,7 +15,8 @@ import pytest
 from sim.cli import main as sim_main
 from sim.client import run_sessions
 from sim.mujoco import make_env
-from tests.gateway.helpers import running_gateway, until
+from tests.support.gateways import running_gateway
+from tests.support.waiting import until
 from tether.topology import DemoConfig
 
 ROOT = Path(__file__).resolve().parents[2]

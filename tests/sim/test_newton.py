@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from sim.newton_tasks import NewtonAnt, NewtonCartpole, NewtonDoubleCartpole, make_newton_task
-from sim.vector import make_vector_env
+from sim.registry import make_vector_env
 from sim.vector_contract import VectorEnvironmentContract
 
 

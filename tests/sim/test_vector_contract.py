@@ -16,7 +16,7 @@ from sim.env import StepType
 from sim.gym_vector import GymnasiumVectorEnv
 from sim.isaaclab import IsaacLabUnavailable, IsaacLabVectorEnv, make_isaaclab_env
 from sim.mujoco import GymnasiumEnv
-from sim.vector import make_vector_env
+from sim.registry import make_vector_env
 from sim.vector_contract import VectorEnvironmentContract
 
 

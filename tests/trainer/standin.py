@@ -3,11 +3,19 @@
 It serves an in-memory log (appended by the test, or by actor threads stepping a real MuJoCo
 env with the newest published weights) and a policy registry that checks published weights the
 way the gateway does: strict `load_state_dict`, finite, probe outputs within atol. The lead's
-end-to-end tests use the real gateway.
+end-to-end tests use the real gateway. `streamed(gw, url)` also puts its log into a NATS JetStream
+stream, as a gateway with `--experience nats://...` would:
+
+    with StandIn(obs, act) as gw, streamed(gw, cluster.url):
+        gw.start_actors("InvertedPendulum-v5", 2)
+        ...                                          # tether train --experience URL reads them there
+    consumer, stream = stream_state(cluster.url, "tether-train-pendulum-r0")
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import threading
 import time
@@ -19,10 +27,12 @@ import grpc
 import numpy as np
 import torch
 
+from bridge.client.weights import from_safetensors, to_safetensors
+from bridge.experience.jetstream import STREAM, connect
+from bridge.experience.jetstream_log import JetStreamLog
 from protos import bridge_pb2, codec, experience_pb2, experience_pb2_grpc, policies_pb2, policies_pb2_grpc
 from protos.codec import Spec
 from trainer.policy import GaussianPolicy
-from trainer.weights import from_safetensors, to_safetensors
 
 
 def shard_of(session: str, num_shards: int) -> int:
@@ -220,3 +230,47 @@ class StandIn(experience_pb2_grpc.ExperienceServicer, policies_pb2_grpc.Policies
         for th in self.threads:
             th.join(timeout=10)
         self.server.stop(grace=None)
+
+
+@contextlib.contextmanager
+def streamed(gw: StandIn, url: str):
+    """While the block runs, `gw`'s log goes into the stream at `url` (steps numbered per session)."""
+    stop = threading.Event()
+
+    async def forward() -> None:
+        steps: dict[str, int] = {}
+        async with JetStreamLog(url, name="test-forwarder") as log:
+            done = 0
+            while not stop.is_set():
+                with gw.cond:
+                    new = gw.log[done:]
+                done += len(new)
+                for t in new:
+                    copy = experience_pb2.Transition()
+                    copy.CopyFrom(t)
+                    copy.step = steps.get(t.session, 0)
+                    steps[t.session] = copy.step + 1
+                    log.append(copy)
+                await asyncio.sleep(0.02)
+
+    thread = threading.Thread(target=asyncio.run, args=(forward(),), daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+
+
+def stream_state(url: str, durable: str):
+    """(the durable consumer's info, the stream's info) on the stream at `url`."""
+
+    async def query():
+        nc = await connect([url], name="test")
+        try:
+            js = nc.jetstream()
+            return await js.consumer_info(STREAM, durable), await js.stream_info(STREAM)
+        finally:
+            await nc.close()
+
+    return asyncio.run(query())

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from bridge.common.processes import stop_group
 from tests.trainer.test_torchrun import scripted_log
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,13 +67,7 @@ class Node:
         self.proc.wait(10)
 
     def stop(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(self.proc.pid, sig)
-                self.proc.wait(10)
-                break
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                continue
+        stop_group(self.proc, grace_s=10)
         self.out.close()
 
 

@@ -1,5 +1,5 @@
 """A trainer reaches a gateway that wants credentials: TLS with the lab CA and a trainer token, set by
-`tether train --tls-ca --token` for every rank (trainer.channel). Without the token it is refused;
+`tether train --tls-ca --token` for every rank (`Credentials.from_env`). Without the token it is refused;
 a viewer may list versions but neither fetch weights nor read the experience stream."""
 
 from __future__ import annotations
@@ -9,19 +9,17 @@ import asyncio
 import grpc
 import pytest
 
+from bridge.client import Credentials, ExperienceClient, PoliciesClient
 from bridge.security.tokens import TokenStore
-from protos import experience_pb2, experience_pb2_grpc
-from tests.gateway.helpers import running_gateway
+from protos import experience_pb2
 from tests.security.helpers import make_certs
-from trainer.channel import gateway_channel
-from trainer.weights import PolicyClient
+from tests.support.gateways import running_gateway
 
 
 def subscribe_once(address: str) -> str:
     """Open Experience.Subscribe through the trainer's channel: the gateway's verdict on the caller."""
-    with gateway_channel(address) as channel:
-        call = experience_pb2_grpc.ExperienceStub(channel).Subscribe(
-            iter([experience_pb2.SubscribeRequest(start=experience_pb2.SubscribeStart())]), timeout=30)
+    with ExperienceClient(address, Credentials.from_env(), timeout_s=30) as client:
+        call = client.subscribe(iter([experience_pb2.SubscribeRequest(start=experience_pb2.SubscribeStart())]))
         metadata = dict(call.initial_metadata())  # sent once the caller is authorized; a refusal ends the call
         if "tether-subscriber" not in metadata:
             raise next(call)  # the refusal, as the RpcError that reading raises (never a value here)
@@ -52,7 +50,7 @@ def test_trainer_channel_needs_tls_and_a_trainer_token(triton, tmp_path, monkeyp
                                    model_repository=triton.repo.root, registry=tmp_path / "registry.sqlite") as gw:
             def calls():  # each client made under the environment `as_` sets, as a rank would be
                 def client():
-                    return PolicyClient(gw.address, timeout_s=30)
+                    return PoliciesClient(gw.address, Credentials.from_env(), timeout_s=30)
                 return {
                     "list": as_(trainer, lambda: client().list().policy),
                     "fetch": as_(trainer, lambda: client().fetch().version),
@@ -78,4 +76,4 @@ def test_a_token_is_never_sent_in_the_clear_off_loopback(monkeypatch):
     monkeypatch.delenv("TETHER_TLS_CA", raising=False)
     monkeypatch.setenv("TETHER_TOKEN", "ci.secret")
     with pytest.raises(ValueError, match="only over TLS"):
-        PolicyClient("10.1.2.3:50051")
+        PoliciesClient("10.1.2.3:50051", Credentials.from_env())

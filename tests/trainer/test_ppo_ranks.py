@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from bridge.common.processes import free_port
 from protos.codec import Spec
 from tests.trainer.test_ppo import synthetic_segments
 from trainer.policy import GaussianPolicy
@@ -35,16 +35,10 @@ def _rank(rank: int, port: int, results) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_an_update_with_one_rank_empty_keeps_the_collectives_in_step():
     with mp.Manager() as manager:
         results = manager.dict()
-        mp.start_processes(_rank, args=(_free_port(), results), nprocs=2, join=True, start_method="spawn")
+        mp.start_processes(_rank, args=(free_port(), results), nprocs=2, join=True, start_method="spawn")
         got = dict(results)
     # both ranks stepped together: 4 epochs x 2 minibatches, over rank 0's 16 samples
     assert got == {0: (8, 16.0), 1: (8, 16.0)}, got

@@ -10,11 +10,11 @@ import torch
 
 from protos import bridge_pb2, codec, experience_pb2
 from protos.codec import Spec
+from trainer.algorithms.sac import seed_replay
 from trainer.main import main as train_main
 from trainer.policy import GaussianPolicy, MLPPolicy
 from trainer.replay import MixedReplay, ReplayAdder, ReplayBuffer
 from trainer.sac import SACConfig, SACLearner
-from trainer.sac_loop import seed_replay
 from trainer.sources import write_transitions
 
 OBS, ACT = Spec("observation", np.float32, (2,)), Spec("action", np.float32, (1,), low=(-3.0,), high=(3.0,))

@@ -1,7 +1,9 @@
 """`tether train --algo sac` as a real process (torchrun, one rank) against the stand-in gateway, whose
 MuJoCo actors act with the newest published version: the replay is seeded from a previous run's MCAP log
 before the first live transition, the live stream's interventions land in the demonstration half,
-versions are published with SAC lineage, and a learner killed mid-run resumes from its checkpoint."""
+versions are published with SAC lineage, and a learner killed mid-run resumes from its checkpoint. With
+`--experience nats://...` (a real nats-server) it reads the JetStream stream instead, acknowledged after its
+checkpoints."""
 
 from __future__ import annotations
 
@@ -13,8 +15,9 @@ import pytest
 
 from protos import bridge_pb2, codec, experience_pb2
 from sim.mujoco import make_env
-from tests.trainer.standin import StandIn
+from tests.trainer.standin import StandIn, stream_state, streamed
 from tests.trainer.test_torchrun import tether_train
+from tether.cluster.nats import NatsCluster, nats_server_binary
 from trainer.sources import write_transitions
 
 pytestmark = pytest.mark.slow
@@ -76,3 +79,27 @@ def test_sac_seeds_from_a_previous_log_learns_interventions_publishes_and_resume
     assert parents == list(range(1, len(publishes) + 1)), parents   # each version's parent: the one before it,
                                                                      # across the restart too
     assert summary["final_version"] == max(summary["published_versions"]) >= 2
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(nats_server_binary() is None, reason="nats-server not installed (apt-get install nats-server)")
+def test_sac_reads_the_nats_stream_and_acks_after_its_checkpoints(tmp_path):
+    env = make_env("InvertedPendulum-v5")
+    obs, act = env.observation_spec()[0], env.action_spec()[0]
+    env.close()
+    with NatsCluster(tmp_path / "nats", servers=1) as cluster, StandIn(obs, act, policy="pendulum") as gw:
+        with streamed(gw, cluster.url):
+            gw.start_actors("InvertedPendulum-v5", 2)
+            summary, _ = tether_train(
+                "--nproc", "1", "--max-restarts", "0", "--gateway", gw.address, "--experience", cluster.url,
+                "--algo", "sac", "--policy", "pendulum", "--steps", "240", "--batch", "64", "--critic-hidden", "32,32",
+                "--learning-starts", "100", "--publish-every", "80", "--checkpoint-dir", str(tmp_path / "ckpt"),
+                "--checkpoint-every", "100")
+        publishes = list(gw.publishes)
+        consumer, stream = stream_state(cluster.url, "tether-train-pendulum-r0")
+    assert summary["steps"] == 240 and summary["online_rows"] > 0, summary
+    assert not gw.subscriptions, "the trainer read the stream, not the gateway's Experience.Subscribe"
+    assert publishes and all(h.lineage.algo == "sac" for h in publishes)
+    assert summary["final_version"] == max(summary["published_versions"]) >= 2
+    # the checkpoint at the end committed every transition the run polled (all of them this policy's, shard 0)
+    assert summary["rows"] <= consumer.ack_floor.stream_seq <= stream.state.last_seq, (consumer.ack_floor, summary)

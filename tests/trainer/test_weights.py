@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 import torch
 
+from bridge.client import PoliciesClient, WeightsError
+from bridge.client.weights import from_safetensors
 from protos import policies_pb2
 from protos.codec import Spec
 from tests.trainer.standin import StandIn
-from trainer.policy import GaussianPolicy, MLPPolicy
-from trainer.weights import PolicyClient, WeightsError, build_policy, from_safetensors
-from trainer.worker import probe_outputs
+from trainer.policy import GaussianPolicy, MLPPolicy, probe_outputs
+from trainer.weights import build_policy
 
 OBS = Spec("observation", np.float32, (4,))
 ACT = Spec("action", np.float32, (2,), low=(-3.0,), high=(3.0,))
@@ -55,7 +56,7 @@ def test_build_policy_checks_the_served_specs():
 
 
 def test_fetch_then_publish_round_trip():
-    with StandIn(OBS, ACT, policy="p", seed=3) as gw, PolicyClient(gw.address, timeout_s=20) as client:
+    with StandIn(OBS, ACT, policy="p", seed=3) as gw, PoliciesClient(gw.address, timeout_s=20) as client:
         served = client.fetch("p")
         assert (served.policy, served.version) == ("p", 1)
         assert served.inputs == (OBS,) and [s.name for s in served.outputs] == ["action", "log_prob", "action_mean"]
@@ -91,8 +92,9 @@ def test_a_version_on_disk_is_published_from_the_file_in_chunks(tmp_path):
     version too large to hold twice; `safetensors_parts` writes the bytes `safetensors.torch.save` would."""
     from safetensors.torch import save
 
-    from trainer.weights import safetensors_parts
-    with StandIn(OBS, ACT, policy="p", seed=3) as gw, PolicyClient(gw.address, timeout_s=20) as client:
+    from bridge.client.weights import safetensors_parts
+
+    with StandIn(OBS, ACT, policy="p", seed=3) as gw, PoliciesClient(gw.address, timeout_s=20) as client:
         policy = build_policy("gaussian", (OBS,), client.fetch("p").outputs)
         policy.load_state_dict(client.fetch("p").state_dict)
         with torch.no_grad():
@@ -131,7 +133,7 @@ def test_background_publisher_lets_training_go_on_and_a_restart_recognises_its_w
     from trainer.publisher import BackgroundPublisher, served_version_of
 
     probe = np.zeros((2, 4), np.float32)
-    with StandIn(OBS, ACT, policy="p") as gw, PolicyClient(gw.address, timeout_s=20) as client:
+    with StandIn(OBS, ACT, policy="p") as gw, PoliciesClient(gw.address, timeout_s=20) as client:
         gw.publish_delay_s = 0.5
         served = client.fetch("p")
         policy = build_policy("gaussian", served.inputs, served.outputs)

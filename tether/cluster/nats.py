@@ -43,7 +43,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -56,7 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bridge.common.net import is_loopback
-from bridge.common.processes import parent_death_signal
+from bridge.common.processes import free_port, spawn, stop_group
 from bridge.experience.jetstream import MAX_MSG_BYTES, STREAM, SUBJECT_PREFIX, NatsAuth
 from bridge.security.tokens import write_private
 
@@ -80,14 +79,12 @@ def nats_server_binary() -> str | None:
     return None
 
 
-def _free_port(host: str = "127.0.0.1") -> int:
+def _free_port(host: str) -> int:
     """A free port on `host`; one free on loopback when `host` is not this namespace's (a server in another)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, 0))
-        except OSError:
-            s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    try:
+        return free_port(host)
+    except OSError:
+        return free_port()
 
 
 _FETCH = "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=2).read().decode())"
@@ -100,21 +97,10 @@ class _Ports:
     http: int
 
 
-def _stop(proc: subprocess.Popen, grace: float = _STOP_GRACE_S) -> None:
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def _stop_all(procs: list[subprocess.Popen | None]) -> None:
     for proc in procs:
         if proc is not None:
-            _stop(proc)
+            stop_group(proc, grace_s=_STOP_GRACE_S)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -225,7 +211,7 @@ class NatsCluster:
         chosen: list[_Ports] = []
         while len(chosen) < servers:
             bind = self.hosts[len(chosen)]
-            trio = [_free_port(bind), _free_port(bind), _free_port("127.0.0.1")]
+            trio = [_free_port(bind), _free_port(bind), free_port()]
             if len(set(trio)) == 3 and not ports.intersection(trio):
                 ports.update(trio)
                 chosen.append(_Ports(*trio))
@@ -354,9 +340,8 @@ class NatsCluster:
         config = self._config(i)
         with open(self.log_path(i), "ab") as log:
             prefix = list(self.command_prefix(i)) if self.command_prefix is not None else []
-            self._procs[i] = subprocess.Popen([*prefix, binary, "-c", str(config)], stdin=subprocess.DEVNULL,
-                                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                              preexec_fn=parent_death_signal(signal.SIGKILL, main_thread_only=True))
+            self._procs[i] = spawn([*prefix, binary, "-c", str(config)], death_signal=signal.SIGKILL,
+                                   stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         if self._finalizer is None:
             self._finalizer = weakref.finalize(self, _stop_all, self._procs)
 
@@ -387,7 +372,7 @@ class NatsCluster:
     def restart(self, i: int, timeout: float = 30.0) -> None:
         """Start server i again (stopping it first if running), same ports and store; wait until ready."""
         if self._procs[i] is not None:
-            _stop(self._procs[i])
+            stop_group(self._procs[i], grace_s=_STOP_GRACE_S)
             self._procs[i] = None
         self._spawn(i)
         self._wait([i], timeout)

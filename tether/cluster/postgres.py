@@ -50,7 +50,6 @@ import pwd
 import secrets
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import tempfile
@@ -59,6 +58,8 @@ import urllib.parse
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
+
+from bridge.common.processes import free_port, spawn, stop_group
 
 __all__ = ["ROLES", "PostgresServer", "PostgresStartError", "postgres_bin_dir"]
 
@@ -89,12 +90,6 @@ def _major(name: str) -> int:
     return int(name) if name.isdigit() else 0
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _loopback(address: str) -> bool:
     try:
         return ipaddress.ip_address(address).is_loopback
@@ -112,7 +107,7 @@ class PostgresServer:
                  admin_passfile: Path | str | None = None, gateway_passfile: Path | str | None = None,
                  prefix: Sequence[str] = ()):
         self.directory = Path(directory)
-        self.port = port or _free_port()
+        self.port = port or free_port()
         if (tls_cert is None) != (tls_key is None):
             raise ValueError(f"TLS needs both tls_cert and tls_key, got cert={tls_cert} key={tls_key}")
         self.secured = tls_cert is not None
@@ -232,8 +227,8 @@ class PostgresServer:
         deadline = time.monotonic() + timeout
         while True:  # a killed postmaster's backends may hold its shared memory a moment: retry until they are gone
             with open(self.log_path, "ab") as log:
-                self._proc = subprocess.Popen([*self.prefix, *self._as_owner(args)], stdin=subprocess.DEVNULL,
-                                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                self._proc = spawn([*self.prefix, *self._as_owner(args)], death_signal=signal.SIGINT,
+                                   stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
             self._finalizer = weakref.finalize(self, _shutdown, self._proc)
             if self._wait_ready(deadline):
                 break
@@ -252,12 +247,7 @@ class PostgresServer:
         """Fast shutdown (SIGINT: roll back open transactions, checkpoint); SIGKILL after `timeout`."""
         if self._proc is None:
             return
-        if self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGINT)
-            try:
-                self._proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
+        stop_group(self._proc, grace_s=timeout, sig=signal.SIGINT)
         self._reap()
 
     def kill(self) -> None:
@@ -402,7 +392,7 @@ class PostgresServer:
         if os.geteuid() != 0:
             return args
         return ["setpriv", f"--reuid={_SERVER_USER}", f"--regid={_SERVER_USER}", "--clear-groups", "--inh-caps=-all",
-                "--bounding-set=-all", "--no-new-privs", *args]
+                "--bounding-set=-all", "--no-new-privs", "--pdeathsig=keep", *args]
 
     def _own(self, path: Path) -> None:
         if os.geteuid() == 0:
@@ -461,10 +451,4 @@ def _collect_garbage() -> None:
 
 def _shutdown(proc: subprocess.Popen) -> None:
     """At interpreter exit (or when the PostgresServer is dropped): a fast shutdown, SIGKILL if it hangs."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    stop_group(proc, grace_s=10, sig=signal.SIGINT)

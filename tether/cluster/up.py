@@ -42,15 +42,13 @@ from __future__ import annotations
 
 import functools
 import os
-import subprocess
 import sys
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from bridge.common.processes import parent_death_signal
+from bridge.common.processes import Child, NotReady
 
 __all__ = ["Cluster", "ClusterError", "ClusterSpec", "Role", "Running", "roles"]
 
@@ -136,7 +134,7 @@ def credentials(spec: ClusterSpec, *, make: bool = True):
 
 
 def _policy(spec: ClusterSpec) -> str:
-    from tether.topology import policy_name
+    from tether.initial_policy import policy_name
 
     return policy_name(spec.env)
 
@@ -168,7 +166,7 @@ def _nats(spec: ClusterSpec, up: Mapping[str, Running]) -> Running:
 def _triton(spec: ClusterSpec, i: int, up: Mapping[str, Running]) -> Running:
     from inference_server import ModelRepository, TritonServer
     from inference_server.secret import read_secret
-    from tether.topology import write_initial_policy
+    from tether.initial_policy import write_initial_policy
 
     repo = ModelRepository(spec.run_dir / "models")  # one repository, served by every replica
     name = write_initial_policy(repo, spec.env, seed=spec.seed, stochastic=spec.trainer_nodes > 0)
@@ -202,8 +200,7 @@ def _gateway(spec: ClusterSpec, i: int, up: Mapping[str, Running]) -> Running:
     args = gateway_args(spec, i, up)
     (spec.run_dir / f"gateway-{i}").mkdir(parents=True, exist_ok=True)
     gw = GatewayProcess(triton_url=args[1], policy=args[3], extra_args=args[4:], log_path=spec.run_dir /
-                        f"gateway-{i}.log", timeout=120.0, die_with_parent=threading.current_thread()
-                        is threading.main_thread())
+                        f"gateway-{i}.log", timeout=120.0)
     try:
         address = gw.start()
     except StackError as exc:
@@ -215,9 +212,9 @@ def _rendezvous(spec: ClusterSpec, up: Mapping[str, Running]) -> Running:
     from trainer.rendezvous import READY
 
     (spec.run_dir / "trainer.stop").unlink(missing_ok=True)  # a stop file of an earlier run in this folder
-    proc = _Process("rendezvous", [sys.executable, "-m", "trainer.rendezvous", "--host", "127.0.0.1", "--port", "0"],
-                    spec.run_dir / "rendezvous.log", ready=READY)
-    return _Started(proc.address, proc.stop, lambda: [proc.pid])
+    proc = _child("rendezvous", [sys.executable, "-m", "trainer.rendezvous", "--host", "127.0.0.1", "--port", "0"],
+                  spec.run_dir / "rendezvous.log", ready=READY)
+    return _Started(proc.ready_value, proc.stop, lambda: [proc.pid])
 
 
 def trainer_args(spec: ClusterSpec, up: Mapping[str, Running]) -> list[str]:
@@ -236,47 +233,22 @@ def trainer_args(spec: ClusterSpec, up: Mapping[str, Running]) -> list[str]:
 def _trainer(spec: ClusterSpec, i: int, up: Mapping[str, Running]) -> Running:
     cmd = [sys.executable, "-m", "tether", "train", *trainer_args(spec, up),
            "--summary", str(spec.run_dir / f"trainer-{i}.json")]
-    token = {"TETHER_TOKEN": credentials(spec).token("trainer")}   # never on a command line
-    proc = _Process(f"trainer-{i}", cmd, spec.run_dir / f"trainer-{i}.log", env=token)
+    env = {**os.environ, "TETHER_TOKEN": credentials(spec).token("trainer")}   # never on a command line
+    proc = _child(f"trainer-{i}", cmd, spec.run_dir / f"trainer-{i}.log", env=env)
     where = f"node of {spec.trainer_nodes} at {up['rendezvous'].address}, log {proc.log_path.name}"
     return _Started(where, proc.stop, lambda: [proc.pid])
 
 
-class _Process:
-    """A subprocess leading its own process group, output to `log_path`; with `ready`, the address is
-    the rest of the first stdout line starting with it."""
-
-    def __init__(self, name: str, cmd: Sequence[str], log_path: Path, *, ready: str = "", timeout: float = 60.0,
-                 env: Mapping[str, str] | None = None):
-        self.log_path = log_path
-        self._log = open(log_path, "a")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(list(cmd), cwd=_ROOT, stdout=subprocess.PIPE if ready else self._log,
-                                     stderr=self._log, text=True, start_new_session=True,
-                                     env={**os.environ, **env} if env else None,
-                                     preexec_fn=parent_death_signal(main_thread_only=True))
-        self.pid, self.address = self.proc.pid, ""
-        if ready:
-            got = threading.Event()
-            threading.Thread(target=self._pump, args=(ready, got), daemon=True).start()
-            if not got.wait(timeout) or not self.address:
-                self.stop()
-                raise ClusterError(f"{name} did not start within {timeout:g} s; see {log_path}:\n"
-                                   + log_path.read_text()[-2000:])
-
-    def _pump(self, ready: str, got: threading.Event) -> None:
-        for line in self.proc.stdout:
-            if not self.address and line.startswith(ready):
-                self.address = line[len(ready):].strip()
-                got.set()
-            self._log.write(line)
-            self._log.flush()
-        got.set()
-
-    def stop(self) -> None:
-        from tether.stack import stop_process
-
-        stop_process(self.proc, grace_s=15.0)
-        self._log.close()
+def _child(name: str, cmd: Sequence[str], log_path: Path, *, ready: str = "",
+           env: Mapping[str, str] | None = None) -> Child:
+    """`cmd` started in a process group of its own, its output to `log_path`; with `ready`, once a stdout line
+    starts with it (`ready_value`: the rest of it). ClusterError when it does not start within 60 s."""
+    child = Child(cmd, log_path, name=name, ready=ready, env=env, cwd=_ROOT, timeout=60.0, grace_s=15.0)
+    try:
+        child.start()
+    except NotReady as exc:
+        raise ClusterError(str(exc)) from None
+    return child
 
 
 # -- the generic part -------------------------------------------------------------------------------

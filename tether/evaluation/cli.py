@@ -150,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return _evaluate(args, envs, sources, thresholds)
-    except _SetupError as exc:
+    except _SetupError as exc:  # eval's own contract: 1 is a failed check, so a failure to run is 2
         print(f"tether eval: error: {exc}", file=sys.stderr)
         return 2
 
@@ -227,7 +227,7 @@ def _copy_version(repository: Path, source: _Source, target: Path) -> str:
 def _credentials(args):
     from bridge.client import Credentials
 
-    return Credentials(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key, token=args.token)
+    return Credentials.from_args(args)
 
 
 def _gateway_policies(args, sources: dict[str, _Source], files: dict, sha: dict) -> dict[str, tuple[str, int | None]]:
@@ -241,8 +241,8 @@ def _gateway_policies(args, sources: dict[str, _Source], files: dict, sha: dict)
             continue
         name = f"eval_{sha[role][:12]}"
         try:
-            _, reply = import_policy_file(args.gateway, source.path, name=name, ca=args.tls_ca, cert=args.tls_cert,
-                                          key=args.tls_key, token=args.token, timeout_s=300.0)
+            _, reply = import_policy_file(args.gateway, source.path, name=name, credentials=_credentials(args),
+                                          timeout_s=300.0)
         except (ImportRefused, ValueError) as exc:
             raise _SetupError(f"importing {source.path}: {exc}") from None
         served[role] = (name, reply.version)
@@ -305,7 +305,3 @@ def _output(args, envs, sources, sha, triton, results, found, seconds) -> None:
     print(table(results, found), flush=True)
     if args.json:
         print(json.dumps(document))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -16,7 +16,7 @@ starts it), so a build pays no interpreter start or torch import; it exits when 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import multiprocessing
 import os
 import time
@@ -25,6 +25,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from bridge.gate.checks import CheckResult
+from bridge.gateway.versions.uploads import finished
 
 NICE = 10  # below the gateway, Triton and the sims: the sessions' steps come first on a busy machine
 _PRELOAD = ["torch", "safetensors.torch", "bridge.gate.checks", "inference_server.repository"]
@@ -41,16 +42,12 @@ async def build_apart(*, root: Path, model: str, base: int, upload, sha256: str,
     `upload.scratch`. Returns the check and the folder (None when the check failed). A cancelled caller
     waits for the child to finish (it writes into the scratch folder the caller removes)."""
     upload.scratch.mkdir()
-    future = await asyncio.to_thread(_executor().submit, build, root=str(root), model=model, base=base,
-                                     weights=str(upload.path), sha256=sha256, digest=upload.sha256,
-                                     into=str(upload.scratch), nice=nice)  # the first starts the fork server
-    done = asyncio.wrap_future(future)
+    submit = functools.partial(_executor().submit, build, root=str(root), model=model, base=base,
+                               weights=str(upload.path), sha256=sha256, digest=upload.sha256,
+                               into=str(upload.scratch), nice=nice)  # the first starts the fork server
+    future = await finished(asyncio.get_running_loop().run_in_executor(None, submit))
     try:
-        reply = await asyncio.shield(done)
-    except asyncio.CancelledError:
-        with contextlib.suppress(Exception):
-            await done
-        raise
+        reply = await finished(future)
     except BrokenProcessPool as exc:  # the child died (killed, out of memory): the next build gets a new pool
         _reset()
         raise BuildFailed(f"the process building the version died: {exc}") from None

@@ -9,6 +9,10 @@
 The file is written as `<pid>-<id>.part`, fsynced and renamed to `<pid>-<id>.upload` once every byte the
 header announced has arrived: no half-written upload is ever taken for a whole one. Writing and hashing run
 in threads at a lower CPU priority, 1 MiB at a time, so the event loop (the sessions' steps) never waits on them.
+
+A cancelled receive still waits for its thread jobs (`finished`): gRPC cancels the Publish servicer as soon as its
+client is gone, often just after the stream ended, while the removal of the file is queued for a thread; a job
+awaited through `asyncio.to_thread` would be dropped then and the file left behind.
 """
 
 from __future__ import annotations
@@ -77,7 +81,6 @@ class Uploads:
         part, whole, scratch = (self.folder / f"{stem}{s}" for s in (".part", ".upload", ".scratch"))
         fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         hasher, pending, held, received = hashlib.sha256(), [], 0, 0
-        writing: Future | None = None
         try:
             try:
                 async for chunk in chunks:
@@ -89,20 +92,16 @@ class Uploads:
                     pending.append(chunk.data)
                     held += len(chunk.data)
                     if held >= FLUSH_BYTES:
-                        writing = _POOL.submit(_append, fd, hasher, pending)
-                        await asyncio.wrap_future(writing)
+                        await finished(_POOL.submit(_append, fd, hasher, pending))
                         pending, held = [], 0
                 if received != header.size:
                     raise UploadError(f"received {received} bytes, the header announced {header.size}")
-                writing = _POOL.submit(_finish, fd, hasher, pending, part, whole)
-                digest = await asyncio.wrap_future(writing)
+                digest = await finished(_POOL.submit(_finish, fd, hasher, pending, part, whole))
             finally:
-                if writing is not None and not writing.done():  # cancelled mid-write: let the thread end first
-                    await asyncio.to_thread(writing.exception)
-                os.close(fd)
+                os.close(fd)  # no write is running: `finished` waited for it, cancelled or not
             yield Upload(path=whole, size=received, sha256=digest, scratch=scratch)
         finally:
-            await asyncio.to_thread(_remove, part, whole, scratch)
+            await finished(_POOL.submit(_remove, part, whole, scratch))
 
     def _sweep(self) -> list[str]:
         """Remove uploads whose gateway process is gone (killed mid-publish); another live gateway's stay."""
@@ -114,6 +113,27 @@ class Uploads:
             _remove(path)
             removed.append(path.name)
         return removed
+
+
+async def finished(job: Future | asyncio.Future):
+    """The result of `job` (a thread's or a child process's), awaited to its end even when the awaiting task is
+    cancelled meanwhile; the cancellation is raised once the job has ended. For work that must not be dropped
+    (a cleanup) or outlived (a write into a file about to be closed, a child writing into a folder about to be
+    removed).
+
+        await finished(_POOL.submit(_remove, part))   # the file is gone when this returns or raises
+    """
+    job = asyncio.wrap_future(job)  # never cancelled here: asyncio.wait leaves the futures it waits on alone
+    cancelled: asyncio.CancelledError | None = None
+    while not job.done():
+        try:
+            await asyncio.wait([job])
+        except asyncio.CancelledError as exc:
+            cancelled = exc
+    if cancelled is not None:
+        job.exception()  # retrieved (no "never retrieved" warning); the cancellation is what the caller gets
+        raise cancelled
+    return job.result()
 
 
 def _append(fd: int, hasher, parts: list[bytes]) -> None:

@@ -1,8 +1,9 @@
-"""`tether cluster up`: PostgreSQL, a NATS JetStream cluster, Triton replicas, gateways and an elastic
-trainer as real processes on loopback (tether.cluster.up); prints their addresses, stops them all on
-Ctrl-C or SIGTERM.
+"""`tether cluster`: `up` starts PostgreSQL, a NATS JetStream cluster, Triton replicas, gateways and an
+elastic trainer as real processes on loopback (tether.cluster.up), prints their addresses and stops them all
+on Ctrl-C or SIGTERM; `certs` writes every engine's credentials (bridge.security.lab).
 
     tether cluster up --gateways 2 --tritons 2 --trainer-nodes 2 --run-dir runs/cluster --summary up.json
+    tether cluster certs runs/cluster/credentials --host 10.0.0.5
 """
 
 from __future__ import annotations
@@ -14,13 +15,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from tether.commands import exit_code, passthrough
+from bridge.common.errors import CommandError
 
-HELP = "a local fleet: PostgreSQL, NATS, Triton replicas, gateways, trainer nodes"
-
-
-def register(subparsers) -> argparse.ArgumentParser:
-    return passthrough(subparsers, "cluster", HELP)
+__all__ = ["main", "parser"]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -52,18 +49,13 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def parsers() -> dict[str, argparse.ArgumentParser]:
-    """Every parser of `tether cluster` by prog (the CLI reference and tests/test_cli.py read them)."""
-    return {"tether cluster": parser()}
-
-
 class _Stop(BaseException):  # noqa: N818 - like KeyboardInterrupt: no `except Exception` swallows it
     """SIGINT / SIGTERM: leave the wait (or the start-up) and stop every role."""
 
 
-def run(args: argparse.Namespace) -> int:
-    a = parser().parse_args(args.argv)
-    return exit_code(certs(a) if a.action == "certs" else up(a))
+def main(argv: list[str]) -> int:
+    a = parser().parse_args(argv)
+    return certs(a) if a.action == "certs" else up(a)
 
 
 def certs(a: argparse.Namespace) -> int:
@@ -73,7 +65,7 @@ def certs(a: argparse.Namespace) -> int:
     try:
         creds = LabCredentials.create(a.dir, hosts=a.host, force=a.force)
     except CertError as exc:
-        raise SystemExit(f"tether cluster certs: {exc}") from None
+        raise CommandError(exc, prog="tether cluster certs") from None
     for path in sorted(p for p in creds.folder.rglob("*") if p.is_file()):
         print(f"{oct(path.stat().st_mode & 0o777)[2:]}  {path}")
     print(f"keep {creds.folder / 'ca.key'} off every engine: whoever holds it can issue any identity",
@@ -91,7 +83,7 @@ def up(a: argparse.Namespace) -> int:
         spec = ClusterSpec(run_dir=run_dir, gateways=a.gateways, tritons=a.tritons, trainer_nodes=a.trainer_nodes,
                            nats_servers=a.nats_servers, env=a.env, seed=a.seed)
     except ValueError as exc:
-        raise SystemExit(f"tether cluster up: {exc}") from None
+        raise CommandError(exc, prog="tether cluster up") from None
 
     def on_term(*_):
         raise _Stop

@@ -1,0 +1,116 @@
+"""BC's part of the loop (trainer.loop): batches of a log (trainer.sources.LogDataset) -> BCLearner steps (DDP over
+the ranks); with --gateway it starts from the served weights and publishes one version at the end.
+
+Step s reads batch (s mod batches_per_epoch) of epoch (s div batches_per_epoch): the data position is a function
+of the step, so a resumed run reads exactly what the lost run would have. It reads no stream.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import numpy as np
+
+from bridge.client import ServedPolicy
+from protos.codec import Spec
+from trainer import dist
+from trainer.bc import BCConfig, BCLearner
+from trainer.loop import Schedule, Source, observations, served_module
+from trainer.policy import GaussianPolicy
+from trainer.publisher import Publication, Versions
+from trainer.sources import LogDataset
+from trainer.weights import build_policy
+
+__all__ = ["BC"]
+
+PROBE = 16
+
+
+class BC:
+    name = "bc"
+    generator = None
+    window = resume_offset = 0
+    mean_return = float("nan")
+    backlog = 1.0
+
+    def __init__(self, args: argparse.Namespace, served: ServedPolicy | None, versions: Versions):
+        rank, world = dist.world()
+        self.args = args
+        self.dataset = LogDataset(args.experience_dir, rank=rank, world_size=world, seed=args.seed,
+                                  policy=args.data_policy)
+        if served is not None:
+            policy = served_module(args.arch, served, seed=args.seed)
+            obs_spec, act_spec = served.inputs[0], served.outputs[0]
+        else:
+            obs_spec, act_spec = _specs_from_log(self.dataset)
+            outputs = (act_spec,) if args.arch == "mlp" else GaussianPolicy.output_specs(act_spec)
+            policy = build_policy(args.arch, (obs_spec,), outputs, hidden=args.hidden, seed=args.seed)
+        self.obs_name = obs_spec.name
+        self.learner = BCLearner(policy, config=BCConfig(lr=args.lr, bf16=args.bf16), observation=obs_spec.name,
+                                 action=act_spec.name)
+        self.batch = args.batch or 256
+        self.per_epoch = math.ceil(self.dataset.per_rank() / self.batch)
+        if self.per_epoch == 0:
+            raise ValueError(f"{len(self.dataset)} transitions cannot feed {world} ranks")
+        self.schedule = Schedule(checkpoint_every=args.checkpoint_every or 50, publish_at_end=served is not None)
+        self.epoch, self.loss, self.samples = 0, float("nan"), 0
+
+    @property
+    def progress(self) -> int:
+        return self.learner.steps
+
+    def restore(self, meta: dict) -> None:
+        pass  # the data position is the step's
+
+    def state(self) -> dict:
+        return {"epoch": self.epoch}
+
+    def start_line(self) -> str:
+        d = self.dataset
+        return (f"bc: {len(d)} transitions in {len(d.segments)} segment(s) ({d.skipped} unusable skipped), "
+                f"{d.per_rank()} per rank, batch {self.batch}, {self.per_epoch} steps/epoch, "
+                f"from step {self.learner.steps}")
+
+    def collect(self, source: Source) -> None:
+        """Never called: BC reads no stream (`window` 0)."""
+
+    def ready(self, backlog: float) -> bool:
+        return True
+
+    def update(self) -> None:
+        self.epoch, index = divmod(self.learner.steps, self.per_epoch)
+        chunk = next(self.dataset.batches(self.batch, epoch=self.epoch, start=index * self.batch))
+        self.loss = self.learner.update(chunk)["loss"]
+        self.samples += len(chunk)
+        if self.args.step_sleep:
+            time.sleep(self.args.step_sleep)  # tests: a run paced per step
+
+    def publication(self) -> Publication:
+        last = self.dataset.transitions[-1]
+        return Publication(progress=self.learner.steps, trainer_step=self.learner.steps, data_offset=last.offset + 1,
+                           reward_version=last.reward_version,
+                           probe=observations(self.dataset.transitions[:PROBE], self.obs_name), atol=1e-4)
+
+    def report(self, elapsed: float) -> tuple[str, None]:
+        return (f"bc step {self.learner.steps} epoch {self.epoch} loss {self.loss:.5f} "
+                f"{self._rate(elapsed):.0f} samples/s"), None
+
+    def summary(self, elapsed: float) -> dict:
+        return {"loss": self.loss, "skipped": self.dataset.skipped,  # unusable transitions left out (sources)
+                "samples_per_s": self._rate(elapsed)}
+
+    def _rate(self, elapsed: float) -> float:
+        return self.samples * dist.world()[1] / max(elapsed, 1e-9)
+
+
+def _specs_from_log(dataset: LogDataset) -> tuple[Spec, Spec]:
+    t = dataset.transitions[0]
+    if len(t.observation) != 1 or not (t.applied_action or t.action):
+        raise ValueError(f"offline BC needs one observation tensor and an action per transition; offset "
+                         f"{t.offset} has {[x.name for x in t.observation]} -> {[x.name for x in t.action]}")
+    obs = t.observation[0]
+    act = (t.applied_action or t.action)[0]
+    return (Spec(obs.name, np.float32, (int(np.prod(obs.shape)),)),
+            Spec(act.name, np.float32, (int(np.prod(act.shape)),)))
