@@ -1,25 +1,15 @@
 """The training loop, once for every algorithm; what is particular to PPO, SAC and BC is an `Algorithm`
-(trainer.algorithms). `trainer.worker` runs it on every rank:
+(trainer.algorithms). `trainer.worker` runs it on every rank: `summary = run(args, PPO)`.
 
-    summary = run(args, PPO)        # the class named by --algo: PPO, SAC or BC
-
-Before the loop: fetch the served policy (with --gateway), let the algorithm build its networks from it,
-resume from the newest checkpoint (--checkpoint-dir; a version published after it is recognised), and open
-the stream the algorithm reads (`Experience.Subscribe`, or the NATS JetStream stream with --experience). Each
-pass of the loop:
-
-1. the algorithm takes new transitions from the stream (`collect`);
-2. every rank votes to stop (--steps, --seconds, --target-return, --stop-file) and learns the outcome of rank
-   0's background publish, in one small all-reduce together with what each rank has ready to learn from
-   (`backlog`): all ranks stop, update and learn new versions together;
-3. rank 0 submits the queued publish once the publisher is free (the newest queued wins; one that failed
-   retryably goes again a second later);
-4. when the algorithm is `ready`: `update`; then, on its `schedule`, queue a publish (`publication`), write a
-   checkpoint (its `state` beside the versions) and commit the stream (the NATS stream forgets only what a
-   written checkpoint holds), and report (a status line, a --metrics row).
-
-At the end the publish in flight is waited for (with BC's final one), a checkpoint is written if steps were
-taken since the last, rank 0 writes the weights to --out, and the summary is returned.
+Before the loop: fetch the served policy (with --gateway), build the algorithm on it, resume from the newest
+checkpoint, open the stream it reads (`Experience.Subscribe`, or NATS JetStream with --experience). Each pass:
+the algorithm takes new transitions (`collect`); one all-reduce carries every rank's stop vote (--steps,
+--seconds, --target-return, --stop-file), what it has ready to learn from (`backlog`) and rank 0's publish
+outcome, so the ranks stop, update and learn versions together; rank 0 submits the newest queued publish once
+its background publisher is free; when `ready`, the algorithm updates and, on its `schedule`, a publish is
+queued (`publication`), a checkpoint written (its `state` beside the versions) and the stream committed (NATS
+forgets only what a written checkpoint holds). At the end: the publish in flight (and BC's final one) is waited
+for, a last checkpoint written, rank 0 writes --out, and the summary is returned.
 """
 
 from __future__ import annotations
@@ -50,6 +40,8 @@ from trainer.weights import build_policy, hidden_sizes
 
 __all__ = ["Algorithm", "Learner", "Schedule", "Source", "finite", "observations", "run", "served_module", "status"]
 
+Source = StreamSource | JetStreamSource  # `ack`: the gateway's flow control; `commit`: what the stream may forget
+
 
 class Learner(Protocol):
     """An algorithm's optimiser side: trainer.ppo.PPOLearner, trainer.sac.SACLearner, trainer.bc.BCLearner."""
@@ -58,25 +50,6 @@ class Learner(Protocol):
     model: torch.nn.Module             # what a checkpoint holds: the policy and what trains it (critics, ...)
     optimizer: torch.optim.Optimizer
     steps: int                         # optimiser steps (--steps)
-
-
-class Source(Protocol):
-    """Streamed transitions: trainer.sources.StreamSource (Experience.Subscribe) or trainer.nats_source.
-    JetStreamSource (--experience); `ack` is the gateway's flow control, `commit` the stream's forgetting."""
-
-    reconnects: int
-    skipped: int
-
-    @property
-    def next_offset(self) -> int: ...
-
-    def poll(self, *, timeout: float = 0.0, max_items: int | None = None) -> list[experience_pb2.Transition]: ...
-
-    def ack(self, through_offset: int) -> None: ...
-
-    def commit(self) -> int: ...
-
-    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -90,44 +63,42 @@ class Schedule:
 
 
 class Algorithm(Protocol):
-    """What is particular to one algorithm; built as `cls(args, served, versions)` (served: None without
-    --gateway), then driven by `run` (see the module docstring for when it calls what)."""
+    """What is particular to one algorithm (trainer.algorithms.PPO, SAC, BC subclass it for its defaults: no
+    stream, ready every pass, progress in optimiser steps); built as `cls(args, served, versions)` (served: None
+    without --gateway), then driven by `run`. `publication` and `state` are called on every rank (collectives)."""
 
-    name: str                          # "ppo": the lineage's and checkpoint's algo, the status lines' prefix
+    name: str                          # "ppo": the lineage's and checkpoint's algo
     learner: Learner
-    generator: torch.Generator | None  # a generator of its own that checkpoints keep beside torch's
     schedule: Schedule
-    window: int                        # transitions the stream may send ahead unacknowledged; 0: no stream
-    resume_offset: int                 # where `Experience.Subscribe` starts
-    mean_return: float                 # --target-return's measure (nan: none yet)
+    generator: torch.Generator | None = None  # a generator of its own that checkpoints keep beside torch's
+    window = 0                         # transitions the stream may send ahead unacknowledged; 0: reads none
+    resume_offset = 0                  # where `Experience.Subscribe` starts
+    mean_return = float("nan")         # --target-return's measure
+    backlog = 1.0                      # what this rank has ready to learn from (summed over ranks for `ready`)
 
     @property
-    def progress(self) -> int: ...
-
-    @property
-    def backlog(self) -> float:
-        """What this rank has ready to learn from (summed over ranks for `ready`)."""
+    def progress(self) -> int:
+        return self.learner.steps
 
     def restore(self, meta: dict) -> None:
-        """Its counters and data position from a checkpoint's meta."""
+        """Counters and data position from a checkpoint's meta (what `state` wrote)."""
 
     def state(self) -> dict:
-        """What `restore` takes, for a checkpoint (every rank calls it: it may be a collective)."""
-
-    def start_line(self) -> str: ...
+        return {}
 
     def collect(self, source: Source) -> None:
         """Poll the stream, keep what it learns from, ack what it consumed."""
 
-    def ready(self, backlog: float) -> bool: ...
+    def ready(self, backlog: float) -> bool:
+        return True
+
+    def start_line(self) -> str: ...
 
     def update(self) -> None: ...
 
-    def publication(self) -> Publication | None:
-        """The version to publish now (every rank calls it: it may be a collective); None: nothing to probe."""
+    def publication(self) -> Publication | None: ...  # None: nothing to probe with yet
 
-    def report(self, elapsed: float) -> tuple[str, dict | None]:
-        """A status line and a --metrics row (None: no metrics)."""
+    def report(self, elapsed: float) -> tuple[str, dict | None]: ...  # a status line, a --metrics row (or None)
 
     def summary(self, elapsed: float) -> dict: ...
 

@@ -8,15 +8,9 @@
         publisher.submit(policy.state_dict(), lineage=..., probe_inputs=..., probe_outputs=...)
     publisher.close()
 
-The training loop (trainer.loop) puts a `PublishQueue` in front of it (the newest queued version waits for
-the publisher to be free; a retryable failure goes again a second later) and keeps the `Versions` every rank
-learns from the outcomes:
-
-    versions = Versions.of(served, "pendulum")
-    queue = PublishQueue(client, versions, "ppo", "observation")       # rank 0
-    queue.queue(Publication(progress=1, trainer_step=16, data_offset=4096, reward_version="", probe=obs), policy)
-    queue.submit()                                                     # when the publisher is free
-    versions.learn(*queue.outcome())           # on every rank: rank 0's outcome, all-reduced (trainer.loop)
+The training loop (trainer.loop) puts a `PublishQueue` in front of it on rank 0 (the newest queued version waits
+for the publisher to be free; a retryable failure goes again a second later) and keeps the `Versions` every rank
+learns from the outcomes (`versions.learn(*queue.outcome())`, all-reduced).
 """
 
 from __future__ import annotations

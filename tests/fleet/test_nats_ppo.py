@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.mujoco import make_env
-from tests.trainer.standin import StandIn, stream_state, streamed
-from tether.cluster.nats import NatsCluster, nats_server_binary
+from tests.trainer.standin import stream_state, streaming
+from tether.cluster.nats import nats_server_binary
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(nats_server_binary() is None,
                                                    reason="nats-server not installed (apt-get install nats-server)")]
@@ -23,20 +22,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_ppo_reads_the_stream_and_acks_after_its_checkpoints(tmp_path):
-    env = make_env("InvertedPendulum-v5")
-    obs, act = env.observation_spec()[0], env.action_spec()[0]
-    env.close()
-    with NatsCluster(tmp_path / "nats", servers=1) as cluster, StandIn(obs, act, policy="pendulum") as gw:
-        with streamed(gw, cluster.url):
-            gw.start_actors("InvertedPendulum-v5", 2)
-            proc = subprocess.run(
-                [sys.executable, "-m", "trainer.main", "--nproc", "1", "--max-restarts", "0", "--gateway", gw.address,
-                 "--experience", cluster.url, "--algo", "ppo", "--policy", "pendulum", "--steps", "8",
-                 "--batch", "128", "--epochs", "1", "--minibatches", "4", "--target-kl", "0",
-                 "--checkpoint-dir", str(tmp_path / "ckpt")], cwd=ROOT, capture_output=True, text=True, timeout=240)
+    with streaming(tmp_path) as (gw, url):
+        proc = subprocess.run(
+            [sys.executable, "-m", "trainer.main", "--nproc", "1", "--max-restarts", "0", "--gateway", gw.address,
+             "--experience", url, "--algo", "ppo", "--policy", "pendulum", "--steps", "8", "--batch", "128",
+             "--epochs", "1", "--minibatches", "4", "--target-kl", "0", "--checkpoint-dir", str(tmp_path / "ckpt")],
+            cwd=ROOT, capture_output=True, text=True, timeout=240)
         assert proc.returncode == 0, proc.stderr[-4000:]
         summary = json.loads(proc.stdout.strip().splitlines()[-1])
-        consumer, stream = stream_state(cluster.url, "tether-train-pendulum-r0")
+        consumer, stream = stream_state(url, "tether-train-pendulum-r0")
     assert summary["steps"] == 8 and summary["iterations"] == 2, summary
     assert not gw.subscriptions, "the trainer read the stream, not the gateway's Experience.Subscribe"
     # committed after each of the 2 checkpoints: at least the 2 x 128 transitions the updates used

@@ -23,7 +23,7 @@ from sim.mujoco import make_env
 from tests.conftest import ACT, OBS
 from tests.gateway.helpers import RawSession, hello
 from tests.support.gateways import gateway_process, running_gateway, start_gateway
-from tests.support.waiting import until
+from tests.support.waiting import until, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -59,11 +59,15 @@ def test_kill_9_mid_stream_then_restart_loses_and_duplicates_nothing(triton, tmp
     first = start_gateway(triton.url, tmp_path / "gateway.log", "--experience-dir", log_dir, port=unused_port)
     address = f"127.0.0.1:{unused_port}"
     restarted = threading.Event()
-    killed_at: list[float] = []
+    sessions_out = []
 
     def crash_and_restart():
-        time.sleep(1.5)
-        killed_at.append(time.monotonic())
+        # kill once every session has had steps made durable (on state, not a sleep: a loaded machine starts slowly)
+        wait_until(lambda: done.is_set() or len(sessions_out) == 3 and all(s.durable_through > 10
+                                                                           for s in sessions_out),
+                   "3 sessions with durable steps", timeout=60)
+        if done.is_set():
+            return
         os.kill(first.pid, signal.SIGKILL)
         first.proc.wait()
         time.sleep(0.3)
@@ -76,7 +80,7 @@ def test_kill_9_mid_stream_then_restart_loses_and_duplicates_nothing(triton, tmp
     crasher.start()
     try:
         stats = asyncio.run(run_sessions(address, lambda i: make_env("Hopper-v5", seed=i, max_episode_steps=40),
-                                         envs=3, seconds=5.0, reconnect_s=30.0))
+                                         envs=3, seconds=5.0, reconnect_s=30.0, sessions_out=sessions_out))
     finally:
         done.set()
         crasher.join(30)

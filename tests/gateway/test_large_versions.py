@@ -137,12 +137,12 @@ def test_a_large_version_goes_live_while_sessions_act_without_a_step_error_and_s
             sampler.join()
         during = [len(r) - b for r, b in zip(replies, before, strict=True)]
         await until(lambda: all(r[-1][1] == reply.version for r in replies), "both sessions acting with the new "
-                    "version", timeout_s=30)
+                    "version", timeout=30)
         # the new stub loaded in a thread at niceness 19 (leaving the CPU to the stubs serving the sessions) and
         # serves on its own thread at the niceness it was started with (inference_server/triton_model.py)
         log = repo.root.parent / "triton.log"  # the fixture's log_path
         await until(lambda: "tether: wide version 2 loaded at niceness 19" in log.read_text(), "the stub's "
-                    "loaded line in Triton's log", timeout_s=10)
+                    "loaded line in Triton's log", timeout=10)
         assert os.getpriority(os.PRIO_PROCESS, stub_pid(repo.root / "wide" / "2")) == os.getpriority(
             os.PRIO_PROCESS, 0), "the stub serving version 2 does not run at the niceness it was started with"
         stop.set()

@@ -21,7 +21,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bridge.common.processes import stop_group
-from bridge.gateway.session.session import session as gateway_session
+from bridge.gateway.session import session as gateway_session
 from bridge.ros2 import messages
 from bridge.ros2.dds import DdsTransport
 from bridge.ros2.release_auth import make_release

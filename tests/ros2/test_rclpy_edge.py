@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from bridge.gateway.session.session import session as gateway_session
+from bridge.gateway.session import session as gateway_session
 from bridge.ros2.edge_config import DEFAULT_VELOCITY_LIMIT
 from bridge.ros2.release_auth import make_release
 from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, load_topic_map

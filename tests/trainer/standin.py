@@ -3,13 +3,12 @@
 It serves an in-memory log (appended by the test, or by actor threads stepping a real MuJoCo
 env with the newest published weights) and a policy registry that checks published weights the
 way the gateway does: strict `load_state_dict`, finite, probe outputs within atol. The lead's
-end-to-end tests use the real gateway. `streamed(gw, url)` also puts its log into a NATS JetStream
-stream, as a gateway with `--experience nats://...` would:
+end-to-end tests use the real gateway. `streaming` also puts its log into a NATS JetStream stream, as a
+gateway with `--experience nats://...` would:
 
-    with StandIn(obs, act) as gw, streamed(gw, cluster.url):
-        gw.start_actors("InvertedPendulum-v5", 2)
+    with streaming(tmp_path) as (gw, url):           # a nats-server, the stand-in, 2 pendulum actors
         ...                                          # tether train --experience URL reads them there
-    consumer, stream = stream_state(cluster.url, "tether-train-pendulum-r0")
+        consumer, stream = stream_state(url, "tether-train-pendulum-r0")
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ import time
 import warnings
 import zlib
 from concurrent import futures
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -32,6 +32,7 @@ from bridge.experience.jetstream import STREAM, connect
 from bridge.experience.jetstream_log import JetStreamLog
 from protos import bridge_pb2, codec, experience_pb2, experience_pb2_grpc, policies_pb2, policies_pb2_grpc
 from protos.codec import Spec
+from tether.cluster.nats import NatsCluster
 from trainer.policy import GaussianPolicy
 
 
@@ -232,34 +233,49 @@ class StandIn(experience_pb2_grpc.ExperienceServicer, policies_pb2_grpc.Policies
         self.server.stop(grace=None)
 
 
-@contextlib.contextmanager
-def streamed(gw: StandIn, url: str):
-    """While the block runs, `gw`'s log goes into the stream at `url` (steps numbered per session)."""
-    stop = threading.Event()
+def env_specs(env: str = "InvertedPendulum-v5") -> tuple[Spec, Spec]:
+    """The observation and action specs of a MuJoCo env (what a stand-in serves a policy for)."""
+    from sim.mujoco import make_env
 
-    async def forward() -> None:
-        steps: dict[str, int] = {}
-        async with JetStreamLog(url, name="test-forwarder") as log:
-            done = 0
-            while not stop.is_set():
-                with gw.cond:
-                    new = gw.log[done:]
-                done += len(new)
-                for t in new:
-                    copy = experience_pb2.Transition()
-                    copy.CopyFrom(t)
-                    copy.step = steps.get(t.session, 0)
-                    steps[t.session] = copy.step + 1
-                    log.append(copy)
-                await asyncio.sleep(0.02)
-
-    thread = threading.Thread(target=asyncio.run, args=(forward(),), daemon=True)
-    thread.start()
+    made = make_env(env)
     try:
-        yield
+        return made.observation_spec()[0], made.action_spec()[0]
     finally:
-        stop.set()
-        thread.join(timeout=30)
+        made.close()
+
+
+@contextlib.contextmanager
+def streaming(tmp: Path, env: str = "InvertedPendulum-v5", sessions: int = 2):
+    """A one-server NATS cluster and a stand-in (policy "pendulum") whose `sessions` actors' transitions go into
+    its stream, steps numbered per session: yields (stand-in, the stream's URL)."""
+    obs, act = env_specs(env)
+    stop = threading.Event()
+    with NatsCluster(tmp / "nats", servers=1) as cluster, StandIn(obs, act, policy="pendulum") as gw:
+
+        async def forward() -> None:
+            steps: dict[str, int] = {}
+            async with JetStreamLog(cluster.url, name="test-forwarder") as log:
+                done = 0
+                while not stop.is_set():
+                    with gw.cond:
+                        new = gw.log[done:]
+                    done += len(new)
+                    for t in new:
+                        copy = experience_pb2.Transition()
+                        copy.CopyFrom(t)
+                        copy.step = steps.get(t.session, 0)
+                        steps[t.session] = copy.step + 1
+                        log.append(copy)
+                    await asyncio.sleep(0.02)
+
+        thread = threading.Thread(target=asyncio.run, args=(forward(),), daemon=True)
+        thread.start()
+        gw.start_actors(env, sessions)
+        try:
+            yield gw, cluster.url
+        finally:
+            stop.set()
+            thread.join(timeout=30)
 
 
 def stream_state(url: str, durable: str):

@@ -14,10 +14,9 @@ import numpy as np
 import pytest
 
 from protos import bridge_pb2, codec, experience_pb2
-from sim.mujoco import make_env
-from tests.trainer.standin import StandIn, stream_state, streamed
+from tests.trainer.standin import StandIn, env_specs, stream_state, streaming
 from tests.trainer.test_torchrun import tether_train
-from tether.cluster.nats import NatsCluster, nats_server_binary
+from tether.cluster.nats import nats_server_binary
 from trainer.sources import write_transitions
 
 pytestmark = pytest.mark.slow
@@ -45,9 +44,7 @@ def _person(step: int, *, last: bool) -> experience_pb2.Transition:
 
 @pytest.mark.timeout(300)
 def test_sac_seeds_from_a_previous_log_learns_interventions_publishes_and_resumes_after_a_kill(tmp_path):
-    env = make_env("InvertedPendulum-v5")
-    obs, act = env.observation_spec()[0], env.action_spec()[0]
-    env.close()
+    obs, act = env_specs("InvertedPendulum-v5")
     with StandIn(obs, act, policy="pendulum") as previous:   # a previous run: its log, written as MCAP
         previous.start_actors("InvertedPendulum-v5", 2)
         _wait_for(lambda: len(previous.log) >= 600, "the previous run's transitions")
@@ -84,19 +81,14 @@ def test_sac_seeds_from_a_previous_log_learns_interventions_publishes_and_resume
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(nats_server_binary() is None, reason="nats-server not installed (apt-get install nats-server)")
 def test_sac_reads_the_nats_stream_and_acks_after_its_checkpoints(tmp_path):
-    env = make_env("InvertedPendulum-v5")
-    obs, act = env.observation_spec()[0], env.action_spec()[0]
-    env.close()
-    with NatsCluster(tmp_path / "nats", servers=1) as cluster, StandIn(obs, act, policy="pendulum") as gw:
-        with streamed(gw, cluster.url):
-            gw.start_actors("InvertedPendulum-v5", 2)
-            summary, _ = tether_train(
-                "--nproc", "1", "--max-restarts", "0", "--gateway", gw.address, "--experience", cluster.url,
-                "--algo", "sac", "--policy", "pendulum", "--steps", "240", "--batch", "64", "--critic-hidden", "32,32",
-                "--learning-starts", "100", "--publish-every", "80", "--checkpoint-dir", str(tmp_path / "ckpt"),
-                "--checkpoint-every", "100")
+    with streaming(tmp_path) as (gw, url):
+        summary, _ = tether_train(
+            "--nproc", "1", "--max-restarts", "0", "--gateway", gw.address, "--experience", url, "--algo", "sac",
+            "--policy", "pendulum", "--steps", "240", "--batch", "64", "--critic-hidden", "32,32",
+            "--learning-starts", "100", "--publish-every", "80", "--checkpoint-dir", str(tmp_path / "ckpt"),
+            "--checkpoint-every", "100")
         publishes = list(gw.publishes)
-        consumer, stream = stream_state(cluster.url, "tether-train-pendulum-r0")
+        consumer, stream = stream_state(url, "tether-train-pendulum-r0")
     assert summary["steps"] == 240 and summary["online_rows"] > 0, summary
     assert not gw.subscriptions, "the trainer read the stream, not the gateway's Experience.Subscribe"
     assert publishes and all(h.lineage.algo == "sac" for h in publishes)

@@ -19,8 +19,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from protos import codec, experience_pb2
-from sim.mujoco import make_env
-from tests.trainer.standin import StandIn
+from tests.trainer.standin import StandIn, env_specs
 from trainer.main import main as train_main
 from trainer.sources import write_transitions
 
@@ -77,9 +76,7 @@ def test_ppo_publishes_from_rank_zero_and_resumes_after_a_killed_rank(tmp_path):
     """Iterations of 16 optimiser steps; rank 1 dies after the second update (step 32), before
     that iteration's checkpoint: the group resumes from step 16, redoes iteration 2 and goes on,
     the lineage unbroken (a version published from the checkpoint's weights is recognised)."""
-    env = make_env("InvertedPendulum-v5")
-    obs, act = env.observation_spec()[0], env.action_spec()[0]
-    env.close()
+    obs, act = env_specs("InvertedPendulum-v5")
     with StandIn(obs, act, policy="pendulum") as gw:
         gw.start_actors("InvertedPendulum-v5", 3)
         summary, stderr = tether_train(
@@ -119,9 +116,7 @@ def test_ppo_with_max_ahead_trains_only_on_top_of_the_served_version(tmp_path):
     """--max-ahead 1 against a slow gateway (each Publish takes 1 s): every update is published,
     and the next one waits until it is served, so each update starts from the version the
     sessions act with."""
-    env = make_env("InvertedPendulum-v5")
-    obs, act = env.observation_spec()[0], env.action_spec()[0]
-    env.close()
+    obs, act = env_specs("InvertedPendulum-v5")
     with StandIn(obs, act, policy="pendulum") as gw:
         gw.publish_delay_s = 1.0
         gw.start_actors("InvertedPendulum-v5", 3)

@@ -17,7 +17,7 @@ from bridge.client import ServedPolicy
 from protos.codec import Spec
 from trainer import dist
 from trainer.bc import BCConfig, BCLearner
-from trainer.loop import Schedule, Source, observations, served_module
+from trainer.loop import Algorithm, Schedule, observations, served_module
 from trainer.policy import GaussianPolicy
 from trainer.publisher import Publication, Versions
 from trainer.sources import LogDataset
@@ -28,12 +28,8 @@ __all__ = ["BC"]
 PROBE = 16
 
 
-class BC:
+class BC(Algorithm):
     name = "bc"
-    generator = None
-    window = resume_offset = 0
-    mean_return = float("nan")
-    backlog = 1.0
 
     def __init__(self, args: argparse.Namespace, served: ServedPolicy | None, versions: Versions):
         rank, world = dist.world()
@@ -57,13 +53,6 @@ class BC:
         self.schedule = Schedule(checkpoint_every=args.checkpoint_every or 50, publish_at_end=served is not None)
         self.epoch, self.loss, self.samples = 0, float("nan"), 0
 
-    @property
-    def progress(self) -> int:
-        return self.learner.steps
-
-    def restore(self, meta: dict) -> None:
-        pass  # the data position is the step's
-
     def state(self) -> dict:
         return {"epoch": self.epoch}
 
@@ -72,12 +61,6 @@ class BC:
         return (f"bc: {len(d)} transitions in {len(d.segments)} segment(s) ({d.skipped} unusable skipped), "
                 f"{d.per_rank()} per rank, batch {self.batch}, {self.per_epoch} steps/epoch, "
                 f"from step {self.learner.steps}")
-
-    def collect(self, source: Source) -> None:
-        """Never called: BC reads no stream (`window` 0)."""
-
-    def ready(self, backlog: float) -> bool:
-        return True
 
     def update(self) -> None:
         self.epoch, index = divmod(self.learner.steps, self.per_epoch)

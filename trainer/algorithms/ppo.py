@@ -17,7 +17,7 @@ import torch
 
 from bridge.client import ServedPolicy
 from trainer import dist
-from trainer.loop import Schedule, Source, finite, observations, served_module
+from trainer.loop import Algorithm, Schedule, Source, finite, observations, served_module
 from trainer.ppo import PPOConfig, PPOLearner
 from trainer.publisher import Publication, Versions
 from trainer.trajectory import TrajectoryAssembler
@@ -27,7 +27,7 @@ __all__ = ["PPO"]
 PROBE = 16
 
 
-class PPO:
+class PPO(Algorithm):
     name = "ppo"
 
     def __init__(self, args: argparse.Namespace, served: ServedPolicy | None, versions: Versions):

@@ -23,7 +23,7 @@ import numpy as np
 
 from bridge.client import ServedPolicy
 from trainer import dist
-from trainer.loop import Schedule, Source, finite, served_module
+from trainer.loop import Algorithm, Schedule, Source, finite, served_module
 from trainer.publisher import Publication, Versions
 from trainer.replay import MixedReplay, ReplayAdder
 from trainer.sac import SACConfig, SACLearner
@@ -47,9 +47,8 @@ def seed_replay(adder: ReplayAdder, directories: list[str], *, policy: str | Non
     return count
 
 
-class SAC:
+class SAC(Algorithm):
     name = "sac"
-    generator = None
 
     def __init__(self, args: argparse.Namespace, served: ServedPolicy | None, versions: Versions):
         if served is None:
@@ -80,10 +79,6 @@ class SAC:
         self.mean_return, self.best_return = float("nan"), float("-inf")
         self.due, self.fresh_rows, self.reward_version = 0.0, 0, ""
         self.stats: dict[str, float] = {}
-
-    @property
-    def progress(self) -> int:
-        return self.learner.steps
 
     @property
     def backlog(self) -> float:
