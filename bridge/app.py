@@ -90,6 +90,7 @@ async def serve(config: GatewayConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from bridge.common.errors import CommandError
     from bridge.common.logs import configure_logging
     from bridge.rewards import RewardConfigError
     from bridge.security.tls import InsecureBind
@@ -100,10 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     config = from_arguments(a)
     try:
         asyncio.run(serve(config))
-    except RewardConfigError as exc:
-        raise SystemExit(f"tether gateway: {exc}") from None
-    except (InsecureBind, TokenError, FileNotFoundError) as exc:  # bridge.security: a refusal, not a traceback
-        raise SystemExit(f"tether gateway: {exc}") from None
+    except (RewardConfigError, InsecureBind, TokenError, FileNotFoundError) as exc:  # a refusal, not a traceback
+        raise CommandError(exc) from None
     return 0
 
 
