@@ -39,6 +39,14 @@ def _session_triton_reset(pytestconfig):
         served.reset()
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """A test that asks for the session's Triton gets it ready (ServedTriton.settle: unloads done)."""
+    served = item.config.stash.get(_SERVED, None)
+    if served is not None and "triton" in item.fixturenames:
+        served.settle()
+
+
 @pytest.fixture
 def unused_port() -> int:
     return free_port()

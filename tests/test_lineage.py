@@ -15,6 +15,7 @@ import sys
 import grpc
 import pytest
 
+from bridge.common.processes import spawn
 from protos import policies_pb2, policies_pb2_grpc
 from sim.client import run_sessions
 from sim.mujoco import make_env
@@ -74,7 +75,7 @@ def test_bc_then_ppo_lineage_is_recorded_in_the_registry_and_survives_a_gateway_
         ppo_cmd = train(stack.gateway, "ppo", "--from-offset", str(start), "--batch", "256", "--epochs", "2",
                         "--minibatches", "2", "--steps", "3", "--summary", str(tmp_path / "ppo.json"))
         with open(tmp_path / "ppo.log", "w") as log:
-            ppo = subprocess.Popen(ppo_cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            ppo = spawn(ppo_cmd, stdout=log, stderr=subprocess.STDOUT)
             try:  # the sims act with what is served (B, then PPO's versions) until the trainer is done
                 acted = asyncio.run(run_sessions(stack.gateway, lambda i: make_env(ENV, seed=10 + i), envs=4,
                                                  seconds=240, until=lambda _: ppo.poll() is not None))

@@ -31,8 +31,12 @@ import sys
 import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bridge.common.processes import Child, NotReady
+
+if TYPE_CHECKING:
+    from bridge.client import Credentials
 
 __all__ = ["GatewayProcess", "Stack", "StackError", "gateway_process"]
 

@@ -188,8 +188,12 @@ class Child:
         if self.proc is not None:
             raise RuntimeError(f"{self.name} already started (pid {self.proc.pid})")
         log = open(self.log_path, "a")  # noqa: SIM115 - closed by _stop_child, after the process
-        self.proc = spawn(self.cmd, stdout=subprocess.PIPE if self.ready else log, stderr=log, text=True,
-                          env=self.env, cwd=self.cwd)
+        try:
+            self.proc = spawn(self.cmd, stdout=subprocess.PIPE if self.ready else log, stderr=log, text=True,
+                              env=self.env, cwd=self.cwd)
+        except BaseException:
+            log.close()
+            raise
         found: list[str] = []
         seen = threading.Event()
         pumping = None

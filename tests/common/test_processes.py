@@ -81,10 +81,13 @@ try:
     with sigterm_interrupts():
         child = spawn([sys.executable, "-c", "import time; time.sleep(600)"])
         try:
+            up, tell = os.pipe()
             forked = os.fork()
             if forked == 0:  # a forked copy of this process inherits the handler: SIGTERM must kill it as before
+                os.write(tell, b"up")
                 time.sleep(600)
                 os._exit(0)
+            os.read(up, 2)  # (a signal in the instant after fork is lost: CPython clears them in the new child)
             print(json.dumps([child.pid, forked]), flush=True)
             os.kill(forked, 15)
             print(os.waitpid(forked, 0)[1], flush=True)

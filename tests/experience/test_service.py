@@ -13,6 +13,7 @@ from bridge.experience.service import ExperienceService
 from bridge.experience.shards import shard_of
 from protos import experience_pb2, experience_pb2_grpc
 from tests.experience.helpers import transition
+from tests.support.waiting import until
 
 OPTIONS = [("grpc.max_receive_message_length", 64 << 20)]
 
@@ -55,14 +56,6 @@ async def receive(call, n: int, *, acking: bool = True) -> list:
         if acking:
             await call.write(ack(batch.next_offset))
     return got
-
-
-async def until(predicate, what: str):
-    for _ in range(600):
-        if predicate():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_replay_then_live(tmp_path):

@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from bridge.common.processes import free_port
+from bridge.common.processes import free_port, spawn
 from bridge.experience import read_transitions
 from bridge.experience.merge import Merged, merge_logs
 from tests.support.gateways import start_gateway
@@ -73,10 +73,10 @@ class Clients:
         self.out, self.stop_file = tmp / f"{prefix}.json", tmp / "stop"
         cmd = [sys.executable, "-m", "tests.fleet.clients", kind, "--gateways", ",".join(gateways), "--sessions",
                str(sessions), "--prefix", prefix, "--out", str(self.out), "--stop", str(self.stop_file), *extra]
-        self.proc = subprocess.Popen(
+        self.proc = spawn(
             host.command(cmd) if host is not None else cmd,
             cwd=ROOT, stdout=subprocess.PIPE, stderr=open(tmp / f"{prefix}.log", "w"), text=True,  # noqa: SIM115
-            start_new_session=True, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
         self.lines: queue.SimpleQueue[str] = queue.SimpleQueue()
         self.last: dict[str, str] = {}
         threading.Thread(target=self._read, daemon=True).start()

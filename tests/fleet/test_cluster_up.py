@@ -16,7 +16,7 @@ import pytest
 
 import sim
 from bridge.client.session import SessionError
-from bridge.common.processes import group_members
+from bridge.common.processes import group_members, spawn
 from bridge.security.lab import LabCredentials
 from inference_server import triton_binary
 from sim.client import ClientTls, run_sessions
@@ -54,9 +54,9 @@ def _missing() -> str:
 def test_cluster_up_serves_a_session_and_ctrl_c_stops_every_process(tmp_path):
     summary = tmp_path / "up.json"
     out = open(tmp_path / "up.log", "w")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([sys.executable, "-m", "tether", "cluster", "up", "--gateways", "2", "--tritons", "1",
-                             "--trainer-nodes", "0", "--run-dir", str(tmp_path / "run"), "--summary", str(summary)],
-                            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = spawn([sys.executable, "-m", "tether", "cluster", "up", "--gateways", "2", "--tritons", "1",
+                  "--trainer-nodes", "0", "--run-dir", str(tmp_path / "run"), "--summary", str(summary)],
+                 cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
     pids: list[int] = []
     try:
         wait_until(lambda: summary.exists() or proc.poll() is not None,

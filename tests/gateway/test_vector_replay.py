@@ -8,7 +8,6 @@ import asyncio
 import os
 import signal
 import threading
-import time
 from collections import defaultdict
 
 import numpy as np
@@ -21,7 +20,7 @@ from protos.codec import Spec, encode
 from sim.client import run_vector_sessions
 from tests.gateway.helpers import RawSession
 from tests.support.gateways import gateway_process, running_gateway, start_gateway
-from tests.support.waiting import until
+from tests.support.waiting import until, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -47,11 +46,11 @@ def test_kill_9_mid_stream_vector_sessions_replay_and_log_every_answered_env_ste
 
     def crash_and_restart():
         # kill once both sessions have answered steps the log has not acknowledged to them (on state, not a sleep)
-        deadline = time.monotonic() + 60
-        while not (len(sessions_out) == 2 and all(s.durable_through > 20 and s.unacked for s in sessions_out)):
-            if time.monotonic() > deadline or done.is_set():
-                return
-            time.sleep(0.01)
+        wait_until(lambda: done.is_set() or len(sessions_out) == 2 and all(s.durable_through > 20 and s.unacked
+                                                                           for s in sessions_out),
+                   "both sessions with answered steps not yet durable", timeout=60, period=0.01)
+        if done.is_set():
+            return
         os.kill(first.pid, signal.SIGKILL)
         first.proc.wait()
         with gateway_process(server.grpc_url, gateway_log, *args, policy=name, port=unused_port):

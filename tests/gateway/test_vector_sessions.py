@@ -140,7 +140,7 @@ def test_newton_cartpole_through_the_full_loop(triton):
     env = NewtonCartpole(num_envs=n, seed=0, max_episode_steps=10)
     obs_spec, act_spec = env.observation_spec(), env.action_spec()
     module = MLPPolicy(obs_spec[0], act_spec[0], seed=1).eval()
-    triton.repo.write_version("newton_cartpole", 1, module, obs_spec, act_spec)
+    triton.repo.write_version(triton.claim("newton_cartpole"), 1, module, obs_spec, act_spec)
     triton.server.load_model("newton_cartpole")
 
     async def scenario():

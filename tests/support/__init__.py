@@ -1,0 +1,3 @@
+"""What the tests share: `waiting` (wait on state, never on the clock), `gateways` (gateways started the product's
+way), `triton` (the session's Triton behind conftest's `triton` fixture), `processes` (what runs, from /proc), `hosts`
+(lab hosts in network namespaces), `manifests` (deploy/kubernetes read as data)."""

@@ -9,7 +9,7 @@ session's Triton unless the test needs one of its own (tests/support/triton.py):
         import_policy_file(gw.address, path, name="mine")              # publishing into the session's repository
     gateways = [start_gateway(triton.url, log, port=port) for ...]     # started; gw.proc (its Popen), gw.stop()
 
-Both get a per-step deadline of 2 s unless told one: a test asserts behaviour, a loaded 2-core machine stalls, and
+Each gets a per-step deadline of 2 s unless told one: a test asserts behaviour, a loaded 2-core machine stalls, and
 the gateway's own 100 ms is a robot's.
 """
 
@@ -55,7 +55,7 @@ def gateway_process(triton_url: str, log_path: Path, *args: object, policy: str 
 
 
 def start_gateway(triton_url: str, log_path: Path, *args: object, **kw) -> GatewayProcess:
-    """`gateway_process(...)`, started: it listens (or NotReady said why not)."""
+    """`gateway_process(...)`, started: it listens (tether.stack.StackError with its log's end when it does not)."""
     gateway = gateway_process(triton_url, log_path, *args, **kw)
     gateway.start()
     return gateway

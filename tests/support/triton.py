@@ -9,14 +9,16 @@ its own only where that is the point (restarts, kills, flags, repositories, repl
 
 A module's models are its own until its end: then `reset()` (conftest, after each module that used the session's
 Triton) unloads them and removes their files, so the repository holds `tiny` alone again and the session's memory
-(a python-backend stub per loaded version) stays flat.
+(a python-backend stub per loaded version) stays flat. Triton unloads in the background and says it is not ready
+meanwhile (strict readiness): `settle()` (conftest, before each test that asks for `triton`) waits for that.
 """
 
 from __future__ import annotations
 
 import contextlib
 import shutil
-from dataclasses import dataclass
+import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +26,7 @@ import torch
 
 from inference_server import ModelControlError, ModelRepository, TritonServer
 from protos.codec import Spec
+from tests.support.waiting import wait_until
 from trainer.policy import MLPPolicy
 
 __all__ = ["ServedTriton"]
@@ -37,6 +40,7 @@ class ServedTriton:
     module: torch.nn.Module   # what it serves
     obs: tuple[Spec, ...]
     act: tuple[Spec, ...]
+    unloading: bool = field(default=False, init=False)
 
     @property
     def url(self) -> str:
@@ -90,6 +94,21 @@ class ServedTriton:
                 with contextlib.suppress(ModelControlError):  # never loaded, or its load failed
                     self.server.unload_model(folder.name)
                 shutil.rmtree(folder)
+                self.unloading = True
         for folder in (self.repo.root / ".retired").glob("*"):
             if folder.name != self.policy:
                 shutil.rmtree(folder)
+
+    def settle(self) -> None:
+        """Once the models `reset` unloaded are gone: Triton ready again (at once when nothing was unloaded)."""
+        if self.unloading:
+            wait_until(self._ready, "the session's Triton ready again after a module's models were unloaded",
+                       timeout=120, period=0.05)
+            self.unloading = False
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.server.http_url}/v2/health/ready", timeout=1) as response:
+                return response.status == 200
+        except OSError:
+            return False

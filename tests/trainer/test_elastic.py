@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.common.processes import stop_group
+from bridge.common.processes import spawn, stop_group
 from tests.trainer.test_torchrun import scripted_log
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,8 +56,8 @@ class Node:
         self.log = tmp / f"{name}.log"
         self.summary = tmp / f"{name}.json"
         self.out = open(self.log, "a")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen([sys.executable, "-m", "trainer.main", *args, "--summary", str(self.summary)],
-                                     cwd=ROOT, stdout=self.out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = spawn([sys.executable, "-m", "trainer.main", *args, "--summary", str(self.summary)],
+                          cwd=ROOT, stdout=self.out, stderr=subprocess.STDOUT)
 
     def text(self) -> str:
         return self.log.read_text()
@@ -73,8 +73,8 @@ class Node:
 
 def test_a_killed_node_the_other_resumes_from_the_checkpoint_and_it_rejoins(tmp_path, record_property):
     scripted_log(tmp_path / "log", n=600)
-    rdzv = subprocess.Popen([sys.executable, "-m", "trainer.rendezvous", "--port", "0"], cwd=ROOT,
-                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    rdzv = spawn([sys.executable, "-m", "trainer.rendezvous", "--port", "0"], cwd=ROOT, stdout=subprocess.PIPE,
+                 text=True)
     nodes: list[Node] = []
     try:
         endpoint = rdzv.stdout.readline().split()[-1]

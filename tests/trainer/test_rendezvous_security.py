@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import re
 import signal
 import socket
@@ -26,6 +25,7 @@ from pathlib import Path
 import pytest
 from torch.distributed import TCPStore
 
+from bridge.common.processes import spawn, stop_group
 from tests.support.processes import command_lines
 from tests.trainer.test_torchrun import scripted_log
 from trainer.rendezvous import READY, read_run_id, serve
@@ -91,8 +91,8 @@ def test_the_store_is_reachable_on_its_address_and_refused_on_another():
 
 
 def test_the_rendezvous_process_binds_its_host_and_ends_on_sigterm():
-    proc = subprocess.Popen([sys.executable, "-m", "trainer.rendezvous", "--host", HOST, "--port", "0"], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = spawn([sys.executable, "-m", "trainer.rendezvous", "--host", HOST, "--port", "0"], cwd=ROOT,
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
         assert line.startswith(f"{READY}{HOST}:"), (line, proc.stderr.read() if proc.poll() is not None else "")
@@ -160,12 +160,12 @@ def test_an_elastic_run_meets_under_the_id_from_the_file_and_no_command_line_hol
     log = tmp_path / "train.log"
     try:
         with open(log, "w") as out:
-            proc = subprocess.Popen(
+            proc = spawn(
                 [sys.executable, "-m", "trainer.main", "--nnodes", "1:2", "--rdzv-endpoint", f"{HOST}:{store.port}",
                  "--rdzv-id-file", str(id_file), "--rdzv-external", "--nproc", "1", "--max-restarts", "0",
                  "--algo", "bc", "--arch", "mlp", "--experience-dir", str(tmp_path / "log"), "--steps", "20",
                  "--batch", "32", "--status-every", "0", "--seed", "0"],
-                cwd=ROOT, stdout=subprocess.PIPE, stderr=out, text=True, start_new_session=True)
+                cwd=ROOT, stdout=subprocess.PIPE, stderr=out, text=True)
         seen = 0
         try:
             while proc.poll() is None:  # every process's command line, while the run lasts
@@ -175,9 +175,7 @@ def test_an_elastic_run_meets_under_the_id_from_the_file_and_no_command_line_hol
                 time.sleep(0.1)
             stdout = proc.stdout.read()
         finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            stop_group(proc)
         assert proc.returncode == 0, log.read_text()[-3000:]
         assert seen > 0  # the scan did see torchrun running
         summary = json.loads(stdout.strip().splitlines()[-1])
