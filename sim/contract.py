@@ -64,6 +64,18 @@ def _assert_matches(specs: Sequence[Spec], tensors: Mapping[str, np.ndarray], wh
         spec.check(value)  # dtype, shape, finite
 
 
+def _assert_well_formed(*spec_tuples: Sequence[Spec]) -> None:
+    """Each a non-empty tuple of Specs with distinct names, valid bounds, surviving the proto round trip."""
+    for specs in spec_tuples:
+        assert isinstance(specs, tuple) and specs, "specs must be a non-empty tuple"
+        assert all(isinstance(s, Spec) for s in specs)
+        names = [s.name for s in specs]
+        assert len(set(names)) == len(names), f"duplicate names {names}"
+        for spec in specs:
+            bounds(spec)  # raises on a malformed low/high
+            assert Spec.from_proto(spec.to_proto()) == spec
+
+
 def _assert_within(specs: Sequence[Spec], action: Mapping[str, np.ndarray]) -> None:
     for spec in specs:
         limits = bounds(spec)
@@ -120,14 +132,7 @@ class EnvironmentContract:
 
     def test_specs_are_well_formed(self):
         with self._env() as env:
-            for specs in (env.observation_spec(), env.action_spec()):
-                assert isinstance(specs, tuple) and specs, "specs must be a non-empty tuple"
-                assert all(isinstance(s, Spec) for s in specs)
-                names = [s.name for s in specs]
-                assert len(set(names)) == len(names), f"duplicate names {names}"
-                for spec in specs:
-                    bounds(spec)  # raises on a malformed low/high
-                    assert Spec.from_proto(spec.to_proto()) == spec
+            _assert_well_formed(env.observation_spec(), env.action_spec())
 
     def test_reset_gives_first(self):
         with self._env(seed=0) as env:

@@ -21,14 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from protos.codec import Spec
-from sim.mujoco import _box_bounds, _mujoco_warnings_to_logging
+from sim.mujoco import _box_specs, _GymnasiumHolder, _mujoco_warnings_to_logging
 from sim.vector import BaseVectorEnvironment
 
 __all__ = ["GymnasiumVectorEnv"]
 
 
-class GymnasiumVectorEnv(BaseVectorEnvironment):
+class GymnasiumVectorEnv(_GymnasiumHolder, BaseVectorEnvironment):
     """N copies of a gymnasium env with 1-D Box observation and action spaces, e.g. "Hopper-v5".
 
     `seed` seeds the first `reset()` that is not given its own seed; `max_episode_steps` overrides
@@ -53,29 +52,11 @@ class GymnasiumVectorEnv(BaseVectorEnvironment):
                 env = SyncVectorEnv([make] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP)
         except gym.error.Error as e:
             raise ValueError(f"cannot make gymnasium env {env_id!r}: {e}") from e
-        for role, space in (("observation", env.single_observation_space), ("action", env.single_action_space)):
-            if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
-                env.close()
-                raise ValueError(f"{env_id}: only 1-D Box {role} spaces are supported, got {space}")
-        obs_low, obs_high = _box_bounds(env.single_observation_space)
-        act_low, act_high = _box_bounds(env.single_action_space)
-        super().__init__(
-            num_envs=num_envs,
-            observation_spec=(Spec("observation", np.float32, env.single_observation_space.shape,
-                                   low=obs_low, high=obs_high),),
-            action_spec=(Spec("action", np.float32, env.single_action_space.shape, low=act_low, high=act_high),))
+        super().__init__(num_envs=num_envs,
+                         **_box_specs(env_id, env, env.single_observation_space, env.single_action_space))
         self.env_id = env_id
         self.source = f"gymnasium-vector:{env_id}"
-        self._env = env
-        self._action_dtype = env.single_action_space.dtype
-        self._seed = seed
-        self._closed = False
-
-    def _reset(self, *, seed: int | None) -> dict[str, np.ndarray]:
-        if seed is None and self._seed is not None:
-            seed, self._seed = self._seed, None
-        observation, _ = self._env.reset(seed=seed)
-        return {"observation": np.asarray(observation, dtype=np.float32)}
+        self._hold(env, env.single_action_space, seed)
 
     def _step(self, actions: dict[str, np.ndarray]):
         observation, reward, terminated, truncated, info = self._env.step(
@@ -87,12 +68,6 @@ class GymnasiumVectorEnv(BaseVectorEnvironment):
             final = observation.copy()
             final[ended] = np.stack(info["final_obs"][ended]).astype(np.float32)
         return ({"observation": observation}, reward, terminated, truncated, {"observation": final})
-
-    def close(self) -> None:
-        super().close()
-        if not self._closed:
-            self._closed = True
-            self._env.close()
 
     def __repr__(self) -> str:
         return f"GymnasiumVectorEnv({self.env_id!r}, num_envs={self.num_envs})"

@@ -53,7 +53,45 @@ def _box_bounds(space) -> tuple[tuple[float, ...], tuple[float, ...]]:
     return tuple(low.tolist()), tuple(high.tolist())
 
 
-class GymnasiumEnv(BaseEnvironment):
+def _box_specs(env_id: str, env, observation_space, action_space) -> dict[str, tuple[Spec, ...]]:
+    """The `observation_spec` and `action_spec` keyword arguments for a gymnasium env's (single) spaces;
+    `env` is closed and ValueError raised unless both are 1-D Boxes."""
+    import gymnasium as gym
+
+    for role, space in (("observation", observation_space), ("action", action_space)):
+        if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
+            env.close()
+            raise ValueError(f"{env_id}: only 1-D Box {role} spaces are supported, got {space}")
+    obs_low, obs_high = _box_bounds(observation_space)
+    act_low, act_high = _box_bounds(action_space)
+    return {"observation_spec": (Spec("observation", np.float32, observation_space.shape, low=obs_low, high=obs_high),),
+            "action_spec": (Spec("action", np.float32, action_space.shape, low=act_low, high=act_high),)}
+
+
+class _GymnasiumHolder:
+    """`_reset` and `close` of an environment over a gymnasium env (vector or not) that `_hold` took:
+    the first unseeded reset takes `seed`, close closes the gymnasium env once."""
+
+    def _hold(self, env, action_space, seed: int | None) -> None:
+        self._env = env
+        self._action_dtype = action_space.dtype
+        self._seed = seed
+        self._closed = False
+
+    def _reset(self, *, seed: int | None) -> dict[str, np.ndarray]:
+        if seed is None and self._seed is not None:
+            seed, self._seed = self._seed, None
+        observation, _ = self._env.reset(seed=seed)
+        return {"observation": np.asarray(observation, dtype=np.float32)}
+
+    def close(self) -> None:
+        super().close()
+        if not self._closed:
+            self._closed = True
+            self._env.close()
+
+
+class GymnasiumEnv(_GymnasiumHolder, BaseEnvironment):
     """A gymnasium env with a 1-D Box observation and a 1-D Box action, e.g. "Hopper-v5".
 
     `seed` seeds the first `reset()` that is not given its own seed; later unseeded resets
@@ -73,41 +111,17 @@ class GymnasiumEnv(BaseEnvironment):
                                **make_kwargs)
         except gym.error.Error as e:
             raise ValueError(f"cannot make gymnasium env {env_id!r}: {e}") from e
-        for role, space in (("observation", env.observation_space), ("action", env.action_space)):
-            if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
-                env.close()
-                raise ValueError(f"{env_id}: only 1-D Box {role} spaces are supported, got {space}")
-        obs_low, obs_high = _box_bounds(env.observation_space)
-        act_low, act_high = _box_bounds(env.action_space)
-        super().__init__(
-            observation_spec=(Spec("observation", np.float32, env.observation_space.shape,
-                                   low=obs_low, high=obs_high),),
-            action_spec=(Spec("action", np.float32, env.action_space.shape, low=act_low, high=act_high),))
+        super().__init__(**_box_specs(env_id, env, env.observation_space, env.action_space))
         self.env_id = env_id
         is_mujoco = "mujoco" in type(env.unwrapped).__module__
         self.source = f"{'mujoco' if is_mujoco else 'gymnasium'}:{env_id}"
-        self._env = env
-        self._action_dtype = env.action_space.dtype
-        self._seed = seed
-        self._closed = False
-
-    def _reset(self, *, seed: int | None) -> dict[str, np.ndarray]:
-        if seed is None and self._seed is not None:
-            seed, self._seed = self._seed, None
-        observation, _ = self._env.reset(seed=seed)
-        return {"observation": np.asarray(observation, dtype=np.float32)}
+        self._hold(env, env.action_space, seed)
 
     def _step(self, action: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float, bool, bool]:
         observation, reward, terminated, truncated, _ = self._env.step(
             action["action"].astype(self._action_dtype, copy=False))
         observation = {"observation": np.asarray(observation, dtype=np.float32)}
         return observation, float(reward), bool(terminated), bool(truncated)
-
-    def close(self) -> None:
-        super().close()
-        if not self._closed:
-            self._closed = True
-            self._env.close()
 
     def __repr__(self) -> str:
         return f"GymnasiumEnv({self.env_id!r})"

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 
 from protos.codec import Spec, TensorError
-from sim.contract import _raises, random_action
+from sim.contract import _assert_well_formed, _raises, random_action
 from sim.env import ResetRequired, StepType, bounds
 from sim.vector import VectorEnvironment, VectorTimeStep, safe_action
 
@@ -123,14 +123,7 @@ class VectorEnvironmentContract:
 
     def test_specs_are_per_env_and_well_formed(self):
         with self._env() as env:
-            for specs in (env.observation_spec(), env.action_spec()):
-                assert isinstance(specs, tuple) and specs, "specs must be a non-empty tuple"
-                assert all(isinstance(s, Spec) for s in specs)
-                names = [s.name for s in specs]
-                assert len(set(names)) == len(names), f"duplicate names {names}"
-                for spec in specs:
-                    bounds(spec)
-                    assert Spec.from_proto(spec.to_proto()) == spec
+            _assert_well_formed(env.observation_spec(), env.action_spec())
             ts = env.reset(seed=0)
             for spec in env.observation_spec():  # the spec has no batch dimension
                 assert ts.observation[spec.name].shape[1:] == spec.shape

@@ -147,16 +147,6 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("tls_ca", "tls_cert", "tls_key"):
         if getattr(launcher, name) and not Path(getattr(launcher, name)).is_file():
             raise SystemExit(f"tether train: --{name.replace('_', '-')} {str(getattr(launcher, name))!r} is not a file")
-    if checked.algo == "ppo" and not checked.gateway:
-        raise SystemExit("tether train: --algo ppo needs --gateway HOST:PORT")
-    if checked.algo == "bc" and not Path(checked.experience_dir or "/nonexistent").is_dir():
-        raise SystemExit(f"tether train: --algo bc needs --experience-dir DIR (an existing directory; formerly "
-                         f"--log-dir), got {checked.experience_dir!r}")
-    if checked.algo == "ppo" and checked.max_ahead and checked.publish_every != 1:
-        raise SystemExit(f"tether train: --max-ahead {checked.max_ahead} needs --publish-every 1 (the learner waits "
-                         f"for its own updates to be served), got --publish-every {checked.publish_every}")
-    if not (checked.steps or checked.seconds or checked.target_return is not None or checked.stop_file):
-        raise SystemExit("tether train: give --steps, --seconds, --target-return or --stop-file")
     with tempfile.TemporaryDirectory(prefix="tether-train-") as tmp:
         summary_path = launcher.summary or str(Path(tmp) / "summary.json")
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")

@@ -135,7 +135,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def check(args: argparse.Namespace) -> argparse.Namespace:
-    """Defaults that depend on --algo, and what no rank should start with (SystemExit naming the flag)."""
+    """Defaults that depend on --algo, and what no rank should start with (SystemExit naming the flag): the
+    launcher (trainer.main) runs it before torchrun starts, every rank again."""
     if args.publish_every is None:
         args.publish_every = 250 if args.algo == "sac" else 1
     if args.lr is None:
@@ -164,19 +165,24 @@ def check(args: argparse.Namespace) -> argparse.Namespace:
             raise SystemExit(f"tether train: --init-alpha must be > 0, got {args.init_alpha}")
     elif args.seed_log or args.demos:
         raise SystemExit(f"tether train: --seed-log and --demos are SAC's (--algo sac), not {args.algo}'s")
+    if args.algo == "ppo":
+        if not args.gateway:
+            raise SystemExit("tether train: --algo ppo needs --gateway HOST:PORT")
+        if args.arch != "gaussian":
+            raise SystemExit(f"tether train: --algo ppo needs --arch gaussian (a stochastic policy), got {args.arch}")
+        if args.max_ahead and args.publish_every != 1:
+            raise SystemExit(f"tether train: --max-ahead {args.max_ahead} needs --publish-every 1 (the learner waits "
+                             f"for its own updates to be served), got --publish-every {args.publish_every}")
+    if args.algo == "bc" and not Path(args.experience_dir or "/nonexistent").is_dir():
+        raise SystemExit(f"tether train: --algo bc needs --experience-dir DIR (an existing directory; formerly "
+                         f"--log-dir), got {args.experience_dir!r}")
+    if not (args.steps or args.seconds or args.target_return is not None or args.stop_file):
+        raise SystemExit("tether train: give --steps, --seconds, --target-return or --stop-file")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = check(parser().parse_args(argv))
-    if args.algo == "ppo" and not args.gateway:
-        raise SystemExit("tether train: --algo ppo needs --gateway HOST:PORT")
-    if args.algo == "ppo" and args.arch != "gaussian":
-        raise SystemExit(f"tether train: --algo ppo needs --arch gaussian (a stochastic policy), got {args.arch}")
-    if args.algo == "bc" and not args.experience_dir:
-        raise SystemExit("tether train: --algo bc needs --experience-dir DIR (formerly --log-dir)")
-    if not (args.steps or args.seconds or args.target_return is not None or args.stop_file):
-        raise SystemExit("tether train: give --steps, --seconds, --target-return or --stop-file")
     rank, world = dist.init()
     torch.manual_seed(args.seed)
     started = time.monotonic()

@@ -39,9 +39,8 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from types import MappingProxyType
 
 from bridge.experience.jetstream import (
     STREAM,
@@ -55,6 +54,7 @@ from bridge.experience.jetstream import (
     subject_of,
 )
 from bridge.experience.log import Fenced, LogError, LogFull
+from bridge.experience.steps import SessionSteps
 from protos import experience_pb2
 
 log = logging.getLogger("tether.experience")
@@ -105,7 +105,7 @@ class _Item:
     ack: asyncio.Future | None = field(default=None, repr=False)
 
 
-class JetStreamLog:
+class JetStreamLog(SessionSteps):
     """Transitions to the JetStream stream `stream` (see the module docstring). `replicas`: the stream's
     replication when this log creates it (default: 3 with 3 or more servers given, else 1)."""
 
@@ -143,9 +143,7 @@ class JetStreamLog:
         self._nc = self._js = None
         self._task: asyncio.Task | None = None
         self._closing = False
-        self._last_step: dict[str, int] = {}
-        self._durable_step: dict[str, int] = {}
-        self._refusing: dict[str, int] = {}
+        super().__init__()  # durable: acknowledged by the stream
         self._per_session: dict[str, deque[_Item]] = {}  # not yet durable, in step order
         self._subjects: dict[str, str] = {}              # session -> its subject (escaping once)
         self._queue: deque[_Item] = deque()               # to publish (again), in append order
@@ -156,7 +154,6 @@ class JetStreamLog:
         self._pending = self._pending_bytes = 0
         self._retry_at = 0.0
         self._backoff = retry_min_s
-        self._degraded: str | None = None
         self._stall_since: float | None = None  # pending and nothing acknowledged since
         self._max_payload = 1 << 20
         self._c = dict(appended=0, duplicates=0, durable=0, bytes=0, refused=0, retries=0, stream_duplicates=0,
@@ -257,33 +254,6 @@ class JetStreamLog:
             self._stall_since = time.monotonic()
         self._wake.set()
         return future
-
-    def resume(self, session: str) -> None:
-        """The session connected again: after a refusal at the bound its transitions are taken again."""
-        self._refusing.pop(session, None)
-
-    def forget(self, session: str) -> None:
-        """Another gateway owned `session` since (bridge.gateway.session.owners): its steps are taken again from any
-        step (the client replays them under the new epoch; the stream drops msg ids it has) and its
-        `durable_step` restarts from what this epoch acknowledges (as ExperienceLog.forget)."""
-        self._last_step.pop(session, None)
-        self._durable_step.pop(session, None)
-        self._refusing.pop(session, None)
-
-    def last_step(self, session: str) -> int | None:
-        return self._last_step.get(session)
-
-    def durable_step(self, session: str) -> int | None:
-        return self._durable_step.get(session)
-
-    @property
-    def durable_steps(self) -> Mapping[str, int]:
-        return MappingProxyType(self._durable_step)
-
-    @property
-    def degraded(self) -> str | None:
-        """None while the stream acknowledges; else why nothing becomes durable (publishing retries)."""
-        return self._degraded
 
     async def prepare(self, sessions: Iterable[str]) -> None:
         """Learn each session's last step in the stream (a session that moved here from another gateway, or

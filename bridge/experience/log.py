@@ -57,10 +57,9 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
 
 from bridge.experience.segment import (
     SegmentWriter,
@@ -71,6 +70,7 @@ from bridge.experience.segment import (
     scan_segment,
     segment_name,
 )
+from bridge.experience.steps import SessionSteps
 from protos import experience_pb2
 
 log = logging.getLogger("tether.experience")
@@ -129,7 +129,7 @@ def _describe(error: OSError) -> str:
     return f"{name}: {error.strerror or error}" if name else str(error)
 
 
-class ExperienceLog:
+class ExperienceLog(SessionSteps):
     """Appends `tether.v1.Transition`s to MCAP segments in `directory` (see module docstring).
 
     A segment is finished and a new one started when its data would pass `segment_bytes` (the
@@ -167,9 +167,7 @@ class ExperienceLog:
         self.retention_bytes, self.retention_s = retention_bytes, retention_s
         self.ownership, self.on_fenced = ownership, on_fenced  # see "Ownership" in the module docstring
         # the event loop's
-        self._last_step: dict[str, int] = {}     # highest step appended per session
-        self._durable_step: dict[str, int] = {}  # highest step acknowledged (fsynced) per session
-        self._refusing: dict[str, int] = {}      # session -> its first step refused at the bound (until resume)
+        super().__init__()  # durable: fsynced (written, with fsync=False); `degraded`: the writer thread sets it
         self._next_offset = 0
         self._durable_offset = 0
         self._waiters: list[tuple[int, asyncio.Future]] = []
@@ -181,7 +179,6 @@ class ExperienceLog:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._failed: BaseException | None = None
-        self._degraded: str | None = None  # written by the writer thread (a str assignment), read anywhere
         # the writer thread's
         # (offset, session, step, log_time_ns, serialized, future): taken from the queue, not yet durable
         self._backlog: list[tuple[int, str, int, int, bytes, asyncio.Future | None, int]] = []  # ..., owner_epoch
@@ -267,38 +264,6 @@ class ExperienceLog:
             with self._cond:
                 self._cond.notify()
         return fut
-
-    def resume(self, session: str) -> None:
-        """The session connected again: after a refusal at the bound its transitions are taken again
-        (from the step after its last appended one: the client replays the refused ones)."""
-        self._refusing.pop(session, None)
-
-    def forget(self, session: str) -> None:
-        """What this log holds of `session` is not the session's history any more (another gateway owned it
-        since): its steps are taken again from any step (the client replays them under the new epoch), and its
-        `durable_step` restarts from what this epoch acknowledges."""
-        self._last_step.pop(session, None)
-        self._durable_step.pop(session, None)
-        self._refusing.pop(session, None)
-
-    def last_step(self, session: str) -> int | None:
-        """The highest step appended for `session` (on disk or queued), None if it has none."""
-        return self._last_step.get(session)
-
-    def durable_step(self, session: str) -> int | None:
-        """The highest step of `session` that is on disk (fsynced; written with fsync=False): every
-        step of it below is too, since a session's steps are appended in order and written in order."""
-        return self._durable_step.get(session)
-
-    @property
-    def durable_steps(self) -> Mapping[str, int]:
-        """Every session's `durable_step` (read-only view; a vector session's envs read it in one pass)."""
-        return MappingProxyType(self._durable_step)
-
-    @property
-    def degraded(self) -> str | None:
-        """None while the disk takes writes; else why not (the writer keeps retrying)."""
-        return self._degraded
 
     @property
     def durable_offset(self) -> int:

@@ -33,7 +33,27 @@ LEADER_LOCK_KEY = 7_461_636_802   # pg_try_advisory_lock: the gateway that judge
 WAKE_S = 0.2                      # the follower's longest wait for a NOTIFY before it checks whether to stop
 
 
-class EpochFollower:
+class _ConnectionThread:
+    """A daemon thread running the subclass's `_run`, with a psycopg connection of its own (`_conn`);
+    `stop()` ends it."""
+
+    def __init__(self, name: str):
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._conn = None
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
+class EpochFollower(_ConnectionThread):
     """Calls `on_change(epoch)` from its thread whenever the committed epoch differs from the last one it
     reported (and once after every (re)connect, whatever the epoch). `epoch`: the last one seen; `connected`."""
 
@@ -41,17 +61,11 @@ class EpochFollower:
         self.url, self.on_change, self.poll_s, self.retry_s = url, on_change, poll_s, retry_s
         self.epoch = -1
         self.connected = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="registry-follower", daemon=True)
-        self._conn = None
+        super().__init__("registry-follower")
 
     def start(self) -> EpochFollower:
         self._thread.start()
         return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -90,14 +104,8 @@ class EpochFollower:
         self.connected = False
         self._close()
 
-    def _close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.close()
 
-
-class LeaderLock:
+class LeaderLock(_ConnectionThread):
     """A session-level advisory lock on a dedicated connection: `held` while this process holds it. Tried every
     `retry_s` while not held; while held, the connection is checked every `check_s` (a lost connection is a lost
     lock: another gateway may hold it by then). `on_change(held)` from the thread when it flips. Its connection's
@@ -108,9 +116,8 @@ class LeaderLock:
         self.url, self.key, self.retry_s, self.check_s, self.on_change = url, key, retry_s, check_s, on_change
         self.name = name or f"tether-leader pid={os.getpid()}"
         self.held = False
-        self._stop, self._first = threading.Event(), threading.Event()
-        self._thread = threading.Thread(target=self._run, name="registry-leader", daemon=True)
-        self._conn = None
+        self._first = threading.Event()
+        super().__init__("registry-leader")
 
     def start(self, *, wait_s: float = 0.0) -> LeaderLock:
         """Start trying; `wait_s` > 0 waits that long for the first try to finish (held or not)."""
@@ -118,10 +125,6 @@ class LeaderLock:
         if wait_s > 0:
             self._first.wait(wait_s)
         return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -153,12 +156,6 @@ class LeaderLock:
                     self.on_change(held)
                 except Exception:
                     log.exception("registry leader: on_change(%s) failed", held)
-
-    def _close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.close()
 
 
 class Leadership:

@@ -49,7 +49,7 @@ from cyclonedds.util import duration
 from rosbags.interfaces import Nodetype
 
 from bridge.ros2 import messages
-from bridge.ros2.transport import DeliveryErrors, TransportError, check_depth, ros_topic
+from bridge.ros2.transport import BaseTransport, DeliveryErrors, TransportError, check_depth, ros_topic
 
 log = logging.getLogger("tether.dds")
 
@@ -195,7 +195,7 @@ class _Subscription:
     callback: Callable[[object], None]
 
 
-class DdsTransport:
+class DdsTransport(BaseTransport):
     """`Transport` over Cyclone DDS: one participant, one receive thread for all callbacks.
 
     Set `CYCLONEDDS_URI` (see `loopback_config`) before the first participant of a domain.
@@ -218,19 +218,8 @@ class DdsTransport:
         self._closed = False
         self.delivery_errors = DeliveryErrors(log)
 
-    def __enter__(self) -> DdsTransport:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def _topic(self, topic: str, msg_type: str) -> tuple[Topic, str]:
-        if self._closed:
-            raise TransportError("transport is closed")
+        self._check_open()
         name, msg_type = dds_topic(topic), messages.ros_type(msg_type)
         known = self._topics.get(name)
         if known is None:
@@ -286,23 +275,10 @@ class DdsTransport:
             for data, info in samples:
                 if not info.valid_data:
                     continue
-                try:
-                    msg = messages.deserialize(data, sub.msg_type)
-                except Exception as exc:  # a bad sample is counted, never fatal
-                    self.delivery_errors.record(sub.topic, f"undecodable {sub.msg_type} sample", exc)
-                    continue
-                try:
-                    sub.callback(msg)
-                except Exception as exc:  # counted; the next sample is delivered as usual
-                    self.delivery_errors.record(sub.topic, "callback failed", exc)
+                self.delivery_errors.deliver(sub.topic, sub.msg_type, data, sub.callback)
             if len(samples) < _TAKE_BATCH:
                 return True
         return True
-
-    def raise_if_failed(self) -> None:
-        """Raise the `TransportError` the receive loop left when it failed (delivery stopped there)."""
-        if self._error is not None:
-            raise self._error
 
     def close(self) -> None:
         if self._closed:

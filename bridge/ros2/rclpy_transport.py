@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 
 from bridge.ros2 import messages
-from bridge.ros2.transport import DeliveryErrors, TransportError, check_depth, ros_topic
+from bridge.ros2.transport import BaseTransport, DeliveryErrors, TransportError, check_depth, ros_topic
 
 log = logging.getLogger("tether.rclpy")
 
@@ -64,7 +64,7 @@ class RclpyPublisher:
         return self._publisher.get_subscription_count()
 
 
-class RclpyTransport:
+class RclpyTransport(BaseTransport):
     """One rclpy context and node, spun by one executor thread."""
 
     def __init__(self, *, domain_id: int = 0, node_name: str = "tether_edge"):
@@ -97,19 +97,8 @@ class RclpyTransport:
         self._thread = threading.Thread(target=self._spin, name=f"rclpy-{node_name}", daemon=True)
         self._thread.start()
 
-    def __enter__(self) -> RclpyTransport:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def _check(self, topic: str, msg_type: str) -> tuple[str, str]:
-        if self._closed:
-            raise TransportError("transport is closed")
+        self._check_open()
         topic, msg_type = ros_topic(topic), messages.ros_type(msg_type)
         known = self._topics.setdefault(topic, msg_type)
         if known != msg_type:
@@ -121,15 +110,7 @@ class RclpyTransport:
         topic, msg_type = self._check(topic, msg_type)
 
         def on_raw(data: bytes) -> None:
-            try:
-                msg = messages.deserialize(data, msg_type)
-            except Exception as exc:  # a bad sample is counted, never fatal
-                self.delivery_errors.record(topic, f"undecodable {msg_type} sample", exc)
-                return
-            try:
-                callback(msg)
-            except Exception as exc:  # counted; the next sample is delivered as usual
-                self.delivery_errors.record(topic, "callback failed", exc)
+            self.delivery_errors.deliver(topic, msg_type, data, callback)
 
         self._node.create_subscription(_message_class(msg_type), topic, on_raw,
                                        _qos(reliable=reliable, depth=depth, durable=durable), raw=True)
@@ -150,11 +131,6 @@ class RclpyTransport:
             error.__cause__ = exc
             self._error = error
             log.error("%s", error)
-
-    def raise_if_failed(self) -> None:
-        """Raise the `TransportError` the executor left (delivery stopped there)."""
-        if self._error is not None:
-            raise self._error
 
     def close(self) -> None:
         if self._closed:

@@ -35,7 +35,9 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, Self
+
+from bridge.ros2 import messages
 
 _TOKEN = r"[A-Za-z_][A-Za-z0-9_]*"
 _TOPIC = re.compile(rf"/?{_TOKEN}(/{_TOKEN})*")
@@ -72,6 +74,19 @@ class DeliveryErrors:
         if due:
             self._log.warning("%s: %s (%s); delivery goes on, %d so far on this topic", topic, what,
                               f"{type(exc).__name__}: {exc}"[:300], n)
+
+    def deliver(self, topic: str, msg_type: str, data: bytes, callback: Callable[[object], None]) -> None:
+        """`callback(msg)` with `data` decoded as `msg_type`; a sample that does not decode, or a callback
+        that raises, is recorded instead."""
+        try:
+            msg = messages.deserialize(data, msg_type)
+        except Exception as exc:  # a bad sample is counted, never fatal
+            self.record(topic, f"undecodable {msg_type} sample", exc)
+            return
+        try:
+            callback(msg)
+        except Exception as exc:  # counted; the next sample is delivered as usual
+            self.record(topic, "callback failed", exc)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -123,6 +138,33 @@ class Transport(Protocol):
     def delivery_errors(self) -> DeliveryErrors:
         """Samples not delivered (undecodable, or their callback raised), per topic."""
         ...
+
+
+class BaseTransport:
+    """What both transports share: `with` calls their `close()`, `closed`, and `raise_if_failed` raises the
+    `TransportError` their receive thread left in `_error` when it stopped (delivery stopped there)."""
+
+    _closed: bool
+    _error: BaseException | None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransportError("transport is closed")
+
+    def raise_if_failed(self) -> None:
+        """Raise the `TransportError` the receive thread left when it failed (delivery stopped there)."""
+        if self._error is not None:
+            raise self._error
 
 
 def ros_topic(topic: str) -> str:

@@ -75,11 +75,11 @@ def test_wait_ready_tells_an_exit_from_a_timeout():
 
 
 PARENT = """
-import json, os, sys, time
+import json, os, subprocess, sys, time
 from bridge.common.processes import Terminated, sigterm_interrupts, spawn, stop_group
 try:
     with sigterm_interrupts():
-        child = spawn([sys.executable, "-c", "import time; time.sleep(600)"])
+        child = spawn([sys.executable, "-c", "import time; time.sleep(600)"], stdout=subprocess.DEVNULL)
         try:
             up, tell = os.pipe()
             forked = os.fork()

@@ -33,8 +33,6 @@ class PPO(Algorithm):
     def __init__(self, args: argparse.Namespace, served: ServedPolicy | None, versions: Versions):
         if served is None:
             raise ValueError("--algo ppo needs --gateway")
-        if args.max_ahead and args.publish_every != 1:
-            raise ValueError(f"--max-ahead {args.max_ahead} needs --publish-every 1, got {args.publish_every}")
         self.args, self.versions = args, versions
         self.obs_name, self.obs_width = served.inputs[0].name, served.inputs[0].shape[0]
         self.config = PPOConfig(gamma=args.gamma, lam=args.lam, clip=args.clip, epochs=args.epochs,
