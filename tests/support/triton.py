@@ -31,6 +31,8 @@ from trainer.policy import MLPPolicy
 
 __all__ = ["ServedTriton"]
 
+LOAD_TIMEOUT_S = 180.0  # a python-backend stub starts at niceness 19: on a loaded machine it waits its turn
+
 
 @dataclass
 class ServedTriton:
@@ -59,7 +61,7 @@ class ServedTriton:
         for version, module in enumerate(modules, start=1):
             self.repo.write_version(name, version, module, self.obs, self.act, serve=serve)
         if load:
-            self.server.load_model(name)
+            self.server.load_model(name, timeout=LOAD_TIMEOUT_S)
         return modules[0]
 
     def add_initial_policy(self, env: str, *, stochastic: bool = True, load: bool = True) -> str:
@@ -70,7 +72,7 @@ class ServedTriton:
         self.claim(policy_name(env))
         name = write_initial_policy(self.repo, env, stochastic=stochastic)
         if load:
-            self.server.load_model(name)
+            self.server.load_model(name, timeout=LOAD_TIMEOUT_S)
         return name
 
     def claim(self, name: str) -> str:
