@@ -191,7 +191,7 @@ def test_the_trainer_args_parse_and_carry_what_cluster_up_gives_a_trainer_node()
     assert worker.experience.split(",") == [f"tls://tether-nats-{i}.tether-nats:{nats_port}" for i in range(3)]
     assert worker.nats_user == "trainer"
     files = k8s.credential_files(job)
-    assert {str(worker.nats_password_file), str(worker.nats_ca), launcher.tls_ca} <= files
+    assert {str(worker.nats_password_file), str(worker.nats_ca), str(launcher.tls_ca)} <= files
     assert worker.checkpoint_dir and worker.stop_file.startswith(worker.checkpoint_dir)
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in k8s.pod(job)["volumes"]}
