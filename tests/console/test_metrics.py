@@ -73,7 +73,8 @@ def test_metrics_move_while_sims_run_and_logs_carry_the_session(triton, tmp_path
                 for _ in range(100):  # until the counters move (bounded: 10 s)
                     await asyncio.sleep(0.1)
                     second = await scrape(http, url)
-                    if second[("tether_steps_total", ())] > first[("tether_steps_total", ())] + 20:
+                    if second[("tether_steps_total", ())] > first[("tether_steps_total", ())] + 20 and \
+                            second[("tether_log_bytes", ())] > first[("tether_log_bytes", ())]:  # group commits lag
                         break
                 assert second[("tether_steps_total", ())] > first[("tether_steps_total", ())] + 20
                 for hop in ("client_to_gateway", "gateway_in", "inference", "gateway_out", "gateway"):
@@ -89,7 +90,7 @@ def test_metrics_move_while_sims_run_and_logs_carry_the_session(triton, tmp_path
                 assert second[("tether_version_sessions", (("policy", "tiny"), ("version", "1")))] == 2
                 assert second[("tether_actions_total", (("policy", "tiny"), ("version", "1")))] > 0
                 assert second[("tether_policy_lag_versions", (("policy", "tiny"),))] == 0
-                assert second[("tether_log_bytes", ())] > first[("tether_log_bytes", ())] > 0
+                assert second[("tether_log_bytes", ())] > first[("tether_log_bytes", ())] >= 0
                 async with http.get(url + "api/state") as reply:
                     state = await reply.json()
                 rows = {r["session_id"]: r for r in state["sessions"]}
