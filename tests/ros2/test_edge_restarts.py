@@ -33,8 +33,8 @@ import torch
 from bridge.experience import read_transitions
 from inference_server import ModelRepository, TritonServer
 from protos import fleet_pb2, fleet_pb2_grpc
-from tests.gateway.test_durable_sessions import start_gateway
 from tests.ros2.edge_support import FASTDDS_PEER, ROOT, FastDdsRobot, joint_specs, release_token, wait_until
+from tests.support.gateways import start_gateway
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not os.access(FASTDDS_PEER, os.X_OK),
@@ -84,8 +84,10 @@ class Processes:
         self.env = {**os.environ, "PYTHONPATH": str(ROOT)}
 
     def start_gateway(self) -> None:
-        self.gateway = start_gateway(self.triton_url, self.port, self.tmp / "experience", self.tmp / "gateway.log",
-                                     "--policy", "sin3", "--registry", str(self.tmp / "registry.sqlite"))
+        self.gateway_child = start_gateway(self.triton_url, self.tmp / "gateway.log", "--experience-dir",
+                                           self.tmp / "experience", "--registry", self.tmp / "registry.sqlite",
+                                           policy="sin3", port=self.port)
+        self.gateway = self.gateway_child.proc  # the Child stays referenced: dropping it stops the process
 
     def start_edge(self, *extra: str) -> None:
         log = open(self.tmp / "edge.log", "a")  # noqa: SIM115 (the process holds it)
