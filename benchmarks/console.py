@@ -20,8 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import platform
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,21 +28,17 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+from bench import machine, report
 from loop_latency import ACT, MODEL, OBS, Session, percentiles
 
+from bridge.common.processes import free_port
 from inference_server import ModelRepository, TritonServer
-from tether.topology import gateway_process, write_json
+from tether.topology import gateway_process
 from trainer.policy import MLPPolicy
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def watcher(url: str, scrape_s: float) -> None:
@@ -204,8 +198,7 @@ def main(argv: list[str] | None = None) -> dict:
     figures = dict(item.split("=") for item in said.split()[1:])
     lat = {c: percentiles(samples[c]) for c in conditions}
     result = {
-        "machine": {"python": sys.version.split()[0], "platform": platform.platform(), "cpus": os.cpu_count(),
-                    "load_avg_1m": os.getloadavg()[0]},
+        "machine": machine(cpus=os.cpu_count(), load_avg_1m=os.getloadavg()[0]),
         "triton_version": version, "sessions": a.sessions, "scrape_interval_s": a.scrape_s,
         "scrapes": int(figures.get("scrapes", 0)), "api_state_p50_ms": float(figures.get("state_p50_ms", 0)),
         "latency_ms": lat,
@@ -215,18 +208,20 @@ def main(argv: list[str] | None = None) -> dict:
         "ratio_browser_p99": lat["browser"]["p99"] / lat["quiet"]["p99"],
         "recording_us_per_step": recording_cost_us(),
     }
+    return report(a.json, result, print_table)
+
+
+def print_table(r: dict) -> None:
     names = {"quiet": "quiet (nobody watching)", "poll": "/api/state + /metrics polled 1/s",
              "browser": "console open in chromium (this host)"}
     print(f"\n{'condition':<40}{'p50 ms':>10}{'p99 ms':>10}{'n':>8}")
-    for c in conditions:
-        print(f"{names[c]:<40}{lat[c]['p50']:>10.3f}{lat[c]['p99']:>10.3f}{lat[c]['n']:>8}")
-    print(f"{'ratio polled/quiet':<40}{result['ratio_poll_p50']:>10.2f}{result['ratio_poll_p99']:>10.2f}")
-    print(f"{'ratio browser/quiet':<40}{result['ratio_browser_p50']:>10.2f}{result['ratio_browser_p99']:>10.2f}")
-    print(f"GET /api/state p50 {result['api_state_p50_ms']:.2f} ms; recording a step's figures + metrics "
-          f"(Fleet.observed): {result['recording_us_per_step']:.1f} us")
-    write_json(a.json, result)
-    print(f"wrote {a.json}")
-    return result
+    for c, name in names.items():
+        lat = r["latency_ms"][c]
+        print(f"{name:<40}{lat['p50']:>10.3f}{lat['p99']:>10.3f}{lat['n']:>8}")
+    print(f"{'ratio polled/quiet':<40}{r['ratio_poll_p50']:>10.2f}{r['ratio_poll_p99']:>10.2f}")
+    print(f"{'ratio browser/quiet':<40}{r['ratio_browser_p50']:>10.2f}{r['ratio_browser_p99']:>10.2f}")
+    print(f"GET /api/state p50 {r['api_state_p50_ms']:.2f} ms; recording a step's figures + metrics "
+          f"(Fleet.observed): {r['recording_us_per_step']:.1f} us")
 
 
 if __name__ == "__main__":

@@ -13,18 +13,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from bench import machine, report
 
 from bridge.common.percentiles import p50_p99, percentile
 from bridge.experience import ExperienceLog, read_transitions
 from protos import bridge_pb2, codec, experience_pb2
-from tether.topology import write_json
 
 VECTOR = {"observation": ((11,), np.float32)}
 RGB = {"observation": ((11,), np.float32), "image": ((224, 224, 3), np.uint8)}
@@ -115,7 +113,6 @@ async def stream_rate(directory: Path, *, window: int = 4096, max_batch: int = 2
 def loop_overhead(rounds: int, per_round: int, *, fsync_interval_ms: float, run_dir: Path) -> dict:
     """Batch-1 round trips through two gateways in front of one Triton, one logging every transition
     and one not, in alternating blocks (so both see the same machine)."""
-    sys.path.insert(0, str(Path(__file__).parent))
     from loop_latency import ACT, MODEL, OBS, Session, percentiles
 
     from inference_server import ModelRepository, TritonServer
@@ -170,7 +167,7 @@ def main(argv: list[str] | None = None) -> dict:
     run_dir = Path(tempfile.mkdtemp(prefix="tether-bench-exp-"))
     rates = [asyncio.run(durable_rate(kind, a.seconds, fsync_interval_s=a.fsync_interval_ms / 1e3,
                                       directory=run_dir / f"log-{kind}")) for kind in KINDS]
-    result = {"machine": {"python": sys.version.split()[0], "platform": platform.platform()},
+    result = {"machine": machine(),
               "fsync_interval_ms": a.fsync_interval_ms, "durable": rates, "stream": {}}
     for kind in ("vector", "rgb224"):
         result["stream"][kind] = asyncio.run(stream_rate(run_dir / f"log-{kind}"))
@@ -178,10 +175,7 @@ def main(argv: list[str] | None = None) -> dict:
     if not a.no_loop:
         result["control_loop"] = loop_overhead(a.loop_rounds, a.per_round, fsync_interval_ms=a.fsync_interval_ms,
                                                run_dir=run_dir)
-    print_table(result)
-    write_json(a.json, result)
-    print(f"wrote {a.json}")
-    return result
+    return report(a.json, result, print_table)
 
 
 def print_table(r: dict) -> None:

@@ -14,33 +14,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from bench import machine, report
+from loop_latency import ACT, MODEL, OBS, percentiles
 from loop_latency import Session as LoopSession
 
 from bridge.client import Credentials
-from bridge.common.percentiles import p50_p99
 from bridge.security.certs import init_certs
 from inference_server import ModelRepository, TritonServer
-from protos.codec import Spec
-from tether.topology import gateway_process, write_json
+from tether.topology import gateway_process
 from trainer.policy import MLPPolicy
 
-OBS = (Spec("observation", np.float32, (11,)),)  # Hopper-v5 sized
-ACT = (Spec("action", np.float32, (3,), low=(-1.0,), high=(1.0,)),)
-MODEL = "bench_mlp"
 MODES = ("plaintext", "tls", "mtls")
-
-
-def percentiles(samples_ns: list[int]) -> dict:
-    """p50/p99 in ms, nearest rank (bridge.common.percentiles: the console's and `tether sim`'s definition)."""
-    p50, p99 = p50_p99(samples_ns)
-    return {"p50": p50 / 1e6, "p99": p99 / 1e6, "n": len(samples_ns)}
 
 
 def Session(address: str, name: str, files: dict) -> LoopSession:  # noqa: N802 (used as a class)
@@ -98,17 +87,14 @@ def main(argv: list[str] | None = None) -> dict:
                 f"{m} p50 {np.median(steps[m]) / 1e6:.3f} ms" for m in MODES), flush=True)
         version = triton.version
     result = {
-        "machine": {"python": sys.version.split()[0], "platform": platform.platform()},
+        "machine": machine(),
         "triton_version": version,
         "step_ms": {m: percentiles(steps[m]) for m in MODES},
         "connect_ms": {m: percentiles(connects[m]) for m in MODES},
         "tls_vs_plaintext_p50": float(np.median(steps["tls"]) / np.median(steps["plaintext"])),
         "mtls_vs_plaintext_p50": float(np.median(steps["mtls"]) / np.median(steps["plaintext"])),
     }
-    print_table(result)
-    write_json(a.json, result)
-    print(f"wrote {a.json}")
-    return result
+    return report(a.json, result, print_table)
 
 
 def print_table(r: dict) -> None:

@@ -140,7 +140,29 @@ class ActionClipper:
         return applied
 
 
-class BaseEnvironment(abc.ABC):
+class Specified(abc.ABC):
+    """What an environment and a vectorised one share: their specs, and why a step is refused (`_needs_reset`:
+    `not_reset` until the first reset, None while stepping is allowed)."""
+
+    def __init__(self, observation_spec: Sequence[Spec], action_spec: Sequence[Spec], not_reset: str):
+        self._observation_spec = tuple(observation_spec)
+        self._action_spec = tuple(action_spec)
+        self._needs_reset: str | None = not_reset
+
+    def observation_spec(self) -> tuple[Spec, ...]:
+        return self._observation_spec
+
+    def action_spec(self) -> tuple[Spec, ...]:
+        return self._action_spec
+
+    def close(self) -> None:
+        self._needs_reset = "step() after close()"
+
+    @abc.abstractmethod
+    def _reset(self, *, seed: int | None) -> dict[str, np.ndarray]: ...
+
+
+class BaseEnvironment(Specified):
     """Episode bookkeeping and action checking; subclasses implement `_reset` and `_step`.
 
     `_step` receives the already checked and clipped action and returns
@@ -148,16 +170,8 @@ class BaseEnvironment(abc.ABC):
     """
 
     def __init__(self, *, observation_spec: Sequence[Spec], action_spec: Sequence[Spec]):
-        self._observation_spec = tuple(observation_spec)
-        self._action_spec = tuple(action_spec)
+        super().__init__(observation_spec, action_spec, "step() before reset(): call reset() to start an episode")
         self._clip = ActionClipper(self._action_spec)
-        self._needs_reset: str | None = "step() before reset(): call reset() to start an episode"
-
-    def observation_spec(self) -> tuple[Spec, ...]:
-        return self._observation_spec
-
-    def action_spec(self) -> tuple[Spec, ...]:
-        return self._action_spec
 
     def reset(self, *, seed: int | None = None) -> TimeStep:
         observation = self._reset(seed=seed)
@@ -173,12 +187,6 @@ class BaseEnvironment(abc.ABC):
             self._needs_reset = "step() after LAST: call reset() to start a new episode"
             return TimeStep(StepType.LAST, observation, float(reward), bool(terminated), applied)
         return TimeStep(StepType.MID, observation, float(reward), False, applied)
-
-    def close(self) -> None:
-        self._needs_reset = "step() after close()"
-
-    @abc.abstractmethod
-    def _reset(self, *, seed: int | None) -> dict[str, np.ndarray]: ...
 
     @abc.abstractmethod
     def _step(self, action: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float, bool, bool]: ...

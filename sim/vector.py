@@ -60,7 +60,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from protos.codec import Spec, TensorError
-from sim.env import ResetRequired, StepType, bounds
+from sim.env import ResetRequired, Specified, StepType, bounds
 
 __all__ = ["BaseVectorEnvironment", "VectorEnvironment", "VectorTimeStep", "safe_action"]
 
@@ -181,7 +181,7 @@ class BatchActionChecker:
         return applied, refused, errors
 
 
-class BaseVectorEnvironment(abc.ABC):
+class BaseVectorEnvironment(Specified):
     """Batch checks, clipping, refusal and step types; subclasses implement `_reset` and `_step`.
 
     `_reset(seed)` resets every env (env i seeded with `seed + i` when a seed is given) and returns
@@ -197,16 +197,8 @@ class BaseVectorEnvironment(abc.ABC):
         if not isinstance(num_envs, int | np.integer) or isinstance(num_envs, bool) or num_envs < 1:
             raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
         self.num_envs = int(num_envs)
-        self._observation_spec = tuple(observation_spec)
-        self._action_spec = tuple(action_spec)
+        super().__init__(observation_spec, action_spec, "step() before reset(): call reset() first")
         self._check = BatchActionChecker(self._action_spec, self.num_envs)
-        self._needs_reset: str | None = "step() before reset(): call reset() first"
-
-    def observation_spec(self) -> tuple[Spec, ...]:
-        return self._observation_spec
-
-    def action_spec(self) -> tuple[Spec, ...]:
-        return self._action_spec
 
     def reset(self, *, seed: int | None = None) -> VectorTimeStep:
         if self._needs_reset == "step() after close()":
@@ -226,12 +218,6 @@ class BaseVectorEnvironment(abc.ABC):
         step_type = np.where(terminated | truncated, LAST, MID).astype(np.int8)
         return VectorTimeStep(step_type, observation, np.asarray(reward, np.float64), terminated, truncated,
                               applied, final, refused, errors)
-
-    def close(self) -> None:
-        self._needs_reset = "step() after close()"
-
-    @abc.abstractmethod
-    def _reset(self, *, seed: int | None) -> dict[str, np.ndarray]: ...
 
     @abc.abstractmethod
     def _step(self, actions: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray,

@@ -1,35 +1,26 @@
 """Off-policy learning through the whole loop: MuJoCo envs (one vectorised session) -> gateway -> Triton, every
 transition logged -> Experience.Subscribe -> `tether train --algo sac` (one rank: replay buffer, twin critics)
 -> Policies.Publish through the gate -> new versions served -> the envs act with them. InvertedPendulum-v5 must
-reach an average return of TARGET (the last 20 episodes) within LIMIT_S; the run stops there. Measured on this 2-core
-machine at load 5-10 (2026-12-01, four runs): 500 after 51-116 s (66-98k env steps, 4.3-5.2k updates), the whole
-test 63-145 s."""
+reach an average return of TARGET (the last 20 episodes) within LIMIT_S (tests/support/learning.py); the run stops
+there. Measured on this 2-core machine at load 5-10 (2026-12-01, four runs): 500 after 51-116 s (66-98k env steps,
+4.3-5.2k updates), the whole test 63-145 s."""
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
 
-from tether.topology import DemoConfig, run_demo
+from tests.support.learning import TARGET, learn
 
 pytestmark = pytest.mark.slow
-
-ENV, ENVS = "InvertedPendulum-v5", 8
-TARGET = 500.0
-LIMIT_S = 240.0
 
 
 @pytest.mark.timeout(420)
 def test_sac_through_the_loop_reaches_500_on_inverted_pendulum(tmp_path):
-    summary = run_demo(DemoConfig(env=ENV, envs=ENVS, sessions=1, seconds=LIMIT_S, run_dir=tmp_path, train=True,
-                                  algo="sac", stop_at_return=TARGET))
-    (tmp_path / "learning.json").write_text(json.dumps(summary))
-    curve = [f"{p['seconds']:.0f}s {p['steps']} steps return {p['return']} v{p['version']}"
-             for p in summary["curve"][::10]]
+    summary, curve = learn(tmp_path, algo="sac")
     assert summary["seconds_to_500"] is not None, (f"return stayed below {TARGET} ({summary['steps_per_s']} env "
-                                                   f"steps/s):\n" + "\n".join(curve))
+                                                   f"steps/s):\n{curve}")
     trainer_log = (tmp_path / "trainer.log").read_text()
     assert "[trainer] sac:" in trainer_log
     assert "Traceback" not in trainer_log.split("SIGTERM", 1)[0]   # until the demo stops it at the target

@@ -1,38 +1,29 @@
 """The learning loop from a vectorised session: one stream of N MuJoCo envs (a gymnasium `SyncVectorEnv`) ->
 gateway -> Triton, each env's transitions logged as `<session>/<i>` -> a 2-rank PPO trainer building per-env
 trajectories -> Policies.Publish -> new versions served -> the envs act with them. InvertedPendulum-v5 with 8 envs
-in one session must reach an average return of TARGET (the last 20 episodes) within LIMIT_S. Measured on this 2-core
-machine at load 8-9 (2026-12-01, three runs): 500 after 22-32 s at 890-1120 env steps/s, the whole test 47-62 s.
+in one session must reach an average return of TARGET (the last 20 episodes) within LIMIT_S (tests/support/learning.py).
+Measured on this 2-core machine at load 8-9 (2026-12-01, three runs): 500 after 22-32 s at 890-1120 env steps/s, the
+whole test 47-62 s.
 This is the suite's `tether demo --train` check; PPO from single-env sessions reaching 500 is shown by
 tests/fleet/test_all_together.py (with a gateway killed on the way)."""
 
 from __future__ import annotations
 
 import itertools
-import json
 
 import pytest
 
 from bridge.experience import read_transitions
-from tether.topology import DemoConfig, run_demo
+from tests.support.learning import ENVS, TARGET, learn
 
 pytestmark = pytest.mark.slow
-
-ENV, ENVS = "InvertedPendulum-v5", 8
-TARGET = 500.0
-LIMIT_S = 240.0
 
 
 @pytest.mark.timeout(480)
 def test_ppo_through_the_loop_from_a_vectorised_session_reaches_its_target(tmp_path):
-    summary = run_demo(DemoConfig(env=ENV, envs=ENVS, sessions=1, seconds=LIMIT_S, run_dir=tmp_path, train=True,
-                                  stop_at_return=TARGET))
-    (tmp_path / "learning.json").write_text(json.dumps(summary))
-    curve = [f"{p['seconds']:.0f}s {p['steps']} steps return {p['return']} v{p['version']}"
-             for p in summary["curve"][::10]]
+    summary, curve = learn(tmp_path)
     reached = next((p for p in summary["curve"] if p["return"] is not None and p["return"] >= TARGET), None)
-    assert reached is not None, (f"return stayed below {TARGET} ({summary['steps_per_s']} env steps/s):\n"
-                                 + "\n".join(curve))
+    assert reached is not None, f"return stayed below {TARGET} ({summary['steps_per_s']} env steps/s):\n{curve}"
     assert summary["sessions"] == 1 and summary["envs_per_session"] == ENVS
     assert max(int(v) for v in summary["policy_versions"]) >= 2, "no published version went live"
     trainer_log = (tmp_path / "trainer.log").read_text()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bridge.common.processes import group_members
-from tests.support.processes import command_lines
+from tests.support.processes import command_lines, reaped
 from tests.support.waiting import wait_until
 from tether.stack import Stack, StackError
 from tether.testing import absent
@@ -96,19 +96,15 @@ def test_sigterm_to_the_run_still_tears_the_stack_down(pytester, tmp_path):
     """A cancelled CI job sends SIGTERM: the plugin turns it into an interrupted run whose teardown runs."""
     pids_file = tmp_path / "pids.json"
     _sample(pytester, "", test_sample=HANGS)  # a bare stack: Triton without models, a gateway without a policy
-    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q"], cwd=pytester.path, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "SAMPLE_PIDS": str(pids_file)})
-    try:
+    with reaped(subprocess.Popen([sys.executable, "-m", "pytest", "-q"], cwd=pytester.path, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True,
+                                 env={**os.environ, "SAMPLE_PIDS": str(pids_file)})) as proc:
         wait_until(lambda: pids_file.exists() and pids_file.read_text() or proc.poll() is not None,
                    "the sample's stack starting", timeout=300, period=0.1)
         assert proc.poll() is None, proc.stdout.read()
         pids = json.loads(pids_file.read_text())
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert "KeyboardInterrupt" in out or "Terminated" in out, out[-2000:]
     assert not _left(pids), f"processes outlived the terminated run: {_left(pids)}"
 

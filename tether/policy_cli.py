@@ -33,14 +33,13 @@ from pathlib import Path
 import numpy as np
 
 from bridge.client import Credentials, PoliciesClient
+from bridge.client.policies import CHUNK_BYTES
 from bridge.common.errors import CommandError
 from bridge.common.flags import deprecated_alias, gateway_flags, policy_flag
 from inference_server.artifact import ArtifactError, parse_spec, specs_to_json
 from inference_server.formats import FORMATS, check_artifact, detect, format_named
 from protos import codec, policies_pb2
 from protos.codec import Spec
-
-CHUNK_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)

@@ -48,16 +48,15 @@ from bridge.experience.jetstream import (
 )
 from bridge.experience.shards import shard_of
 from protos import experience_pb2
-from protos.codec import Spec, transition_problem
-from trainer.inbox import Inbox
-from trainer.sources import misfit
+from protos.codec import Spec
+from trainer.sources import Source
 
 __all__ = ["JetStreamSource"]
 
 log = logging.getLogger(__name__)
 
 
-class JetStreamSource:
+class JetStreamSource(Source):
     """Poll transitions from the stream, `commit()` after each checkpoint (see the module docstring)."""
 
     def __init__(self, servers: str | Sequence[str], *, durable: str, stream: str = STREAM, policy: str = "",
@@ -66,25 +65,16 @@ class JetStreamSource:
                  auth: NatsAuth | None = None):
         if not durable or any(c in durable for c in ". *>"):
             raise ValueError(f"durable {durable!r} must be a non-empty name without '.', '*', '>' or spaces")
-        if num_shards < 1 or not 0 <= shard < num_shards:
-            raise ValueError(f"shard {shard} must be in [0, num_shards={num_shards})")
-        if window < 1 or max_batch < 1:
-            raise ValueError(f"window ({window}) and max_batch ({max_batch}) must be >= 1")
+        super().__init__(f"experience consumer {durable}", shard=shard, num_shards=num_shards, window=window,
+                         max_batch=max_batch, expect=expect)
         self.servers, self.durable, self.stream = parse_servers(servers), durable, stream
         self.policy, self.shard, self.num_shards = policy, shard, num_shards
         self.window, self.max_batch, self.ack_wait_s = window, max_batch, ack_wait_s
-        self._expect = {s.name: s for s in expect}
         self.auth = auth or NatsAuth()
         self.poisoned = 0         # messages that are not a transition of their subject's session (passed over)
-        self.reconnects = 0       # fetches that failed (a leader change, a reconnect) and were retried
-        self.skipped = 0          # transitions that cannot be learned from (never polled)
         self.redelivered = 0      # messages delivered more than once (a restarted trainer's unacknowledged ones)
         self.committed = 0        # messages acknowledged by commit()
-        self._resume = 0          # the offset after the last message received
-        self._inbox: Inbox[tuple[experience_pb2.Transition | None, object]] = Inbox()  # (usable or None, message)
         self._polled_last = None  # the last message polled (or passed over): what commit() acknowledges
-        self._error: BaseException | None = None
-        self._closed = threading.Event()
         self._ready = threading.Event()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name=f"nats-source-{durable}", daemon=True)
@@ -94,16 +84,9 @@ class JetStreamSource:
             raise ConnectionError(f"experience stream at {','.join(self.servers)}: "
                                   f"{self._error or f'not ready after {connect_timeout_s:g} s'}")
 
-    @property
-    def next_offset(self) -> int:
-        """The offset after the last message received."""
-        return self._resume
-
     def poll(self, *, timeout: float = 0.0, max_items: int | None = None) -> list[experience_pb2.Transition]:
         """This shard's usable transitions received so far (waits up to `timeout` s for the first batch)."""
-        if self._error is not None:
-            raise self._error
-        items = self._inbox.take(timeout=timeout, max_items=max_items)
+        items = self._take(timeout, max_items)  # (the transition, or None where passed over; the message)
         if items:
             self._polled_last = items[-1][1]
         return [t for t, _ in items if t is not None]
@@ -128,12 +111,6 @@ class JetStreamSource:
         """Stop fetching; what was not committed is delivered again to the next trainer with this durable."""
         self._closed.set()
         self._thread.join(timeout=10)
-
-    def __enter__(self) -> JetStreamSource:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     # -- the fetching thread ---------------------------------------------------------------
     def _run(self) -> None:
@@ -199,11 +176,4 @@ class JetStreamSource:
         t.offset = meta.sequence.stream - 1
         if shard_of(t.session, self.num_shards) != self.shard or (self.policy and t.policy != self.policy):
             return None
-        problem = transition_problem(t) or misfit(t, self._expect)
-        if problem is None:
-            return t
-        self.skipped += 1
-        if self.skipped == 1 or self.skipped % 1000 == 0:
-            log.warning("experience consumer %s: skipped %d unusable transition(s); offset %d: %s", self.durable,
-                        self.skipped, t.offset, problem)
-        return None
+        return t if self._learnable(t) else None

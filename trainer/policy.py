@@ -48,6 +48,22 @@ def _squash(out: torch.Tensor, bounded: torch.Tensor, center: torch.Tensor, half
     return torch.where(bounded, center + half_range * torch.tanh(out), out)
 
 
+def _hidden_layers(kind: str, observation: Spec, action: Spec, hidden: tuple[int, ...],
+                   seed: int | None) -> tuple[list[nn.Module], int]:
+    """The hidden layers from the observation vector (Linear + Tanh each, after `torch.manual_seed(seed)` when
+    given) and the width of the last; ValueError unless both specs are vectors."""
+    if len(observation.shape) != 1 or len(action.shape) != 1:
+        raise ValueError(f"{kind} takes vectors, got {observation.name}{list(observation.shape)} "
+                         f"-> {action.name}{list(action.shape)}")
+    if seed is not None:
+        torch.manual_seed(seed)
+    sizes = (observation.shape[0], *hidden)
+    layers: list[nn.Module] = []
+    for a, b in zip(sizes[:-1], sizes[1:], strict=True):
+        layers += [nn.Linear(a, b), nn.Tanh()]
+    return layers, sizes[-1]
+
+
 class MLPPolicy(nn.Module):
     """A deterministic MLP from one float observation vector to one action vector, squashed into
     the action bounds when the spec has them."""
@@ -55,17 +71,8 @@ class MLPPolicy(nn.Module):
     def __init__(self, observation: Spec, action: Spec, *, hidden: tuple[int, ...] = (64, 64),
                  seed: int | None = None):
         super().__init__()
-        if len(observation.shape) != 1 or len(action.shape) != 1:
-            raise ValueError(f"MLPPolicy takes vectors, got {observation.name}{list(observation.shape)} "
-                             f"-> {action.name}{list(action.shape)}")
-        if seed is not None:
-            torch.manual_seed(seed)
-        sizes = (observation.shape[0], *hidden)
-        layers: list[nn.Module] = []
-        for a, b in zip(sizes[:-1], sizes[1:], strict=True):
-            layers += [nn.Linear(a, b), nn.Tanh()]
-        layers.append(nn.Linear(sizes[-1], action.shape[0]))
-        self.net = nn.Sequential(*layers)
+        layers, width = _hidden_layers("MLPPolicy", observation, action, hidden, seed)
+        self.net = nn.Sequential(*layers, nn.Linear(width, action.shape[0]))
         self._register_bounds(action)
 
     _register_bounds = _register_bounds
@@ -99,23 +106,14 @@ class GaussianPolicy(nn.Module):
     def __init__(self, observation: Spec, action: Spec, *, hidden: tuple[int, ...] = (64, 64),
                  log_std_init: float = -0.5, seed: int | None = None):
         super().__init__()
-        if len(observation.shape) != 1 or len(action.shape) != 1:
-            raise ValueError(f"GaussianPolicy takes vectors, got {observation.name}{list(observation.shape)} "
-                             f"-> {action.name}{list(action.shape)}")
         if not np.isfinite(log_std_init):
             raise ValueError(f"log_std_init must be finite, got {log_std_init}")
-        if seed is not None:
-            torch.manual_seed(seed)
-        sizes = (observation.shape[0], *hidden)
-        layers: list[nn.Module] = []
-        for a, b in zip(sizes[:-1], sizes[1:], strict=True):
-            layers += [nn.Linear(a, b), nn.Tanh()]
-        head = nn.Linear(sizes[-1], action.shape[0])
+        layers, width = _hidden_layers("GaussianPolicy", observation, action, hidden, seed)
+        head = nn.Linear(width, action.shape[0])
         with torch.no_grad():  # a small initial mean: the policy starts near the centre of the bounds
             head.weight.mul_(0.01)
             head.bias.zero_()
-        layers.append(head)
-        self.net = nn.Sequential(*layers)
+        self.net = nn.Sequential(*layers, head)
         self.log_std = nn.Parameter(torch.full((action.shape[0],), float(log_std_init)))
         self._register_bounds(action)
         # observation normalisation, part of the served function: (obs - obs_mean) / obs_std. The

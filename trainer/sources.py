@@ -38,6 +38,7 @@ import queue
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Self
 
 import grpc
 import numpy as np
@@ -47,7 +48,7 @@ from protos import codec, experience_pb2
 from protos.codec import TRANSITION_TENSORS, Spec, transition_problem
 from trainer.inbox import Inbox
 
-__all__ = ["LogDataset", "StreamError", "StreamSource", "TRANSITION_SCHEMA", "misfit", "read_segment",
+__all__ = ["LogDataset", "Source", "StreamError", "StreamSource", "TRANSITION_SCHEMA", "misfit", "read_segment",
            "write_transitions"]
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,53 @@ class StreamError(RuntimeError):
     """The gateway refused the subscription (a non-retryable status, e.g. an unknown policy)."""
 
 
-class StreamSource:
+class Source:
+    """What both live sources share (`StreamSource`, `trainer.nats_source.JetStreamSource`): their shard and window
+    checks, the inbox their thread fills, the error it stopped on, and skipping (and counting) what cannot be
+    learned from. `what` names the source in the log ("experience stream HOST:PORT")."""
+
+    def __init__(self, what: str, *, shard: int, num_shards: int, window: int, max_batch: int,
+                 expect: Sequence[Spec]):
+        if num_shards < 1 or not 0 <= shard < num_shards:
+            raise ValueError(f"shard {shard} must be in [0, num_shards={num_shards})")
+        if window < 1 or max_batch < 1:
+            raise ValueError(f"window ({window}) and max_batch ({max_batch}) must be >= 1")
+        self._what, self._expect = what, {s.name: s for s in expect}
+        self.reconnects = 0
+        self.skipped = 0  # transitions received that cannot be learned from (`_learnable`): never polled
+        self._resume = 0  # the offset after the last message received
+        self._inbox: Inbox = Inbox()
+        self._error: BaseException | None = None
+        self._closed = threading.Event()
+
+    @property
+    def next_offset(self) -> int:
+        """Where a new subscription would resume: after the last batch received."""
+        return self._resume
+
+    def _take(self, timeout: float, max_items: int | None) -> list:
+        if self._error is not None:
+            raise self._error
+        return self._inbox.take(timeout=timeout, max_items=max_items)
+
+    def _learnable(self, t: experience_pb2.Transition) -> bool:
+        problem = transition_problem(t) or misfit(t, self._expect)
+        if problem is None:
+            return True
+        self.skipped += 1
+        if self.skipped == 1 or self.skipped % 1000 == 0:
+            logging.getLogger(type(self).__module__).warning(
+                "%s: skipped %d unusable transition(s); offset %d: %s", self._what, self.skipped, t.offset, problem)
+        return False
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class StreamSource(Source):
     """`Experience.Subscribe` for one rank: poll transitions, ack them, reconnect on failure.
 
     `from_offset`: first transition wanted; `window`: unacknowledged transitions the gateway may
@@ -79,41 +126,25 @@ class StreamSource:
             raise ValueError(f"gateway address {address!r} must be HOST:PORT")
         if from_offset < 0:
             raise ValueError(f"from_offset must be >= 0, got {from_offset}")
-        if num_shards < 1 or not 0 <= shard < num_shards:
-            raise ValueError(f"shard {shard} must be in [0, num_shards={num_shards})")
-        if window < 1 or max_batch < 1:
-            raise ValueError(f"window ({window}) and max_batch ({max_batch}) must be >= 1")
+        super().__init__(f"experience stream {address}", shard=shard, num_shards=num_shards, window=window,
+                         max_batch=max_batch, expect=expect)
         if not 0 < backoff_s[0] <= backoff_s[1]:
             raise ValueError(f"backoff_s {backoff_s} must be (initial, max) with 0 < initial <= max")
         self.address = address
         self._start = dict(window=window, max_batch=max_batch, shard=shard, num_shards=num_shards, policy=policy)
         self._backoff = backoff_s
-        self._expect = {s.name: s for s in expect}
-        self._resume = from_offset
-        self._acked = from_offset
+        self._resume = self._acked = from_offset
         self.log_end = 0
-        self.reconnects = 0
-        self.skipped = 0  # transitions received that cannot be learned from (transition_problem): never polled
-        self._inbox: Inbox[experience_pb2.Transition] = Inbox()
         self._requests: queue.Queue | None = None
         self._call = None
-        self._error: BaseException | None = None
-        self._closed = threading.Event()
         self._lock = threading.Lock()
         self._client = ExperienceClient(address, Credentials.from_env())
         self._thread = threading.Thread(target=self._run, name=f"stream-{address}", daemon=True)
         self._thread.start()
 
-    @property
-    def next_offset(self) -> int:
-        """Where a new subscription would resume: after the last batch received."""
-        return self._resume
-
     def poll(self, *, timeout: float = 0.0, max_items: int | None = None) -> list[experience_pb2.Transition]:
         """Transitions received so far (waits up to `timeout` s for the first); [] when none came."""
-        if self._error is not None:
-            raise self._error
-        items = self._inbox.take(timeout=timeout, max_items=max_items)
+        items = self._take(timeout, max_items)
         if self._error is not None and not items:
             raise self._error
         return items
@@ -142,22 +173,6 @@ class StreamSource:
         self._thread.join(timeout=5)
         self._client.close()
 
-    def __enter__(self) -> StreamSource:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def _usable(self, t: experience_pb2.Transition) -> bool:
-        problem = transition_problem(t) or misfit(t, self._expect)
-        if problem is None:
-            return True
-        self.skipped += 1
-        if self.skipped == 1 or self.skipped % 1000 == 0:
-            log.warning("experience stream %s: skipped %d unusable transition(s); offset %d: %s", self.address,
-                        self.skipped, t.offset, problem)
-        return False
-
     def _run(self) -> None:
         delay = self._backoff[0]
         while not self._closed.is_set():
@@ -170,7 +185,7 @@ class StreamSource:
             try:
                 for batch in call:
                     self.log_end = batch.log_end
-                    usable = [t for t in batch.transitions if self._usable(t)]
+                    usable = [t for t in batch.transitions if self._learnable(t)]
                     if usable:
                         self._inbox.put(usable)
                     self._resume = max(self._resume, batch.next_offset)
@@ -201,26 +216,14 @@ def _drain(requests: queue.Queue) -> Iterator[experience_pb2.SubscribeRequest]:
 def write_transitions(path: str | Path, transitions: Iterable[experience_pb2.Transition], *,
                       topic: str = "/tether/transitions") -> None:
     """An MCAP file of `transitions` with the protobuf schema (for tests and exports)."""
-    from google.protobuf import descriptor_pb2
     from mcap.writer import Writer
 
-    fds = descriptor_pb2.FileDescriptorSet()
-    seen: set[str] = set()
+    from bridge.experience.segment import file_descriptor_set
 
-    def add(fd) -> None:
-        if fd.name in seen:
-            return
-        seen.add(fd.name)
-        for dep in fd.dependencies:
-            add(dep)
-        proto = fds.file.add()
-        fd.CopyToProto(proto)
-
-    add(experience_pb2.Transition.DESCRIPTOR.file)
     with open(path, "wb") as f:
         writer = Writer(f)
         writer.start(profile="", library="tether")
-        schema = writer.register_schema(TRANSITION_SCHEMA, "protobuf", fds.SerializeToString())
+        schema = writer.register_schema(TRANSITION_SCHEMA, "protobuf", file_descriptor_set())
         channel = writer.register_channel(topic, "protobuf", schema)
         for t in transitions:
             stamp = t.timing.gateway_recv_ns or 0

@@ -204,25 +204,24 @@ class _AioMetadata:
         metadata = grpc.aio.Metadata(*(tuple(d.metadata) if d.metadata else ()), *self._metadata)
         return grpc.aio.ClientCallDetails(d.method, d.timeout, metadata, d.credentials, d.wait_for_ready)
 
+    async def _intercept(self, continuation, client_call_details, request):  # a request or a request iterator
+        return await continuation(self._details(client_call_details), request)
+
 
 class _AioUnaryUnary(_AioMetadata, grpc.aio.UnaryUnaryClientInterceptor):
-    async def intercept_unary_unary(self, continuation, client_call_details, request):
-        return await continuation(self._details(client_call_details), request)
+    intercept_unary_unary = _AioMetadata._intercept
 
 
 class _AioUnaryStream(_AioMetadata, grpc.aio.UnaryStreamClientInterceptor):
-    async def intercept_unary_stream(self, continuation, client_call_details, request):
-        return await continuation(self._details(client_call_details), request)
+    intercept_unary_stream = _AioMetadata._intercept
 
 
 class _AioStreamUnary(_AioMetadata, grpc.aio.StreamUnaryClientInterceptor):
-    async def intercept_stream_unary(self, continuation, client_call_details, request_iterator):
-        return await continuation(self._details(client_call_details), request_iterator)
+    intercept_stream_unary = _AioMetadata._intercept
 
 
 class _AioStreamStream(_AioMetadata, grpc.aio.StreamStreamClientInterceptor):
-    async def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
-        return await continuation(self._details(client_call_details), request_iterator)
+    intercept_stream_stream = _AioMetadata._intercept
 
 
 _AIO_INTERCEPTORS = (_AioUnaryUnary, _AioUnaryStream, _AioStreamUnary, _AioStreamStream)
@@ -242,14 +241,7 @@ class _SyncMetadata(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInte
         return _Details(d.method, d.timeout, [*(d.metadata or ()), *self._metadata], d.credentials,
                         getattr(d, "wait_for_ready", None), getattr(d, "compression", None))
 
-    def intercept_unary_unary(self, continuation, client_call_details, request):
+    def _intercept(self, continuation, client_call_details, request):  # a request or a request iterator
         return continuation(self._details(client_call_details), request)
 
-    def intercept_unary_stream(self, continuation, client_call_details, request):
-        return continuation(self._details(client_call_details), request)
-
-    def intercept_stream_unary(self, continuation, client_call_details, request_iterator):
-        return continuation(self._details(client_call_details), request_iterator)
-
-    def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
-        return continuation(self._details(client_call_details), request_iterator)
+    intercept_unary_unary = intercept_unary_stream = intercept_stream_unary = intercept_stream_stream = _intercept

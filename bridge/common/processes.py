@@ -20,8 +20,9 @@ long before, and its children would die with it.
 from __future__ import annotations
 
 import contextlib
-import ctypes
+import errno
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -31,10 +32,11 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
+from bridge.common.lifecycle import Started
+
 __all__ = ["Child", "NotReady", "Terminated", "free_port", "group_members", "sigterm_interrupts", "spawn",
            "stop_group", "wait_ready"]
 
-_PR_SET_PDEATHSIG = 1
 _SWEEP_S = 5.0  # after the leader: how long stop_group SIGKILLs what is left of its group
 
 
@@ -60,22 +62,30 @@ def free_port(host: str = "127.0.0.1") -> int:
 def spawn(cmd: Sequence[str], *, death_signal: int = signal.SIGTERM, **popen) -> subprocess.Popen:
     """`subprocess.Popen(cmd, **popen)` leading a new session (its own process group, out of reach of the terminal's
     Ctrl-C), which the kernel sends `death_signal` should the (main) thread starting it end first."""
-    return subprocess.Popen(list(cmd), start_new_session=True, preexec_fn=_death_signal(death_signal), **popen)
+    cmd = list(cmd)
+    if threading.current_thread() is threading.main_thread():
+        _must_exist(cmd[0], popen.get("env"), popen.get("cwd"))
+        name = signal.Signals(death_signal).name.removeprefix("SIG")
+        cmd = ["setpriv", f"--pdeathsig={name}", "--", "sh", "-c", _UNLESS_ORPHANED.format(name), str(os.getpid()),
+               *cmd]
+    return subprocess.Popen(cmd, start_new_session=True, **popen)
 
 
-def _death_signal(sig: int) -> Callable[[], None] | None:
-    """A `preexec_fn` asking for `sig` on the parent's death; None off the main thread. libc's prctl is found
-    here, in the parent: the child only calls it, and kills itself should the parent be gone already."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    prctl, parent = ctypes.CDLL(None, use_errno=True).prctl, os.getpid()
+# The death signal is asked for by util-linux's setpriv, not by a preexec_fn: a preexec_fn makes Python fork()
+# instead of vfork(), which runs gRPC's fork handlers in the child, and those abort it (SIGABRT, "epoll_wait
+# error") while another thread is in a gRPC call. Then sh, whose $0 is our pid, execs the command unless we
+# died before setpriv's prctl (no signal would come).
+_UNLESS_ORPHANED = '[ "$PPID" = "$0" ] || kill -s {} $$; exec "$@"'
 
-    def preexec() -> None:  # in the child, between fork and exec
-        prctl(_PR_SET_PDEATHSIG, int(sig))
-        if os.getppid() != parent:  # the parent died before prctl: no signal will come
-            os.kill(os.getpid(), sig)
 
-    return preexec
+def _must_exist(program: str, env: Mapping[str, str] | None, cwd: Path | str | None) -> None:
+    """FileNotFoundError, as Popen would raise, for a program that is not there (sh would only exit 127)."""
+    if os.sep in program:
+        found = os.access(Path(cwd or ".") / program, os.X_OK)
+    else:
+        found = shutil.which(program, path=(os.environ if env is None else env).get("PATH", os.defpath)) is not None
+    if not found:
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", program)
 
 
 def wait_ready(proc: subprocess.Popen, ready: Callable[[], object], *, timeout: float, what: str,
@@ -154,7 +164,7 @@ def sigterm_interrupts() -> Iterator[None]:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-class Child:
+class Child(Started):
     """`cmd` started by `spawn`, its stdout and stderr appended to `log_path`, stopped by `stop_group`. With `ready`,
     `start()` returns once a stdout line starts with it, giving the rest of that line (`ready_value`), and raises
     NotReady naming `name`, with the log's end, when none came within `timeout` s. `stop()` is idempotent, also run
@@ -175,13 +185,6 @@ class Child:
         self._finalizer: weakref.finalize | None = None
 
     pid = property(lambda self: self.proc.pid if self.proc is not None else None)
-
-    def __enter__(self) -> Child:
-        self.start()
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.stop()
 
     def start(self) -> str:
         """Start it; with `ready`, wait for its line and return the rest of it ("" without)."""

@@ -42,6 +42,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from bridge.common.lifecycle import AsyncStarted
 from bridge.experience.jetstream import (
     STREAM,
     NatsAuth,
@@ -105,7 +106,7 @@ class _Item:
     ack: asyncio.Future | None = field(default=None, repr=False)
 
 
-class JetStreamLog(SessionSteps):
+class JetStreamLog(SessionSteps, AsyncStarted):
     """Transitions to the JetStream stream `stream` (see the module docstring). `replicas`: the stream's
     replication when this log creates it (default: 3 with 3 or more servers given, else 1)."""
 
@@ -203,13 +204,6 @@ class JetStreamLog(SessionSteps):
             await asyncio.wait_for(self._nc.drain(), 5.0)  # bounded: the servers may all be gone
         except Exception:  # noqa: BLE001 - closing anyway
             await self._nc.close()
-
-    async def __aenter__(self) -> JetStreamLog:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.close()
 
     # -- the ExperienceSink (event loop) ---------------------------------------------------
     def append(self, transition: experience_pb2.Transition) -> asyncio.Future | None:

@@ -61,6 +61,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from bridge.common.lifecycle import AsyncStarted
 from bridge.experience.segment import (
     SegmentWriter,
     fsync_dir,
@@ -129,7 +130,7 @@ def _describe(error: OSError) -> str:
     return f"{name}: {error.strerror or error}" if name else str(error)
 
 
-class ExperienceLog(SessionSteps):
+class ExperienceLog(SessionSteps, AsyncStarted):
     """Appends `tether.v1.Transition`s to MCAP segments in `directory` (see module docstring).
 
     A segment is finished and a new one started when its data would pass `segment_bytes` (the
@@ -225,13 +226,6 @@ class ExperienceLog(SessionSteps):
         os.close(self._lock_fd)  # releases the directory's lock
         if self._failed is not None:
             raise LogError(f"experience log writer failed: {self._failed!r}") from self._failed
-
-    async def __aenter__(self) -> ExperienceLog:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.close()
 
     # -- the hot path (event loop) ---------------------------------------------------------
     def append(self, transition: experience_pb2.Transition) -> asyncio.Future | None:

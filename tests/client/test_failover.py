@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 from collections import Counter
 
 import pytest
@@ -17,17 +16,12 @@ from bridge.client import Session
 from bridge.experience import read_transitions
 from sim.client import run_sessions
 from sim.mujoco import make_env
-from tests.support.gateways import start_gateway
+from tests.support.gateways import start_gateways
+from tests.support.waiting import until
 
 pytestmark = pytest.mark.slow
 
 STEPS = 400
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _logged(log_dir) -> tuple[Counter[int], dict[int, bool]]:
@@ -40,19 +34,14 @@ def _logged(log_dir) -> tuple[Counter[int], dict[int, bool]]:
 
 
 def test_kill_9_first_gateway_session_resumes_on_second_with_replay(triton, tmp_path):
-    dirs = [tmp_path / "experience-a", tmp_path / "experience-b"]
-    ports = [_port(), _port()]
-    gateways = [start_gateway(triton.url, tmp_path / f"gateway-{i}.log", "--experience-dir", d, port=port)
-                for i, (port, d) in enumerate(zip(ports, dirs, strict=True))]
-    addresses = [f"127.0.0.1:{p}" for p in ports]
+    gateways = start_gateways(triton.url, tmp_path)
+    addresses = [gw.address for gw in gateways]
     sessions: list[Session] = []
 
     async def kill_first_mid_run() -> int:
         """kill -9 the first gateway once it has made 100 steps durable; the durable_through the session held."""
-        deadline = asyncio.get_running_loop().time() + 120
-        while not (sessions and sessions[0].durable_through >= 100):
-            assert asyncio.get_running_loop().time() < deadline, "the first gateway never logged 100 steps"
-            await asyncio.sleep(0.005)
+        await until(lambda: sessions and sessions[0].durable_through >= 100, "the first gateway logging 100 steps",
+                    timeout=120)
         os.kill(gateways[0].pid, signal.SIGKILL)
         return sessions[0].durable_through
 
@@ -78,8 +67,8 @@ def test_kill_9_first_gateway_session_resumes_on_second_with_replay(triton, tmp_
     assert move.replayed and move.replayed[0] == acknowledged, "the replay starts at the first unacknowledged step"
     assert not stats.errors, stats.errors
 
-    a, a_ended = _logged(dirs[0])
-    b, b_ended = _logged(dirs[1])
+    a, a_ended = _logged(tmp_path / "experience-0")
+    b, b_ended = _logged(tmp_path / "experience-1")
     assert a and b, "both gateways logged part of the run"
     assert max(a.values()) == 1 and max(b.values()) == 1, "neither log holds a step twice"
     union = sorted(set(a) | set(b))

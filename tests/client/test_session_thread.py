@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -16,10 +15,10 @@ from bridge.client import SessionThread
 from bridge.experience import read_transitions
 from protos.codec import encode
 from protos.tether.v1 import bridge_pb2
-from tests.client.test_failover import _port
 from tests.conftest import ACT, OBS
 from tests.gateway.helpers import hello
-from tests.support.gateways import start_gateway
+from tests.support.gateways import start_gateways
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -32,11 +31,8 @@ def _observation(step: int) -> bridge_pb2.Observation:
 
 
 def test_session_thread_fails_over_with_replay_for_a_blocking_caller(triton, tmp_path):
-    dirs = [tmp_path / "experience-a", tmp_path / "experience-b"]
-    ports = [_port(), _port()]
-    gateways = [start_gateway(triton.url, tmp_path / f"gateway-{i}.log", "--experience-dir", d, port=port)
-                for i, (port, d) in enumerate(zip(ports, dirs, strict=True))]
-    addresses = [f"127.0.0.1:{p}" for p in ports]
+    gateways = start_gateways(triton.url, tmp_path)
+    addresses = [gw.address for gw in gateways]
     events: list[str] = []
     lock = threading.Lock()
 
@@ -53,10 +49,9 @@ def test_session_thread_fails_over_with_replay_for_a_blocking_caller(triton, tmp
         for step in range(STEPS):
             if step == STEPS // 2:
                 os.kill(gateways[0].pid, signal.SIGKILL)
-            deadline = time.monotonic() + 60
-            while (future := link.submit(_observation(step))) is None:
-                assert time.monotonic() < deadline, f"the session never came back up for step {step}"
-                link.wait_up(1.0)
+            observation = _observation(step)
+            future = wait_until(lambda o=observation: link.submit(o), f"the session up again for step {step}",
+                                timeout=60)
             replies.append(future.result(timeout=60))
     finally:
         link.close()
@@ -71,5 +66,5 @@ def test_session_thread_fails_over_with_replay_for_a_blocking_caller(triton, tmp
     [move] = session.failovers
     assert move.replayed, "the steps the first gateway had not acknowledged were replayed to the second"
     # steps 0..STEPS-2 are complete transitions (the last waits for its successor): none lost
-    logged = {t.step for t in read_transitions(dirs[0])} | {t.step for t in read_transitions(dirs[1])}
+    logged = {t.step for i in (0, 1) for t in read_transitions(tmp_path / f"experience-{i}")}
     assert logged == set(range(STEPS - 1)), sorted(set(range(STEPS - 1)) ^ logged)

@@ -33,10 +33,8 @@ import pytest
 import sim
 from bridge.client import Session
 from bridge.common.processes import group_members
-from inference_server import triton_binary
 from sim.client import ClientTls, run_sessions
-from tether.cluster.nats import nats_server_binary
-from tether.cluster.postgres import postgres_bin_dir
+from tests.support.cluster import needs_cluster
 from tether.cluster.up import Cluster, ClusterSpec, Role, credentials, gateway_args, roles
 from tether.initial_policy import policy_name
 from tether.stack import GatewayProcess
@@ -46,17 +44,6 @@ pytestmark = pytest.mark.slow
 
 ENV, TARGET, KILL_AT_RETURN, KILL_AT_VERSION = "InvertedPendulum-v5", 500.0, 150.0, 3
 BUDGET_S = 600.0  # the sims' budget; quiet, one gateway reaches 500 in ~41 s, loaded in 70-250 s
-
-
-def _missing() -> str:
-    for name, found in (("PostgreSQL (initdb, postgres)", postgres_bin_dir()), ("nats-server", nats_server_binary())):
-        if not found:
-            return name
-    try:
-        triton_binary()
-    except Exception:  # noqa: BLE001 - any reason it is absent
-        return "tritonserver (nvidia-pytriton)"
-    return ""
 
 
 class _Gateway:
@@ -83,7 +70,7 @@ def _recent(groups) -> float | None:
     return round(fmean(recent), 1) if recent else None
 
 
-@pytest.mark.skipif(bool(_missing()), reason=f"needs {_missing()}")
+@needs_cluster
 @pytest.mark.timeout(1000)
 def test_all_together_ppo_reaches_500_with_a_gateway_killed(tmp_path, monkeypatch):
     # trainer_nodes=1: the roles get PPO's (stochastic) policy and --switch step; the trainer itself is started below

@@ -16,13 +16,12 @@ import pytest
 
 import sim
 from bridge.client.session import SessionError
-from bridge.common.processes import group_members, spawn
+from bridge.common.processes import group_members, spawn, stop_group
 from bridge.security.lab import LabCredentials
-from inference_server import triton_binary
 from sim.client import ClientTls, run_sessions
+from tests.support.cluster import needs_cluster
 from tests.support.waiting import wait_until
-from tether.cluster.nats import NatsSecurity, nats_server_binary
-from tether.cluster.postgres import postgres_bin_dir
+from tether.cluster.nats import NatsSecurity
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -39,18 +38,7 @@ async def _stream_messages(url: str, auth) -> int:
         await nc.close()
 
 
-def _missing() -> str:
-    for name, found in (("PostgreSQL (initdb, postgres)", postgres_bin_dir()), ("nats-server", nats_server_binary())):
-        if not found:
-            return name
-    try:
-        triton_binary()
-    except Exception:  # noqa: BLE001 - any reason it is absent
-        return "tritonserver (nvidia-pytriton)"
-    return ""
-
-
-@pytest.mark.skipif(bool(_missing()), reason=f"needs {_missing()}")
+@needs_cluster
 def test_cluster_up_serves_a_session_and_ctrl_c_stops_every_process(tmp_path):
     summary = tmp_path / "up.json"
     out = open(tmp_path / "up.log", "w")  # noqa: SIM115 - closed below
@@ -99,13 +87,7 @@ def test_cluster_up_serves_a_session_and_ctrl_c_stops_every_process(tmp_path):
         left = {p: group_members(p) for p in pids if group_members(p)}
         assert not left, f"processes left behind: {left}"
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_group(proc, grace_s=120)
         for pid in pids:  # whatever a failed stop left
             for member in group_members(pid):
                 subprocess.run(["kill", "-9", str(member)], check=False)

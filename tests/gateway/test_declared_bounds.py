@@ -13,12 +13,11 @@ import pytest
 
 from bridge.client import Credentials, aio_channel
 from bridge.gate.checks import action_sanity
-from bridge.security.tokens import TokenStore
 from protos.codec import Spec
 from tests.conftest import ACT, OBS
 from tests.gateway.helpers import hello
 from tests.security.helpers import step_loop
-from tests.support.gateways import running_gateway
+from tests.support.gateways import running_gateway, token_gateway
 
 ROBOT = (Spec("action", np.float32, (3,), low=(-1.0, -0.5, -1.0), high=(1.0, 0.5, 1.0)),)  # what arm_1 declares
 WIDE = (Spec("action", np.float32, (3,), low=(-100.0,), high=(100.0,)),)                   # what the flood declares
@@ -99,13 +98,10 @@ def test_a_flood_of_fresh_sources_does_not_evict_the_robots_bounds_open_access(t
 
 
 def test_with_tokens_only_proven_identities_bounds_count_and_one_identity_holds_one_entry(triton, tmp_path):
-    store = TokenStore(tmp_path / "tokens.json")
-    arm_1, arm_2 = store.add("arm_1", role="robot"), store.add("arm_2", role="robot")
-
     async def scenario():
-        async with running_gateway(triton.url, policy="tiny", tokens=tmp_path / "tokens.json") as gw:
-            async with aio_channel(gw.address, Credentials(token=arm_1)) as robot, \
-                       aio_channel(gw.address, Credentials(token=arm_2)) as other, \
+        async with token_gateway(triton.url, tmp_path, "arm_1", "arm_2") as (gw, tokens):
+            async with aio_channel(gw.address, Credentials(token=tokens["arm_1"])) as robot, \
+                       aio_channel(gw.address, Credentials(token=tokens["arm_2"])) as other, \
                        grpc.aio.insecure_channel(gw.address) as anonymous:
                 assert (await opened(robot, with_action("arm-1", ROBOT, "arm_1")))[0] == grpc.StatusCode.OK
                 for i in range(100):  # one identity, 100 sources: still one entry, never arm_1's

@@ -5,6 +5,7 @@ cannot record (held anyway, a release only once audited), bounded reasons refuse
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 
 import grpc
@@ -36,12 +37,18 @@ async def call(stub, method: str, **request) -> fleet_pb2.EStopReply:
     return await getattr(stub, method)(fleet_pb2.EStopRequest(**request), timeout=30)
 
 
+@contextlib.asynccontextmanager
+async def arm_1_session(triton, **config):
+    """A gateway (`config`: its fields), a Fleet stub on it and a session of robot arm_1's: (gw, fleet, arm)."""
+    async with running_gateway(triton.url, policy="tiny", **config) as gw, \
+            grpc.aio.insecure_channel(gw.address) as channel, \
+            RawSession(gw.address, robot_hello("arm", robot="arm_1")) as arm:
+        yield gw, fleet_pb2_grpc.FleetStub(channel), arm
+
+
 def test_a_session_held_by_another_estop_gets_that_id_and_a_release_names_only_the_reported_latch(triton):
     async def scenario():
-        async with running_gateway(triton.url, policy="tiny") as gw, \
-                grpc.aio.insecure_channel(gw.address) as channel, \
-                RawSession(gw.address, robot_hello("arm", robot="arm_1")) as arm:
-            fleet = fleet_pb2_grpc.FleetStub(channel)
+        async with arm_1_session(triton) as (gw, fleet, arm):
             await call(fleet, "EStop", robot="arm_1", reason="first")
             first = gw.fleet.estops["robot=arm_1"].id
             assert (a := await step(arm)).estop and a.estop_id == first
@@ -74,10 +81,7 @@ def test_an_estop_the_registry_cannot_record_holds_anyway_and_a_release_waits_fo
                 db.execute("DROP TRIGGER no_audit")
 
     async def scenario():
-        async with running_gateway(triton.url, policy="tiny", registry=path) as gw, \
-                grpc.aio.insecure_channel(gw.address) as channel, \
-                RawSession(gw.address, robot_hello("arm", robot="arm_1")) as arm:
-            fleet = fleet_pb2_grpc.FleetStub(channel)
+        async with arm_1_session(triton, registry=path) as (gw, fleet, arm):
             refuse_audits(True)
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await call(fleet, "EStop", robot="arm_1", reason="person in the cell")
@@ -119,10 +123,7 @@ def test_bad_reasons_are_refused_before_anything_changes(triton):
 
 def test_a_step_inferred_while_an_estop_is_latched_is_held_too(triton):
     async def scenario():
-        async with running_gateway(triton.url, policy="tiny") as gw, \
-                grpc.aio.insecure_channel(gw.address) as channel, \
-                RawSession(gw.address, robot_hello("arm", robot="arm_1")) as arm:
-            fleet = fleet_pb2_grpc.FleetStub(channel)
+        async with arm_1_session(triton) as (gw, fleet, arm):
             assert not (await step(arm)).estop
             inferring, go_on, infer = asyncio.Event(), asyncio.Event(), gw.batcher.infer
 

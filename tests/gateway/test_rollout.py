@@ -4,6 +4,7 @@ an automatic rollback of a regressed canary, and a restart that restores it all.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import shutil
 import sys
@@ -22,6 +23,7 @@ from tests.conftest import ACT, OBS
 from tests.gateway.helpers import RawSession, hello
 from tests.gateway.rollout_helpers import Fleet, publish, variant
 from tests.support.gateways import running_gateway
+from tests.support.waiting import until
 from trainer.policy import MLPPolicy
 
 THRESHOLDS = Thresholds(min_episodes=3, min_steps=12, max_latency_p99_ratio=1e6)  # latency: a shared box jitters
@@ -35,6 +37,13 @@ def gateway(triton, folder, policy: str, **config):
     """A gateway on the session's Triton publishing into its repository, its registry in `folder` (a restart with the
     same folder reads it back); a patient start: this shared machine stalls."""
     return running_gateway(triton.url, triton_timeout_s=60, policy=policy, **triton.publishing(folder), **config)
+
+
+@contextlib.asynccontextmanager
+async def publishing(triton, folder, policy: str, **config):
+    """`gateway(...)` and a Policies stub on it: (gw, stub)."""
+    async with gateway(triton, folder, policy, **config) as gw, grpc.aio.insecure_channel(gw.address) as channel:
+        yield gw, policies_pb2_grpc.PoliciesStub(channel)
 
 
 def states(gw, policy: str) -> dict[int, str]:
@@ -58,9 +67,7 @@ def test_staged_shadow_canary_live_with_sessions_running(triton, tmp_path):
     v1 = triton.add_policy("staged")
 
     async def scenario():
-        async with gateway(triton, tmp_path, "staged", rollout=STAGED, switch="step") as gw, \
-                grpc.aio.insecure_channel(gw.address) as channel:
-            stub = policies_pb2_grpc.PoliciesStub(channel)
+        async with publishing(triton, tmp_path, "staged", rollout=STAGED, switch="step") as (gw, stub):
             async with Fleet(gw, "staged", LABELS) as fleet:
                 await fleet.round()
                 reply = await publish(stub, "staged", variant(v1, scale=1.05))
@@ -101,8 +108,7 @@ def test_a_regressed_canary_rolls_back_automatically_and_restart_restores(triton
 
     async def scenario():
         config = dict(rollout=STAGED, switch="episode")
-        async with gateway(triton, tmp_path, "regress", **config) as gw, grpc.aio.insecure_channel(gw.address) as ch:
-            stub = policies_pb2_grpc.PoliciesStub(ch)
+        async with publishing(triton, tmp_path, "regress", **config) as (gw, stub):
             async with Fleet(gw, "regress", LABELS) as fleet:
                 await fleet.round()
                 reply = await publish(stub, "regress", variant(v1, flip=True))   # gate passes: probe matches
@@ -113,10 +119,10 @@ def test_a_regressed_canary_rolls_back_automatically_and_restart_restores(triton
             event = [e for e in gw.registry.events("regress") if e.version == 2 and e.to_state == "rolled_back"][-1]
             assert event.who == "auto" and event.why.startswith("canary regressed: episode return")
             assert gw.rollout.rollouts()["regress"].canary is None
-            for _ in range(100):  # the loop unloads it once no session acts with it (bounded wait)
-                if 2 not in await gw.control.ready_versions("regress"):
-                    break
-                await asyncio.sleep(0.05)
+            async def v2_unloaded() -> bool:  # the loop unloads it once no session acts with it
+                return 2 not in await gw.control.ready_versions("regress")
+
+            await until(v2_unloaded, "v2 unloaded", timeout=10, period=0.05)
             assert await gw.control.ready_versions("regress") == [1]
             await stub.Pin(policies_pb2.PinRequest(policy="regress", selector="robot=b", version=1, why="hold b"),
                            metadata=(("x-tether-operator", "alice"),))
@@ -137,11 +143,10 @@ def test_a_canary_the_edge_guard_keeps_clamping_rolls_back(triton, tmp_path):
     v1 = triton.add_policy("guard")
 
     async def scenario():
-        async with gateway(triton, tmp_path, "guard", rollout=STAGED, switch="step") as gw, \
-                grpc.aio.insecure_channel(gw.address) as channel:
+        async with publishing(triton, tmp_path, "guard", rollout=STAGED, switch="step") as (gw, stub):
             async with Fleet(gw, "guard", LABELS, clamped_by=2) as fleet:
                 await fleet.round()
-                await publish(policies_pb2_grpc.PoliciesStub(channel), "guard", variant(v1, scale=1.02))
+                await publish(stub, "guard", variant(v1, scale=1.02))
                 await drive_until(fleet, lambda: states(gw, "guard")[2] == "rolled_back", "the rollback")
             event = [e for e in gw.registry.events("guard") if e.version == 2 and e.to_state == "rolled_back"][-1]
             assert event.who == "auto" and "guard interventions" in event.why and "episode return" not in event.why
@@ -155,9 +160,7 @@ def test_a_version_an_operator_put_live_that_regresses_rolls_back_to_the_previou
     slow = RolloutPlan(mode="staged", shadow_steps=10**6, thresholds=THRESHOLDS, tick_s=0.05)
 
     async def scenario():
-        async with gateway(triton, tmp_path, "liveback", rollout=slow, switch="step") as gw, \
-                grpc.aio.insecure_channel(gw.address) as channel:
-            stub = policies_pb2_grpc.PoliciesStub(channel)
+        async with publishing(triton, tmp_path, "liveback", rollout=slow, switch="step") as (gw, stub):
             async with Fleet(gw, "liveback", LABELS) as fleet:
                 await fleet.round()
                 await publish(stub, "liveback", variant(v1, flip=True))
@@ -177,9 +180,7 @@ def test_operator_rollback_needs_a_previous_live_and_names_the_refusal(triton, t
     triton.add_policy("manual")
 
     async def scenario():
-        async with gateway(triton, tmp_path, "manual") as gw, \
-                grpc.aio.insecure_channel(gw.address) as channel:
-            stub = policies_pb2_grpc.PoliciesStub(channel)
+        async with publishing(triton, tmp_path, "manual") as (gw, stub):
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await stub.Rollback(policies_pb2.RollbackRequest(policy="manual", why="try"))
             assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -200,9 +201,7 @@ def test_restart_restores_canary_shadow_and_pins_and_triton_serves_the_same(trit
     slow = RolloutPlan(mode="staged", shadow_steps=10**6, canary_episodes=10**6, thresholds=THRESHOLDS)
 
     async def scenario():
-        async with gateway(triton, tmp_path, "restart", rollout=slow) as gw, \
-                grpc.aio.insecure_channel(gw.address) as channel:
-            stub = policies_pb2_grpc.PoliciesStub(channel)
+        async with publishing(triton, tmp_path, "restart", rollout=slow) as (gw, stub):
             await publish(stub, "restart", variant(v1, scale=1.1))
             request = policies_pb2.PromoteRequest(policy="restart", version=2, to="canary", canary_fraction=0.3)
             status = await stub.Promote(request)
@@ -232,9 +231,8 @@ def test_cli_round_trip_list_rollback_pin_canary(triton, tmp_path):
     v1 = triton.add_policy("cli")
 
     async def scenario():
-        async with gateway(triton, tmp_path, "cli") as gw, \
-                grpc.aio.insecure_channel(gw.address) as channel:
-            assert (await publish(policies_pb2_grpc.PoliciesStub(channel), "cli", variant(v1, scale=0.9))).version == 2
+        async with publishing(triton, tmp_path, "cli") as (gw, stub):
+            assert (await publish(stub, "cli", variant(v1, scale=0.9))).version == 2
             common = ("--gateway", gw.address, "--policy", "cli", "--operator", "bob")
             code, out = await tether("rollout", "list", *common)
             assert code == 0, out
@@ -280,9 +278,7 @@ def test_a_vectorised_session_is_shadowed_and_follows_a_label_pin(triton, tmp_pa
     rows = np.random.default_rng(2).standard_normal((3, 11)).astype(np.float32)
 
     async def scenario():
-        async with gateway(triton, tmp_path, "vec", rollout=slow) as gw, \
-                grpc.aio.insecure_channel(gw.address) as channel:
-            stub = policies_pb2_grpc.PoliciesStub(channel)
+        async with publishing(triton, tmp_path, "vec", rollout=slow) as (gw, stub):
             h = hello("vec-0", obs=OBS, act=ACT, policy="vec")
             h.num_envs, h.labels["robot"] = 3, "a"
             async with RawSession(gw.address, h) as s:
@@ -297,10 +293,8 @@ def test_a_vectorised_session_is_shadowed_and_follows_a_label_pin(triton, tmp_pa
                 assert await step(0) == 1
                 await publish(stub, "vec", variant(v1, scale=1.1))
                 assert {await step(t) for t in range(1, 6)} == {1}
-                for _ in range(100):  # the shadow's inferences run in tasks: bounded wait for the last ones
-                    if gw.rollout.version_stats("vec")[2]["shadow_steps"] >= 5:
-                        break
-                    await asyncio.sleep(0.05)
+                await until(lambda: gw.rollout.version_stats("vec")[2]["shadow_steps"] >= 5,  # in tasks of their own
+                            "the shadow's last inferences", timeout=5, period=0.05)
                 shadow = gw.rollout.version_stats("vec")[2]
                 assert shadow["shadow_steps"] >= 5 and shadow["shadow_divergence"] > 0 and shadow["steps"] == 0
                 await stub.Pin(policies_pb2.PinRequest(policy="vec", selector="robot=a", version=2, why="try a"))

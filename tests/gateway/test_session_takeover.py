@@ -19,12 +19,11 @@ import numpy as np
 from bridge.client import Credentials, aio_channel
 from bridge.experience import read_transitions
 from bridge.gateway.session.limits import Limits
-from bridge.security.tokens import TokenStore
 from protos import bridge_pb2, bridge_pb2_grpc
 from protos.codec import encode
 from tests.conftest import ACT, OBS
 from tests.gateway.helpers import hello
-from tests.support.gateways import running_gateway
+from tests.support.gateways import running_gateway, token_gateway
 from tests.support.waiting import until
 
 SUPERSEDED = "superseded by a new connection of the same session"
@@ -104,14 +103,11 @@ def test_the_same_identity_takes_its_session_over_and_the_old_stream_ends_fenced
 
 
 def test_with_tokens_only_the_same_robot_takes_its_session_over(triton, tmp_path):
-    store = TokenStore(tmp_path / "tokens.json")
-    arm_1, arm_2 = store.add("arm_1", role="robot"), store.add("arm_2", role="robot")
-
     async def scenario():
-        async with running_gateway(triton.url, policy="tiny", tokens=tmp_path / "tokens.json") as gw:
-            async with aio_channel(gw.address, Credentials(token=arm_1)) as first_channel, \
-                    aio_channel(gw.address, Credentials(token=arm_2)) as other_channel, \
-                    aio_channel(gw.address, Credentials(token=arm_1)) as again_channel:
+        async with token_gateway(triton.url, tmp_path, "arm_1", "arm_2") as (gw, tokens):
+            async with aio_channel(gw.address, Credentials(token=tokens["arm_1"])) as first_channel, \
+                    aio_channel(gw.address, Credentials(token=tokens["arm_2"])) as other_channel, \
+                    aio_channel(gw.address, Credentials(token=tokens["arm_1"])) as again_channel:
                 first = await Stream.open(first_channel, "X")
                 for step in range(3):
                     assert (await first.step(step)).WhichOneof("kind") == "action"

@@ -280,6 +280,18 @@ static std::string bench_json() {
 
 // ---- main -----------------------------------------------------------------------------------
 
+// A writer's or reader's QoS as ROS 2's default ("reliable, volatile, keep last `depth`"), with realloc payloads
+// (the types are unbounded).
+template <typename Qos>
+static Qos ros_qos(Qos qos, int32_t depth) {
+  qos.reliability().kind = RELIABLE_RELIABILITY_QOS;
+  qos.durability().kind = VOLATILE_DURABILITY_QOS;
+  qos.history().kind = KEEP_LAST_HISTORY_QOS;
+  qos.history().depth = depth;
+  qos.endpoint().history_memory_policy = eprosima::fastrtps::rtps::PREALLOCATED_WITH_REALLOC_MEMORY_MODE;
+  return qos;
+}
+
 static std::atomic<bool> stop{false};
 
 static void usage_exit(const char* why) {
@@ -344,23 +356,11 @@ int main(int argc, char** argv) {
   Publisher* publisher = participant->create_publisher(PUBLISHER_QOS_DEFAULT);
   Subscriber* subscriber = participant->create_subscriber(SUBSCRIBER_QOS_DEFAULT);
 
-  // ROS 2 default QoS ("reliable, volatile, keep last 10"), realloc payloads (unbounded types).
+  // ROS 2 default QoS ("reliable, volatile, keep last 10"); the command reader keeps 100.
   WriterEvents writer_events;
   ReaderEvents reader_events;
-  DataWriterQos wqos = DATAWRITER_QOS_DEFAULT;
-  wqos.reliability().kind = RELIABLE_RELIABILITY_QOS;
-  wqos.durability().kind = VOLATILE_DURABILITY_QOS;
-  wqos.history().kind = KEEP_LAST_HISTORY_QOS;
-  wqos.history().depth = 10;
-  wqos.endpoint().history_memory_policy = eprosima::fastrtps::rtps::PREALLOCATED_WITH_REALLOC_MEMORY_MODE;
-  DataReaderQos rqos = DATAREADER_QOS_DEFAULT;
-  rqos.reliability().kind = RELIABLE_RELIABILITY_QOS;
-  rqos.durability().kind = VOLATILE_DURABILITY_QOS;
-  rqos.history().kind = KEEP_LAST_HISTORY_QOS;
-  rqos.history().depth = 100;
-  rqos.endpoint().history_memory_policy = eprosima::fastrtps::rtps::PREALLOCATED_WITH_REALLOC_MEMORY_MODE;
-  DataWriter* writer = publisher->create_datawriter(joint_topic, wqos, &writer_events);
-  DataReader* reader = subscriber->create_datareader(cmd_topic, rqos, &reader_events);
+  DataWriter* writer = publisher->create_datawriter(joint_topic, ros_qos(DATAWRITER_QOS_DEFAULT, 10), &writer_events);
+  DataReader* reader = subscriber->create_datareader(cmd_topic, ros_qos(DATAREADER_QOS_DEFAULT, 100), &reader_events);
   if (!joint_topic || !cmd_topic || !writer || !reader) {
     emit("{\"event\":\"error\",\"what\":\"entity creation failed\"}");
     return 1;

@@ -1,11 +1,16 @@
-"""Real pieces for the edge-node tests: echo policies for Triton, a gateway on its own event-loop
-thread (stoppable and restartable on its port), and the robot process (tests/ros2/edge_robot.py).
+"""Real pieces for the edge-node tests: echo policies for Triton (a tritonserver of the test's own serving them),
+a gateway on its own event-loop thread (stoppable and restartable on its port), and the robot process
+(tests/ros2/edge_robot.py).
+
+    with echo_gateway(tmp_path_factory.mktemp("estop")) as gw:     # "echo6" served, a GatewayThread started
+        yield gw.address
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import math
 import os
@@ -14,18 +19,22 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from bridge.app import GatewayApp
+from bridge.common.processes import stop_group
 from bridge.gateway.config import GatewayConfig
 from bridge.ros2.dds import DdsTransport
 from bridge.ros2.edge_config import EdgeConfig, guard_config
 from bridge.ros2.node import EdgeNode
 from bridge.ros2.release_auth import add_operator
+from inference_server import ModelRepository, TritonServer
 from protos.codec import Spec
+from tests.support import waiting
 
 ROOT = Path(__file__).resolve().parents[2]
 ROBOT = Path(__file__).with_name("edge_robot.py")
@@ -51,13 +60,19 @@ def joint_specs(n: int) -> tuple[tuple[Spec, ...], tuple[Spec, ...]]:
     return obs, (Spec("action", np.float32, (n,)),)
 
 
-def wait_until(predicate, *, timeout: float, what: str, period: float = 0.005):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(period)
-    return value
+# tests.support.waiting's, polling every 5 ms: a command period of the edge node is 10 ms
+wait_until = functools.partial(waiting.wait_until, period=0.005)
+
+
+@contextlib.contextmanager
+def serving(folder: Path, **models: tuple[torch.nn.Module, int]) -> Iterator[TritonServer]:
+    """A tritonserver of its own serving `models` (name=(module, joints): v1 of each, on `joint_specs(joints)`),
+    its repository and log in `folder`."""
+    repo = ModelRepository(folder / "models")
+    for name, (module, joints) in models.items():
+        repo.write_version(name, 1, module, *joint_specs(joints))
+    with TritonServer(repo.root, models=list(models), log_path=folder / "triton.log") as server:
+        yield server
 
 
 class GatewayThread:
@@ -70,6 +85,7 @@ class GatewayThread:
         self.thread.start()
         self.gateway: GatewayApp | None = None
         self.port = 0
+        self.address = ""
 
     def _call(self, coro, timeout: float = 30.0):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
@@ -82,8 +98,9 @@ class GatewayThread:
             return gateway
 
         self.gateway = self._call(start())
-        self.port = int(self.gateway.address.rpartition(":")[2])
-        return self.gateway.address
+        self.address = self.gateway.address
+        self.port = int(self.address.rpartition(":")[2])
+        return self.address
 
     def stop(self) -> None:
         """Stop at once (grace 0): every open stream is cancelled, as when the process dies."""
@@ -96,6 +113,19 @@ class GatewayThread:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=5)
         self.loop.close()
+
+
+@contextlib.contextmanager
+def echo_gateway(folder: Path, **config) -> Iterator[GatewayThread]:
+    """A started GatewayThread (`config`: GatewayConfig's fields) in front of a tritonserver of its own (`serving`,
+    in `folder`) serving "echo6", EchoVelocity for the default topic map's 6 joints; closed on exit."""
+    with serving(folder, echo6=(EchoVelocity(), 6)) as triton:
+        gateway = GatewayThread(triton.grpc_url, **config)
+        try:
+            gateway.start()
+            yield gateway
+        finally:
+            gateway.close()
 
 
 class Robot:
@@ -159,12 +189,13 @@ class Robot:
         assert self.proc.returncode == 0, self.proc.stderr.read()
 
 
-def const(robot: Robot, value: float, *, timeout: float = 10.0) -> dict:
-    """Make the echo policy's action `value` everywhere (the robot's velocities); the first command carrying it."""
+def const(robot: Robot, value: float, *, timeout: float = 10.0, what: str = "") -> dict:
+    """Make the echo policy's action `value` everywhere (the robot's velocities); the first command carrying it
+    (`what`: that command, as a timeout names it)."""
     t = time.monotonic()
     robot.send(f"const {value}")
     return robot.wait_for(lambda d: np.allclose(d, value, atol=1e-6), after=t, timeout=timeout,
-                          what=f"a command of {value}")
+                          what=what or f"a command of {value}")
 
 
 class FastDdsRobot:
@@ -198,13 +229,7 @@ class FastDdsRobot:
         return wait_until(moving, timeout=timeout, what=f"{n} moving commands on the Fast DDS robot")
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_group(self.proc, grace_s=10)
 
 
 def release_token(folder: Path, operator: str = "ada") -> tuple[Path, str]:

@@ -23,20 +23,13 @@ from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, load_topic_map
 from bridge.ros2.transport import TransportError, wait_for_subscribers
 from bridge.ros2.transports import open_transport
 from tests.ros2.samples import SAMPLES
+from tests.support.processes import reaped
+from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 ROBOT = Path(__file__).with_name("fake_robot.py")
 FASTDDS_PEER = ROOT / "tests" / "peers" / "build" / "fastdds_peer"
 ANY_STATE = SampleState.Any | ViewState.Any | InstanceState.Any
-
-
-def wait_until(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 def test_loopback_config_selects_only_loopback(ros_domain, tmp_path, monkeypatch):
@@ -76,7 +69,7 @@ def test_wire_bytes_equal_cyclonedds_own_writer(ros_domain, msg):
             raw.extend(data for data, _ in ddspy_take(reader._ref, ANY_STATE, 8))
             return len(raw) >= 2
 
-        assert wait_until(take)
+        wait_until(take, "both writers' samples")
         assert raw == [expected, expected]
         assert idl_type(msg.__msgtype__).deserialize(raw[1]) == to_idl(msg)
 
@@ -89,7 +82,7 @@ def test_publish_subscribe_in_process_keeps_order(ros_domain):
         assert wait_for_subscribers(pub, timeout=5)
         for i in range(40):
             pub(messages.float64_array([i, -i]))
-        assert wait_until(lambda: len(got) == 40)
+        wait_until(lambda: len(got) == 40, "the 40 messages")
     assert [m.data.tolist() for m in got] == [[i, -i] for i in range(40)]
 
 
@@ -100,12 +93,12 @@ def test_best_effort_subscriber_hears_a_reliable_publisher_not_the_reverse(ros_d
         pub = transport.publisher("/twist", messages.TWIST, reliable=True)
         assert wait_for_subscribers(pub, timeout=5)
         pub(messages.twist(np.arange(6.0)))
-        assert wait_until(lambda: len(sensor) == 1)
+        wait_until(lambda: len(sensor) == 1, "the reliable publisher's message at the best-effort reader")
         transport.subscribe("/odd", messages.BOOL, strict.append, reliable=True)
         lossy = transport.publisher("/odd", messages.BOOL, reliable=False)
         # a wait on state, not a sleep: a best-effort reader of /odd matches it; the reliable one never does
         transport.subscribe("/odd", messages.BOOL, lambda _: None, reliable=False)
-        assert wait_until(lambda: lossy.subscriber_count() >= 1)
+        wait_until(lambda: lossy.subscriber_count() >= 1, "the best-effort reader of /odd")
         assert lossy.subscriber_count() == 1  # incompatible QoS, exactly as between ROS 2 nodes
     assert messages.twist_array(sensor[0]).tolist() == list(range(6))
 
@@ -148,7 +141,7 @@ def test_bad_samples_and_failing_callbacks_are_counted_and_delivery_goes_on(ros_
         flag(messages.bool_msg(True))
         flag(messages.bool_msg(False))
         js(messages.joint_state(names=["a"], position=[1.0]))
-        assert wait_until(lambda: got and len(flags) == 2)
+        wait_until(lambda: got and len(flags) == 2, "both flags and the JointState")
         assert flags == ["raised", False]
         assert transport.delivery_errors.counts == {"/x": 1}
     assert "/x: callback failed (ValueError: bad joint)" in caplog.text
@@ -175,11 +168,12 @@ def test_two_processes_joint_states_and_echoed_commands(ros_domain):
             transport.subscribe("/tether_test/echo", messages.FLOAT64_ARRAY, echoes.append,
                                 reliable=True, depth=100)
             command = transport.publisher(cmd_entry.topic, cmd_entry.type, reliable=True, depth=100)
-            assert wait_until(lambda: len(stamps) >= 5, timeout=20), robot.stderr if robot.poll() else ""
+            wait_until(lambda: len(stamps) >= 5, lambda: "5 JointStates from the robot" + (
+                f", which exited: {robot.stderr.read()}" if robot.poll() is not None else ""), timeout=20)
             assert wait_for_subscribers(command, timeout=10)
 
             first = len(stamps)
-            assert wait_until(lambda: len(stamps) >= first + 20, timeout=20)  # a window of messages, not of time
+            wait_until(lambda: len(stamps) >= first + 20, "20 more JointStates", timeout=20)  # messages, not time
             window = stamps[first:]
             sent = round((window[-1] - window[0]) * 100) + 1  # stamps count the robot's messages
             assert len(window) >= 10 and len(window) >= 0.5 * sent, (len(window), sent)  # best effort
@@ -196,10 +190,10 @@ def test_two_processes_joint_states_and_echoed_commands(ros_domain):
                 (entry, msg), = tmap.commands({"action": np.full(6, n, np.float32)})
                 command(msg)
                 time.sleep(0.002)
-            assert wait_until(lambda: len(echoes) >= 50, timeout=10), len(echoes)
+            wait_until(lambda: len(echoes) >= 50, lambda: f"50 echoes (got {len(echoes)})")
             (_, last), = tmap.commands({"action": np.full(6, 1000, np.float32)})  # a last command: once its
             command(last)                                                         # echo is back, nothing else
-            assert wait_until(lambda: echoes[-1].data.tolist() == [1000.0] * 6, timeout=10)  # is on the way
+            wait_until(lambda: echoes[-1].data.tolist() == [1000.0] * 6, "the last echo")  # is on the way
         assert [e.data.tolist() for e in echoes] == [[float(n)] * 6 for n in (*range(50), 1000)]
     finally:
         try:
@@ -218,19 +212,14 @@ def test_fastdds_peer_and_the_transport_understand_each_other(ros_domain):
     with DdsTransport(domain_id=ros_domain) as transport:  # first: the peer then finds it at once
         transport.subscribe("/joint_states", messages.JOINT_STATE, states.append)
         command = transport.publisher("/policy_controller/commands", messages.FLOAT64_ARRAY)
-        peer = subprocess.Popen([str(FASTDDS_PEER), "--domain", str(ros_domain), "--count", "3",
-                                 "--timeout", "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
-        try:
-            assert wait_until(lambda: len(states) >= 3, timeout=20)
+        with reaped(subprocess.Popen([str(FASTDDS_PEER), "--domain", str(ros_domain), "--count", "3",
+                                      "--timeout", "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True)) as peer:
+            wait_until(lambda: len(states) >= 3, "3 JointStates from the peer", timeout=20)
             assert wait_for_subscribers(command, timeout=10)
             for i in range(3):
                 command(messages.float64_array([i, 0.5]))
             out, err = peer.communicate(timeout=20)
-        finally:
-            if peer.poll() is None:
-                peer.kill()
-                peer.communicate()
     assert peer.returncode == 0, err
     lines = [json.loads(line) for line in out.splitlines()]
     assert [line["data"] for line in lines if "data" in line] == [[0, 0.5], [1, 0.5], [2, 0.5]]

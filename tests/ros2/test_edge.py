@@ -27,28 +27,28 @@ from bridge.ros2.dds import DdsTransport
 from bridge.ros2.release_auth import make_release
 from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, load_topic_map, parse_topic_map
 from bridge.ros2.transport import wait_for_subscribers
-from inference_server import ModelRepository, TritonServer
 from protos import bridge_pb2
 from protos.codec import decode
 from tests.ros2.edge_support import (
+    FASTDDS_PEER,
     ROOT,
     EchoPosition,
     EchoVelocity,
     GatewayThread,
     const,
-    joint_specs,
     release_token,
     running_edge,
+    serving,
     wait_until,
 )
 from tests.ros2.rclpy_support import EdgeProcess
 from tests.ros2.ros_env import needs_rclpy
+from tests.support.processes import reaped
 
 TMAP = load_topic_map(DEFAULT_TOPIC_MAP)
 HIGH = np.array(TMAP.action_specs()[0].high)
 LOW = np.array(TMAP.action_specs()[0].low)
 DEADLINE_S = 0.05
-FASTDDS_PEER = ROOT / "tests" / "peers" / "build" / "fastdds_peer"
 PEER_JOINTS = ["shoulder", "elbow", "wrist"]  # what the Fast DDS peer publishes
 PEER_MAP = parse_topic_map({
     "observation": [{"topic": "/joint_states", "type": "sensor_msgs/msg/JointState", "joints": PEER_JOINTS,
@@ -59,10 +59,7 @@ PEER_MAP = parse_topic_map({
 
 @pytest.fixture(scope="module")
 def triton(tmp_path_factory):
-    repo = ModelRepository(tmp_path_factory.mktemp("edge_models"))
-    repo.write_version("echo6", 1, EchoVelocity(), *joint_specs(6))
-    repo.write_version("echo3", 1, EchoPosition(), *joint_specs(3))
-    with TritonServer(repo.root, models=["echo6", "echo3"], log_path=repo.root.parent / "triton.log") as server:
+    with serving(tmp_path_factory.mktemp("edge"), echo6=(EchoVelocity(), 6), echo3=(EchoPosition(), 3)) as server:
         yield server
 
 
@@ -260,18 +257,13 @@ def test_tether_edge_command_runs_and_stops_on_sigterm(ros_domain, robot, gatewa
            "--domain-id", str(ros_domain), "--policy", "echo6", "--node-name", "edge_cli",
            "--safe-action", "zero", "--status-s", "0.3", "--deadline-ms", "50",
            "--latch-file", str(tmp_path / "latch.json")]
-    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with reaped(subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)) as proc:
         const(robot, 0.5, timeout=20)
         time.sleep(0.4)
         t_term = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 0, err
     lines = out.splitlines()
     assert lines[0].startswith("edge node edge_cli: DdsTransport on domain"), out
@@ -286,15 +278,10 @@ def test_edge_node_drives_a_fastdds_peer(ros_domain, gateway):
     """ROS 2's default DDS (Fast DDS 2.9, C++) as the robot: its JointStates in, commands out."""
     count = 30
     with running_edge(ros_domain, gateway, PEER_MAP, policy="echo3") as node:  # first: fast discovery
-        peer = subprocess.Popen([str(FASTDDS_PEER), "--domain", str(ros_domain), "--count", str(count),
-                                 "--timeout", "20", "--hz", "100"], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-        try:
+        with reaped(subprocess.Popen([str(FASTDDS_PEER), "--domain", str(ros_domain), "--count", str(count),
+                                      "--timeout", "20", "--hz", "100"], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)) as peer:
             out, err = peer.communicate(timeout=30)
-        finally:
-            if peer.poll() is None:
-                peer.kill()
-                peer.communicate()
         assert not node.stats.errors
     assert peer.returncode == 0, err
     data = np.array([line["data"] for line in map(json.loads, out.splitlines()) if "data" in line])

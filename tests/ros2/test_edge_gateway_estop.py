@@ -13,30 +13,16 @@ import pytest
 
 from bridge.ros2.guard import GATEWAY_ESTOP
 from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, load_topic_map
-from inference_server import ModelRepository, TritonServer
 from protos import fleet_pb2, fleet_pb2_grpc
-from tests.ros2.edge_support import (
-    EchoVelocity,
-    GatewayThread,
-    const,
-    joint_specs,
-    release_token,
-    running_edge,
-    wait_until,
-)
+from tests.ros2.edge_support import const, echo_gateway, release_token, running_edge, wait_until
 
 TMAP = load_topic_map(DEFAULT_TOPIC_MAP)
 
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory):
-    repo = ModelRepository(tmp_path_factory.mktemp("estop_models"))
-    repo.write_version("echo6", 1, EchoVelocity(), *joint_specs(6))
-    with TritonServer(repo.root, models=["echo6"], log_path=repo.root.parent / "triton.log") as server:
-        gw = GatewayThread(server.grpc_url)
-        address = gw.start()
-        yield address
-        gw.close()
+    with echo_gateway(tmp_path_factory.mktemp("estop")) as gw:
+        yield gw.address
 
 
 def test_gateway_estop_latches_the_edge_guard_until_the_gateway_releases(ros_domain, robot, gateway):
@@ -49,21 +35,16 @@ def test_gateway_estop_latches_the_edge_guard_until_the_gateway_releases(ros_dom
         reply = fleet.EStop(fleet_pb2.EStopRequest(robot="edge_under_test", reason="person in the cell"),
                             metadata=operator)
         assert reply.changed and len(reply.sessions) == 1 and reply.who == "operator:ada"
-        for _ in range(1000):  # bounded: 10 s (a zero command alone may be the watchdog's on a loaded machine)
-            if node.guard.estopped:
-                break
-            time.sleep(0.01)
+        # the latch, not a zero command (on a loaded machine that may be the watchdog's alone)
+        wait_until(lambda: node.guard.estopped, timeout=10, what="the gateway's e-stop latched at the edge")
         t_latched = time.monotonic()
         stopped = robot.wait_for(lambda d: np.allclose(d, 0.0), after=t_latched, timeout=5, what="the e-stop")
         held = wait_until(lambda: c if len(c := robot.since(t_latched)) >= 15 else None, timeout=10,
                           what="15 commands after the latch")  # a wait on state, not a sleep
         assert all(c["data"] == [0.0] * 6 for c in held), [c for c in held if any(c["data"])][:3]
         assert node.guard.estopped and node.guard.estop_reason == GATEWAY_ESTOP
-        for _ in range(500):  # the edge reports its latch in its next observation's GuardReport (bounded: 5 s)
-            session = fleet.Status(fleet_pb2.StatusRequest()).sessions[0]
-            if session.edge_estopped:
-                break
-            time.sleep(0.01)
+        session = wait_until(lambda: (s := fleet.Status(fleet_pb2.StatusRequest()).sessions[0]).edge_estopped and s,
+                             timeout=10, what="the edge's latch reported (its next observation's GuardReport)")
         assert session.estopped and session.edge_estopped
         t_release = time.monotonic()
         assert fleet.Release(fleet_pb2.EStopRequest(robot="edge_under_test", reason="clear"), metadata=operator).changed
@@ -85,10 +66,7 @@ def test_a_local_estop_outlives_the_gateways_release(ros_domain, robot, gateway,
         fleet = fleet_pb2_grpc.FleetStub(channel)
         const(robot, 0.5)
         assert fleet.EStop(fleet_pb2.EStopRequest(robot="edge_under_test", reason="drill"), metadata=operator).changed
-        for _ in range(1000):  # bounded: 10 s
-            if node.guard.estop_reason == GATEWAY_ESTOP:
-                break
-            time.sleep(0.01)
+        wait_until(lambda: node.guard.estop_reason == GATEWAY_ESTOP, timeout=10, what="the gateway's latch at the edge")
         assert node.guard.estop_reason == GATEWAY_ESTOP
         edge_cli(["estop", "--operator", "ada", "--domain-id", str(ros_domain), "--transport", "dds"])
         assert node.guard.estopped and node.guard.estop_reason != GATEWAY_ESTOP  # the local latch took over

@@ -25,9 +25,8 @@ from bridge.ros2.edge_config import EdgeConfig, EdgeConfigError, guard_config
 from bridge.ros2.node import EdgeNode
 from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, parse_topic_map
 from bridge.ros2.transport import wait_for_subscribers
-from inference_server import ModelRepository, TritonServer
 from protos.codec import decode
-from tests.ros2.edge_support import EchoVelocity, GatewayThread, joint_specs, running_edge, wait_until
+from tests.ros2.edge_support import EchoVelocity, GatewayThread, running_edge, serving, wait_until
 from tests.ros2.ros_env import ROOT, ROS_PYTHON, needs_rclpy, ros_env
 
 TELEOP = "/teleop/commands"
@@ -49,9 +48,7 @@ CLAMPED = np.minimum(person(0), HIGH)[1:]     # joints 1-5 of every person's com
 
 @pytest.fixture(scope="module")
 def triton(tmp_path_factory):
-    repo = ModelRepository(tmp_path_factory.mktemp("intervention_models"))
-    repo.write_version("echo6", 1, EchoVelocity(), *joint_specs(6))
-    with TritonServer(repo.root, models=["echo6"], log_path=repo.root.parent / "triton.log") as server:
+    with serving(tmp_path_factory.mktemp("intervention"), echo6=(EchoVelocity(), 6)) as server:
         yield server
 
 

@@ -31,9 +31,8 @@ import pytest
 import torch
 
 from bridge.experience import read_transitions
-from inference_server import ModelRepository, TritonServer
 from protos import fleet_pb2, fleet_pb2_grpc
-from tests.ros2.edge_support import FASTDDS_PEER, ROOT, FastDdsRobot, joint_specs, release_token, wait_until
+from tests.ros2.edge_support import FASTDDS_PEER, ROOT, FastDdsRobot, release_token, serving, wait_until
 from tests.support.gateways import start_gateway
 
 pytestmark = [pytest.mark.slow,
@@ -63,9 +62,7 @@ class SinPosition(torch.nn.Module):
 
 @pytest.fixture(scope="module")
 def triton(tmp_path_factory):
-    repo = ModelRepository(tmp_path_factory.mktemp("restart_models"))
-    repo.write_version("sin3", 1, SinPosition(), *joint_specs(3))
-    with TritonServer(repo.root, models=["sin3"], log_path=repo.root.parent / "triton.log") as server:
+    with serving(tmp_path_factory.mktemp("restart"), sin3=(SinPosition(), 3)) as server:
         yield server
 
 

@@ -12,8 +12,7 @@ import pytest
 
 from bridge.ros2.edge_config import EdgeConfig, EdgeConfigError
 from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, load_topic_map
-from inference_server import ModelRepository, TritonServer
-from tests.ros2.edge_support import EchoVelocity, GatewayThread, Robot, joint_specs, running_edge, wait_until
+from tests.ros2.edge_support import Robot, const, echo_gateway, running_edge, wait_until
 from tests.security.helpers import make_certs
 
 TMAP = load_topic_map(DEFAULT_TOPIC_MAP)
@@ -27,14 +26,9 @@ def certs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def mtls_gateway(tmp_path_factory, certs):
-    repo = ModelRepository(tmp_path_factory.mktemp("edge_tls_models"))
-    repo.write_version("echo6", 1, EchoVelocity(), *joint_specs(6))
-    with TritonServer(repo.root, models=["echo6"], log_path=repo.root.parent / "triton.log") as triton:
-        gw = GatewayThread(triton.grpc_url, tls_cert=certs / "server.crt", tls_key=certs / "server.key",
-                           tls_client_ca=certs / "ca.crt")
-        address = gw.start()
-        yield gw, address
-        gw.close()
+    with echo_gateway(tmp_path_factory.mktemp("edge_tls"), tls_cert=certs / "server.crt",
+                      tls_key=certs / "server.key", tls_client_ca=certs / "ca.crt") as gw:
+        yield gw, gw.address
 
 
 def test_a_robot_over_mtls_is_known_by_its_certificate(ros_domain, certs, mtls_gateway, caplog):
@@ -44,10 +38,7 @@ def test_a_robot_over_mtls_is_known_by_its_certificate(ros_domain, certs, mtls_g
     tls = {"tls_ca": certs / "ca.crt", "tls_cert": certs / "arm_1.crt", "tls_key": certs / "arm_1.key"}
     try:
         with running_edge(ros_domain, address, TMAP, policy="echo6", config=tls) as node:
-            t = time.monotonic()
-            robot.send("const 0.25")
-            robot.wait_for(lambda d: np.allclose(d, 0.25, atol=1e-6), after=t, timeout=30,
-                           what="a command echoing the robot's velocity through the mTLS gateway")
+            const(robot, 0.25, timeout=30, what="a command echoing the robot's velocity through the mTLS gateway")
             assert gw.gateway.admission.by_source() == {"robot:arm_1": 1}
             assert node.stats.connects == 1
         t = time.monotonic()

@@ -13,8 +13,7 @@ import pytest
 from bridge.ros2.edge_config import EdgeConfig, EdgeConfigError
 from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, load_topic_map
 from bridge.security.tokens import TokenStore
-from inference_server import ModelRepository, TritonServer
-from tests.ros2.edge_support import EchoVelocity, GatewayThread, Robot, joint_specs, running_edge, wait_until
+from tests.ros2.edge_support import Robot, const, echo_gateway, running_edge, wait_until
 
 TMAP = load_topic_map(DEFAULT_TOPIC_MAP)
 JOINTS = TMAP.observation[0].joints
@@ -25,13 +24,8 @@ def token_gateway(tmp_path_factory):
     root = tmp_path_factory.mktemp("edge_token")
     store = TokenStore(root / "tokens.json")
     tokens = {"arm_1": store.add("arm_1", role="robot"), "bob": store.add("bob", role="viewer")}
-    repo = ModelRepository(root / "models")
-    repo.write_version("echo6", 1, EchoVelocity(), *joint_specs(6))
-    with TritonServer(repo.root, models=["echo6"], log_path=root / "triton.log") as triton:
-        gw = GatewayThread(triton.grpc_url, tokens=root / "tokens.json")
-        address = gw.start()
-        yield gw, address, tokens
-        gw.close()
+    with echo_gateway(root, tokens=root / "tokens.json") as gw:
+        yield gw, gw.address, tokens
 
 
 def test_a_robot_token_opens_the_edge_nodes_session_and_nothing_else_does(ros_domain, token_gateway, caplog):
@@ -50,10 +44,8 @@ def test_a_robot_token_opens_the_edge_nodes_session_and_nothing_else_does(ros_do
                 assert node.stats.connects == 0 and not gw.gateway.sessions, what
             assert not any(np.allclose(c["data"], 0.25) for c in robot.since(t)), what  # nothing reached it
         with running_edge(ros_domain, address, TMAP, policy="echo6", config={"token": tokens["arm_1"]}) as node:
-            t = time.monotonic()
-            robot.send("const 0.25")
-            robot.wait_for(lambda d: np.allclose(d, 0.25, atol=1e-6), after=t, timeout=30,
-                           what="a command echoing the robot's velocity through the token-checking gateway")
+            const(robot, 0.25, timeout=30,
+                  what="a command echoing the robot's velocity through the token-checking gateway")
             assert gw.gateway.admission.by_source() == {"robot:arm_1": 1}
             assert node.stats.connects == 1
     finally:

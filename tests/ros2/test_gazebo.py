@@ -18,8 +18,7 @@ import yaml
 
 from bridge.ros2 import messages
 from bridge.ros2.topic_map import GAZEBO_TOPIC_MAP, TopicMapError, load_topic_map, parse_topic_map
-from inference_server import ModelRepository, TritonServer
-from tests.ros2.edge_support import EchoVelocity, GatewayThread, Robot, joint_specs, wait_until
+from tests.ros2.edge_support import Robot, echo_gateway, wait_until
 from tests.ros2.rclpy_support import EdgeProcess
 from tests.ros2.ros_env import ROOT, ROS_PYTHON, LaunchOutput, ctrl_c, kill_launch, needs_launch, needs_rclpy, ros_env
 
@@ -108,12 +107,8 @@ STEP = 0.25                                    # then every joint's velocity (th
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory):
-    repo = ModelRepository(tmp_path_factory.mktemp("gazebo_models"))
-    repo.write_version("echo6", 1, EchoVelocity(), *joint_specs(6))
-    with TritonServer(repo.root, models=["echo6"], log_path=repo.root.parent / "triton.log") as triton:
-        gw = GatewayThread(triton.grpc_url)
-        yield gw.start()
-        gw.close()
+    with echo_gateway(tmp_path_factory.mktemp("gazebo")) as gw:
+        yield gw.address
 
 
 def _csv(values) -> str:

@@ -1,16 +1,20 @@
-"""What runs on this machine, as the tests look at it from /proc.
+"""What runs on this machine, as the tests look at it from /proc, and a child a test leaves behind in no case.
 
     assert not [line for line in command_lines() if secret in line]   # no secret on any command line
     children = descendants(demo.pid)        # {pid: command line} of every live process under the demo
     wait_until(lambda: not running(children), what="the demo's processes gone", timeout=60)
+    with reaped(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)) as proc:
+        out, _ = proc.communicate(timeout=10)   # a failure or timeout in the block: proc killed, its pipes drained
 """
 
 from __future__ import annotations
 
 import contextlib
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["command_lines", "descendants", "running"]
+__all__ = ["command_lines", "descendants", "reaped", "running"]
 
 
 def command_lines() -> list[str]:
@@ -48,6 +52,17 @@ def running(processes: dict[int, str]) -> dict[int, str]:
             if stat is not None and stat[0] != "Z" and _command_line(pid) == line:
                 alive[pid] = line
     return alive
+
+
+@contextlib.contextmanager
+def reaped(proc: subprocess.Popen) -> Iterator[subprocess.Popen]:
+    """`proc`, killed and waited for (its pipes drained) should it still run when the block ends."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 def _stat(pid: int) -> list[str] | None:

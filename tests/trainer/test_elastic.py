@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from bridge.common.processes import spawn, stop_group
+from tests.support.waiting import wait_until
 from tests.trainer.test_torchrun import scripted_log
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,14 +32,10 @@ RESUME_BOUND_S = 120.0
 
 
 def _wait(predicate, timeout: float, what: str, logs: tuple[Path, ...] = ()):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    tails = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in logs if p.exists())
-    raise AssertionError(f"not within {timeout:g} s: {what}\n{tails}")
+    """`wait_until`, its failure ending with the end of each of `logs`."""
+    def told() -> str:
+        return "\n".join([what, *(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in logs if p.exists())])
+    return wait_until(predicate, told, timeout=timeout, period=0.1)
 
 
 def _meta(ckpt: Path) -> dict | None:
@@ -132,9 +129,4 @@ def test_a_killed_node_the_other_resumes_from_the_checkpoint_and_it_rejoins(tmp_
     finally:
         for node in nodes:
             node.stop()
-        rdzv.send_signal(signal.SIGTERM)
-        try:
-            rdzv.wait(10)
-        except subprocess.TimeoutExpired:
-            rdzv.kill()
-            rdzv.wait()
+        stop_group(rdzv, grace_s=10)

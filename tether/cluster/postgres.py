@@ -59,6 +59,7 @@ import weakref
 from collections.abc import Sequence
 from pathlib import Path
 
+from bridge.common.lifecycle import Started
 from bridge.common.processes import free_port, spawn, stop_group
 
 __all__ = ["ROLES", "PostgresServer", "PostgresStartError", "postgres_bin_dir"]
@@ -97,7 +98,7 @@ def _loopback(address: str) -> bool:
         return address == "localhost"
 
 
-class PostgresServer:
+class PostgresServer(Started):
     """A PostgreSQL server whose data, socket and log live under `directory`; `port=0` picks a free one (kept across
     restarts, so `url` stays valid). Secured when `tls_cert` and `tls_key` are given (see the module docstring)."""
 
@@ -175,13 +176,6 @@ class PostgresServer:
 
         url, passfile = self.client(role)
         return with_passfile(url, passfile) if passfile is not None else url
-
-    def __enter__(self) -> PostgresServer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         mode = "secured" if self.secured else "trust"

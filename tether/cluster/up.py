@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from bridge.common.lifecycle import Started
 from bridge.common.processes import Child, NotReady
 
 __all__ = ["Cluster", "ClusterError", "ClusterSpec", "Role", "Running", "roles"]
@@ -253,7 +254,7 @@ def _child(name: str, cmd: Sequence[str], log_path: Path, *, ready: str = "",
 
 # -- the generic part -------------------------------------------------------------------------------
 
-class Cluster:
+class Cluster(Started):
     """Starts `roles` in order (each sees the ones before it), stops them in reverse; a context manager."""
 
     def __init__(self, roles: Sequence[Role], *, on_started: Callable[[str, Running], None] | None = None):
@@ -262,13 +263,6 @@ class Cluster:
             raise ValueError(f"role names must be unique, got {names}")
         self.roles, self.on_started = list(roles), on_started
         self.running: dict[str, Running] = {}
-
-    def __enter__(self) -> Cluster:
-        self.start()
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.stop()
 
     def start(self) -> Cluster:
         try:

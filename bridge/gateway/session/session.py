@@ -121,6 +121,17 @@ class SessionBase:
     def _error(self, step: int, code: int, field_name: str, message: str) -> bridge_pb2.ServerMessage:
         return step_error(self.stats, step, code, field_name, message)
 
+    def _inferred(self, infer, inputs: dict[str, np.ndarray]):
+        """`infer` (the batcher's `infer` or `infer_rows`) of the acting version under the deadline: an awaitable
+        of the outputs, or of `InferenceFailed`."""
+        return infer_within(infer(self.policy.name, self.policy.version, inputs, outputs=self._outputs),
+                            deadline_s=self._deadline_s, policy=self.policy)
+
+    def _failed(self, step: int, exc: InferenceFailed, received: int, **told) -> bridge_pb2.ServerMessage:
+        """The error reply to a step the policy gave no action for, the step's outcome kept for the router."""
+        self._tell_router((time.time_ns() - received) / 1e9, error=True, **told)
+        return self._error(step, exc.code, "", str(exc))
+
     def _episode_ended(self, step: int, *, episode: int, length: int, episode_return: float, reason: str,
                        env: int = 0) -> bridge_pb2.EpisodeEnd:
         """An episode over (of env `env` in a vectorised session): counted, its return told to the router (the
@@ -294,13 +305,9 @@ class Session(SessionBase):
         inputs = {name: arrays[name] for name in self._input_names}
         started = time.time_ns()
         try:
-            result = await infer_within(self._batcher.infer(self.policy.name, self.policy.version, inputs,
-                                                            outputs=self._outputs),
-                                        deadline_s=self._deadline_s, policy=self.policy)
+            result = await self._inferred(self._batcher.infer, inputs)
         except InferenceFailed as exc:
-            self._tell_router((time.time_ns() - received) / 1e9, error=True, guard=self._take_guard(),
-                              interventions=int(self._intervened))
-            return self._error(obs.step, exc.code, "", str(exc))
+            return self._failed(obs.step, exc, received, guard=self._take_guard(), interventions=int(self._intervened))
         finished = time.time_ns()
         actions = {name: result[name].astype(dtype, copy=False) for name, dtype in self._action_dtypes.items()}
         self._tell_router((finished - received) / 1e9, error=False, guard=self._take_guard(), inputs=inputs,

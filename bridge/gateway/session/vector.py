@@ -55,7 +55,6 @@ from bridge.gateway.session.session import (
     SessionBase,
     SessionStats,
     VersionRouter,
-    infer_within,
     replayed_log_prob,
 )
 from bridge.gateway.versions.catalog import LOG_PROB, ServedPolicy
@@ -231,14 +230,11 @@ class VectorSession(SessionBase):
                       for name, value in inputs.items()}
         started = time.time_ns()
         try:
-            result = await infer_within(self._batcher.infer_rows(self.policy.name, self.policy.version, inputs,
-                                                                 outputs=self._outputs),
-                                        deadline_s=self._deadline_s, policy=self.policy)
+            result = await self._inferred(self._batcher.infer_rows, inputs)
         except InferenceFailed as exc:
-            self._tell_router((time.time_ns() - received) / 1e9, error=True, guard=0,
-                              interventions=self._intervened[0], env_steps=self._intervened[1])
             self.drop_pending()
-            return self._error(obs.step, exc.code, "", str(exc))
+            return self._failed(obs.step, exc, received, guard=0, interventions=self._intervened[0],
+                                env_steps=self._intervened[1])
         finished = time.time_ns()
         actions = {name: result[name].astype(dtype, copy=False) for name, dtype in self._action_dtypes.items()}
         if batch.bad.any():

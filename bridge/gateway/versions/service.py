@@ -105,47 +105,34 @@ class PoliciesService(policies_pb2_grpc.PoliciesServicer):
 
     async def Promote(self, request: policies_pb2.PromoteRequest,
                       context: grpc.aio.ServicerContext) -> policies_pb2.RolloutStatusReply:
-        try:
-            who = await self._gateway.auth.require(context, "operator")
-            name = await self._policy(request.policy)
-            to = _state(request.to)
-            fraction = request.canary_fraction if request.HasField("canary_fraction") else None
-            await self._gateway.rollout.promote(name, request.version, to, who=who, why=_why(request.why),
-                                                fraction=fraction, labels=dict(request.canary_labels) or None)
-            return await self._status(name, DEFAULT_EVENTS)
-        except GatewayError as exc:
-            await context.abort(exc.status, str(exc))
+        fraction = request.canary_fraction if request.HasField("canary_fraction") else None
+        return await self._change(request, context, lambda name, **by: self._gateway.rollout.promote(
+            name, request.version, _state(request.to), fraction=fraction, labels=dict(request.canary_labels) or None,
+            **by))
 
     async def Rollback(self, request: policies_pb2.RollbackRequest,
                        context: grpc.aio.ServicerContext) -> policies_pb2.RolloutStatusReply:
-        try:
-            who = await self._gateway.auth.require(context, "operator")
-            name = await self._policy(request.policy)
-            await self._gateway.rollout.rollback(name, request.version or None, who=who, why=_why(request.why))
-            return await self._status(name, DEFAULT_EVENTS)
-        except GatewayError as exc:
-            await context.abort(exc.status, str(exc))
+        return await self._change(request, context, lambda name, **by: self._gateway.rollout.rollback(
+            name, request.version or None, **by))
 
     async def Pin(self, request: policies_pb2.PinRequest,
                   context: grpc.aio.ServicerContext) -> policies_pb2.RolloutStatusReply:
-        try:
-            who = await self._gateway.auth.require(context, "operator")
-            name = await self._policy(request.policy)
-            await self._gateway.rollout.pin(name, request.selector, request.version or None, who=who,
-                                            why=_why(request.why))
-            return await self._status(name, DEFAULT_EVENTS)
-        except GatewayError as exc:
-            await context.abort(exc.status, str(exc))
+        return await self._change(request, context, lambda name, **by: self._gateway.rollout.pin(
+            name, request.selector, request.version or None, **by))
 
     async def SetCanary(self, request: policies_pb2.CanaryRequest,
                         context: grpc.aio.ServicerContext) -> policies_pb2.RolloutStatusReply:
+        labels = {} if request.clear_labels else (dict(request.labels) or None)
+        fraction = request.fraction if request.HasField("fraction") else None
+        return await self._change(request, context, lambda name, **by: self._gateway.rollout.set_canary(
+            name, fraction=fraction, labels=labels, **by))
+
+    async def _change(self, request, context: grpc.aio.ServicerContext, change) -> policies_pb2.RolloutStatusReply:
+        """An operator's rollout change of `request.policy`: `await change(name, who=, why=)`, then its status."""
         try:
             who = await self._gateway.auth.require(context, "operator")
             name = await self._policy(request.policy)
-            labels = {} if request.clear_labels else (dict(request.labels) or None)
-            fraction = request.fraction if request.HasField("fraction") else None
-            await self._gateway.rollout.set_canary(name, fraction=fraction, labels=labels, who=who,
-                                                   why=_why(request.why))
+            await change(name, who=who, why=_why(request.why))
             return await self._status(name, DEFAULT_EVENTS)
         except GatewayError as exc:
             await context.abort(exc.status, str(exc))
@@ -176,7 +163,7 @@ class PoliciesService(policies_pb2_grpc.PoliciesServicer):
         r.pins.update(rollout.pins)
         r.mode = gw.rollout.plan.mode
         records, recent = await asyncio.to_thread(
-            lambda: (gw.registry.versions(name), recent_events(gw.registry, name, events)))  # reads: off the loop
+            lambda: (gw.registry.versions(name), gw.registry.latest_events(name, limit=events)))  # reads: off the loop
         for record in records:
             version_proto(record, reply.versions.add(), sessions=acting.get(record.version, 0),
                           stats=stats.get(record.version))
@@ -212,12 +199,6 @@ def event_proto(e: Event) -> policies_pb2.AuditEvent:
     return policies_pb2.AuditEvent(id=e.id, t_unix_ns=e.t_ns, policy=e.policy, version=e.version or 0, kind=e.kind,
                                    from_state=e.from_state, to_state=e.to_state, who=e.who, why=e.why,
                                    figures={k: float(v) for k, v in e.figures.items()}, detail=e.detail)
-
-
-def recent_events(registry, policy: str, count: int, *, before_id: int | None = None) -> list[Event]:
-    """The newest `count` audit events of `policy` (older than `before_id`), oldest first: one indexed read of
-    the registry (`Registry.latest_events`), whatever the length of the log."""
-    return registry.latest_events(policy, limit=count, before_id=before_id)
 
 
 def _state(text: str) -> State:
