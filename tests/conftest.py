@@ -75,3 +75,29 @@ def pytest_runtest_makereport(item, call):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"CI=true: a fleet test may not skip ({reason})"
+
+
+# -- one suite in two runs (Makefile `test`, docs/testing.md) -------------------------------------------------
+# `make test` runs the suite on 3 xdist workers, a file to a worker (--dist loadfile), then the `serial` tests
+# alone: the hosts tests time partitions and resumes (a second's target) on a machine the other workers would load.
+SERIAL_FOLDERS = ("tests/hosts/",)
+# The longest files start first, so that no worker is left running one of them alone at the end (figures: the
+# slowest files of `pytest --durations=0` on 3 workers, each several minutes of a 2-core machine).
+LONGEST_FIRST = ("tests/fleet/test_all_together.py", "tests/test_learning_sac.py", "tests/trainer/test_elastic.py",
+                 "tests/test_behaviour_cloning.py", "tests/trainer/test_torchrun.py", "tests/sim/test_newton.py",
+                 "tests/test_learning_vector.py", "tests/gateway/test_fuzz.py", "tests/test_lineage.py",
+                 "tests/test_demo.py", "tests/trainer/test_sac_loop.py", "tests/gateway/test_rollout.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Marks the serial folders' tests `serial`; orders the longest files first (a stable sort: within a file,
+    and among the other files, the collection's order)."""
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+
+    def where(item) -> str:
+        return item.nodeid.partition("::")[0]
+
+    for item in items:
+        if where(item).startswith(SERIAL_FOLDERS):
+            item.add_marker(pytest.mark.serial)
+    items.sort(key=lambda item: rank.get(where(item), len(rank)))

@@ -1,4 +1,4 @@
-"""Fuzz: 10^5 random or mutated protocol messages (tests/gateway/fuzz_client.py, in its own process)
+"""Fuzz: 25,000 random or mutated protocol messages (TETHER_FUZZ_MESSAGES=100000 for a longer run) (tests/gateway/fuzz_client.py, in its own process)
 against one running gateway (real Triton, real gRPC on loopback) while a well-formed session keeps
 stepping.
 
@@ -28,7 +28,7 @@ from tests.conftest import ACT, OBS
 from tests.gateway.helpers import RawSession, hello
 from tests.support.gateways import running_gateway
 
-TOTAL = int(os.environ.get("TETHER_FUZZ_MESSAGES", 100_000))
+TOTAL = int(os.environ.get("TETHER_FUZZ_MESSAGES", 25_000))
 DEADLINE_MS = 2000
 ENDS = {"OK", "INVALID_ARGUMENT", "ALREADY_EXISTS", "ABORTED", "NOT_FOUND", "RESOURCE_EXHAUSTED", "CANCELLED", "CUT"}
 

@@ -4,15 +4,20 @@ is the edge tests' robot process on it (tests/ros2/edge_robot.py, the default to
 from __future__ import annotations
 
 import itertools
+import os
 import random
 
 import pytest
 
 from bridge.ros2.dds import loopback_config
 
-# A random walk over all valid ids: concurrent test runs rarely share one, and a long session
-# cycles instead of running out (earlier tests have closed their participants by then).
-_DOMAINS = itertools.cycle(random.SystemRandom().sample(range(1, 233), 232))
+# A random walk over the valid ids, each xdist worker on its own share (worker i of n: the ids = i + 1 mod n):
+# concurrent test runs rarely share one, and a long session cycles instead of running out (earlier tests have
+# closed their participants by then).
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+_OURS = [d for d in range(1, 233) if d % _WORKERS == (_WORKER + 1) % _WORKERS]
+_DOMAINS = itertools.cycle(random.SystemRandom().sample(_OURS, len(_OURS)))
 
 
 @pytest.fixture(autouse=True)
