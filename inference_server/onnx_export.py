@@ -25,9 +25,12 @@ from __future__ import annotations
 import io
 import warnings
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 from protos.codec import Spec
 
@@ -37,6 +40,7 @@ _MARK = "tether.initializers"  # metadata key: "state_dict" when every initializ
 
 def export(scripted: torch.jit.ScriptModule, observation_spec: Sequence[Spec], action_spec: Sequence[Spec]) -> bytes:
     """The ONNX file of `scripted` (a copy is exported; the module is left as it is), batch dynamic."""
+    import torch
     buffer = io.BytesIO()
     torch.jit.save(scripted, buffer)
     with warnings.catch_warnings():
@@ -57,6 +61,7 @@ def export(scripted: torch.jit.ScriptModule, observation_spec: Sequence[Spec], a
 
 def _export(module: torch.jit.ScriptModule, observation_spec: Sequence[Spec], action_spec: Sequence[Spec], *,
             fold: bool) -> bytes:
+    import torch
     inputs = [s.name for s in observation_spec]
     outputs = [s.name for s in action_spec]
     zeros = tuple(torch.from_numpy(np.zeros((1, *s.shape), s.dtype)) for s in observation_spec)
@@ -87,6 +92,7 @@ def reweight(base: bytes, scripted: torch.jit.ScriptModule, observation_spec: Se
 def _stand_ins(module: torch.jit.ScriptModule) -> None:
     """Distinct values in every floating-point tensor of `module`'s state dict (in place): no two are equal, so
     the exporter keeps each as its own initializer. Positive, near 1: divisions and logs stay finite."""
+    import torch
     rng = np.random.default_rng(0)
     with torch.no_grad():
         for tensor in module.state_dict().values():
@@ -135,6 +141,7 @@ def _with_weights(data: bytes, weights: dict[str, torch.Tensor], *, mark: bool) 
 def _check_same(module: torch.jit.ScriptModule, data: bytes, observation_spec: tuple[Spec, ...],
                 action_spec: tuple[Spec, ...]) -> None:
     import onnxruntime as ort
+    import torch
 
     rng = np.random.default_rng(0)
     feed = {s.name: (rng.standard_normal((_CHECK_BATCH, *s.shape)) if s.dtype.kind == "f"

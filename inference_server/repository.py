@@ -48,8 +48,10 @@ import tempfile
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 from bridge.common.files import fsync_dir as common_fsync_dir
 from bridge.common.files import write_text
@@ -90,6 +92,7 @@ class ModelRepository:
         `serve="onnx"` serves it with onnxruntime, exported and checked (inference_server.onnx_export),
         a version then loads in a fraction of the time. Returns the version folder.
         """
+        import torch
         if serve not in FORMATS:
             raise ValueError(f"serve {serve!r} must be one of {sorted(FORMATS)}")
         served = FORMATS[serve]
@@ -227,6 +230,7 @@ class ModelRepository:
                       into: Path) -> None:
         """`write_weights`' version folder built in the empty folder `into` (on this repository's file system),
         not installed: `install(model, version, into)` moves it in. A separate process can build it."""
+        import torch
         base = self.root / _check_model_name(model) / str(base_version)
         self._refuse_imported(model, base_version, "new weights over its architecture")
         served = served_in(base)
@@ -250,6 +254,7 @@ class ModelRepository:
 
     def state_dict(self, model: str, version: int) -> dict[str, torch.Tensor]:
         """The weights `version` of `model` serves (its TorchScript's state_dict)."""
+        import torch
         path = self.root / _check_model_name(model) / str(version) / ARCHITECTURE.file
         if not path.exists():
             raise FileNotFoundError(f"version {version} of model {model!r} is not in {self.root}")
@@ -328,12 +333,14 @@ def check_weights(expected: Mapping[str, torch.Tensor], weights: Mapping[str, to
     """ValueError naming the first tensor that is missing, unexpected, misshapen, of another dtype,
     or not finite.
 
+    >>> import torch
     >>> w = {"w": torch.zeros(2)}
     >>> check_weights(w, {"w": torch.tensor([0.0, float("nan")])})
     Traceback (most recent call last):
     ...
     ValueError: weight 'w' has non-finite values
     """
+    import torch
     missing = sorted(expected.keys() - weights.keys())
     unexpected = sorted(weights.keys() - expected.keys())
     if missing or unexpected:

@@ -15,9 +15,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 import inference_server.onnx_export as onnx_export
 from inference_server.artifact import ArtifactError
@@ -73,6 +76,7 @@ class Onnx:
                                     "with a dynamic first axis (or 1)")
 
     def weights(self, data: bytes) -> dict[str, torch.Tensor]:
+        import torch
         return {name: torch.from_numpy(np.array(array)) for name, array in onnx_weights(data).items()
                 if array.dtype.kind in "fiub" and array.dtype != np.uint64}
 

@@ -21,9 +21,12 @@ import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 from inference_server.artifact import SPEC_FILE, ArtifactError, specs_from_json
 from inference_server.torchscript_weights import read_weights
@@ -68,6 +71,7 @@ class TorchScript:
 
     def run(self, data: bytes, feed: Mapping[str, np.ndarray], inputs: Sequence[Spec],
             outputs: Sequence[Spec]) -> dict[str, np.ndarray]:
+        import torch
         names = [s.name for s in outputs]
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -82,6 +86,7 @@ class TorchScript:
         return {name: t.numpy() for name, t in zip(names, result, strict=True)}
 
     def export(self, scripted: torch.jit.ScriptModule, inputs: Sequence[Spec], outputs: Sequence[Spec]) -> bytes:
+        import torch
         buffer = io.BytesIO()
         with warnings.catch_warnings():  # torch deprecates torch.jit; Triton's python backend loads it fine
             warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.jit")
@@ -89,6 +94,7 @@ class TorchScript:
         return buffer.getvalue()
 
     def reweight(self, base: Path, scripted: torch.jit.ScriptModule, into: Path) -> None:
+        import torch
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.jit")
             torch.jit.save(scripted, str(into))  # straight to the file: no copy of it in memory
@@ -98,12 +104,14 @@ TORCHSCRIPT = TorchScript()
 
 
 def _zeros(observation_spec: tuple[Spec, ...]) -> tuple[torch.Tensor, ...]:
+    import torch
     return tuple(torch.from_numpy(np.zeros((_PROBE_BATCH, *s.shape), dtype=s.dtype))
                  for s in observation_spec)
 
 
 def script(module: torch.nn.Module, observation_spec: tuple[Spec, ...]) -> torch.jit.ScriptModule:
     """torch.jit.script, or a trace on zeros when the module does not script."""
+    import torch
     if isinstance(module, torch.jit.ScriptModule):
         scripted = module
     else:
@@ -124,6 +132,7 @@ def script(module: torch.nn.Module, observation_spec: tuple[Spec, ...]) -> torch
 
 def probe(scripted: torch.jit.ScriptModule, observation_spec: tuple[Spec, ...], action_spec: tuple[Spec, ...]) -> None:
     """Run the policy on a zero batch; raise ValueError naming any output that does not fit."""
+    import torch
     try:
         with torch.inference_mode():
             result = scripted(*_zeros(observation_spec))

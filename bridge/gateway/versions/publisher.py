@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-import safetensors.torch
 from google.protobuf import json_format
 
 from bridge.common.files import write_text
@@ -215,6 +214,8 @@ class Publisher:
             state = repo.state_dict(name, version)
         except (FileNotFoundError, ValueError) as exc:
             raise PublishError(str(exc)) from exc
+        import safetensors.torch  # torch: only a gateway that publishes loads it
+
         data = safetensors.torch.save(state)
         header = policies_pb2.PublishHeader(policy=name, format="safetensors", size=len(data),
                                             sha256=hashlib.sha256(data).hexdigest())
@@ -237,6 +238,8 @@ def _check_bytes(header: policies_pb2.PublishHeader, data: bytes) -> dict:
         except (ArtifactError, TensorError) as exc:
             raise PublishError(f"{header.format} file for policy {header.policy!r}: {exc}") from exc
     try:
+        import safetensors.torch
+
         return safetensors.torch.load(data)
     except Exception as exc:
         raise PublishError(f"not a safetensors file: {exc}") from exc

@@ -19,7 +19,6 @@ from collections.abc import Sequence
 
 import grpc
 import numpy as np
-import torch
 
 from bridge.gateway.errors import GatewayError
 from bridge.gateway.versions.catalog import ServedPolicy
@@ -102,6 +101,7 @@ def _probe(specs: Sequence[Spec]) -> dict[str, np.ndarray]:
 
 
 def _local_outputs(path: str, served: ServedPolicy, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    import torch
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.jit")
         module = torch.jit.load(path, map_location="cpu").eval()
