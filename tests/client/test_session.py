@@ -8,9 +8,9 @@ import asyncio
 import pytest
 
 from bridge.client import Session, SessionError
+from bridge.common.processes import free_port as _port
 from sim.client import run_sessions
 from sim.mujoco import make_env
-from tests.client.test_failover import _port
 from tests.support.gateways import running_gateway
 
 

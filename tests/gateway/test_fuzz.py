@@ -1,6 +1,6 @@
-"""Fuzz: 25,000 random or mutated protocol messages (TETHER_FUZZ_MESSAGES=100000 for a longer run) (tests/gateway/fuzz_client.py, in its own process)
-against one running gateway (real Triton, real gRPC on loopback) while a well-formed session keeps
-stepping.
+"""Fuzz: 25,000 random or mutated protocol messages (TETHER_FUZZ_MESSAGES=100000 for a longer run) from
+tests/gateway/fuzz_client.py, in its own process, against one running gateway (real Triton, real gRPC on
+loopback) while a well-formed session keeps stepping.
 
 Checked: every reply is a welcome, an action, a step error, an episode end or a replay ack; nothing
 is logged at ERROR (gRPC logs every exception a servicer leaves unmapped: garbage bytes included)
