@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -36,7 +37,7 @@ from pathlib import Path
 from bridge.client import Credentials
 from bridge.common.flags import credential_flags
 from bridge.common.net import is_loopback
-from bridge.common.processes import spawn, stop_group
+from bridge.common.processes import Terminated, sigterm_interrupts, spawn, stop_group
 from trainer.worker import check as worker_check
 from trainer.worker import parser as worker_parser
 
@@ -165,9 +166,12 @@ def main(argv: list[str] | None = None) -> int:
                       rdzv_external=launcher.rdzv_external, local_addr=launcher.local_addr)
         proc = spawn(cmd, env=env)
         try:
-            rc = proc.wait()
-        except BaseException:
+            with sigterm_interrupts():  # SIGTERM (systemd, Kubernetes, `timeout`) stops the run as Ctrl-C does
+                rc = proc.wait()
+        except BaseException as exc:
             stop_group(proc, grace_s=10.0)  # SIGTERM: the torchrun agent stops its ranks; SIGKILL after 10 s
+            if isinstance(exc, Terminated):
+                raise SystemExit(128 + signal.SIGTERM) from None  # the shell's status for a SIGTERMed command
             raise
         summary = {}
         if Path(summary_path).is_file():

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from bridge.common.processes import spawn, stop_group
 from protos import codec, experience_pb2
+from tests.support.processes import descendants, running
+from tests.support.waiting import wait_until
 from tests.trainer.standin import StandIn, env_specs
 from trainer.main import main as train_main
 from trainer.sources import write_transitions
@@ -175,3 +179,28 @@ def test_bc_from_the_served_weights_publishes_a_version_that_fits_the_controller
     with torch.no_grad():
         got = served.mean(torch.from_numpy(x)).numpy()[:, 0]
     assert isinstance(served, GaussianPolicy) and float(np.abs(got - want).mean()) < 0.1, stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_sigtermed_launcher_stops_torchrun_and_its_ranks_before_it_exits(tmp_path):
+    """`kill -TERM` to `tether train` alone (what systemd, Kubernetes and `timeout` send): its torchrun agent and
+    both ranks are gone when it exits, with 143 (the shell's status for SIGTERM)."""
+    scripted_log(tmp_path / "log")
+    proc = spawn([sys.executable, "-m", "trainer.main", "--nproc", "2", "--algo", "bc", "--arch", "mlp", "--log-dir",
+                  str(tmp_path / "log"), "--steps", "100000", "--batch", "32", "--step-sleep", "0.05",
+                  "--checkpoint-dir", str(tmp_path / "ckpt"), "--status-every", "0"], cwd=ROOT,
+                 stdout=(log := open(tmp_path / "train.log", "w")), stderr=subprocess.STDOUT)  # noqa: SIM115
+    try:
+        def ranks() -> dict[int, str]:
+            return {pid: cmd for pid, cmd in descendants(proc.pid).items()
+                    if "trainer.worker" in cmd and "torch.distributed.run" not in cmd}  # not torchrun's own line
+
+        wait_until(lambda: len(ranks()) == 2 or proc.poll() is not None, what="two ranks running", timeout=120)
+        assert proc.poll() is None, (tmp_path / "train.log").read_text()[-3000:]
+        under = descendants(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+        assert not running(under), f"processes outlived tether train: {running(under)}"
+    finally:
+        stop_group(proc, grace_s=5)
+        log.close()
