@@ -1,17 +1,32 @@
 """What the benchmarks' results share: the machine they were measured on, and how they are reported.
 
+    p = parser(__file__, __doc__, rounds=(5, "alternating blocks"), per_round=(300, "round trips per block"))
     result = {"machine": machine(cpus=os.cpu_count()), ...}
     return report(a.json, result, print_table)   # the table printed, the JSON written (atomic), the result
 """
 
 from __future__ import annotations
 
+import argparse
 import platform
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from bridge.common.files import write_json
+
+
+def parser(script: str, doc: str, *, rounds: tuple[int, str] | None = None,
+           per_round: tuple[int, str] | None = None) -> argparse.ArgumentParser:
+    """The parser of benchmarks/NAME.py (`script`: its `__file__`, `doc`: its docstring): `--json` (default
+    benchmarks/results/NAME.json) and, each given as (default, help), `--rounds` and `--per-round`."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--json", type=Path, default=Path(script).parent / "results" / f"{Path(script).stem}.json",
+                   help="where the results go (default: %(default)s)")
+    for flag, given in (("--rounds", rounds), ("--per-round", per_round)):
+        if given is not None:
+            p.add_argument(flag, type=int, default=given[0], help=given[1])
+    return p
 
 
 def machine(**more) -> dict:

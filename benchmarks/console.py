@@ -28,7 +28,7 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
-from bench import machine, report
+from bench import machine, parser, report
 from loop_latency import ACT, MODEL, OBS, Session, percentiles
 
 from bridge.common.processes import free_port
@@ -157,12 +157,10 @@ def recording_cost_us(n: int = 20000) -> float:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=6, help="alternating quiet/watched blocks")
-    p.add_argument("--per-round", type=int, default=300, help="round trips per session per block")
+    p = parser(__file__, __doc__, rounds=(6, "alternating quiet/watched blocks"),
+               per_round=(300, "round trips per session per block"))
     p.add_argument("--sessions", type=int, default=4, help="concurrent sessions stepping in each block")
     p.add_argument("--scrape-s", type=float, default=1.0, help="seconds between /metrics scrapes while watched")
-    p.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "console.json")
     p.add_argument("--watcher", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.watcher:

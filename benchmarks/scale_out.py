@@ -54,6 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python benchmarks/scale_out.py` from the repository root
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.bench import parser  # noqa: E402
 from bridge.client import Session  # noqa: E402
 from bridge.common.percentiles import p50_p99  # noqa: E402
 from protos import bridge_pb2  # noqa: E402
@@ -500,7 +501,7 @@ def print_table(result: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__file__, __doc__)
     p.add_argument("--seconds", type=float, default=6.0, help="per block")
     p.add_argument("--sessions", type=int, default=32, help="single-env sessions (batch-1 block)")
     p.add_argument("--vector-sessions", type=int, default=4, help="vectorised sessions (vector block)")
@@ -512,7 +513,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sim-hz", type=float, default=50.0, help="the simulated envs' step rate in the prediction")
     p.add_argument("--nats", action=argparse.BooleanOptionalAction, default=True,
                    help="a block with --experience nats:// (one nats-server) for the stream's bytes per message")
-    p.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "scale_out.json")
     p.add_argument("--worker", default="", help=argparse.SUPPRESS)  # the load generator: gateway addresses
     p.add_argument("--prefix", default="w", help=argparse.SUPPRESS)
     p.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)

@@ -55,6 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python benchmarks/secured_fleet.py` from the repository root
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.bench import parser  # noqa: E402
 from bridge.common.percentiles import p50_p99  # noqa: E402
 
 CONFIGS = ("open", "secured")
@@ -419,14 +420,12 @@ def print_table(rows: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=6, help="rounds; each runs every block once (order alternated)")
+    p = parser(__file__, __doc__, rounds=(6, "rounds; each runs every block once (order alternated)"))
     p.add_argument("--transitions", type=int, default=4000, help="transitions published per nats block")
     p.add_argument("--pings", type=int, default=300, help="one-at-a-time publishes per nats block (latency)")
     p.add_argument("--writes", type=int, default=80, help="registry writes per pg block")
     p.add_argument("--connects", type=int, default=5, help="new connections timed per block")
     p.add_argument("--placements", default="loopback,lab", help="loopback, lab (lab needs root)")
-    p.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "secured_fleet.json")
     p.add_argument("--serve", choices=ROLES, help=argparse.SUPPRESS)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--host", help=argparse.SUPPRESS)

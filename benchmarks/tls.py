@@ -11,7 +11,6 @@ hits them alike. Prints a table and writes JSON (default benchmarks/results/tls.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import tempfile
@@ -19,7 +18,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench import machine, report
+from bench import machine, parser, report
 from loop_latency import ACT, MODEL, OBS, percentiles
 from loop_latency import Session as LoopSession
 
@@ -54,11 +53,8 @@ async def connect_times(address: str, files: dict, n: int, name: str) -> list[in
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=5, help="alternating blocks per mode")
-    p.add_argument("--per-round", type=int, default=300, help="round trips per block")
+    p = parser(__file__, __doc__, rounds=(5, "alternating blocks per mode"), per_round=(300, "round trips per block"))
     p.add_argument("--connects", type=int, default=30, help="fresh sessions per mode (connect time)")
-    p.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "tls.json")
     a = p.parse_args(argv)
     run_dir = Path(tempfile.mkdtemp(prefix="tether-bench-tls-"))
     certs = run_dir / "certs"
