@@ -73,7 +73,7 @@ demo: setup  # make demo ARGS="--train" for the learning loop
 	$(VENV)/bin/tether demo $(ARGS)
 
 test: setup  # 3 workers, a file each at a time; then the `serial` tests alone (docs/testing.md)
-	$(PY) -m pytest -n 3 --dist loadfile -m "not serial"
+	$(PY) -m pytest -n 3 --dist loadfile --no-loadscope-reorder -m "not serial"
 	$(PY) -m pytest -m serial tests
 
 lint: setup

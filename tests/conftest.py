@@ -79,8 +79,9 @@ def pytest_runtest_makereport(item, call):
 
 # -- one suite in two runs (Makefile `test`, docs/testing.md) -------------------------------------------------
 # `make test` runs the suite on 3 xdist workers, a file to a worker (--dist loadfile), then the `serial` tests
-# alone: the hosts tests time partitions and resumes (a second's target) on a machine the other workers would load.
-SERIAL_FOLDERS = ("tests/hosts/",)
+# alone: the hosts tests time partitions and resumes (a second's target), the ROS 2 tests hold a robot's control
+# rate and command latency; the other workers' load on this 2-core machine would blur both.
+SERIAL_FOLDERS = ("tests/hosts/", "tests/ros2/")
 # The longest files start first, so that no worker is left running one of them alone at the end (figures: the
 # slowest files of `pytest --durations=0` on 3 workers, each several minutes of a 2-core machine).
 LONGEST_FIRST = ("tests/fleet/test_all_together.py", "tests/test_learning_sac.py", "tests/trainer/test_elastic.py",

@@ -150,7 +150,9 @@ def test_a_canary_the_edge_guard_keeps_clamping_rolls_back(triton, tmp_path):
                 await drive_until(fleet, lambda: states(gw, "guard")[2] == "rolled_back", "the rollback")
             event = [e for e in gw.registry.events("guard") if e.version == 2 and e.to_state == "rolled_back"][-1]
             assert event.who == "auto" and "guard interventions" in event.why and "episode return" not in event.why
-            assert gw.rollout.version_stats("guard")[2]["guard_interventions"] >= 12
+            canary = gw.rollout.version_stats("guard")[2]  # every canary step clamped; a session's last clamp is
+            assert canary["guard_interventions"] >= canary["steps"] - 2 >= THRESHOLDS.min_steps - 2  # reported
+            # with its next step, and the 2 canary sessions (robot=a) may not have sent theirs at the rollback
 
     asyncio.run(scenario())
 
