@@ -56,29 +56,39 @@ def test_demo_with_a_newton_task_in_vectorised_sessions(tmp_path):
 @contextlib.contextmanager
 def running_demo(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, dict[int, str]]]:
     """`tether demo --seconds 60` once its sims step; yields it and the processes under it (tritonserver, the
-    gateway, Triton's stubs). Started as `spawn` starts a child: its own process group, SIGTERM should we die."""
-    proc = spawn([sys.executable, "-m", "tether", "demo", "--env", "InvertedPendulum-v5", "--envs", "2",
-                  "--seconds", "60", "--run-dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                 text=True)
+    gateway, Triton's stubs). Started as `spawn` starts a child: its own process group, SIGTERM should we die. Its
+    output goes to a file (a pipe nobody reads once it runs could block it): `exit_status` shows its end."""
+    log = tmp_path / "demo.out"
+    with open(log, "w") as out:
+        proc = spawn([sys.executable, "-m", "tether", "demo", "--env", "InvertedPendulum-v5", "--envs", "2",
+                      "--seconds", "60", "--run-dir", str(tmp_path)], stdout=out, stderr=subprocess.STDOUT)
+    proc.log = log
     try:
-        lines = []
-        for line in proc.stdout:  # the status lines start once the loop runs; EOF if the demo dies first
-            lines.append(line)
-            if line.lstrip().startswith("sim ") and "steps" in line:
-                break
+        def stepping() -> bool:  # the status lines start once the loop runs
+            assert proc.poll() is None, f"the demo exited with {proc.returncode}:\n{log.read_text()[-3000:]}"
+            return any(line.lstrip().startswith("sim ") and "steps" in line for line in log.read_text().splitlines())
+
+        wait_until(stepping, what="the demo's sims stepping", timeout=180, period=0.2)
         children = descendants(proc.pid)
         assert any("tritonserver" in c for c in children.values()) and \
-            any(" tether gateway " in c for c in children.values()), ("".join(lines[-20:]), children)
+            any(" tether gateway " in c for c in children.values()), (log.read_text()[-2000:], children)
         yield proc, children
     finally:
         stop_group(proc, grace_s=30)
-        proc.stdout.close()
+
+
+def exit_status(proc: subprocess.Popen, timeout: float = 120) -> int:
+    """`proc.wait(timeout)`, failing with the end of the demo's output when it has not exited by then."""
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the demo still runs after {timeout:g} s:\n{proc.log.read_text()[-3000:]}") from None
 
 
 def test_ctrl_c_stops_everything(tmp_path):
     with running_demo(tmp_path) as (proc, children):
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
-        assert proc.wait(timeout=60) == 130
+        assert exit_status(proc) == 130
         assert not running(children), f"processes outlived the demo: {running(children)}"
 
 
@@ -87,7 +97,7 @@ def test_sigterm_stops_the_demo_and_every_process_it_started(tmp_path):
     Ctrl-C does, before it exits (143: the shell's status for SIGTERM)."""
     with running_demo(tmp_path) as (proc, children):
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+        assert exit_status(proc) == 128 + signal.SIGTERM
         assert not running(children), f"processes outlived the demo: {running(children)}"
 
 

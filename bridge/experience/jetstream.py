@@ -36,6 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger("tether.experience")
+# TLS failures that end one connection, not a refusal of us: the client reconnects (seen under load: a server
+# closing a connection it had just accepted)
+_TRANSIENT = frozenset({"APPLICATION_DATA_AFTER_CLOSE_NOTIFY"})
 
 __all__ = ["MAX_MSG_BYTES", "STREAM", "SUBJECT_PREFIX", "ExperienceStreamError", "NatsAuth", "PoisonedMessage",
            "add_nats_arguments", "connect", "ensure_stream", "headers_of", "nats_auth_from", "parse_msg_id",
@@ -270,7 +273,7 @@ async def connect(servers: Sequence[str], *, name: str, auth: NatsAuth | None = 
         else:
             log.info("NATS (%s): %r", name, exc)
         if not refused.done() and not nc.is_connected and (
-                "authorization violation" in text or isinstance(exc, ssl.SSLError)):
+                "authorization violation" in text or (isinstance(exc, ssl.SSLError) and exc.reason not in _TRANSIENT)):
             refused.set_result(exc)
         if on_error is not None:
             on_error(exc)
