@@ -12,6 +12,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from bridge.common.processes import spawn, stop_group
 from tests.support.processes import descendants, running
 from tests.support.waiting import wait_until
@@ -77,6 +79,11 @@ def running_demo(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, dict[int, s
         stop_group(proc, grace_s=30)
 
 
+# Run in the serial pass (make test): twice, with 3-4 busy xdist workers, the demo ran on to its --seconds after
+# its Ctrl-C and exited 0 (the cause is not found yet; alone it stopped every time).
+alone = pytest.mark.serial
+
+
 def exit_status(proc: subprocess.Popen, timeout: float = 120) -> int:
     """`proc.wait(timeout)`, failing with the end of the demo's output when it has not exited by then."""
     try:
@@ -85,6 +92,7 @@ def exit_status(proc: subprocess.Popen, timeout: float = 120) -> int:
         raise AssertionError(f"the demo still runs after {timeout:g} s:\n{proc.log.read_text()[-3000:]}") from None
 
 
+@alone
 def test_ctrl_c_stops_everything(tmp_path):
     with running_demo(tmp_path) as (proc, children):
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
@@ -92,6 +100,7 @@ def test_ctrl_c_stops_everything(tmp_path):
         assert not running(children), f"processes outlived the demo: {running(children)}"
 
 
+@alone
 def test_sigterm_stops_the_demo_and_every_process_it_started(tmp_path):
     """`kill -TERM PID` (what timeout, systemd and Kubernetes send) to the demo alone: it stops its children, as
     Ctrl-C does, before it exits (143: the shell's status for SIGTERM)."""
@@ -101,6 +110,7 @@ def test_sigterm_stops_the_demo_and_every_process_it_started(tmp_path):
         assert not running(children), f"processes outlived the demo: {running(children)}"
 
 
+@alone
 def test_a_sigkilled_demo_leaves_no_process_behind(tmp_path):
     """SIGKILL cannot be handled: the kernel sends tritonserver and the gateway SIGTERM (PR_SET_PDEATHSIG)."""
     with running_demo(tmp_path) as (proc, children):
