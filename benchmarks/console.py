@@ -200,10 +200,7 @@ def main(argv: list[str] | None = None) -> dict:
         "triton_version": version, "sessions": a.sessions, "scrape_interval_s": a.scrape_s,
         "scrapes": int(figures.get("scrapes", 0)), "api_state_p50_ms": float(figures.get("state_p50_ms", 0)),
         "latency_ms": lat,
-        "ratio_poll_p50": lat["poll"]["p50"] / lat["quiet"]["p50"],
-        "ratio_poll_p99": lat["poll"]["p99"] / lat["quiet"]["p99"],
-        "ratio_browser_p50": lat["browser"]["p50"] / lat["quiet"]["p50"],
-        "ratio_browser_p99": lat["browser"]["p99"] / lat["quiet"]["p99"],
+        **{f"ratio_{c}_{q}": lat[c][q] / lat["quiet"][q] for c in ("poll", "browser") for q in ("p50", "p99")},
         "recording_us_per_step": recording_cost_us(),
     }
     return report(a.json, result, print_table)

@@ -15,10 +15,8 @@ output layer scaled by 0.05 (small actions: episodes of ~150 Hopper steps, ~80 c
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -28,22 +26,18 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from bench import machine, parser, report, specs
 
 import sim
 from inference_server.artifact import specs_to_json
 from tether.evaluation.episodes import vector_id
-from tether.topology import write_json
 from trainer.policy import MLPPolicy
 
 ENVS = ("Hopper-v5", "newton:cartpole")
 
 
 def policy_file(env_id: str, path: Path) -> Path:
-    env = sim.make(vector_id(env_id), num_envs=1)
-    try:
-        obs, act = env.observation_spec(), env.action_spec()
-    finally:
-        env.close()
+    obs, act = specs(vector_id(env_id), num_envs=1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         mlp = MLPPolicy(obs[0], act[0], seed=0).eval()
@@ -109,11 +103,9 @@ def through_eval(env_id: str, path: Path, *, episodes: int, envs: int, folder: P
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = parser(__file__, __doc__, rounds=(2, "rounds of both paths, alternating"))
     p.add_argument("--episodes", type=int, default=64)
     p.add_argument("--envs", type=int, default=8)
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "eval.json")
     a = p.parse_args()
     torch.set_num_threads(1)
     rows = []
@@ -128,27 +120,29 @@ def main() -> None:
             local = max(locals_, key=lambda r: r["episodes_per_min"])
             remote = max(remotes, key=lambda r: r["episodes_per_min"])
             remote["end_to_end_episodes_per_min"] = max(r["end_to_end_episodes_per_min"] for r in remotes)
-            if any(r["returns"] != remote["returns"] for r in remotes + locals_):
+            identical = all(r["returns"] == remote["returns"] for r in remotes + locals_)
+            if not identical:
                 print(f"{env_id}: returns differ between rounds", file=sys.stderr)
             same = local["returns"] == remote["returns"]
             close = bool(np.allclose(local["returns"], remote["returns"], rtol=1e-5, atol=1e-6))
             rows.append({"env": env_id, "episodes": a.episodes, "envs": a.envs, "rounds": a.rounds,
-                         "rounds_identical": all(r["returns"] == remote["returns"] for r in remotes + locals_),
-                         "in_process": local,
+                         "rounds_identical": identical, "in_process": local,
                          "tether_eval": remote, "returns_bitwise_equal": same, "returns_close": close,
                          "mean_episode_steps": local["steps"] / a.episodes})
+    report(a.json, {"benchmark": "eval", "rows": rows, "machine": machine(cpus=os.cpu_count(), load=os.getloadavg())},
+           print_table)
+
+
+def print_table(result: dict) -> None:
     print(f"{'env':<17}{'ep. steps':>10}{'in process':>13}{'eval, episodes':>16}{'ratio':>7}"
           f"{'eval, end to end':>18}{'p50/p99 ms':>14}  returns equal")
-    for r in rows:
+    for r in result["rows"]:
         lp, ev = r["in_process"], r["tether_eval"]
         print(f"{r['env']:<17}{r['mean_episode_steps']:>10.0f}{lp['episodes_per_min']:>10.0f}/min"
               f"{ev['episodes_per_min']:>12.0f}/min{ev['episodes_per_min'] / lp['episodes_per_min']:>7.2f}"
               f"{ev['end_to_end_episodes_per_min']:>14.0f}/min"
               f"{ev['latency_ms']['p50']:>7.2f}/{ev['latency_ms']['p99']:<6.2f}"
               f"  {'bitwise' if r['returns_bitwise_equal'] else 'within 1e-5' if r['returns_close'] else 'NO'}")
-    write_json(a.json, {"benchmark": "eval", "rows": rows, "machine": {"cpus": os.cpu_count(),
-                        "platform": platform.platform(), "load": os.getloadavg()}})
-    print(f"wrote {a.json}")
 
 
 if __name__ == "__main__":

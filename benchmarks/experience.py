@@ -11,14 +11,13 @@ same disk as the run (set TMPDIR to measure another disk).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-from bench import machine, report
+from bench import machine, parser, report
 
 from bridge.common.percentiles import p50_p99, percentile
 from bridge.experience import ExperienceLog, read_transitions
@@ -148,27 +147,23 @@ def loop_overhead(rounds: int, per_round: int, *, fsync_interval_ms: float, run_
             with_log += asyncio.run(block(on, per_round, f"on{r}", "with_log"))
             print(f"  round {r + 1}/{rounds}: p50 without log {np.median(without) / 1e6:.3f} ms, "
                   f"with log {np.median(with_log) / 1e6:.3f} ms", flush=True)
-    logged_transitions = sum(1 for _ in read_transitions(run_dir / "experience"))
     return {"without_log": percentiles(without), "with_log": percentiles(with_log),
             "ratio_p50": float(np.median(with_log) / np.median(without)),
             "ratio_p99": float(percentile(with_log, 99) / percentile(without, 99)),
-            "transitions_logged": logged_transitions, "step_errors": errors}
+            "transitions_logged": sum(1 for _ in read_transitions(run_dir / "experience")), "step_errors": errors}
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__file__, __doc__, per_round=(300, "round trips per block"))
     p.add_argument("--seconds", type=float, default=5.0, help="per transition kind")
     p.add_argument("--fsync-interval-ms", type=float, default=5.0)
     p.add_argument("--no-loop", action="store_true", help="skip the gateway with/without log comparison")
     p.add_argument("--loop-rounds", type=int, default=5)
-    p.add_argument("--per-round", type=int, default=300)
-    p.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "experience.json")
     a = p.parse_args(argv)
     run_dir = Path(tempfile.mkdtemp(prefix="tether-bench-exp-"))
     rates = [asyncio.run(durable_rate(kind, a.seconds, fsync_interval_s=a.fsync_interval_ms / 1e3,
                                       directory=run_dir / f"log-{kind}")) for kind in KINDS]
-    result = {"machine": machine(),
-              "fsync_interval_ms": a.fsync_interval_ms, "durable": rates, "stream": {}}
+    result = {"machine": machine(), "fsync_interval_ms": a.fsync_interval_ms, "durable": rates, "stream": {}}
     for kind in ("vector", "rgb224"):
         result["stream"][kind] = asyncio.run(stream_rate(run_dir / f"log-{kind}"))
         print(f"  stream {kind}: {result['stream'][kind]['transitions_per_s']:,.0f} transitions/s", flush=True)

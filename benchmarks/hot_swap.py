@@ -33,7 +33,6 @@ import argparse
 import asyncio
 import hashlib
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,7 @@ import grpc
 import numpy as np
 import safetensors.torch
 import torch
+from bench import machine, parser, report, specs
 
 from bridge.client import PoliciesClient, Session
 from bridge.client.weights import safetensors_parts
@@ -54,7 +54,6 @@ from inference_server.triton_model import LOAD_NICE_ENV
 from protos import bridge_pb2, policies_pb2
 from protos.codec import decode_all, encode, encode_all
 from tether.stack import GatewayProcess
-from tether.topology import write_json
 from trainer.policy import MLPPolicy
 
 SMALL, ORT, BIG, ONNX, HUGE = "swap_mlp", "swap_mlp_ort", "swap_big", "swap_onnx", "swap_huge"
@@ -72,16 +71,6 @@ COLUMNS = ("t0", "rtt", "version", "kind", "session", "sent", "gw_recv", "infer_
 HOPS = {"to_gateway": ("sent", "gw_recv"), "batching": ("gw_recv", "infer_start"),
         "triton": ("infer_start", "infer_end"), "gateway_after": ("infer_end", "gw_send"),
         "to_sim": ("gw_send", "received")}
-
-
-def hopper_specs():
-    from sim.mujoco import GymnasiumEnv
-
-    env = GymnasiumEnv("Hopper-v5")
-    try:
-        return env.observation_spec(), env.action_spec()
-    finally:
-        env.close()
 
 
 # -- the sims (a subprocess) --------------------------------------------------------------------------------------
@@ -171,14 +160,18 @@ def publish(policies: PoliciesClient, name: str, module: torch.nn.Module, observ
         marks["last"] = time.monotonic()
 
     reply = policies.publish_stream(chunks())
-    t_end = time.monotonic()
-    stream_s = t_end - marks["first"]
-    return {"policy": name, "version": reply.version, "bytes": len(data), "serialise_s": t_serialised - t0,
-            "sha256_s": t_hashed - t_serialised, "start_ns": int(marks["first"] * 1e9), "end_ns": int(t_end * 1e9),
-            "publish_to_live_s": stream_s, "server_s": reply.load_seconds,
-            "client_send_s": marks["last"] - marks["first"],
-            "transfer_s": stream_s - reply.load_seconds,
-            "transfer_mb_s": len(data) / 1e6 / max(stream_s - reply.load_seconds, 1e-9),
+    return _figures(reply, name, len(data), marks["first"], time.monotonic(), serialise_s=t_serialised - t0,
+                    sha256_s=t_hashed - t_serialised, client_send_s=marks["last"] - marks["first"])
+
+
+def _figures(reply: policies_pb2.PublishReply, name: str, size: int, start: float, end: float, *,
+             serialise_s: float = 0.0, sha256_s: float = 0.0, client_send_s: float = 0.0) -> dict:
+    """A publish's figures: its reply, its size and the client's times (monotonic seconds)."""
+    stream_s = end - start
+    return {"policy": name, "version": reply.version, "bytes": size, "serialise_s": serialise_s, "sha256_s": sha256_s,
+            "start_ns": int(start * 1e9), "end_ns": int(end * 1e9), "publish_to_live_s": stream_s,
+            "server_s": reply.load_seconds, "client_send_s": client_send_s, "transfer_s": stream_s - reply.load_seconds,
+            "transfer_mb_s": size / 1e6 / max(stream_s - reply.load_seconds, 1e-9),
             "max_abs_error": reply.max_abs_error, "ready_versions": list(reply.ready_versions)}
 
 
@@ -201,12 +194,7 @@ def publish_import(policies: PoliciesClient, name: str, data: bytes, obs_spec, a
     expected = reference_outputs(policy, probe)
     t0 = time.monotonic()
     reply = policies.publish_stream(publish_chunks(policy, name, probe, expected))
-    t_end = time.monotonic()
-    return {"policy": name, "version": reply.version, "bytes": len(data), "serialise_s": 0.0, "sha256_s": 0.0,
-            "start_ns": int(t0 * 1e9), "end_ns": int(t_end * 1e9), "publish_to_live_s": t_end - t0,
-            "server_s": reply.load_seconds, "client_send_s": 0.0, "transfer_s": t_end - t0 - reply.load_seconds,
-            "transfer_mb_s": len(data) / 1e6 / max(t_end - t0 - reply.load_seconds, 1e-9),
-            "max_abs_error": reply.max_abs_error, "ready_versions": list(reply.ready_versions)}
+    return _figures(reply, name, len(data), t0, time.monotonic())
 
 
 def publish_from_file(client: PoliciesClient, module: torch.nn.Module, path: Path, observation_spec, *,
@@ -226,12 +214,7 @@ def publish_from_file(client: PoliciesClient, module: torch.nn.Module, path: Pat
                                 probe_inputs={observation_spec.name: probe}, probe_outputs={"action": reference})
     t_end = time.monotonic()
     path.unlink()
-    stream_s = t_end - t_start
-    return {"policy": HUGE, "version": reply.version, "bytes": size, "serialise_s": t_start - t0, "sha256_s": 0.0,
-            "start_ns": int(t_start * 1e9), "end_ns": int(t_end * 1e9), "publish_to_live_s": stream_s,
-            "server_s": reply.load_seconds, "client_send_s": 0.0, "transfer_s": stream_s - reply.load_seconds,
-            "transfer_mb_s": size / 1e6 / max(stream_s - reply.load_seconds, 1e-9),
-            "max_abs_error": reply.max_abs_error, "ready_versions": list(reply.ready_versions)}
+    return _figures(reply, HUGE, size, t_start, t_end, serialise_s=t_start - t0)
 
 
 class RssPeak:
@@ -267,10 +250,8 @@ class RssPeak:
 
 
 def _rss_kib(pid: int, field: str = "VmRSS") -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    return 0
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return next((int(line.split()[1]) for line in lines if line.startswith(field + ":")), 0)
 
 
 def receive_costs(module: torch.nn.Module) -> dict:
@@ -357,7 +338,7 @@ def late_hops(rows: np.ndarray, deadline_ms: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict | None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__file__, __doc__)
     p.add_argument("--sessions", type=int, default=4, help="Hopper-v5 sim sessions stepping throughout")
     p.add_argument("--period-ms", type=float, default=20.0, help="each session's control period")
     p.add_argument("--deadline-ms", type=float, default=50.0, help="a step answered later than this is missed")
@@ -373,7 +354,6 @@ def main(argv: list[str] | None = None) -> dict | None:
     p.add_argument("--autogroup-nice", type=int, default=None,
                    help="niceness of this run's autogroups (sims, gateway, Triton, publisher): -20 shields the "
                         "run from other work on a shared machine (root)")
-    p.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "hot_swap.json")
     p.add_argument("--worker", nargs=3, metavar=("GATEWAY", "SESSIONS", "OUT"), help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker:
@@ -388,7 +368,7 @@ def main(argv: list[str] | None = None) -> dict | None:
 
 
 def _run(a: argparse.Namespace, run_dir: Path, load_at_start: float) -> dict:
-    obs_spec, act_spec = hopper_specs()
+    obs_spec, act_spec = specs("Hopper-v5")
     small = MLPPolicy(obs_spec[0], act_spec[0], seed=0).eval()
     big = MLPPolicy(obs_spec[0], act_spec[0], hidden=BIG_HIDDEN, seed=0).eval()
     repo = ModelRepository(run_dir / "models")
@@ -421,10 +401,8 @@ def _run(a: argparse.Namespace, run_dir: Path, load_at_start: float) -> dict:
                 raise RuntimeError("the sim worker did not start; see its stderr")
             policies = PoliciesClient(gw, timeout_s=600)
             time.sleep(a.quiet_s)
-            names = {"small": SMALL, "small_ort": ORT, "big": BIG}
-            for kind, module, count in (("small", small, a.small_swaps), ("small_ort", small, a.small_swaps),
-                                        ("big", big, a.big_swaps)):
-                name = names[kind]
+            for kind, name, module, count in (("small", SMALL, small, a.small_swaps),
+                                              ("small_ort", ORT, small, a.small_swaps), ("big", BIG, big, a.big_swaps)):
                 for i in range(count):
                     with RssPeak(gateway.pid) as rss:
                         swap = publish(policies, name, perturbed(module, i), obs_spec[0], parent=1 + i)
@@ -465,42 +443,31 @@ def _run(a: argparse.Namespace, run_dir: Path, load_at_start: float) -> dict:
         mine = late[(late[:, 0] >= s["start_ns"]) & (late[:, 0] <= s["end_ns"] + int(LINGER_S * 1e9))]
         s["late_at_s"] = [round((t - s["start_ns"]) / 1e9, 3) for t in mine[mine[:, 3] < KIND["error"], 0]]
         s["errors_at_s"] = [round((t - s["start_ns"]) / 1e9, 3) for t in mine[mine[:, 3] >= KIND["error"], 0]]
-    windows = [(s["start_ns"], s["end_ns"] + int(LINGER_S * 1e9)) for s in swaps]
-    during = np.zeros(len(rows), bool)
-    for start, end in windows:
-        during |= (rows[:, 0] >= start) & (rows[:, 0] <= end)
+    during = _within(rows, swaps)
     first_acted = {}
     for s in swaps:
         if s["model"] == "small":
             acted = rows[(rows[:, 2] == s["version"]) & (rows[:, 3] == 0)]
             first_acted[s["version"]] = (float((acted[:, 0].min() - s["start_ns"]) / 1e9) if len(acted) else None)
     result = {
-        "machine": {"python": sys.version.split()[0], "platform": platform.platform(), "cpus": os.cpu_count(),
-                    "load_avg_1m": os.getloadavg()[0], "load_avg_1m_at_start": load_at_start,
-                    "stub_load_nice": os.environ.get(LOAD_NICE_ENV, "default"),
-                    "niceness": os.getpriority(os.PRIO_PROCESS, 0), "autogroup_nice": a.autogroup_nice},
+        "machine": machine(cpus=os.cpu_count(), load_avg_1m=os.getloadavg()[0], load_avg_1m_at_start=load_at_start,
+                           stub_load_nice=os.environ.get(LOAD_NICE_ENV, "default"),
+                           niceness=os.getpriority(os.PRIO_PROCESS, 0), autogroup_nice=a.autogroup_nice),
         "triton_version": version,
         "config": {k: getattr(a, k) for k in ("sessions", "period_ms", "deadline_ms", "small_swaps", "big_swaps",
                                               "huge_swaps", "onnx_swaps", "gap_s", "quiet_s")},
         "big_model_mb": big_mb,
         "gateway_peak_rss_mib": gateway_hwm_mib,
         "swaps": swaps,
-        "small": _summary([s for s in swaps if s["model"] == "small"]),
-        "big": _summary([s for s in swaps if s["model"] == "big"]),
-        "small_ort": _summary([s for s in swaps if s["model"] == "small_ort"]),
-        "onnx": _summary([s for s in swaps if s["model"] == "onnx"]),
-        "huge": _summary([s for s in swaps if s["model"] == "huge"]),
+        **{kind: _summary([s for s in swaps if s["model"] == kind]) for kind in KINDS},
         "first_action_with_new_version_s": first_acted,
         "steps_without_swaps": stats(rows[~during], a.deadline_ms),
         "steps_during_swaps": stats(rows[during], a.deadline_ms),
         "steps_during_swaps_of": {kind: stats(rows[_within(rows, [s for s in swaps if s["model"] == kind])],
                                               a.deadline_ms) for kind in KINDS},
+        "receive_costs_big": receive_costs(big),
     }
-    result["receive_costs_big"] = receive_costs(big)
-    print_table(result)
-    write_json(a.json, result)
-    print(f"wrote {a.json}")
-    return result
+    return report(a.json, result, print_table)
 
 
 def _within(rows: np.ndarray, swaps: list[dict]) -> np.ndarray:

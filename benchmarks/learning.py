@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from bench import parser, say
 from svgplot import line_plot
 
 from tether.topology import DemoConfig, run_demo, write_json
@@ -45,10 +46,6 @@ from tether.topology import DemoConfig, run_demo, write_json
 PARTS = ("pendulum", "sac", "sac_paced", "cartpole", "hopper")
 PUBLISHED = re.compile(r"policy \S+ v(\d+) published by .*?\): (\w+), ([0-9.]+) s")
 SAC_STATUS = re.compile(r"sac step (\d+) rows (\d+) .*? utd ([0-9.]+)")
-
-
-def say(line: str) -> None:
-    print(f"[learning {time.strftime('%H:%M:%S')}] {line}", flush=True)
 
 
 def version_marks(curve: list[dict], x_key: str, *, labels: int = 12) -> list[tuple[float, str]]:
@@ -107,8 +104,7 @@ def plot(path: Path, series: dict[str, list[dict]], x_key: str, *, title: str, m
 
 
 def config(a: argparse.Namespace, tmp: Path, name: str, **kw) -> DemoConfig:
-    run_dir = tmp / name
-    return DemoConfig(run_dir=run_dir, train=True, **kw)
+    return DemoConfig(run_dir=tmp / name, train=True, **kw)
 
 
 def pendulum(a, tmp, out_dir) -> dict:
@@ -116,10 +112,9 @@ def pendulum(a, tmp, out_dir) -> dict:
                     config(a, tmp, f"pendulum{i}", env="InvertedPendulum-v5", envs=8, sessions=1,
                            seconds=a.pendulum_seconds, seed=i, stop_at_return=500.0))
             for i in range(a.runs)]
-    plot(out_dir / "learning_seconds.svg", {f"run {i + 1}": r["curve"] for i, r in enumerate(runs)}, "seconds",
-         title="InvertedPendulum-v5: PPO from 1 vectorised session x 8 envs", markers_from=runs[0]["curve"])
-    plot(out_dir / "learning_steps.svg", {f"run {i + 1}": r["curve"] for i, r in enumerate(runs)}, "steps",
-         title="InvertedPendulum-v5: PPO from 1 vectorised session x 8 envs", markers_from=runs[0]["curve"])
+    for x_key in ("seconds", "steps"):
+        plot(out_dir / f"learning_{x_key}.svg", {f"run {i + 1}": r["curve"] for i, r in enumerate(runs)}, x_key,
+             title="InvertedPendulum-v5: PPO from 1 vectorised session x 8 envs", markers_from=runs[0]["curve"])
     reached = [r["seconds_to_500"] for r in runs]
     return {"runs": runs, "median_seconds_to_500": median(reached),
             "median_steps_to_500": median([r["steps_to_500"] for r in runs]),
@@ -221,7 +216,7 @@ def table(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__file__, __doc__)
     p.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts of {PARTS}")
     p.add_argument("--runs", type=int, default=5, help="pendulum runs (the median is reported)")
     p.add_argument("--pendulum-seconds", type=float, default=180.0, help="limit of each pendulum run")
@@ -233,7 +228,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cartpole-seconds", type=float, default=120.0)
     p.add_argument("--hopper-envs", type=int, default=64)
     p.add_argument("--hopper-seconds", type=float, default=600.0)
-    p.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "learning.json")
     a = p.parse_args(argv)
     parts = [x.strip() for x in a.only.split(",") if x.strip()]
     if bad := [x for x in parts if x not in PARTS]:

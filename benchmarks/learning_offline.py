@@ -160,9 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, default in PPOConfig.__dataclass_fields__.items():
         if name in ("critic_hidden",):
             continue
-        kind = type(default.default)
-        if kind is bool:
-            kind = _flag
+        kind = _flag if type(default.default) is bool else type(default.default)
         p.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None)
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--verbose", default="", help="comma-separated update stats to print per update")

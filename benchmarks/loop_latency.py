@@ -14,18 +14,16 @@ same venv) on the same Triton, and alternates its blocks with this tree's: befor
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import os
-import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import tritonclient.grpc as triton_grpc
+from bench import machine, parser, report
 from svgplot import cdf, line_plot
 
 from bridge.client import Credentials
@@ -34,7 +32,7 @@ from bridge.common.percentiles import p50_p99, percentile
 from inference_server import ModelRepository, TritonServer
 from protos import bridge_pb2
 from protos.codec import Spec, encode
-from tether.topology import gateway_process, write_json
+from tether.topology import gateway_process
 from trainer.policy import MLPPolicy
 
 OBS = (Spec("observation", np.float32, (11,)),)  # Hopper-v5 sized
@@ -142,9 +140,8 @@ def baseline_gateway(tree: Path | None, **kwargs):
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=5, help="alternating raw/gateway blocks")
-    p.add_argument("--per-round", type=int, default=300, help="round trips per block")
+    p = parser(__file__, __doc__, rounds=(5, "alternating raw/gateway blocks"),
+               per_round=(300, "round trips per block"))
     p.add_argument("--seconds", type=float, default=5.0, help="per throughput level")
     p.add_argument("--sessions", default="1,8,32", help="throughput levels ('' = none)")
     p.add_argument("--max-inflight", type=int, default=1, help="the gateway's in-flight batches per policy")
@@ -154,7 +151,6 @@ def main(argv: list[str] | None = None) -> dict:
                    help="also step a vectorised session of one env (batched, [1, ...] tensors) in each round")
     p.add_argument("--baseline", type=Path, default=None, metavar="TREE",
                    help="another checkout whose gateway is measured in alternation with this one")
-    p.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "loop_latency.json")
     a = p.parse_args(argv)
     run_dir = Path(tempfile.mkdtemp(prefix="tether-bench-"))
     repo = ModelRepository(run_dir / "models")
@@ -194,9 +190,8 @@ def main(argv: list[str] | None = None) -> dict:
     raw, via = samples["raw_tritonclient"], samples["gateway"]
     latency = {name: percentiles(values) for name, values in samples.items()}
     result = {
-        "machine": {"python": sys.version.split()[0], "platform": platform.platform(), "cpus": os.cpu_count(),
-                    "load_average_before": [round(x, 2) for x in load_before],
-                    "load_average_after": [round(x, 2) for x in os.getloadavg()]},
+        "machine": machine(cpus=os.cpu_count(), load_average_before=[round(x, 2) for x in load_before],
+                           load_average_after=[round(x, 2) for x in os.getloadavg()]),
         "triton_version": version,
         "latency_ms": latency,
         "block_p50_ms": medians,
@@ -218,13 +213,12 @@ def main(argv: list[str] | None = None) -> dict:
                                                for name in samples if name != "raw_tritonclient"}
     if levels:
         result["scaling_max_vs_1"] = levels[-1]["steps_per_s"] / levels[0]["steps_per_s"]
-    print_table(result)
-    write_json(a.json, result)
+    report(a.json, result, print_table)
     plot = a.json.with_suffix(".svg")
     plot.write_text(line_plot({name.replace("_", " "): cdf(np.asarray(values) / 1e6)
                                for name, values in samples.items()},
                               title="Batch-1 control step round trip (CDF)", x_label="ms", y_label="fraction"))
-    print(f"wrote {a.json} and {plot}")
+    print(f"wrote {plot}")
     return result
 
 

@@ -12,15 +12,14 @@ Prints a table and writes JSON (default benchmarks/results/nats_failover.json).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from bench import parser, report
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -91,21 +90,20 @@ async def main_async(args) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__file__, __doc__)
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--hz", type=float, default=200.0, help="transitions per second published during a trial")
-    p.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "nats_failover.json")
     args = p.parse_args()
-    results = asyncio.run(main_async(args))
+    report(args.json, asyncio.run(main_async(args)), print_table)
+
+
+def print_table(results: dict) -> None:
     tp = results["throughput_r3"]
     print(f"publish to R3: {tp['per_second']:.0f} transitions/s ({tp['bytes_per_transition']:.0f} B each)")
     print(f"{'leader stopped by':<18}{'stall s (each trial)':<34}{'max':>6}")
     for how in ("SIGKILL", "SIGTERM"):
         stalls = [t["longest_stall_s"] for t in results["trials"] if t["how"] == how]
         print(f"{how:<18}{', '.join(f'{s:.2f}' for s in stalls):<34}{max(stalls):>6.2f}")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2) + "\n")
-
 
 if __name__ == "__main__":
     main()

@@ -11,7 +11,6 @@ over `--repeat` runs of about 0.1 s, of the mean time per call: wall-clock, and 
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import sys
@@ -19,6 +18,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from bench import parser
 
 from bridge.common.files import write_json
 from bridge.rewards import RewardFunction
@@ -72,10 +72,9 @@ def time_call(fn: RewardFunction, b: int, repeat: int, obs: tuple[Spec, ...] = O
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__file__, __doc__)
     p.add_argument("--batches", type=int, nargs="+", default=[1, 64, 1024, 4096])
     p.add_argument("--repeat", type=int, default=7)
-    p.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "rewards.json")
     args = p.parse_args(argv)
     reach_specs = ((Spec("observation", np.float32, (10,)),), (Spec("action", np.float32, (2,)),))
     functions = {"passthrough": (RewardFunction.passthrough(), OBS, ACT),
@@ -91,10 +90,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"config": name, "terms": len(fn.terms), "batch": b, "wall_us_per_call": wall,
                          "cpu_us_per_call": cpu, "cpu_ns_per_row": cpu * 1e3 / b})
             print(f"{name:<12} {len(fn.terms):>5} {b:>6} {wall:>9.1f} {cpu:>8.1f} {cpu * 1e3 / b:>10.1f}")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    result = {"python": sys.version.split()[0], "numpy": np.__version__, "machine": platform.machine(),
-              "load_average": list(os.getloadavg()), "results": rows}
-    write_json(args.json, result)  # bridge.common.files: atomic
+    write_json(args.json, {"python": sys.version.split()[0], "numpy": np.__version__, "machine": platform.machine(),
+                           "load_average": list(os.getloadavg()), "results": rows})
     print(f"wrote {args.json}")
     return 0
 

@@ -45,7 +45,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import queue
 import random
 import signal
@@ -57,8 +56,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+from bench import machine, parser, report
 
 from bridge.common.percentiles import percentile
+from bridge.common.processes import stop_group
 from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, load_topic_map
 from bridge.ros2.transports import open_transport
 
@@ -193,13 +194,7 @@ def child(argv: list[str], env: dict[str, str], log: Path):
         try:
             yield proc
         finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop_group(proc, grace_s=15)  # SIGTERM, SIGKILL after 15 s
 
 
 def summarize(commands: list[dict], published: list[float], rate: float, t0: float, seconds: float, *,
@@ -260,7 +255,7 @@ def block(label: str, robot_argv: list[str], peer_argv: list[str], env: dict[str
 
 
 def main(argv: list[str] | None = None) -> dict | None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__file__, __doc__)
     p.add_argument("--rates", default="100,500,1000", help="free-running robot rates (Hz); the edge runs at each")
     p.add_argument("--lockstep-rate", type=float, default=100.0)
     p.add_argument("--seconds", type=float, default=4.0, help="measured seconds per block")
@@ -271,7 +266,6 @@ def main(argv: list[str] | None = None) -> dict | None:
                    help="the robot process: the C++ Fast DDS robot where built (auto), or the Python one")
     p.add_argument("--echo", choices=("dds", "rclpy"), help=argparse.SUPPRESS)  # the floors' peer process
     p.add_argument("--topic-map", type=Path, default=DEFAULT_TOPIC_MAP, help=argparse.SUPPRESS)
-    p.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "ros2_edge.json")
     a = p.parse_args(argv)
     if a.echo == "rclpy":
         echo(a.domain_id, a.echo, a.topic_map)
@@ -285,7 +279,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         return None
     from inference_server import ModelRepository, TritonServer
     from protos.codec import Spec
-    from tether.topology import gateway_process, write_json
+    from tether.topology import gateway_process
 
     rates = [float(x) for x in a.rates.split(",") if x.strip()]      # "": lockstep only
     have_rclpy = rclpy_ok()
@@ -319,23 +313,21 @@ def main(argv: list[str] | None = None) -> dict | None:
         return [str(robot_python), str(robot_script), *domain, "--joints", joints, "--hz", f"{rate:g}",
                 "--seconds", str(a.warmup + a.seconds + 30), *extra]
 
-    def edge_argv(transport: str, rate: float, chunked: bool, report: Path) -> list[str]:
+    def edge_argv(transport: str, rate: float, chunked: bool, summary: Path) -> list[str]:
         python = ROS_PYTHON if transport == "rclpy" else Path(sys.executable)
         chunk = ["--policy", CHUNK_MODEL, "--chunk", str(a.chunk)] if chunked else ["--policy", STEP_MODEL]
         return [str(python), "-m", "tether", "edge", "--gateway", gw, "--transport", transport, "--domain-id",
                 str(a.domain_id), "--rate", f"{rate:g}", "--velocity-limit", "100", "--status-every", "3600",
-                "--node-name", "bench_edge", "--summary", str(report), "--topic-map", str(topic_map), *chunk]
+                "--node-name", "bench_edge", "--summary", str(summary), "--topic-map", str(topic_map), *chunk]
 
     floors = {"raw DDS ping-pong": [sys.executable, str(Path(__file__).resolve()), "--echo", "dds",
                                     "--domain-id", str(a.domain_id), "--topic-map", str(topic_map)]}
     if have_rclpy:
         floors["raw rclpy ping-pong"] = [str(ROS_PYTHON), str(Path(__file__).resolve()), "--echo", "rclpy",
                                          "--domain-id", str(a.domain_id), "--topic-map", str(topic_map)]
-    result: dict = {"machine": {"python": sys.version.split()[0], "platform": platform.platform(),
-                                "cpus": os.cpu_count(), "load_average_before": [round(x, 2) for x in os.getloadavg()]},
-                    "robot": robot_kind, "seconds": a.seconds,
-                    "warmup_s": a.warmup, "chunk": a.chunk, "lockstep_rate_hz": a.lockstep_rate, "lockstep": {},
-                    "free": []}
+    result: dict = {"machine": machine(cpus=os.cpu_count(), load_average_before=[round(x, 2) for x in os.getloadavg()]),
+                    "robot": robot_kind, "seconds": a.seconds, "warmup_s": a.warmup, "chunk": a.chunk,
+                    "lockstep_rate_hz": a.lockstep_rate, "lockstep": {}, "free": []}
     models = [STEP_MODEL, CHUNK_MODEL]
     with TritonServer(run_dir / "models", models=models, log_path=run_dir / "triton.log") as triton, \
             gateway_process(triton_url=triton.grpc_url, policy=STEP_MODEL, log_path=run_dir / "gateway.log") as gw:
@@ -345,10 +337,10 @@ def main(argv: list[str] | None = None) -> dict | None:
             result["lockstep"][floor] = block(f"lockstep {rate:g} Hz {floor}", robot_argv(rate, True), argv_, env,
                                               rate=rate, a=a, logs=run_dir)
         for transport in transports:
-            report = run_dir / f"report_lockstep_{transport}.json"
+            summary = run_dir / f"report_lockstep_{transport}.json"
             result["lockstep"][f"edge {transport}"] = block(
                 f"lockstep {rate:g} Hz edge {transport}", robot_argv(rate, True),
-                edge_argv(transport, rate, False, report), env, rate=rate, a=a, logs=run_dir, report=report)
+                edge_argv(transport, rate, False, summary), env, rate=rate, a=a, logs=run_dir, report=summary)
         for rate in rates:
             row = {"rate_hz": rate}
             for floor, argv_ in floors.items():
@@ -356,18 +348,15 @@ def main(argv: list[str] | None = None) -> dict | None:
             for transport in transports:
                 for chunked in (False, True):
                     label = f"edge {transport} {'chunked' if chunked else 'per step'}"
-                    report = run_dir / f"report_{rate:g}_{transport}_{chunked}.json"
+                    summary = run_dir / f"report_{rate:g}_{transport}_{chunked}.json"
                     row[label] = block(f"{rate:g} Hz {label}", robot_argv(rate), edge_argv(transport, rate, chunked,
-                                                                                          report),
-                                       env, rate=rate, a=a, logs=run_dir, report=report, chunked=chunked)
+                                                                                          summary),
+                                       env, rate=rate, a=a, logs=run_dir, report=summary, chunked=chunked)
             result["free"].append(row)
         result["triton_version"] = triton.version
     result["logs"] = str(run_dir)
     result["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
-    print_table(result)
-    write_json(a.json, result)
-    print(f"wrote {a.json}")
-    return result
+    return report(a.json, result, print_table)
 
 
 def echo(domain: int, kind: str, topic_map: Path) -> None:

@@ -45,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -54,7 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python benchmarks/scale_out.py` from the repository root
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench import parser  # noqa: E402
+from benchmarks.bench import parser, report, say  # noqa: E402
 from bridge.client import Session  # noqa: E402
 from bridge.common.percentiles import p50_p99  # noqa: E402
 from protos import bridge_pb2  # noqa: E402
@@ -65,10 +66,6 @@ ACT = (Spec("action", np.float32, (3,), low=(-1.0,), high=(1.0,)),)
 MODEL = "scale_mlp"
 TICK = os.sysconf("SC_CLK_TCK")
 HEADROOM = 0.7  # plan each process at 70% of a core
-
-
-def say(text: str) -> None:
-    print(f"[scale_out {time.strftime('%H:%M:%S')}] {text}", flush=True)
 
 
 # -- the load generator (a subprocess: `--worker`) --------------------------------------------------
@@ -184,10 +181,7 @@ def run_block(addresses: list[str], roles: dict[str, list[int]], *, clients: int
     elapsed = max(o["elapsed_s"] for o in outs)
     steps, rows_done = sum(o["steps"] for o in outs), sum(o["rows"] for o in outs)
     p50, p99 = p50_p99([x for o in outs for x in o["samples_ns"]])
-    errors: dict[str, int] = {}
-    for o in outs:
-        for code, n in o["errors"].items():
-            errors[code] = errors.get(code, 0) + n
+    errors = dict(sum((Counter(o["errors"]) for o in outs), Counter()))
     return {"sessions": sessions, "rows_per_message": max(rows, 1), "steps": steps, "rows": rows_done,
             "steps_per_s": round(steps / elapsed, 1), "rows_per_s": round(rows_done / elapsed, 1),
             "rtt_ms": {"p50": round(p50 / 1e6, 3), "p99": round(p99 / 1e6, 3)}, "wall_s": round(wall, 2),
@@ -398,10 +392,8 @@ def run(a: argparse.Namespace) -> dict:
             gateways = start_gateways(a, tmp / f"t{n_tr}", urls, repo.root)
             logs += [tmp / f"t{n_tr}" / f"gateway-{g}" / "experience" for g in range(2)]
             try:
-                for name, n_gw, n in CONFIGS:
-                    if n != n_tr:
-                        continue
-                    result["configs"].append(run_config(a, name, gateways[:n_gw], tritons[:n_tr]))
+                result["configs"] += [run_config(a, name, gateways[:n_gw], tritons[:n_tr])
+                                      for name, n_gw, n in CONFIGS if n == n_tr]
             finally:
                 for gw in gateways:
                     gw.stop()
@@ -421,15 +413,11 @@ def run_nats(a: argparse.Namespace, tmp: Path, triton, roles_tritons: list[int])
         say("nats-server not installed: no NATS block")
         return {"skipped": "nats-server not installed"}
     with NatsCluster(tmp / "nats", servers=1) as nats:
-        gw = GatewayProcess(triton_url=triton.grpc_url, policy=MODEL, log_path=tmp / "nats-gateway.log",
+        with GatewayProcess(triton_url=triton.grpc_url, policy=MODEL, log_path=tmp / "nats-gateway.log",
                             extra_args=("--registry", str(tmp / "nats-registry.sqlite"), "--experience", nats.url,
-                                        *gateway_flags(a)), timeout=120.0)
-        gw.start()
-        try:
+                                        *gateway_flags(a)), timeout=120.0) as gw:
             block = run_block([gw.address], {"gateways": [gw.pid], "tritons": roles_tritons}, clients=a.clients,
                               sessions=a.sessions, rows=0, seconds=a.seconds, prefix="nats")
-        finally:
-            gw.stop()
         block["kind"], block["stream"] = "batch-1, --experience nats://", asyncio.run(stream_info(nats.url))
         say(f"NATS: {block['steps_per_s']:.0f} steps/s, rtt p50/p99 {block['rtt_ms']['p50']}/{block['rtt_ms']['p99']}"
             f" ms, stream {block['stream']}")
@@ -526,10 +514,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run(a)
     result["model"] = model(result, a)
     result["wall_s"] = round(time.monotonic() - started, 1)
-    print_table(result)
-    from bridge.common import files
-
-    files.write_json(a.json, result)
+    report(a.json, result, print_table)
     say(f"done in {result['wall_s']} s; JSON {a.json}")
     return 0
 

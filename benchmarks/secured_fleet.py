@@ -55,15 +55,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python benchmarks/secured_fleet.py` from the repository root
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench import parser  # noqa: E402
+from benchmarks.bench import parser, report, say  # noqa: E402
 from bridge.common.percentiles import p50_p99  # noqa: E402
 
 CONFIGS = ("open", "secured")
 ROLES = ("nats-open", "nats-secured", "pg-open", "pg-secured")
-
-
-def say(text: str) -> None:
-    print(f"[secured_fleet {time.strftime('%H:%M:%S')}] {text}", flush=True)
 
 
 # -- servers (`--serve ROLE`, run inside the server's host) --------------------------------------------------------
@@ -79,12 +75,9 @@ def _serve(a: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
     hba_dir = None
-    if a.serve == "nats-open":
-        engine = NatsCluster(a.dir / "nats", servers=1, host=a.host, insecure=True)
-        engine.start()
-        url = engine.url
-    elif a.serve == "nats-secured":
-        engine = NatsCluster(a.dir / "nats", servers=1, host=a.host, security=NatsSecurity.from_folder(a.creds))
+    if a.serve.startswith("nats-"):
+        security = NatsSecurity.from_folder(a.creds) if a.serve == "nats-secured" else None
+        engine = NatsCluster(a.dir / "nats", servers=1, host=a.host, security=security, insecure=security is None)
         engine.start()
         url = engine.url
     elif a.serve == "pg-open":
@@ -410,10 +403,10 @@ def block_summary(block: dict) -> dict:
     return {**block, "result": {k: short(v) for k, v in block["result"].items()}}
 
 
-def print_table(rows: list[dict]) -> None:
+def print_table(result: dict) -> None:
     print(f"{'engine':<6} {'placement':<9} {'measure':<20} {'unit':<4} {'open':>10} {'secured':>10} "
           f"{'secured/open':>12}")
-    for row in rows:
+    for row in result["rows"]:
         ratio = f"{row['ratio']:.2f}" if row["ratio"] is not None else "-"
         print(f"{row['engine']:<6} {row['placement']:<9} {row['measure']:<20} {row['unit']:<4} "
               f"{row['open']:>10.2f} {row['secured']:>10.2f} {ratio:>12}")
@@ -440,11 +433,8 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(a)
     if a.worker:
         return asyncio.run(_worker(a))
-    results = run(a)
-    print_table(results["rows"])
-    a.json.parent.mkdir(parents=True, exist_ok=True)
-    a.json.write_text(json.dumps(results, indent=2) + "\n")
-    say(f"wrote {a.json} ({results['measured_s']:.0f} s of measurement)")
+    results = report(a.json, run(a), print_table)
+    say(f"{results['measured_s']:.0f} s of measurement")
     return 0
 
 

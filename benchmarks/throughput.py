@@ -14,23 +14,21 @@ in flight, the other's envs step, which hides the round trip a single lockstep s
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
-import platform
-import sys
 import tempfile
 import time
 import warnings
 from pathlib import Path
 
 import torch
+from bench import machine, parser, report, specs
 from svgplot import line_plot
 
 from inference_server import ModelRepository, TritonServer
 from sim.client import run_vector_sessions
 from sim.registry import make_vector_env
-from tether.topology import gateway_process, write_json
+from tether.topology import gateway_process
 from trainer.policy import MLPPolicy
 
 SIMS = {"hopper": ("mujoco:Hopper-v5", {}), "newton_cartpole": ("newton:cartpole", {})}
@@ -68,13 +66,11 @@ def through_gateway(sim: str, n: int, address: str, seconds: float, sessions: in
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__file__, __doc__, rounds=(2, "alternating in-process/gateway blocks"))
     p.add_argument("--envs", default="1,16,64,256", help="envs per session (N)")
     p.add_argument("--sims", default=",".join(SIMS))
     p.add_argument("--seconds", type=float, default=4.0, help="per path, per N, per round")
-    p.add_argument("--rounds", type=int, default=2, help="alternating in-process/gateway blocks")
     p.add_argument("--split", type=int, default=2, help="also run N envs as this many sessions (0: no)")
-    p.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "throughput.json")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     sizes = [int(x) for x in a.envs.split(",")]
@@ -83,9 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
     repo = ModelRepository(run_dir / "models")
     modules = {}
     for sim in sims:
-        env = make(sim, 1)
-        obs, act = env.observation_spec(), env.action_spec()
-        env.close()
+        obs, act = specs(SIMS[sim][0], num_envs=1)
         repo.write_version(sim, 1, MLPPolicy(obs[0], act[0], seed=0), obs, act, max_batch_size=max(sizes),
                            max_queue_delay_us=0)  # the gateway batches; Triton should not wait
         with warnings.catch_warnings():
@@ -123,11 +117,9 @@ def main(argv: list[str] | None = None) -> dict:
                       + (f"  {a.split} sessions {row['split_steps_per_s']:>9.0f} ({row['split_ratio']:.0%})"
                          if split else ""), flush=True)
         version = triton.version
-    result = {"machine": {"python": sys.version.split()[0], "platform": platform.platform(),
-                          "cpus": os.cpu_count(), "load_avg": os.getloadavg()},
-              "triton_version": version, "seconds": a.seconds, "rounds": a.rounds, "results": rows}
-    print_table(result)
-    write_json(a.json, result)
+    result = report(a.json, {"machine": machine(cpus=os.cpu_count(), load_avg=os.getloadavg()),
+                             "triton_version": version, "seconds": a.seconds, "rounds": a.rounds, "results": rows},
+                    print_table)
     plot = a.json.with_suffix(".svg")
     series = {}
     for sim in sims:
@@ -141,7 +133,7 @@ def main(argv: list[str] | None = None) -> dict:
                                                           [r["split_steps_per_s"] for r in split_rows])
     plot.write_text(line_plot(series, title="Env steps/s vs envs per session (one session)",
                               x_label="envs per session (N)", y_label="env steps/s"))
-    print(f"wrote {a.json} and {plot}")
+    print(f"wrote {plot}")
     return result
 
 

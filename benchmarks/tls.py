@@ -87,8 +87,7 @@ def main(argv: list[str] | None = None) -> dict:
         "triton_version": version,
         "step_ms": {m: percentiles(steps[m]) for m in MODES},
         "connect_ms": {m: percentiles(connects[m]) for m in MODES},
-        "tls_vs_plaintext_p50": float(np.median(steps["tls"]) / np.median(steps["plaintext"])),
-        "mtls_vs_plaintext_p50": float(np.median(steps["mtls"]) / np.median(steps["plaintext"])),
+        **{f"{m}_vs_plaintext_p50": float(np.median(steps[m]) / np.median(steps["plaintext"])) for m in MODES[1:]},
     }
     return report(a.json, result, print_table)
 

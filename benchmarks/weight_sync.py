@@ -22,9 +22,7 @@ the trainer's log: each publish's seconds as the gateway reported them, and the 
 
 from __future__ import annotations
 
-import argparse
 import os
-import platform
 import re
 import sys
 import tempfile
@@ -33,15 +31,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from bench import machine, parser, report, specs
 
-import sim
 from bridge.client import PoliciesClient
 from bridge.common.percentiles import p50_p99
 from inference_server import ModelRepository
 from protos import policies_pb2
 from tether.initial_policy import policy_name
 from tether.stack import Stack
-from tether.topology import DemoConfig, run_demo, write_json
+from tether.topology import DemoConfig, run_demo
 from trainer.policy import GaussianPolicy, probe_outputs
 
 RUNTIMES = ("torchscript", "onnx")
@@ -52,14 +50,6 @@ SERVED_BY = re.compile(r"policy \S+ v(\d+) served by \w+: (.*)$", re.MULTILINE)
 PHASE = re.compile(r"([a-z ]+) ([0-9.]+) s")
 ENDS = re.compile(r"policy \S+ v(\d+) published by .*\(numbered ([0-9.]+) s, integrity to served checks ([0-9.]+) s, "
                   r"into the plan ([0-9.]+) s\)")
-
-
-def specs(env_id: str):
-    env = sim.make(env_id)
-    try:
-        return env.observation_spec(), env.action_spec()
-    finally:
-        env.close()
 
 
 def publish_loop(client: PoliciesClient, model: str, obs_spec, act_spec, count: int) -> list[dict]:
@@ -131,11 +121,10 @@ def quiet(envs: list[str], publishes: int, directory: Path) -> dict:
 
     def measure(client: PoliciesClient, log_path: Path, name: str, env_id: str, runtime: str, obs, act) -> None:
         rows = publish_loop(client, name, obs, act, publishes)
-        results[f"{name}_persistent" if runtime == "persistent" else name] = {
+        r = results[f"{name}_persistent" if runtime == "persistent" else name] = {
             "env": env_id, "runtime": runtime, "publishes": rows, **summary([r["publish_to_served_s"] for r in rows]),
             "max_abs_error": max(r["max_abs_error"] for r in rows),
             "phases": phases(log_path.read_text(), name=name, versions={r["version"] for r in rows})}
-        r = results[f"{name}_persistent" if runtime == "persistent" else name]
         print(f"  {env_id:<20} {runtime:<12} publish -> served median {r['median_s']:.3f} s, p99 {r['p99_s']:.3f} s, "
               f"max abs error {r['max_abs_error']:.2e}", flush=True)
 
@@ -203,7 +192,7 @@ def summary(values: list[float]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__file__, __doc__)
     p.add_argument("--publishes", type=int, default=8, help="versions published per (env, runtime), quiet")
     p.add_argument("--envs", nargs="+", default=["InvertedPendulum-v5", "Hopper-v5"])
     p.add_argument("--train-seconds", type=float, default=0.0,
@@ -213,12 +202,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--train-modes", nargs="+", choices=MODES, default=list(MODES),
                    help="how versions are served while training (torchscript, onnx: a stub per version; "
                         "persistent: one persistent model)")
-    p.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "weight_sync.json")
     a = p.parse_args(argv)
     if a.publishes < 1:
         p.error(f"--publishes must be >= 1, got {a.publishes}")
-    result: dict = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                                "load_avg_1m": os.getloadavg()[0]},
+    result: dict = {"machine": machine(cpus=os.cpu_count(), load_avg_1m=os.getloadavg()[0]),
                     "config": {"publishes": a.publishes, "envs": a.envs, "train_seconds": a.train_seconds,
                                "write_versions": a.write_versions, "train_modes": a.train_modes}}
     if a.write_versions > 0:
@@ -235,9 +222,7 @@ def main(argv: list[str] | None = None) -> dict:
                       flush=True)
                 result["training"][runtime] = training(runtime, a.train_seconds, Path(tmp))
     result["machine"]["load_avg_1m_after"] = os.getloadavg()[0]
-    print_table(result)
-    write_json(a.json, result)
-    return result
+    return report(a.json, result, print_table)
 
 
 def print_table(r: dict) -> None:

@@ -15,10 +15,8 @@ in one Triton, interleaved (same machine, same load):
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -29,10 +27,9 @@ import numpy as np
 import torch
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aio
+from bench import machine, parser, report, specs
 
-import sim
 from inference_server import ModelRepository, PolicyClient, TritonServer
-from tether.topology import write_json
 from trainer.policy import GaussianPolicy
 
 ENV = "InvertedPendulum-v5"
@@ -110,17 +107,14 @@ async def measure(server: TritonServer, repo: ModelRepository, policy: GaussianP
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__file__, __doc__)
     p.add_argument("--versions", type=int, default=12)
-    p.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "weight_sync_persistent.json")
     a = p.parse_args(argv)
     if a.versions < 2:
         p.error(f"--versions must be >= 2, got {a.versions}")
-    env = sim.make(ENV)
-    obs, act = env.observation_spec(), env.action_spec()
-    env.close()
-    result = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                          "load_avg_1m": os.getloadavg()[0]}, "config": {"env": ENV, "versions": a.versions}}
+    obs, act = specs(ENV)
+    result = {"machine": machine(cpus=os.cpu_count(), load_avg_1m=os.getloadavg()[0]),
+              "config": {"env": ENV, "versions": a.versions}}
     with tempfile.TemporaryDirectory(prefix="tether-persistent-") as tmp:
         repo = ModelRepository(Path(tmp) / "models")
         policy = GaussianPolicy(obs[0], act[0], seed=0, log_std_init=0.0)
@@ -129,13 +123,15 @@ def main(argv: list[str] | None = None) -> dict:
         with TritonServer(repo.root, models=["p", "engine"], log_path=Path(tmp) / "triton.log") as server:
             result["new_version_to_first_answer"] = asyncio.run(measure(server, repo, policy, a.versions))
     result["machine"]["load_avg_1m_after"] = os.getloadavg()[0]
-    r = result["new_version_to_first_answer"]
+    return report(a.json, result, print_table)
+
+
+def print_table(result: dict) -> None:
+    r, m = result["new_version_to_first_answer"], result["machine"]
     print(f"{'new weights -> first answer at that version':<46} {'median s':>9} {'max s':>7}")
     for how, what in (("stub", "a Triton version (a new stub)"), ("persistent", "a persistent instance")):
         print(f"{what:<46} {r[how]['median_s']:>9.3f} {r[how]['max_s']:>7.3f}")
-    print(f"load average {result['machine']['load_avg_1m']:.1f} -> {result['machine']['load_avg_1m_after']:.1f}")
-    write_json(a.json, result)
-    return result
+    print(f"load average {m['load_avg_1m']:.1f} -> {m['load_avg_1m_after']:.1f}")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ The downlink (gateway_send -> the client applying it) is measured by clients, no
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -169,23 +170,15 @@ class _Counters(Collector):
             hops.add_metric([hop], h.cumulative(), sum_value=h.sum)
         yield hops
         yield CounterMetricFamily("tether_steps", "Env steps answered with a policy action", value=m.steps)
-        actions = CounterMetricFamily("tether_actions", "Action rows served per policy version",
-                                      labels=["policy", "version"])
-        for (policy, version), n in sorted(m.actions.items()):
-            actions.add_metric([policy, str(version)], n)
-        yield actions
-        errors = CounterMetricFamily("tether_step_errors", "Steps answered with an error, by code", labels=["code"])
-        for code, n in sorted(m.errors.items()):
-            errors.add_metric([code], n)
-        yield errors
+        yield _labelled(CounterMetricFamily, "tether_actions", "Action rows served per policy version",
+                        ["policy", "version"], (([p, str(v)], n) for (p, v), n in sorted(m.actions.items())))
+        yield _labelled(CounterMetricFamily, "tether_step_errors", "Steps answered with an error, by code", ["code"],
+                        (([code], n) for code, n in sorted(m.errors.items())))
         yield CounterMetricFamily("tether_episodes", "Episodes ended", value=m.episodes)
         yield CounterMetricFamily("tether_estop_steps", "Env steps answered with the safe action under an "
                                   "operator e-stop", value=m.held)
-        guard = CounterMetricFamily("tether_guard_interventions", "Edge safety-guard interventions reported by "
-                                    "sessions", labels=["kind"])
-        for kind, n in m.guard.items():
-            guard.add_metric([kind], n)
-        yield guard
+        yield _labelled(CounterMetricFamily, "tether_guard_interventions", "Edge safety-guard interventions "
+                        "reported by sessions", ["kind"], (([kind], n) for kind, n in m.guard.items()))
         yield CounterMetricFamily("tether_sessions_opened", "Sessions opened", value=m.sessions_opened)
 
 
@@ -205,15 +198,9 @@ class _GatewayState(Collector):
         yield _gauge("tether_sessions", "Connected sessions", len(sessions))
         yield _gauge("tether_envs", "Connected envs (vector sessions count N)",
                      sum(getattr(s, "num_envs", 1) for s in sessions))
-        served = GaugeMetricFamily("tether_version_sessions", "Sessions acting with each policy version",
-                                   labels=["policy", "version"])
-        acting: dict[tuple[str, int], int] = {}
-        for s in sessions:
-            key = (s.policy.name, s.policy.version)
-            acting[key] = acting.get(key, 0) + 1
-        for (policy, version), n in sorted(acting.items()):
-            served.add_metric([policy, str(version)], n)
-        yield served
+        acting = Counter((s.policy.name, s.policy.version) for s in sessions)
+        yield _labelled(GaugeMetricFamily, "tether_version_sessions", "Sessions acting with each policy version",
+                        ["policy", "version"], (([p, str(v)], n) for (p, v), n in sorted(acting.items())))
         lag = GaugeMetricFamily("tether_policy_lag_versions",
                                 "How many versions the furthest-behind session lags the trainer's newest version",
                                 labels=["policy"])
@@ -253,12 +240,9 @@ class _GatewayState(Collector):
                                           "message id): never counted durable", value=stream.foreign_duplicates)
                 yield CounterMetricFamily("tether_stream_untrusted", "Messages read back for a moved session whose "
                                           "message id is not that session's own: ignored", value=stream.untrusted)
-        throughput = GaugeMetricFamily("tether_trainer_steps_per_second",
-                                       "Trainer optimiser steps per second, from the lineage of published versions",
-                                       labels=["policy"])
-        for policy, rate in self._trainer_rates(gw).items():
-            throughput.add_metric([policy], rate)
-        yield throughput
+        yield _labelled(GaugeMetricFamily, "tether_trainer_steps_per_second", "Trainer optimiser steps per second, "
+                        "from the lineage of published versions", ["policy"],
+                        (([policy], rate) for policy, rate in self._trainer_rates(gw).items()))
 
     def _trainer_rates(self, gw) -> dict[str, float]:
         """From the two newest versions' lineage (trainer_step) and creation times, when a registry has them (a
@@ -288,6 +272,14 @@ def _newest_versions(gw: MetricsSource, acting: Iterable[tuple[str, int]]) -> di
         return newest_versions(view_of(gw.registry), acting)
     except Exception:
         return newest_versions(None, acting)
+
+
+def _labelled(family: type, name: str, doc: str, labels: list[str], samples: Iterable[tuple[list[str], float]]):
+    """A `family` (CounterMetricFamily, GaugeMetricFamily) with one sample per (label values, value)."""
+    metric = family(name, doc, labels=labels)
+    for values, value in samples:
+        metric.add_metric(values, value)
+    return metric
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

@@ -29,10 +29,10 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
-from inference_server.repository import fsync_dir, fsync_tree
+from bridge.common.files import write_atomic
+from inference_server.repository import fsync_dir, fsync_tree, staging_folder
 
 _HEX = re.compile(r"[0-9a-f]{64}")
 _SKIPPED = ("__pycache__",)  # what Python writes beside a model.py it imported: not part of the version
@@ -52,21 +52,8 @@ class ArtifactStore:
         """Store `data` once; its sha256 (hex). Already stored: nothing is written."""
         digest = hashlib.sha256(data).hexdigest()
         path = self.blob(digest)
-        if path.exists():
-            return digest
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temp = tempfile.mkstemp(prefix=f".{digest[:12]}-", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(temp, 0o444)
-            os.replace(temp, path)
-        except BaseException:
-            Path(temp).unlink(missing_ok=True)
-            raise
-        fsync_dir(path.parent)
+        if not path.exists():
+            write_atomic(path, data, mode=0o444)
         return digest
 
     def put_version(self, folder: Path | str) -> str:
@@ -100,8 +87,7 @@ class ArtifactStore:
         if target.exists():
             raise FileExistsError(f"{target} already exists: a version folder is never overwritten")
         target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-        try:
+        with staging_folder(target.parent, f".{target.name}-") as staging:
             for name, blob in files.items():
                 dest = staging / name
                 dest.parent.mkdir(parents=True, exist_ok=True)
@@ -113,9 +99,6 @@ class ArtifactStore:
             fsync_tree(staging)
             os.rename(staging, target)
             fsync_dir(target.parent)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
         return target
 
 

@@ -89,6 +89,13 @@ class PolicyClient:
         return InferenceError(f"{what} on {self.url}{target} failed ({code}): {detail}", url=self.url,
                               model=model, version=version, code=code)
 
+    async def _ask(self, what: str, call, model: str | None = None, version: int | None = None):
+        """`await call()` (a query of Triton's), any failure an InferenceError naming `what`."""
+        try:
+            return await call()
+        except Exception as exc:
+            raise self._error(what, exc, model, version) from exc
+
     async def infer(self, model: str, version: int, inputs: Mapping[str, np.ndarray],
                     outputs: Sequence[str], *, parameters: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
         """Run one batched request on `model` at exactly `version`; returns the named outputs. `parameters`:
@@ -148,53 +155,38 @@ class PolicyClient:
 
     async def loaded_models(self) -> list[str]:
         """The names of the models with a version READY on the server, sorted."""
-        try:
-            index = await self._triton().get_model_repository_index(headers=self._headers,
-                                                                    client_timeout=self.timeout_s)
-        except Exception as exc:
-            raise self._error("repository index", exc) from exc
+        index = await self._ask("repository index", lambda: self._triton().get_model_repository_index(
+            headers=self._headers, client_timeout=self.timeout_s))
         return sorted({m.name for m in index.models if m.state == "READY"})
 
     async def server_version(self) -> str:
         """Triton's version string, e.g. "2.51.0"."""
-        try:
-            metadata = await self._triton().get_server_metadata(headers=self._headers, client_timeout=self.timeout_s)
-        except Exception as exc:
-            raise self._error("server metadata", exc) from exc
+        metadata = await self._ask("server metadata", lambda: self._triton().get_server_metadata(
+            headers=self._headers, client_timeout=self.timeout_s))
         return metadata.version
 
     async def ready_versions(self, model: str) -> list[int]:
         """The versions of `model` Triton serves right now (state READY), ascending."""
-        try:
-            index = await self._triton().get_model_repository_index(headers=self._headers,
-                                                                    client_timeout=self.timeout_s)
-        except Exception as exc:
-            raise self._error("repository index", exc, model) from exc
+        index = await self._ask("repository index", lambda: self._triton().get_model_repository_index(
+            headers=self._headers, client_timeout=self.timeout_s), model)
         return sorted(int(m.version) for m in index.models
                       if m.name == model and m.state == "READY" and m.version.isdigit())
 
     async def load_model(self, model: str, *, timeout_s: float = 60.0) -> None:
         """(Re)load `model` from the repository: Triton loads new version folders and unloads the
         ones that are gone, while the unchanged versions keep serving."""
-        try:
-            await self._triton().load_model(model, headers=self._headers, client_timeout=timeout_s)
-        except Exception as exc:
-            raise self._error("load model", exc, model) from exc
+        await self._ask("load model", lambda: self._triton().load_model(
+            model, headers=self._headers, client_timeout=timeout_s), model)
 
     async def unload_model(self, model: str, *, timeout_s: float = 60.0) -> None:
         """Unload every version of `model` (its stubs end)."""
-        try:
-            await self._triton().unload_model(model, headers=self._headers, client_timeout=timeout_s)
-        except Exception as exc:
-            raise self._error("unload model", exc, model) from exc
+        await self._ask("unload model", lambda: self._triton().unload_model(
+            model, headers=self._headers, client_timeout=timeout_s), model)
 
     async def model_io(self, model: str, version: int) -> tuple[tuple[Spec, ...], tuple[Spec, ...]]:
         """The (inputs, outputs) tensor specs `model` `version` serves, without the batch dimension."""
-        try:
-            meta = await self._triton().get_model_metadata(model, str(version), headers=self._headers,
-                                                         client_timeout=self.timeout_s)
-        except Exception as exc:
-            raise self._error("model metadata", exc, model, version) from exc
+        meta = await self._ask("model metadata", lambda: self._triton().get_model_metadata(
+            model, str(version), headers=self._headers, client_timeout=self.timeout_s), model, version)
 
         def specs(tensors) -> tuple[Spec, ...]:
             return tuple(Spec(t.name, triton_to_np_dtype(t.datatype), tuple(t.shape)[1:]

@@ -37,6 +37,7 @@ Errors come early and name the bad value:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -46,15 +47,14 @@ import re
 import shutil
 import tempfile
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
 
-from bridge.common.files import fsync_dir as common_fsync_dir
-from bridge.common.files import write_text
+from bridge.common.files import fsync_dir, write_text
 from inference_server.artifact import ArtifactError
 from inference_server.formats import ARCHITECTURE, FORMATS, check_artifact, format_named, served_in
 from inference_server.formats.torchscript import probe, script
@@ -101,28 +101,13 @@ class ModelRepository:
                                                 max_queue_delay_us)
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
-        model_dir = final.parent
-
         with warnings.catch_warnings():  # torch deprecates torch.jit; Triton's python backend loads it fine
             warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.jit")
             scripted = script(module, observation_spec)
             probe(scripted, observation_spec, action_spec)
         files = {f.file: f.export(scripted, observation_spec, action_spec)  # the architecture, then what serves it
                  for f in dict.fromkeys((ARCHITECTURE, served))}
-        model_dir.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".v{version}-", dir=model_dir))
-        try:
-            for name, data in files.items():
-                (staging / name).write_bytes(data)
-            _install_wrapper(served.wrapper, staging)
-            os.chmod(staging, 0o755)
-            if not config_path.exists() or config_path.read_text() != config:
-                _write_atomically(config_path, config)  # an unchanged config is left as it is
-            _install(staging, final)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        return final
+        return _stage(final, files, served.wrapper, config_path, config)
 
     def write_artifact(self, model: str, version: int, format: str, data: bytes, inputs: Sequence[Spec],
                        outputs: Sequence[Spec], *, max_batch_size: int = 64, max_queue_delay_us: int = 100) -> Path:
@@ -141,20 +126,7 @@ class ModelRepository:
             raise ValueError(f"{format} file for {model!r} v{version}: {exc}") from None
         manifest = json.dumps({"format": format, "file": fmt.file, "size": len(data),
                                "sha256": hashlib.sha256(data).hexdigest()})
-        final.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".v{version}-", dir=final.parent))
-        try:
-            (staging / fmt.file).write_bytes(data)
-            (staging / _ARTIFACT_JSON).write_text(manifest)
-            _install_wrapper(fmt.wrapper, staging)
-            os.chmod(staging, 0o755)
-            if not config_path.exists() or config_path.read_text() != config:
-                _write_atomically(config_path, config)
-            _install(staging, final)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        return final
+        return _stage(final, {fmt.file: data, _ARTIFACT_JSON: manifest.encode()}, fmt.wrapper, config_path, config)
 
     def imported_format(self, model: str, version: int) -> str | None:
         """The format's name of a version written by `write_artifact` ("torchscript", "onnx"), None otherwise."""
@@ -217,13 +189,9 @@ class ModelRepository:
         final = self.root / model / str(version)
         if final.exists():
             raise FileExistsError(f"version {version} of model {model!r} already exists at {final}")
-        staging = Path(tempfile.mkdtemp(prefix=f".v{version}-", dir=self.root / model))
-        try:
+        with staging_folder(self.root / model, f".v{version}-") as staging:
             self.build_weights(model, weights, base_version=base, into=staging)
             _install(staging, final)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
         return final
 
     def build_weights(self, model: str, weights: Mapping[str, torch.Tensor], *, base_version: int,
@@ -294,8 +262,7 @@ class ModelRepository:
         if (final / "config.pbtxt").exists() and (final / "config.pbtxt").read_text() == config and all(
                 (final / "1" / f).exists() and (final / "1" / f).read_bytes() == data for f, data in files.items()):
             return name
-        staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=self.root))
-        try:
+        with staging_folder(self.root, f".{name}-") as staging:
             (staging / "1").mkdir()
             for file, data in files.items():
                 (staging / "1" / file).write_bytes(data)
@@ -308,9 +275,6 @@ class ModelRepository:
                 os.rename(final, old / name)
                 shutil.rmtree(old, ignore_errors=True)
             _install(staging, final)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
         return name
 
     def retired_versions(self, model: str) -> list[int]:
@@ -419,8 +383,30 @@ def _install_wrapper(source: Path, folder: Path) -> None:
                        doraise=True)
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    write_text(path, text, mode=0o644)  # bridge.common.files: temp, fsync, rename, fsync folder
+def _stage(final: Path, files: Mapping[str, bytes], wrapper: Path, config_path: Path, config: str) -> Path:
+    """A new version folder: `files` and the `wrapper` model.py written beside `final`, the model's config
+    (re)written when it changed, then the folder installed as `final`."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with staging_folder(final.parent, f".v{final.name}-") as staging:
+        for name, data in files.items():
+            (staging / name).write_bytes(data)
+        _install_wrapper(wrapper, staging)
+        os.chmod(staging, 0o755)
+        if not config_path.exists() or config_path.read_text() != config:
+            write_text(config_path, config)  # bridge.common.files: atomic, fsynced; an unchanged config is left
+        _install(staging, final)
+    return final
+
+
+@contextlib.contextmanager
+def staging_folder(parent: Path, prefix: str) -> Iterator[Path]:
+    """A new folder in `parent` to build a folder in before it is renamed into place; removed if the block fails."""
+    staging = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    try:
+        yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 def _install(staging: Path, final: Path) -> None:
@@ -445,8 +431,3 @@ def fsync_tree(folder: Path) -> None:
         folders.append(here)
     for here in reversed(folders):
         fsync_dir(Path(here))
-
-
-def fsync_dir(path: Path) -> None:
-    """Make the entries of folder `path` (a rename, a new file) durable (bridge.common.files.fsync_dir)."""
-    common_fsync_dir(path)

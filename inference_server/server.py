@@ -46,6 +46,7 @@ import weakref
 from collections.abc import Sequence
 from pathlib import Path
 
+from bridge.common.lifecycle import Started
 from bridge.common.processes import NotReady, free_port, spawn, stop_group, wait_ready
 from inference_server.secret import CATEGORIES, KEY, check_secret, grpc_headers, http_headers, redact
 
@@ -118,7 +119,7 @@ def triton_env(base: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-class TritonServer:
+class TritonServer(Started):
     """One `tritonserver` subprocess serving `repository` with explicit model control."""
 
     def __init__(self, repository: Path | str, *, host: str = "127.0.0.1", grpc_port: int | None = None,
@@ -158,13 +159,6 @@ class TritonServer:
     def __repr__(self) -> str:  # never the secret
         return (f"TritonServer({str(self.repository)!r}, grpc {self.grpc_url}, http {self.http_url}"
                 f"{', restricted' if self.secret else ''})")
-
-    def __enter__(self) -> TritonServer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.stop()
 
     def start(self, timeout: float = 60.0) -> None:
         """Start tritonserver and block until `/v2/health/ready` answers 200 (models loaded)."""
@@ -249,8 +243,7 @@ class TritonServer:
         if self._finalizer is not None:
             self._finalizer()  # runs _cleanup once
             self._finalizer = None
-        self._proc = None
-        self._version = None
+        self._proc = self._version = None
         if self._workdir is not None and self.log_path is not None \
                 and self.log_path.is_relative_to(self._workdir):
             self.log_path = None  # the log lived in the removed work folder

@@ -21,6 +21,7 @@ import json
 import os
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -33,22 +34,13 @@ torch: Any = None  # imported by the loading thread (initialize)
 def at_low_priority(load: Callable[[], Any], *, nice: int) -> Any:
     """`load()` run in a thread of its own, `nice` steps below the caller's priority (os.nice's increment,
     niceness at most 19); its result or error."""
-    outcome: dict[str, Any] = {}
+    def run() -> Any:
+        me = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, me, min(19, os.getpriority(os.PRIO_PROCESS, me) + nice))
+        return load()
 
-    def run() -> None:
-        try:
-            me = threading.get_native_id()
-            os.setpriority(os.PRIO_PROCESS, me, min(19, os.getpriority(os.PRIO_PROCESS, me) + nice))
-            outcome["value"] = load()
-        except BaseException as exc:  # raised in the caller's thread below
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=run, name="tether-load", daemon=True)
-    thread.start()
-    thread.join()
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
+    with ThreadPoolExecutor(1, thread_name_prefix="tether-load") as pool:
+        return pool.submit(run).result()  # its error raised here, in the caller's thread
 
 
 class TritonPythonModel:

@@ -14,7 +14,6 @@ import asyncio
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from bridge.common.errors import CommandError
 from bridge.common.files import write_json
@@ -115,11 +114,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     status(stats)
     print(json.dumps(stats.summary()))
     if args.summary is not None:
-        _write_summary(args.summary, {**stats.summary(), "returns": list(stats.returns),
-                                      "cut_episodes": stats.cut_episodes})
+        write_json(args.summary, {**stats.summary(), "returns": list(stats.returns),  # atomic (bridge.common.files)
+                                  "cut_episodes": stats.cut_episodes}, indent=None)
     return 0
-
-
-def _write_summary(path: Path, summary: dict) -> None:
-    """Atomically: a reader never sees half a file (bridge.common.files)."""
-    write_json(path, summary, indent=None)

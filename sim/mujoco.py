@@ -140,9 +140,7 @@ def make_env(name: str, **kw: Any) -> Environment:
 
     Keyword arguments (seed, max_episode_steps, ...) go to the factory.
     """
-    if name in _FACTORIES:
-        return _FACTORIES[name](**kw)
-    return GymnasiumEnv(name, **kw)
+    return _FACTORIES[name](**kw) if name in _FACTORIES else GymnasiumEnv(name, **kw)
 
 
 def _point_mass(**kw: Any) -> Environment:

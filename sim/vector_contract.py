@@ -14,7 +14,7 @@ refusal of malformed ones. `make_env` should give envs whose episodes end within
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -72,13 +72,8 @@ class VectorEnvironmentContract:
     def make_env(self, *, num_envs: int, seed: int | None = None) -> VectorEnvironment:
         raise NotImplementedError("a contract test class must override make_env(*, num_envs, seed=None)")
 
-    @contextlib.contextmanager
-    def _env(self, *, num_envs: int | None = None, seed: int | None = None) -> Iterator[VectorEnvironment]:
-        env = self.make_env(num_envs=self.num_envs if num_envs is None else num_envs, seed=seed)
-        try:
-            yield env
-        finally:
-            env.close()
+    def _env(self, *, num_envs: int | None = None, seed: int | None = None) -> contextlib.closing[VectorEnvironment]:
+        return contextlib.closing(self.make_env(num_envs=self.num_envs if num_envs is None else num_envs, seed=seed))
 
     def _check(self, env: VectorEnvironment, ts: VectorTimeStep, *, first: bool = False) -> None:
         n = env.num_envs
@@ -256,7 +251,6 @@ class VectorEnvironmentContract:
             assert _trace(a.step(good)) == _trace(b.step(good)), "a rejected batch must not step any env"
 
     def test_close_twice_is_harmless(self):
-        env = self.make_env(num_envs=self.num_envs)
-        env.reset()
-        env.close()
-        env.close()
+        with self._env() as env:  # closed once here, once more on the way out
+            env.reset()
+            env.close()

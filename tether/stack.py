@@ -236,12 +236,8 @@ class Stack:
             init_certs(certs)
         self.ca = certs / "ca.crt"
         tokens = TokenStore(self.directory / "tokens.json")
-        for name, role in (("ci", "operator"), ("sim", "robot")):
-            token = tokens.add(name, role=role, replace=True)
-            if role == "operator":
-                self.token = token
-            else:
-                self.robot_token = token
+        self.token = tokens.add("ci", role="operator", replace=True)
+        self.robot_token = tokens.add("sim", role="robot", replace=True)
         return ["--tls-cert", str(certs / "server.crt"), "--tls-key", str(certs / "server.key"),
                 "--tokens", str(tokens.path), "--gate-tls-ca", str(self.ca)]
 

@@ -92,9 +92,6 @@ class _Progress:
                            "return": None if stats.recent_return() is None else round(stats.recent_return(), 2),
                            "version": stats.newest_version})
 
-    def first_reaching(self, target: float) -> dict | None:
-        return next((p for p in self.curve if p["return"] is not None and p["return"] >= target), None)
-
 
 def _reached(target: float | None):
     if target is None:
@@ -184,7 +181,7 @@ def run_demo(config: DemoConfig) -> dict:
         summary["envs_per_session"] = config.envs if config.vector else 1
         summary["triton_version"] = triton.version
         if config.train:
-            reached = progress.first_reaching(500.0)
+            reached = next((p for p in progress.curve if p["return"] is not None and p["return"] >= 500.0), None)
             summary["curve"] = progress.curve
             summary["seconds_to_500"] = None if reached is None else reached["seconds"]
             summary["steps_to_500"] = None if reached is None else reached["steps"]

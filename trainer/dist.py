@@ -34,9 +34,7 @@ def is_distributed() -> bool:
 
 def world() -> tuple[int, int]:
     """(rank, world_size); (0, 1) without a process group."""
-    if is_distributed():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+    return (dist.get_rank(), dist.get_world_size()) if is_distributed() else (0, 1)
 
 
 def device() -> torch.device:

@@ -72,7 +72,6 @@ class JetStreamSource(Source):
         self.window, self.max_batch, self.ack_wait_s = window, max_batch, ack_wait_s
         self.auth = auth or NatsAuth()
         self.poisoned = 0         # messages that are not a transition of their subject's session (passed over)
-        self.redelivered = 0      # messages delivered more than once (a restarted trainer's unacknowledged ones)
         self.committed = 0        # messages acknowledged by commit()
         self._polled_last = None  # the last message polled (or passed over): what commit() acknowledges
         self._ready = threading.Event()
@@ -162,8 +161,6 @@ class JetStreamSource(Source):
     def _usable(self, msg) -> experience_pb2.Transition | None:
         """The message's transition if it is this shard's and fit to learn from; else None (passed over)."""
         meta = msg.metadata
-        if meta.num_delivered > 1:
-            self.redelivered += 1
         self._resume = max(self._resume, meta.sequence.stream)
         try:
             t = transition_of(msg.subject, msg.data, msg.headers)

@@ -28,7 +28,7 @@ from torch import nn
 from protos import codec
 from trainer import dist
 from trainer.policy import GaussianPolicy
-from trainer.trajectory import LagStats, Segment, gae, lag_stats, policy_lag
+from trainer.trajectory import Segment, gae, lag_stats, policy_lag
 
 __all__ = ["ActorCritic", "PPOConfig", "PPOLearner", "STALE_MODES", "stale_terms"]
 
@@ -265,7 +265,8 @@ class PPOLearner:
         stats = {k: float(v) / max(float(totals[-1]), 1.0) for k, v in zip(keys, totals[:-1].tolist(), strict=True)}
         stats.update(samples=float(len(values)), kept=float(len(kept)), global_kept=float(total),
                      log_std=float(self.policy.log_std.detach().mean()))
-        stats.update(_lag_dict(lag))
+        stats.update(lag_versions_mean=lag.versions_mean, lag_versions_max=float(lag.versions_max),
+                     lag_seconds_mean=lag.seconds_mean, lag_seconds_max=lag.seconds_max, stale=float(lag.stale))
         return stats
 
 
@@ -307,8 +308,3 @@ def _one(tensors, name: str) -> np.ndarray:
         if t.name == name:
             return codec.decode(t).reshape(-1)
     raise codec.TensorError(name, f"missing from a transition (it has {[t.name for t in tensors]})")
-
-
-def _lag_dict(lag: LagStats) -> dict[str, float]:
-    return {"lag_versions_mean": lag.versions_mean, "lag_versions_max": float(lag.versions_max),
-            "lag_seconds_mean": lag.seconds_mean, "lag_seconds_max": lag.seconds_max, "stale": float(lag.stale)}

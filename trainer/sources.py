@@ -38,12 +38,12 @@ import queue
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Self
 
 import grpc
 import numpy as np
 
 from bridge.client import Credentials, ExperienceClient
+from bridge.common.lifecycle import Closing
 from protos import codec, experience_pb2
 from protos.codec import TRANSITION_TENSORS, Spec, transition_problem
 from trainer.inbox import Inbox
@@ -63,7 +63,7 @@ class StreamError(RuntimeError):
     """The gateway refused the subscription (a non-retryable status, e.g. an unknown policy)."""
 
 
-class Source:
+class Source(Closing):
     """What both live sources share (`StreamSource`, `trainer.nats_source.JetStreamSource`): their shard and window
     checks, the inbox their thread fills, the error it stopped on, and skipping (and counting) what cannot be
     learned from. `what` names the source in the log ("experience stream HOST:PORT")."""
@@ -101,12 +101,6 @@ class Source:
             logging.getLogger(type(self).__module__).warning(
                 "%s: skipped %d unusable transition(s); offset %d: %s", self._what, self.skipped, t.offset, problem)
         return False
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 class StreamSource(Source):

@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 
 import grpc
 
+from bridge.common.lifecycle import Closing
 from bridge.common.net import is_loopback
 
 __all__ = ["CREDENTIALS_ENV", "Credentials", "ServiceClient", "aio_channel", "is_loopback", "is_loopback_address",
@@ -148,7 +149,7 @@ def sync_channel(address: str, credentials: Credentials | None = None, *,
     return grpc.intercept_channel(channel, _SyncMetadata(metadata)) if metadata else channel
 
 
-class ServiceClient:
+class ServiceClient(Closing):
     """A client of one `tether.v1` service: its stub (`STUB`) on a channel of its own, blocking, or grpc.aio
     with `aio=True` (then each call returns an awaitable and `async with` closes it), closed with the client.
 
@@ -180,12 +181,6 @@ class ServiceClient:
     def close(self):
         """Close the channel (a coroutine when `aio`)."""
         return self.channel.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     async def __aenter__(self):
         return self

@@ -157,9 +157,7 @@ class Session:
         self.welcome: bridge_pb2.Welcome | None = None
         self.logging = False
         self.unacked: deque[tuple[bridge_pb2.Observation, bridge_pb2.Action | None]] = deque()  # sent, not durable
-        self.durable_through = 0
-        self.reconnects = 0
-        self.replayed = 0
+        self.durable_through = self.reconnects = self.replayed = 0
         self.failovers: list[Failover] = []
         self._broken_at = 0.0  # time.time() of the break being handled (0: none)
         self._on_up, self._on_down = on_up, on_down  # called on every Welcome / broken stream (from the loop)

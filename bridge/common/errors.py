@@ -2,12 +2,14 @@
 none needs the gateway to do so.
 
 Each type carries the gRPC status a servicer answers with (`status`, a class attribute read only at
-the servicer edge: `await context.abort(exc.status, str(exc))`).
+the servicer edge: `await context.abort(exc.status, str(exc))`), its base's unless it names another:
 
     >>> class UnknownVersion(NotFound):
     ...     '''No such policy version.'''
-    >>> issubclass(UnknownVersion, TetherError), UnknownVersion.status.name
-    (True, 'NOT_FOUND')
+    >>> class Superseded(TetherError, status=grpc.StatusCode.ABORTED):
+    ...     '''Another took it over.'''
+    >>> issubclass(UnknownVersion, TetherError), UnknownVersion.status.name, Superseded.status.name
+    (True, 'NOT_FOUND', 'ABORTED')
 
 `CommandError` is the command line's: a command that failed while running (a peer that refused, a file
 that does not load). The `tether` entry (tether/cli.py) prints `tether <command>: <message>` on stderr and
@@ -27,53 +29,42 @@ class TetherError(Exception):
 
     status = grpc.StatusCode.INTERNAL
 
+    def __init_subclass__(cls, status: grpc.StatusCode | None = None, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if status is not None:
+            cls.status = status
 
-class InvalidArgument(TetherError):
+
+class InvalidArgument(TetherError, status=grpc.StatusCode.INVALID_ARGUMENT):
     """A request or file that is malformed or out of range, whatever the state."""
 
-    status = grpc.StatusCode.INVALID_ARGUMENT
 
-
-class NotFound(TetherError):
+class NotFound(TetherError, status=grpc.StatusCode.NOT_FOUND):
     """A named thing (policy, version, session, e-stop) that does not exist."""
 
-    status = grpc.StatusCode.NOT_FOUND
 
-
-class AlreadyExists(TetherError):
+class AlreadyExists(TetherError, status=grpc.StatusCode.ALREADY_EXISTS):
     """A create of something that exists already."""
 
-    status = grpc.StatusCode.ALREADY_EXISTS
 
-
-class FailedPrecondition(TetherError):
+class FailedPrecondition(TetherError, status=grpc.StatusCode.FAILED_PRECONDITION):
     """A well-formed request the current state refuses (an illegal move, a withdrawn version)."""
 
-    status = grpc.StatusCode.FAILED_PRECONDITION
 
-
-class Unavailable(TetherError):
+class Unavailable(TetherError, status=grpc.StatusCode.UNAVAILABLE):
     """A dependency that cannot be reached now (Triton, a disk); retrying may work."""
 
-    status = grpc.StatusCode.UNAVAILABLE
 
-
-class Unauthenticated(TetherError):
+class Unauthenticated(TetherError, status=grpc.StatusCode.UNAUTHENTICATED):
     """No credentials, or credentials that do not verify (bridge.security)."""
 
-    status = grpc.StatusCode.UNAUTHENTICATED
 
-
-class PermissionDenied(TetherError):
+class PermissionDenied(TetherError, status=grpc.StatusCode.PERMISSION_DENIED):
     """Verified credentials whose role does not allow the action (bridge.security)."""
 
-    status = grpc.StatusCode.PERMISSION_DENIED
 
-
-class ResourceExhausted(TetherError):
+class ResourceExhausted(TetherError, status=grpc.StatusCode.RESOURCE_EXHAUSTED):
     """A cap is reached (sessions per gateway, per source)."""
-
-    status = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 class CommandError(Exception):

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 __all__ = ["CONCEPTS", "TOKEN_ENV", "credential_flags", "deprecated_alias", "deprecated_aliases", "gateway_flags",
-           "output_flags", "policy_flag"]
+           "optional_path", "output_flags", "policy_flag"]
 
 TOKEN_ENV = "TETHER_TOKEN"
 
@@ -99,17 +99,18 @@ def credential_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, 
                      token_help: str = "token NAME.SECRET") -> None:
     """--tls-ca, --tls-cert, --tls-key (paths; an empty one is not given, as a launch file leaves it) and --token
     (default $TETHER_TOKEN, which keeps it off the process list)."""
-    parser.add_argument("--tls-ca", type=_optional_path, help="CA certificate to verify the gateway with (turns TLS "
+    parser.add_argument("--tls-ca", type=optional_path, help="CA certificate to verify the gateway with (turns TLS "
                         "on)")
-    parser.add_argument("--tls-cert", type=_optional_path, help="client certificate, for a gateway that requires one "
+    parser.add_argument("--tls-cert", type=optional_path, help="client certificate, for a gateway that requires one "
                         "(mTLS; with --tls-key)")
-    parser.add_argument("--tls-key", type=_optional_path, help="the client certificate's private key")
+    parser.add_argument("--tls-key", type=optional_path, help="the client certificate's private key")
     if token:
         parser.add_argument("--token", default=os.environ.get(TOKEN_ENV) or None,
                             help=f"{token_help} for a gateway that checks tokens (default: ${TOKEN_ENV})")
 
 
-def _optional_path(text: str) -> Path | None:
+def optional_path(text: str) -> Path | None:
+    """A path flag where "" means "not given" (a launch argument left empty)."""
     return Path(text) if text.strip() else None
 
 

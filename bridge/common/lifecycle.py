@@ -3,6 +3,9 @@
     class Server(Started):       # `with Server() as s:` calls s.start(), and s.stop() however the block ends
         def start(self): ...
         def stop(self): ...
+
+    class Store(Closing):        # `with Store() as s:` calls s.close() however the block ends
+        def close(self): ...
 """
 
 from __future__ import annotations
@@ -19,6 +22,16 @@ class Started:
 
     def __exit__(self, *exc_info) -> None:
         self.stop()
+
+
+class Closing:
+    """`with x:` gives `x` and calls `x.close()` on exit."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
 
 
 class AsyncStarted:

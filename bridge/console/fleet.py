@@ -19,7 +19,7 @@ e-stops and sessions from memory; a SQLite registry is a local file, read as it 
 from __future__ import annotations
 
 import logging
-from collections import deque
+from collections import Counter, deque
 
 from bridge.gateway.session.holds import MAX_NAME, ROBOT_LABELS, BadTarget, EStops, Target, selector
 from bridge.gateway.views import FleetSource
@@ -114,9 +114,7 @@ class Fleet:
 
     def versions(self) -> list[dict]:
         """Versions with their state: the registry's when there is one, else what sessions act with."""
-        acting: dict[tuple[str, int], int] = {}
-        for s in list(self._gw.sessions.values()):
-            acting[(s.policy.name, s.policy.version)] = acting.get((s.policy.name, s.policy.version), 0) + 1
+        acting = Counter((s.policy.name, s.policy.version) for s in list(self._gw.sessions.values()))
         registry = self.view
         rows = []
         if registry is not None:

@@ -44,7 +44,7 @@ import logging
 import math
 import ssl
 import time
-from collections import deque
+from collections import Counter, deque
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 from urllib.parse import urlsplit
@@ -257,9 +257,7 @@ class Console:
         """Per policy: its versions (lineage, gate checks, state, runtime figures) and its rollout."""
         gw = self._gw
         registry, rollout = _view(gw), gw.rollout
-        acting: dict[tuple[str, int], int] = {}
-        for s in list(gw.sessions.values()):
-            acting[(s.policy.name, s.policy.version)] = acting.get((s.policy.name, s.policy.version), 0) + 1
+        acting = Counter((s.policy.name, s.policy.version) for s in list(gw.sessions.values()))
         policies = sorted(set(registry.policies()) if registry is not None else {p for p, _ in acting} |
                           ({gw.config.policy} if gw.config.policy else set()))
         out = []
@@ -351,7 +349,8 @@ class Console:
                 why = body.get("why") or ""
                 if not isinstance(why, str) or len(why) > 512:
                     raise BadTarget("why must be a string of at most 512 characters")
-                result = await getattr(self, f"_do_{name}")(body, who=who, why=why or f"{name} from the console")
+                do = getattr(self, f"_do_{name}")
+                result = _plain(await do(body, who=who, why=why or f"{name} from the console"))
                 log.info("console: %s by %s: %s", name, who, why)
                 return web.json_response({"ok": True, "who": who, "result": result}, dumps=_dumps)
             except GatewayError as exc:
@@ -371,27 +370,23 @@ class Console:
     async def _do_promote(self, body: dict, *, who: str, why: str):
         from bridge.registry import State
 
-        record = await self._controller().promote(
+        return await self._controller().promote(
             _str(body, "policy"), _int(body, "version"), State(_str(body, "to")), who=who, why=why,
             fraction=_opt_float(body, "fraction"), labels=_opt_labels(body))
-        return _plain(record)
 
     async def _do_rollback(self, body: dict, *, who: str, why: str):
         version = body.get("version")
-        record = await self._controller().rollback(_str(body, "policy"), None if version is None else
-                                                   _int(body, "version"), who=who, why=why)
-        return _plain(record)
+        return await self._controller().rollback(_str(body, "policy"), None if version is None else
+                                                 _int(body, "version"), who=who, why=why)
 
     async def _do_canary(self, body: dict, *, who: str, why: str):
-        rollout = await self._controller().set_canary(_str(body, "policy"), fraction=_opt_float(body, "fraction"),
-                                                      labels=_opt_labels(body), who=who, why=why)
-        return _plain(rollout)
+        return await self._controller().set_canary(_str(body, "policy"), fraction=_opt_float(body, "fraction"),
+                                                   labels=_opt_labels(body), who=who, why=why)
 
     async def _do_pin(self, body: dict, *, who: str, why: str):
         version = body.get("version")
-        rollout = await self._controller().pin(_str(body, "policy"), _str(body, "selector"),
-                                               None if version is None else _int(body, "version"), who=who, why=why)
-        return _plain(rollout)
+        return await self._controller().pin(_str(body, "policy"), _str(body, "selector"),
+                                            None if version is None else _int(body, "version"), who=who, why=why)
 
     def _controller(self):
         rollout = self._gw.rollout
@@ -400,12 +395,12 @@ class Console:
         return rollout
 
 
-class _NoRollout(GatewayError):
-    status = grpc.StatusCode.UNIMPLEMENTED
+class _NoRollout(GatewayError, status=grpc.StatusCode.UNIMPLEMENTED):
+    """A rollout change asked of a gateway without a rollout controller."""
 
 
-class _Refused(GatewayError):
-    status = grpc.StatusCode.PERMISSION_DENIED
+class _Refused(GatewayError, status=grpc.StatusCode.PERMISSION_DENIED):
+    """A console request whose credentials may not do what it asks (or none, off loopback)."""
 
 
 _NO_CACHE = {"Cache-Control": "no-store"}
@@ -469,9 +464,7 @@ def _shallow(record) -> dict:
 
 
 def _plain(value):
-    if dataclasses.is_dataclass(value):
-        return dataclasses.asdict(value)
-    return value
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
 
 
 def _view(gw):

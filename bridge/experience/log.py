@@ -61,10 +61,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from bridge.common.files import fsync_dir
 from bridge.common.lifecycle import AsyncStarted
 from bridge.experience.segment import (
     SegmentWriter,
-    fsync_dir,
     is_finished,
     list_segments,
     repair_segment,

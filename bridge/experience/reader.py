@@ -48,7 +48,6 @@ class LogCursor:
         self._first = 0                  # its first offset
         self._count = 0                  # messages passed in it
         self._pos = 0                    # file position of the next record
-        self._openings: dict[Path, int | None] = {}
 
     def close(self) -> None:
         if self._file is not None:
@@ -116,7 +115,7 @@ class LogCursor:
                 rechecked = False
                 continue
             # the end of the complete records: a segment being written, or a torn one
-            if not follow and self._later_segment_exists():
+            if not follow and any(i > self._index for i, _ in list_segments(self.directory)):  # a later one
                 if not rechecked or self._pos != stalled_at:
                     rechecked, stalled_at = True, self._pos  # it may have been finished meanwhile: look again
                     continue
@@ -132,9 +131,6 @@ class LogCursor:
             "experience log: skipped the record at offset %d (%d so far by this reader): %s", offset, self.skipped, why)
         if self._on_skip is not None:
             self._on_skip(offset, why)
-
-    def _later_segment_exists(self) -> bool:
-        return any(i > self._index for i, _ in list_segments(self.directory))
 
     def _opening(self, path: Path) -> tuple[int, int] | None:
         try:
@@ -186,11 +182,4 @@ def read_transitions(directory: str | Path, from_offset: int = 0, *,
         cursor.close()
 
 
-def segment_first_offset(path: Path) -> int | None:
-    """The first offset a segment file declares (None if its opening records are incomplete)."""
-    with open(path, "rb") as f:
-        opening = read_opening(f, Path(path))
-    return None if opening is None else opening[0]
-
-
-__all__ = ["LogCursor", "read_transitions", "segment_first_offset"]
+__all__ = ["LogCursor", "read_transitions"]

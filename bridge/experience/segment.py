@@ -48,6 +48,7 @@ from mcap.records import (
     SummaryOffset,
 )
 
+from bridge.common.files import fsync_dir
 from protos import experience_pb2
 
 MAGIC = b"\x89MCAP0\r\n"
@@ -164,12 +165,12 @@ class SegmentWriter:
             _write_all(fd, [head, meta])
             _injected_fault(fd)
             _fdatasync(fd)
-            _fsync_dir(path.parent)
+            fsync_dir(path.parent)
         except BaseException:
             os.close(fd)
             try:  # a half-created segment (ENOSPC) goes: a reader would wait at its incomplete opening
                 path.unlink()
-                _fsync_dir(path.parent)
+                fsync_dir(path.parent)
             except OSError:
                 pass  # recovery removes it (no complete opening or no message)
             raise
@@ -241,18 +242,6 @@ def _write_all(fd: int, bufs: list[bytes]) -> int:
             if views and n:
                 views[0] = views[0][n:]
     return total
-
-
-def fsync_dir(directory: Path) -> None:
-    """fsync a directory (a file created, renamed or removed in it is durable)."""
-    dfd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-
-
-_fsync_dir = fsync_dir
 
 
 def _finish_bytes(data_end_at: int, meta_at: tuple[int, int], sessions: dict[str, int], count: int,
@@ -424,7 +413,7 @@ def repair_segment(scan: SegmentScan, sessions: dict[str, int]) -> None:
         return
     if scan.first_offset is None or scan.count == 0:
         scan.path.unlink()
-        _fsync_dir(scan.path.parent)
+        fsync_dir(scan.path.parent)
         return
     fd = os.open(scan.path, os.O_WRONLY)
     try:

@@ -11,7 +11,16 @@ from __future__ import annotations
 
 import grpc
 
-from bridge.common.errors import PermissionDenied, TetherError, Unauthenticated
+from bridge.common.errors import (
+    AlreadyExists,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    TetherError,
+    Unauthenticated,
+    Unavailable,
+)
 
 GatewayError = TetherError  # one root for every typed error a servicer maps (see bridge.common.errors)
 
@@ -19,49 +28,35 @@ __all__ = ["Draining", "DuplicateSession", "GatewayError", "InvalidHello", "Perm
            "SessionSuperseded", "SessionsUnavailable", "TooManySessions", "Unauthenticated", "UnknownPolicy"]
 
 
-class InvalidHello(GatewayError):
+class InvalidHello(InvalidArgument):
     """The first message is not a usable Hello (missing, malformed spec, spec/policy mismatch)."""
 
-    status = grpc.StatusCode.INVALID_ARGUMENT
+
+class UnknownPolicy(NotFound):
+    """A policy the gateway does not serve."""
 
 
-class UnknownPolicy(GatewayError):
-    status = grpc.StatusCode.NOT_FOUND
-
-
-class DuplicateSession(GatewayError):
+class DuplicateSession(AlreadyExists):
     """The Hello names a session id that another identity holds (the same identity takes it over)."""
 
-    status = grpc.StatusCode.ALREADY_EXISTS
 
-
-class SessionSuperseded(GatewayError):
+class SessionSuperseded(GatewayError, status=grpc.StatusCode.ABORTED):
     """A new connection of the same identity took this stream's session over (a robot back from a power loss,
     before keepalive noticed the old connection was dead): the old stream ends with this status."""
 
-    status = grpc.StatusCode.ABORTED
 
-
-class PolicyUnavailable(GatewayError):
+class PolicyUnavailable(Unavailable):
     """Triton is unreachable or serves no ready version of the policy."""
 
-    status = grpc.StatusCode.UNAVAILABLE
 
-
-class TooManySessions(GatewayError):
+class TooManySessions(ResourceExhausted):
     """The gateway's session cap or a source's cap is reached (bridge.gateway.session.limits)."""
 
-    status = grpc.StatusCode.RESOURCE_EXHAUSTED
 
-
-class Draining(GatewayError):
+class Draining(Unavailable):
     """The gateway is shutting down (SIGTERM): it takes no new session and ends its streams with UNAVAILABLE, so
     clients move to another gateway at once and replay what is not durable."""
 
-    status = grpc.StatusCode.UNAVAILABLE
 
-
-class SessionsUnavailable(GatewayError):
+class SessionsUnavailable(Unavailable):
     """The session ownership store (bridge.registry.ownership) cannot be reached: no claim, no session here."""
-
-    status = grpc.StatusCode.UNAVAILABLE

@@ -32,9 +32,7 @@ def assign(rollout: Rollout, session_id: str, labels: Mapping[str, str]) -> int 
     for selector in sorted(f"{k}={v}" for k, v in labels.items() if "=" not in k):  # pins split at the first "="
         if selector in rollout.pins:
             return rollout.pins[selector]
-    if rollout.canary is not None and in_canary(rollout, session_id, labels):
-        return rollout.canary
-    return rollout.live
+    return rollout.canary if rollout.canary is not None and in_canary(rollout, session_id, labels) else rollout.live
 
 
 def in_canary(rollout: Rollout, session_id: str, labels: Mapping[str, str]) -> bool:

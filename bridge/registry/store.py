@@ -38,6 +38,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
+from bridge.common.lifecycle import Closing
 from bridge.registry.backends import Backend, is_url, open_backend, shown
 from bridge.registry.errors import (
     DuplicateVersion,
@@ -46,10 +47,9 @@ from bridge.registry.errors import (
     RegistryWriteFailed,
     UnknownVersion,
 )
-from bridge.registry.migrations import latest, migrate
+from bridge.registry.migrations import migrate
 from bridge.registry.model import SLOTS, WITHDRAWN, EStopRecord, Event, Rollout, State, VersionRecord, move_refused
 
-SCHEMA_VERSION = latest()
 MAX_LABELS = 16
 MAX_LABEL_CHARS = 64
 MAX_PINS = 1024
@@ -64,7 +64,7 @@ MAX_ESTOP_WHY = 512
 MAX_ESTOP_NAME = 128
 
 
-class Registry:
+class Registry(Closing):
     """Versions, states, gate results, rollout and audit events of every policy. See the module docstring."""
 
     def __init__(self, path: Path | str):
@@ -417,12 +417,6 @@ class Registry:
             if self._connection is not None:
                 self._connection.close()
                 self._connection = None
-
-    def __enter__(self) -> Registry:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     # -- inside a transaction -----------------------------------------------------------------------------------
 

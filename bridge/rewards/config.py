@@ -77,10 +77,7 @@ class TermSpec:
         """How many values the term selects, where the config says (indices or a vector); else None."""
         if self.indices is not None:
             return len(self.indices)
-        for name in _VECTORS:
-            if getattr(self, name) is not None:
-                return len(getattr(self, name))
-        return None
+        return next((len(getattr(self, name)) for name in _VECTORS if getattr(self, name) is not None), None)
 
     def fields(self) -> dict[str, Any]:
         """The term's config fields with defaults filled in, as plain JSON values (its canonical form)."""

@@ -53,10 +53,7 @@ class RewardResult:
     def ended_by(self, row: int = 0) -> str | None:
         """The first terminating condition (config order) that holds on `row`, or None: for EpisodeEnd's
         reason "reward:<term>"."""
-        for name in self.terminating:
-            if self.conditions[name][row]:
-                return name
-        return None
+        return next((name for name in self.terminating if self.conditions[name][row]), None)
 
 
 class RewardFunction:

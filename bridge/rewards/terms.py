@@ -142,6 +142,7 @@ class Term:
         self.spec, self.name, self.weight = spec, spec.name, spec.weight
         self._weights: dict[int, np.ndarray] = {}
         self._key = (spec.index, spec.name)   # its scratch array
+        self.select = None if spec.tensor is None else _Select(spec)  # the values it reads (if it reads a tensor)
 
     def work(self, step: Step, like: np.ndarray) -> np.ndarray | None:
         """A scratch array shaped like `like` (n, B) for this term's temporaries (None: let numpy allocate)."""
@@ -182,7 +183,7 @@ class AliveBonus(Term):
 class GoalDistance(Term):
     def __init__(self, spec: TermSpec):
         super().__init__(spec)
-        self.select, self.goal = _Select(spec), np.asarray(spec.goal, dtype=np.float64)[:, None]
+        self.goal = np.asarray(spec.goal, dtype=np.float64)[:, None]
 
     def value(self, step: Step) -> np.ndarray:
         x = self.select(step, "next_observation")
@@ -194,20 +195,12 @@ class GoalDistance(Term):
 
 
 class ActionMagnitude(Term):
-    def __init__(self, spec: TermSpec):
-        super().__init__(spec)
-        self.select = _Select(spec)
-
     def value(self, step: Step) -> np.ndarray:
         return self.weighted_sq_norm(self.select(step, "action"))
 
 
 class ActionSmoothness(Term):
     """||a_t - a_{t-1}||^2 on the selected elements; 0 without a previous action (or where `first_step`)."""
-
-    def __init__(self, spec: TermSpec):
-        super().__init__(spec)
-        self.select = _Select(spec)
 
     def value(self, step: Step) -> np.ndarray:
         a = self.select(step, "action")
@@ -229,7 +222,6 @@ class JointLimitProximity(Term):
 
     def __init__(self, spec: TermSpec):
         super().__init__(spec)
-        self.select = _Select(spec)
         self.lo = np.asarray(spec.low, dtype=np.float64)[:, None] + spec.margin
         self.hi = np.asarray(spec.high, dtype=np.float64)[:, None] - spec.margin
 
@@ -248,7 +240,6 @@ class Condition(Term):
     def __init__(self, spec: TermSpec):
         super().__init__(spec)
         self.condition_kind = spec.type
-        self.select = _Select(spec)
         self.goal = None if spec.goal is None else np.asarray(spec.goal, dtype=np.float64)[:, None]
         self.below, self.above, self.bonus = spec.below, spec.above, spec.bonus
 

@@ -105,9 +105,7 @@ class ActionQueue:
         for old in [t for t in self._slots if t < tick]:
             del self._slots[old]
         slot = self._slots.pop(tick, None)
-        if slot is None:
-            return None
-        return slot.total / slot.weight, slot.source
+        return None if slot is None else (slot.total / slot.weight, slot.source)
 
     def remaining(self, tick: int) -> int:
         """Actions queued for `tick` and later."""

@@ -43,7 +43,7 @@ from pathlib import Path
 
 from bridge.common.errors import CommandError
 from bridge.common.files import write_json
-from bridge.common.flags import credential_flags, deprecated_alias
+from bridge.common.flags import credential_flags, deprecated_alias, optional_path
 from bridge.ros2 import release_auth
 from bridge.ros2.edge_config import EdgeConfig, EdgeConfigError, default_latch_file, guard_config
 from bridge.ros2.edge_stats import EdgeStats
@@ -78,11 +78,6 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transport", choices=("auto", "rclpy", "dds"), default="auto",
                    help="rclpy, or DDS directly (no ROS install); auto: rclpy when it imports")
     p.add_argument("--domain-id", type=int, default=_domain_default(), help="ROS 2 domain (default $ROS_DOMAIN_ID)")
-
-
-def _optional_path(text: str) -> Path | None:
-    """A path flag where "" means "not given" (a launch argument left empty)."""
-    return Path(text) if text.strip() else None
 
 
 def _optional_int(text: str) -> int | None:
@@ -137,15 +132,15 @@ def _node_parser() -> argparse.ArgumentParser:
     p.add_argument("--status-every", type=float, default=5.0, metavar="SECONDS", help="seconds between status lines")
     deprecated_alias(p, "--status-s", "--status-every")
     credential_flags(p, token_help="robot token NAME.SECRET")
-    p.add_argument("--summary", type=_optional_path, metavar="PATH", help="on stop, write the node's counts and every "
+    p.add_argument("--summary", type=optional_path, metavar="PATH", help="on stop, write the node's counts and every "
                    "command with what produced it (policy version, chunk, index) to this JSON file")
     deprecated_alias(p, "--report", "--summary")
     p.add_argument("--session-id", default="", help="the gateway session id, stable across restarts (default "
                    "NODE_NAME@HOSTNAME); the node continues its steps where the gateway's log is")
-    p.add_argument("--latch-file", type=_optional_path, help="the e-stop latch, kept across restarts "
+    p.add_argument("--latch-file", type=optional_path, help="the e-stop latch, kept across restarts "
                    "(fsynced): a node that stopped e-stopped starts e-stopped (default "
                    "$XDG_STATE_HOME/tether/NODE_NAME.json, ~/.local/state without it)")
-    p.add_argument("--release-tokens", type=_optional_path, help="the node's release tokens file (`tether edge "
+    p.add_argument("--release-tokens", type=optional_path, help="the node's release tokens file (`tether edge "
                    "token add NAME --tokens FILE`); without it every local release is refused")
     return p
 

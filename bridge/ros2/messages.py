@@ -316,9 +316,7 @@ def to_arrays(msg: object, *, joints: Sequence[str] = ()) -> dict[str, np.ndarra
         return odometry_arrays(msg)
     if name == FLOAT64_ARRAY:
         return {"data": np.asarray(msg.data, dtype=np.float64)}
-    if name == FLOAT64:
-        return {"data": np.array(float(msg.data))}
-    return {"data": np.array(bool(msg.data))}
+    return {"data": np.array(float(msg.data) if name == FLOAT64 else bool(msg.data))}
 
 
 def from_arrays(name: str, arrays: Mapping[str, np.ndarray], *, joints: Sequence[str] = (),
@@ -353,9 +351,7 @@ def from_arrays(name: str, arrays: Mapping[str, np.ndarray], *, joints: Sequence
     value = need("data")
     if value.size != 1:
         raise MessageError(f"{name}.data: {value.size} values, expected 1")
-    if name == FLOAT64:
-        return float64_msg(value.reshape(-1)[0])
-    return bool_msg(bool(value.reshape(-1)[0]))
+    return float64_msg(value.reshape(-1)[0]) if name == FLOAT64 else bool_msg(bool(value.reshape(-1)[0]))
 
 
 def field_shape(name: str, field: str, *, joints: Sequence[str] = ()) -> tuple[int, ...] | None:
@@ -371,9 +367,7 @@ def field_shape(name: str, field: str, *, joints: Sequence[str] = ()) -> tuple[i
         return (len(joints),)
     fixed = {"orientation": (4,), "angular_velocity": (3,), "linear_acceleration": (3,),
              "twist": (6,), "pose": (7,)}
-    if name in (BOOL, FLOAT64):
-        return ()
-    return fixed.get(field)
+    return () if name in (BOOL, FLOAT64) else fixed.get(field)
 
 
 def field_dtype(name: str, field: str) -> np.dtype:

@@ -243,7 +243,6 @@ class EdgeNode:
         self._estop_reliable = estop.reliable if estop else True
         self.stats = EdgeStats()
         self.welcome: bridge_pb2.Welcome | None = None
-        self.last_decision: GuardDecision | None = None
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._latest: dict[str, object] = {}
         self._received: dict[str, float] = {}
@@ -265,7 +264,6 @@ class EdgeNode:
         self._publishers: dict[str, object] = {}
         self._state_publisher = None
         self._generation: int | None = None      # the welcomed stream observations go to
-        self._welcomed = 0                       # the newest generation ever welcomed
         self._first = True
         self._step = 0
         self._in_flight: _InFlight | None = None
@@ -517,7 +515,7 @@ class EdgeNode:
             if self._fresh:
                 self._maybe_send(time.monotonic(), timer=False)
         elif isinstance(event, LinkUp):
-            self._generation = self._welcomed = event.generation
+            self._generation = event.generation
             # a new session starts an episode; one resumed after a failover (its transitions replayed, the
             # step in flight resent) goes on with it, so the log keeps every step of it
             self._first, self._in_flight, self.welcome = not event.resumed, None, event.welcome
@@ -706,7 +704,6 @@ class EdgeNode:
         for entry, msg in self.topic_map.commands(arrays):
             self._publishers[entry.topic](msg)
         self._applied = arrays
-        self.last_decision = decision
         self.stats.commands += 1
         safe = decision.requested is None or decision.estopped
         self.stats.safe_commands += safe

@@ -77,10 +77,6 @@ class ReleaseError(ValueError):
         self.code = code
 
 
-def _salt(operator: str) -> bytes:
-    return hashlib.sha256(_SALT_PREFIX + operator.encode()).digest()
-
-
 def _check_node(node: object) -> str:
     if not isinstance(node, str) or not node.strip() or "|" in node or not node.isprintable():
         raise ValueError(f"node: expected the edge node's name (printable, no '|'), got {node!r}")
@@ -110,7 +106,8 @@ def derive_key(operator: str, token: str, *, n: int = _SCRYPT["n"], r: int = _SC
     """K = scrypt(token, salt from the operator's name): what the node keeps and the operator signs with."""
     operator = check_name(operator)
     token = _check_token(operator, token)
-    return hashlib.scrypt(token.encode(), salt=_salt(operator), n=n, r=r, p=p, dklen=32, maxmem=64 << 20)
+    salt = hashlib.sha256(_SALT_PREFIX + operator.encode()).digest()
+    return hashlib.scrypt(token.encode(), salt=salt, n=n, r=r, p=p, dklen=32, maxmem=64 << 20)
 
 
 def _mac(key: bytes, fields: str) -> str:

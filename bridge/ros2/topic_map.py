@@ -32,7 +32,7 @@ Mistakes are reported with the key that holds them:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -233,6 +233,13 @@ class _Ctx:
             raise self.error(f"{key}.{k}" if key else k, "missing")
         return dict(value)
 
+    def parsed(self, key: str, parse: Callable[[str], str], text: str) -> str:
+        """`parse(text)` (a type or topic name); its MessageError or TransportError as a TopicMapError at `key`."""
+        try:
+            return parse(text)
+        except (messages.MessageError, TransportError) as exc:
+            raise self.error(key, str(exc)) from None
+
 
 def load_topic_map(path: str | Path) -> TopicMap:
     """Read and validate a topic map YAML file."""
@@ -281,17 +288,11 @@ def _intervention(ctx: _Ctx, value: object, act: tuple[TopicEntry, ...]) -> Inte
                                         "topic map needs exactly one action topic without {joint}, got "
                                         f"{[e.topic for e in act]}")
     action = act[0]
-    try:
-        typed = messages.ros_type(str(d.get("type", action.type)))
-    except messages.MessageError as exc:
-        raise ctx.error("intervention.type", str(exc)) from None
+    typed = ctx.parsed("intervention.type", messages.ros_type, str(d.get("type", action.type)))
     if typed != action.type:
         raise ctx.error("intervention.type", f"{d['type']!r}: the intervention topic carries the action's type "
                                              f"{action.type}")
-    try:
-        topic = ros_topic(str(d["topic"]))
-    except TransportError as exc:
-        raise ctx.error("intervention.topic", str(exc)) from None
+    topic = ctx.parsed("intervention.topic", ros_topic, str(d["topic"]))
     rel = d.get("reliable", True)
     if not isinstance(rel, bool):
         raise ctx.error("intervention.reliable", f"{rel!r} is not true or false")
@@ -315,16 +316,10 @@ def _entry(ctx: _Ctx, value: object, key: str, *, action: bool, tensors: bool) -
     """Observation topics default to best effort (sensor QoS), command topics to reliable."""
     allowed = {"topic", "type", "reliable", "joints"} | ({"tensors"} if tensors else set())
     d = ctx.mapping(value, key, allowed, {"topic", "type"} | ({"tensors"} if tensors else set()))
-    try:
-        msg_type = messages.supported_type(str(d["type"]))
-    except messages.MessageError as exc:
-        raise ctx.error(f"{key}.type", str(exc)) from None
+    msg_type = ctx.parsed(f"{key}.type", messages.supported_type, str(d["type"]))
     template = str(d["topic"])
     per_joint_topic = JOINT_PLACEHOLDER in template
-    try:
-        topic = template if per_joint_topic else ros_topic(template)
-    except TransportError as exc:
-        raise ctx.error(f"{key}.topic", str(exc)) from None
+    topic = template if per_joint_topic else ctx.parsed(f"{key}.topic", ros_topic, template)
     rel = d.get("reliable", action)
     if not isinstance(rel, bool):
         raise ctx.error(f"{key}.reliable", f"{rel!r} is not true or false")

@@ -35,8 +35,9 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol, Self
+from typing import Protocol
 
+from bridge.common.lifecycle import Closing
 from bridge.ros2 import messages
 
 _TOKEN = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -140,18 +141,12 @@ class Transport(Protocol):
         ...
 
 
-class BaseTransport:
+class BaseTransport(Closing):
     """What both transports share: `with` calls their `close()`, `closed`, and `raise_if_failed` raises the
     `TransportError` their receive thread left in `_error` when it stopped (delivery stopped there)."""
 
     _closed: bool
     _error: BaseException | None
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     @property
     def closed(self) -> bool:

@@ -67,11 +67,6 @@ def _key() -> ec.EllipticCurvePrivateKey:
     return ec.generate_private_key(ec.SECP256R1())
 
 
-def _key_pem(key) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
-
-
 def _cert(subject: x509.Name, issuer: x509.Name, public_key, signer, *, days: int, ca: bool,
           extensions: Iterable[x509.ExtensionType] = ()) -> x509.Certificate:
     now = dt.datetime.now(dt.UTC)
@@ -92,7 +87,8 @@ def _cert(subject: x509.Name, issuer: x509.Name, public_key, signer, *, days: in
 
 def _write_pair(folder: Path, stem: str, cert: x509.Certificate, key) -> tuple[Path, Path]:
     crt, pem = folder / f"{stem}.crt", folder / f"{stem}.key"
-    write_private(pem, _key_pem(key))
+    write_private(pem, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                         serialization.NoEncryption()))
     write_private(crt, cert.public_bytes(serialization.Encoding.PEM))
     crt.chmod(0o644)
     return crt, pem

@@ -45,15 +45,16 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from bridge.common.lifecycle import Started
 from bridge.common.net import is_loopback
 from bridge.common.processes import free_port, spawn, stop_group
 from bridge.experience.jetstream import MAX_MSG_BYTES, STREAM, SUBJECT_PREFIX, NatsAuth
@@ -73,10 +74,8 @@ class NatsStartError(RuntimeError):
 
 def nats_server_binary() -> str | None:
     """The nats-server to run: `$TETHER_NATS_SERVER`, then `nats-server` on PATH, then /usr/sbin's; None if absent."""
-    for candidate in (os.environ.get("TETHER_NATS_SERVER"), shutil.which("nats-server"), "/usr/sbin/nats-server"):
-        if candidate and os.access(candidate, os.X_OK):
-            return candidate
-    return None
+    candidates = (os.environ.get("TETHER_NATS_SERVER"), shutil.which("nats-server"), "/usr/sbin/nats-server")
+    return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
 
 
 def _free_port(host: str) -> int:
@@ -184,7 +183,7 @@ def _q(value: object) -> str:
     return json.dumps(value)
 
 
-class NatsCluster:
+class NatsCluster(Started):
     """`servers` routed nats-server processes with JetStream (see the module docstring). `hosts`: each server's
     client/route address (default `host` for all); `command_prefix(i)`: what server i runs under (e.g. `ip netns
     exec h1`; its monitoring port is then read through the same prefix)."""
@@ -204,9 +203,7 @@ class NatsCluster:
             if exposed and not insecure:
                 raise ValueError(f"an open NATS cluster (no TLS, no users) on {exposed}, not loopback: give "
                                  "security=NatsSecurity(...) (tether cluster certs), or insecure=True")
-        self.servers = servers
-        self.security = security
-        self.command_prefix = command_prefix
+        self.servers, self.security, self.command_prefix = servers, security, command_prefix
         ports: set[int] = set()
         chosen: list[_Ports] = []
         while len(chosen) < servers:
@@ -229,13 +226,6 @@ class NatsCluster:
     def auth(self, role: str) -> NatsAuth | None:
         """The credentials a client of `role` connects with (None: an open cluster needs none)."""
         return None if self.security is None else self.security.auth(role)
-
-    def __enter__(self) -> NatsCluster:
-        self.start()
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.stop()
 
     def name(self, i: int) -> str:
         """Server i's `server_name` (what JetStream reports as a stream's leader or replica)."""
@@ -309,7 +299,6 @@ class NatsCluster:
         from bridge.experience.jetstream import DUPLICATE_WINDOW_S, connect, ensure_stream
 
         stream = self.security.stream if self.security is not None else STREAM
-        errors: list[BaseException] = []
 
         async def go() -> None:
             nc = await connect(self.urls, name="tether-nats-admin", auth=self.auth("admin"))
@@ -320,18 +309,11 @@ class NatsCluster:
             finally:
                 await nc.close()
 
-        def run() -> None:
-            try:
-                asyncio.run(go())
-            except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
-                errors.append(exc)
-
-        thread = threading.Thread(target=run, name="nats-create-stream")  # callers may be inside an event loop
-        thread.start()
-        thread.join()
-        if errors:
+        with ThreadPoolExecutor(1, thread_name_prefix="nats-create-stream") as pool:  # callers may be in a loop
+            failed = pool.submit(asyncio.run, go()).exception()
+        if failed is not None:
             raise NatsStartError(f"NATS cluster in {self.directory}: the admin could not create stream {stream}: "
-                                 f"{errors[0]}")
+                                 f"{failed}")
 
     def _spawn(self, i: int) -> None:
         binary = nats_server_binary()

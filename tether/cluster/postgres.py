@@ -44,7 +44,6 @@ server mid-initdb here, and root's home is not ours to open).
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import pwd
 import secrets
@@ -60,6 +59,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bridge.common.lifecycle import Started
+from bridge.common.net import is_loopback
 from bridge.common.processes import free_port, spawn, stop_group
 
 __all__ = ["ROLES", "PostgresServer", "PostgresStartError", "postgres_bin_dir"]
@@ -83,19 +83,9 @@ def postgres_bin_dir() -> Path | None:
     on_path = shutil.which("initdb")
     if on_path:
         return Path(on_path).parent
-    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: _major(p.parent.parent.name))
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"),  # the newest major version last
+                   key=lambda p: int(p.parent.parent.name) if p.parent.parent.name.isdigit() else 0)
     return found[-1].parent if found else None
-
-
-def _major(name: str) -> int:
-    return int(name) if name.isdigit() else 0
-
-
-def _loopback(address: str) -> bool:
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return address == "localhost"
 
 
 class PostgresServer(Started):
@@ -112,7 +102,7 @@ class PostgresServer(Started):
         if (tls_cert is None) != (tls_key is None):
             raise ValueError(f"TLS needs both tls_cert and tls_key, got cert={tls_cert} key={tls_key}")
         self.secured = tls_cert is not None
-        if not self.secured and not _loopback(listen):
+        if not self.secured and not is_loopback(listen):
             raise ValueError(f"listen address {listen!r} is not loopback: without tls_cert/tls_key the server trusts "
                              "every connection, so it listens on loopback only")
         if not self.secured and (tls_ca or admin_passfile or gateway_passfile):

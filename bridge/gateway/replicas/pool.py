@@ -60,11 +60,9 @@ LOST_CODES = frozenset({"UNAVAILABLE", None})  # the replica is gone (refused, r
 ROUTE_LOST_CODES = LOST_CODES | {"INTERNAL"}
 
 
-class ReplicaVerificationFailed(SwapFailed):
+class ReplicaVerificationFailed(SwapFailed, status=grpc.StatusCode.FAILED_PRECONDITION):
     """A reachable replica does not serve a version as it must (not READY, or other outputs), or none could be
     verified at all (a SwapFailed: what Triton serves is not what was asked)."""
-
-    status = grpc.StatusCode.FAILED_PRECONDITION
 
 
 @dataclass(frozen=True)
@@ -97,7 +95,6 @@ class Replica:
     inflight: int = 0
     batches: int = 0
     verified: set[tuple[str, int]] = field(default_factory=set)
-    joined_ns: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # its repository and loads: one change at a time
     recording: asyncio.Task | None = None   # the "lost" rows being written
 
@@ -246,7 +243,7 @@ class TritonReplicas:
             except InferenceError as exc:  # gone again: what it was verified for meanwhile is lost with it
                 await self._lose(r, f"could not rejoin: {exc}")
                 return
-            r.state, r.joined_ns = UP, time.time_ns()
+            r.state = UP
         log.info("replica %s joined: verified %s", r.url, sorted(r.verified))
 
     async def _lose(self, r: Replica, why: str) -> None:

@@ -69,9 +69,7 @@ class MicroBatcher:
     def __init__(self, backend: InferenceBackend, *, max_batch: int = 64, max_inflight: int = 1):
         if max_batch < 1 or max_inflight < 1:
             raise ValueError(f"max_batch ({max_batch}) and max_inflight ({max_inflight}) must be >= 1")
-        self._backend = backend
-        self._max_batch = max_batch
-        self._max_inflight = max_inflight
+        self._backend, self._max_batch, self._max_inflight = backend, max_batch, max_inflight
         self._lanes: dict[tuple, _Lane] = {}
         self.stats = BatchStats()
 

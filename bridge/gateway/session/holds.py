@@ -49,10 +49,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 import numpy as np
 
-from bridge.gateway.errors import GatewayError
+from bridge.common.errors import InvalidArgument, Unavailable
 from bridge.registry import EStopRecord, Registry, RegistryError, RegistryUnavailable, RegistryWriteFailed
 from bridge.registry.store import MAX_ESTOP_WHY
 from bridge.registry.view import view_of
@@ -71,14 +70,12 @@ UNKNOWN_RECHECK_S = 1.0  # an id neither standing nor released is asked of the r
 RELEASED_ASK_S = 0.5     # how long a step waits for the registry's answer to "was it released?"
 
 
-class BadTarget(GatewayError):
-    status = grpc.StatusCode.INVALID_ARGUMENT
+class BadTarget(InvalidArgument):
+    """An e-stop or release target that names no session, robot or all (or more than one)."""
 
 
-class EStopNotDurable(GatewayError):
+class EStopNotDurable(Unavailable):
     """The e-stop holds, in this process only: the registry could not record it (the reason follows)."""
-
-    status = grpc.StatusCode.UNAVAILABLE
 
 
 @dataclass(frozen=True, kw_only=True)

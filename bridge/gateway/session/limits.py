@@ -34,6 +34,7 @@ from typing import TypeVar
 import grpc
 from google.protobuf.message import DecodeError
 
+from bridge.common.errors import InvalidArgument
 from bridge.gateway.errors import GatewayError, InvalidHello, TooManySessions
 from bridge.gateway.session.vector import MAX_ENVS
 from bridge.security import peer_identity
@@ -171,16 +172,12 @@ class Admission:
         return dict(self._per_source)
 
 
-class IdleTimeout(GatewayError):
+class IdleTimeout(GatewayError, status=grpc.StatusCode.DEADLINE_EXCEEDED):
     """A Connect stream sent nothing for `idle_timeout_s`: its session is closed and its slot freed."""
 
-    status = grpc.StatusCode.DEADLINE_EXCEEDED
 
-
-class Undecodable(GatewayError):
+class Undecodable(InvalidArgument):
     """Bytes on a stream that do not parse as its message type (garbage, truncated, another schema)."""
-
-    status = grpc.StatusCode.INVALID_ARGUMENT
 
 
 class StreamWatch:

@@ -43,11 +43,8 @@ class SessionOwners:
         shared = target is not None and str(target) != ":memory:"
         self.store: Ownership | None = store if store is not None else (open_ownership(target) if shared else None)
         self.name = gateway.config.gateway_id or f"{gateway.config.host}:{gateway.config.port}"
-        self.claims = 0
-        self.refused = 0          # claims refused: the id is bound to another identity
         self._bound: OrderedDict[str, str] = OrderedDict()  # without a store: session id -> identity
         self.fenced_sessions = 0  # sessions ended because another gateway claimed them
-        self.fenced_writes = 0    # groups of a session's transitions not acknowledged (a stale epoch)
         self._ids: dict[str, str] = {}  # a vector session's log keys ("<id>/<env>") -> its session id
 
     async def claim(self, session_id: str, log_keys: list[str], *, identity: str | None = None) -> int:
@@ -61,7 +58,6 @@ class SessionOwners:
             claim = await asyncio.wait_for(asyncio.to_thread(self.store.claim, session_id, owner=self.name,
                                                              identity=identity), CLAIM_TIMEOUT_S)
         except OwnershipRefused as exc:
-            self.refused += 1
             log.warning("session %s: Hello from %s refused: %s", session_id, identity or "open access", exc)
             raise
         except OwnershipUnavailable as exc:
@@ -69,7 +65,6 @@ class SessionOwners:
         except TimeoutError:
             raise SessionsUnavailable(f"session {session_id!r}: the ownership store did not answer within "
                                       f"{CLAIM_TIMEOUT_S:g} s (registry unreachable?)") from None
-        self.claims += 1
         for key in log_keys:
             if key != session_id:
                 self._ids[key] = session_id
@@ -86,7 +81,6 @@ class SessionOwners:
         """Without a store: this gateway's own memory of which identity holds an id (the newest BOUND_IDS)."""
         bound = self._bound.get(session_id, "")
         if (why := refusal(session_id, bound, identity)) is not None:
-            self.refused += 1
             log.warning("session %s: Hello from %s refused: %s", session_id, identity or "open access", why)
             raise PermissionDenied(why)
         if identity is not None and not bound:
@@ -98,9 +92,7 @@ class SessionOwners:
 
     def log_hooks(self) -> dict:
         """The experience log's `ownership` and `on_fenced` (none without a store)."""
-        if self.store is None:
-            return {}
-        return {"ownership": self.stale, "on_fenced": self.fenced}
+        return {} if self.store is None else {"ownership": self.stale, "on_fenced": self.fenced}
 
     def stale(self, pairs: set[tuple[str, int]]) -> set[tuple[str, int]]:
         """The log's check (its writer thread): log keys mapped to their session ids, one query."""
@@ -112,7 +104,6 @@ class SessionOwners:
     def fenced(self, log_key: str, epoch: int) -> None:
         """The log found `log_key`'s epoch stale at an ack (nothing of it acknowledged): fence the session if it
         still runs at that epoch."""
-        self.fenced_writes += 1
         session = self._gateway.sessions.get(self._ids.get(log_key, log_key))
         live = session is not None and session.recorder.epoch == epoch and not session.superseded
         log.warning("session %s: epoch %d is stale, another gateway claimed it: its writes here are not "

@@ -185,12 +185,8 @@ class Session(SessionBase):
                  batcher: MicroBatcher, deadline_s: float, rewards: Rewards | None = None,
                  recorder: Recorder | None = None, router: VersionRouter | None = None, switch: str = "episode",
                  labels: Mapping[str, str] | None = None):
-        self.id = session_id
-        self.source = source
-        self.labels = dict(labels or {})
-        self.policy = policy
-        self.observation_spec = observation_spec
-        self.action_spec = action_spec
+        self.id, self.source, self.labels = session_id, source, dict(labels or {})
+        self.policy, self.observation_spec, self.action_spec = policy, observation_spec, action_spec
         self.rewards = rewards or RewardFunction.passthrough()
         self.recorder = recorder or Recorder(session=session_id, source=source, log=None,
                                              reward_version=self.rewards.version)

@@ -215,7 +215,7 @@ class VectorSession(SessionBase):
             row = bridge_pb2.Observation(step=obs.step, t_sent_ns=obs.t_sent_ns, step_type=int(batch.step_types[i]),
                                          reward=float(batch.rewards[i]), terminated=bool(batch.terminated[i]),
                                          episode=int(self._episodes[i]), intervention=bool(batch.interventions[i]))
-            if ended and batch.has_final:
+            if ended and batch.final is not None:
                 row.tensors.extend(encode(name, value[i]) for name, value in following.items())
             if batch.applied is not None:
                 row.applied_action.extend(encode(name, value[i]) for name, value in batch.applied.items())
@@ -284,10 +284,6 @@ class _Batch:
         self.applied: dict[str, np.ndarray] | None = None  # what each env applied last step (a person's, say)
         self.bad = np.zeros(n, bool)
         self.errors: list[bridge_pb2.EnvError] = []
-
-    @property
-    def has_final(self) -> bool:
-        return self.final is not None
 
     def following(self, last: np.ndarray) -> dict[str, np.ndarray]:
         """The observation each env's previous action led to: the terminal one for LAST envs."""

@@ -35,9 +35,9 @@ from pathlib import Path
 import grpc
 from google.protobuf import json_format
 
+from bridge.common.errors import InvalidArgument, ResourceExhausted
 from bridge.common.files import write_text
 from bridge.gate.checks import CheckResult
-from bridge.gateway.errors import GatewayError
 from bridge.gateway.versions.build import BuildFailed, build_apart
 from bridge.gateway.versions.uploads import Upload, Uploads
 from inference_server import ModelRepository, PolicyClient
@@ -49,26 +49,20 @@ from protos.codec import TensorError, specs_from_proto
 log = logging.getLogger("tether.gateway")
 
 
-class PublishError(GatewayError):
-    status = grpc.StatusCode.INVALID_ARGUMENT
+class PublishError(InvalidArgument):
+    """A publish the gateway refuses: a bad header or stream, weights that do not fit, a version that fails."""
 
 
-class VerificationFailed(PublishError):
+class VerificationFailed(PublishError, status=grpc.StatusCode.FAILED_PRECONDITION):
     """The version loaded but Triton does not serve what the trainer computed (or it is not READY)."""
 
-    status = grpc.StatusCode.FAILED_PRECONDITION
 
-
-class GateSuperseded(PublishError):
+class GateSuperseded(PublishError, status=grpc.StatusCode.ABORTED):
     """The version the candidate was judged against was withdrawn during its gate: not promoted."""
 
-    status = grpc.StatusCode.ABORTED
 
-
-class PublishRefused(GatewayError):
+class PublishRefused(ResourceExhausted):
     """Too many publishes in flight, or too many of their bytes held in memory: try again later."""
-
-    status = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,9 +92,7 @@ class PublishAdmission:
 
     def __init__(self, limits: PublishLimits | None = None):
         self.limits = limits or PublishLimits()
-        self.inflight = 0
-        self.bytes_held = 0
-        self.refused = 0
+        self.inflight = self.bytes_held = self.refused = 0
 
     @contextlib.asynccontextmanager
     async def hold(self, size: int) -> AsyncIterator[None]:

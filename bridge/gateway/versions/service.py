@@ -132,7 +132,7 @@ class PoliciesService(policies_pb2_grpc.PoliciesServicer):
         try:
             who = await self._gateway.auth.require(context, "operator")
             name = await self._policy(request.policy)
-            await change(name, who=who, why=_why(request.why))
+            await change(name, who=who, why=request.why or "no reason given")
             return await self._status(name, DEFAULT_EVENTS)
         except GatewayError as exc:
             await context.abort(exc.status, str(exc))
@@ -206,7 +206,3 @@ def _state(text: str) -> State:
         return State(text)
     except ValueError:
         raise RegistryError(f"state {text!r} is not one of {[str(s) for s in State]}") from None
-
-
-def _why(text: str) -> str:
-    return text or "no reason given"

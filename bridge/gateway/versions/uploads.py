@@ -29,9 +29,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
-
-from bridge.gateway.errors import GatewayError
+from bridge.common.errors import InvalidArgument
 from protos import policies_pb2
 
 FLUSH_BYTES = 1 << 20  # received bytes written (and hashed) together, in a thread
@@ -46,10 +44,8 @@ def _lower_priority() -> None:
 _POOL = ThreadPoolExecutor(2, thread_name_prefix="upload", initializer=_lower_priority)
 
 
-class UploadError(GatewayError):
+class UploadError(InvalidArgument):
     """The stream does not carry what its header announced."""
-
-    status = grpc.StatusCode.INVALID_ARGUMENT
 
 
 @dataclass(frozen=True)

@@ -30,10 +30,8 @@ PROBE_ROWS = 4
 PROBE_SEED = 20260701
 
 
-class SwapFailed(GatewayError):
+class SwapFailed(GatewayError, status=grpc.StatusCode.INTERNAL):
     """A load or unload did not take effect as asked (Triton serves other versions, or other weights)."""
-
-    status = grpc.StatusCode.INTERNAL
 
 
 def spec_dicts(specs: Sequence[Spec]) -> list[dict]:
