@@ -46,7 +46,7 @@ class ServerMessage(_message.Message):
     def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., action: _Optional[_Union[Action, _Mapping]] = ..., error: _Optional[_Union[StepError, _Mapping]] = ..., episode_end: _Optional[_Union[EpisodeEnd, _Mapping]] = ..., replayed: _Optional[_Union[Replayed, _Mapping]] = ..., durable_through: _Optional[int] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("session_id", "policy", "observation_spec", "action_spec", "source", "labels", "num_envs", "batched")
+    __slots__ = ("session_id", "policy", "observation_spec", "action_spec", "source", "labels", "num_envs", "batched", "t_sent_ns")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +62,7 @@ class Hello(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     NUM_ENVS_FIELD_NUMBER: _ClassVar[int]
     BATCHED_FIELD_NUMBER: _ClassVar[int]
+    T_SENT_NS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     policy: str
     observation_spec: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.TensorSpec]
@@ -70,10 +71,11 @@ class Hello(_message.Message):
     labels: _containers.ScalarMap[str, str]
     num_envs: int
     batched: bool
-    def __init__(self, session_id: _Optional[str] = ..., policy: _Optional[str] = ..., observation_spec: _Optional[_Iterable[_Union[_tensor_pb2.TensorSpec, _Mapping]]] = ..., action_spec: _Optional[_Iterable[_Union[_tensor_pb2.TensorSpec, _Mapping]]] = ..., source: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., num_envs: _Optional[int] = ..., batched: _Optional[bool] = ...) -> None: ...
+    t_sent_ns: int
+    def __init__(self, session_id: _Optional[str] = ..., policy: _Optional[str] = ..., observation_spec: _Optional[_Iterable[_Union[_tensor_pb2.TensorSpec, _Mapping]]] = ..., action_spec: _Optional[_Iterable[_Union[_tensor_pb2.TensorSpec, _Mapping]]] = ..., source: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., num_envs: _Optional[int] = ..., batched: _Optional[bool] = ..., t_sent_ns: _Optional[int] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("session_id", "policy", "policy_version", "deadline_ms", "server_version", "durable_through", "reward_version", "logging", "next_step", "owner_epoch", "gateway_id")
+    __slots__ = ("session_id", "policy", "policy_version", "deadline_ms", "server_version", "durable_through", "reward_version", "logging", "next_step", "owner_epoch", "gateway_id", "hello_recv_ns", "welcome_send_ns")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -85,6 +87,8 @@ class Welcome(_message.Message):
     NEXT_STEP_FIELD_NUMBER: _ClassVar[int]
     OWNER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
+    HELLO_RECV_NS_FIELD_NUMBER: _ClassVar[int]
+    WELCOME_SEND_NS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     policy: str
     policy_version: int
@@ -96,10 +100,12 @@ class Welcome(_message.Message):
     next_step: int
     owner_epoch: int
     gateway_id: str
-    def __init__(self, session_id: _Optional[str] = ..., policy: _Optional[str] = ..., policy_version: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., server_version: _Optional[str] = ..., durable_through: _Optional[int] = ..., reward_version: _Optional[str] = ..., logging: _Optional[bool] = ..., next_step: _Optional[int] = ..., owner_epoch: _Optional[int] = ..., gateway_id: _Optional[str] = ...) -> None: ...
+    hello_recv_ns: int
+    welcome_send_ns: int
+    def __init__(self, session_id: _Optional[str] = ..., policy: _Optional[str] = ..., policy_version: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., server_version: _Optional[str] = ..., durable_through: _Optional[int] = ..., reward_version: _Optional[str] = ..., logging: _Optional[bool] = ..., next_step: _Optional[int] = ..., owner_epoch: _Optional[int] = ..., gateway_id: _Optional[str] = ..., hello_recv_ns: _Optional[int] = ..., welcome_send_ns: _Optional[int] = ...) -> None: ...
 
 class Observation(_message.Message):
-    __slots__ = ("step", "t_sent_ns", "step_type", "tensors", "reward", "terminated", "applied_action", "guard", "episode", "env_step_types", "env_rewards", "env_terminated", "env_truncated", "final_observation", "intervention", "env_interventions")
+    __slots__ = ("step", "t_sent_ns", "step_type", "tensors", "reward", "terminated", "applied_action", "guard", "episode", "env_step_types", "env_rewards", "env_terminated", "env_truncated", "final_observation", "intervention", "env_interventions", "clock_offset_ns", "deadline_ns", "client_hops")
     STEP_FIELD_NUMBER: _ClassVar[int]
     T_SENT_NS_FIELD_NUMBER: _ClassVar[int]
     STEP_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -116,6 +122,9 @@ class Observation(_message.Message):
     FINAL_OBSERVATION_FIELD_NUMBER: _ClassVar[int]
     INTERVENTION_FIELD_NUMBER: _ClassVar[int]
     ENV_INTERVENTIONS_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_OFFSET_NS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_NS_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_HOPS_FIELD_NUMBER: _ClassVar[int]
     step: int
     t_sent_ns: int
     step_type: StepType
@@ -132,7 +141,22 @@ class Observation(_message.Message):
     final_observation: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
     intervention: bool
     env_interventions: _containers.RepeatedScalarFieldContainer[bool]
-    def __init__(self, step: _Optional[int] = ..., t_sent_ns: _Optional[int] = ..., step_type: _Optional[_Union[StepType, str]] = ..., tensors: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., reward: _Optional[float] = ..., terminated: _Optional[bool] = ..., applied_action: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., guard: _Optional[_Union[GuardReport, _Mapping]] = ..., episode: _Optional[int] = ..., env_step_types: _Optional[_Iterable[_Union[StepType, str]]] = ..., env_rewards: _Optional[_Iterable[float]] = ..., env_terminated: _Optional[_Iterable[bool]] = ..., env_truncated: _Optional[_Iterable[bool]] = ..., final_observation: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., intervention: _Optional[bool] = ..., env_interventions: _Optional[_Iterable[bool]] = ...) -> None: ...
+    clock_offset_ns: int
+    deadline_ns: int
+    client_hops: ClientHops
+    def __init__(self, step: _Optional[int] = ..., t_sent_ns: _Optional[int] = ..., step_type: _Optional[_Union[StepType, str]] = ..., tensors: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., reward: _Optional[float] = ..., terminated: _Optional[bool] = ..., applied_action: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., guard: _Optional[_Union[GuardReport, _Mapping]] = ..., episode: _Optional[int] = ..., env_step_types: _Optional[_Iterable[_Union[StepType, str]]] = ..., env_rewards: _Optional[_Iterable[float]] = ..., env_terminated: _Optional[_Iterable[bool]] = ..., env_truncated: _Optional[_Iterable[bool]] = ..., final_observation: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., intervention: _Optional[bool] = ..., env_interventions: _Optional[_Iterable[bool]] = ..., clock_offset_ns: _Optional[int] = ..., deadline_ns: _Optional[int] = ..., client_hops: _Optional[_Union[ClientHops, _Mapping]] = ...) -> None: ...
+
+class ClientHops(_message.Message):
+    __slots__ = ("step", "reply_ns", "execution_ns", "delay_ticks")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    REPLY_NS_FIELD_NUMBER: _ClassVar[int]
+    EXECUTION_NS_FIELD_NUMBER: _ClassVar[int]
+    DELAY_TICKS_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    reply_ns: int
+    execution_ns: int
+    delay_ticks: int
+    def __init__(self, step: _Optional[int] = ..., reply_ns: _Optional[int] = ..., execution_ns: _Optional[int] = ..., delay_ticks: _Optional[int] = ...) -> None: ...
 
 class Replay(_message.Message):
     __slots__ = ("observation", "action", "next")
@@ -171,18 +195,26 @@ class GuardReport(_message.Message):
     def __init__(self, clamped: _Optional[int] = ..., rate_limited: _Optional[int] = ..., watchdog: _Optional[int] = ..., estop: _Optional[int] = ..., estopped: _Optional[bool] = ..., gateway_estop: _Optional[str] = ..., interventions: _Optional[int] = ...) -> None: ...
 
 class Timing(_message.Message):
-    __slots__ = ("t_sent_ns", "gateway_recv_ns", "infer_start_ns", "infer_end_ns", "gateway_send_ns")
+    __slots__ = ("t_sent_ns", "gateway_recv_ns", "infer_start_ns", "infer_end_ns", "gateway_send_ns", "batch_start_ns", "triton_start_ns", "triton_end_ns", "clock_offset_ns")
     T_SENT_NS_FIELD_NUMBER: _ClassVar[int]
     GATEWAY_RECV_NS_FIELD_NUMBER: _ClassVar[int]
     INFER_START_NS_FIELD_NUMBER: _ClassVar[int]
     INFER_END_NS_FIELD_NUMBER: _ClassVar[int]
     GATEWAY_SEND_NS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_START_NS_FIELD_NUMBER: _ClassVar[int]
+    TRITON_START_NS_FIELD_NUMBER: _ClassVar[int]
+    TRITON_END_NS_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_OFFSET_NS_FIELD_NUMBER: _ClassVar[int]
     t_sent_ns: int
     gateway_recv_ns: int
     infer_start_ns: int
     infer_end_ns: int
     gateway_send_ns: int
-    def __init__(self, t_sent_ns: _Optional[int] = ..., gateway_recv_ns: _Optional[int] = ..., infer_start_ns: _Optional[int] = ..., infer_end_ns: _Optional[int] = ..., gateway_send_ns: _Optional[int] = ...) -> None: ...
+    batch_start_ns: int
+    triton_start_ns: int
+    triton_end_ns: int
+    clock_offset_ns: int
+    def __init__(self, t_sent_ns: _Optional[int] = ..., gateway_recv_ns: _Optional[int] = ..., infer_start_ns: _Optional[int] = ..., infer_end_ns: _Optional[int] = ..., gateway_send_ns: _Optional[int] = ..., batch_start_ns: _Optional[int] = ..., triton_start_ns: _Optional[int] = ..., triton_end_ns: _Optional[int] = ..., clock_offset_ns: _Optional[int] = ...) -> None: ...
 
 class Action(_message.Message):
     __slots__ = ("step", "tensors", "policy", "policy_version", "timing", "episode", "env_errors", "episode_ends", "estop", "estop_id", "released_estop", "log_prob")

@@ -24,17 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dprotos/tether/v1/tensor.proto\x12\ttether.v1\"T\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1f\n\x05\x64type\x18\x02 \x01(\x0e\x32\x10.tether.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"e\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1f\n\x05\x64type\x18\x02 \x01(\x0e\x32\x10.tether.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0b\n\x03low\x18\x04 \x03(\x01\x12\x0c\n\x04high\x18\x05 \x03(\x01*p\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x46LOAT32\x10\x01\x12\x0b\n\x07\x46LOAT64\x10\x02\x12\x0b\n\x07\x46LOAT16\x10\x03\x12\t\n\x05INT32\x10\x04\x12\t\n\x05INT64\x10\x05\x12\t\n\x05UINT8\x10\x06\x12\x08\n\x04\x42OOL\x10\x07\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dprotos/tether/v1/tensor.proto\x12\ttether.v1\"{\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1f\n\x05\x64type\x18\x02 \x01(\x0e\x32\x10.tether.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12%\n\x08\x65ncoding\x18\x05 \x01(\x0e\x32\x13.tether.v1.Encoding\"\x8c\x01\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1f\n\x05\x64type\x18\x02 \x01(\x0e\x32\x10.tether.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0b\n\x03low\x18\x04 \x03(\x01\x12\x0c\n\x04high\x18\x05 \x03(\x01\x12%\n\x08\x65ncoding\x18\x06 \x01(\x0e\x32\x13.tether.v1.Encoding*p\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x46LOAT32\x10\x01\x12\x0b\n\x07\x46LOAT64\x10\x02\x12\x0b\n\x07\x46LOAT16\x10\x03\x12\t\n\x05INT32\x10\x04\x12\t\n\x05INT64\x10\x05\x12\t\n\x05UINT8\x10\x06\x12\x08\n\x04\x42OOL\x10\x07*&\n\x08\x45ncoding\x12\x07\n\x03RAW\x10\x00\x12\x08\n\x04JPEG\x10\x01\x12\x07\n\x03PNG\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.tether.v1.tensor_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DTYPE']._serialized_start=233
-  _globals['_DTYPE']._serialized_end=345
+  _globals['_DTYPE']._serialized_start=312
+  _globals['_DTYPE']._serialized_end=424
+  _globals['_ENCODING']._serialized_start=426
+  _globals['_ENCODING']._serialized_end=464
   _globals['_TENSOR']._serialized_start=44
-  _globals['_TENSOR']._serialized_end=128
-  _globals['_TENSORSPEC']._serialized_start=130
-  _globals['_TENSORSPEC']._serialized_end=231
+  _globals['_TENSOR']._serialized_end=167
+  _globals['_TENSORSPEC']._serialized_start=170
+  _globals['_TENSORSPEC']._serialized_end=310
 # @@protoc_insertion_point(module_scope)
