@@ -10,13 +10,17 @@ prometheus_client families are built when scraped). Everything that is a state o
 the gateway (sessions, versions served, policy lag, log bytes, trainer throughput) is read only
 when scraped, by a collector, never on the control path.
 
-Per-hop latency (`tether_hop_latency_seconds{hop}`) from an Action's Timing fields:
-    client_to_gateway  t_sent -> gateway_recv   (the uplink; same clock on one machine, else skewed)
-    gateway_in         gateway_recv -> infer_start   (validation, episode accounting)
-    inference          infer_start -> infer_end   (micro-batch queue + Triton)
-    gateway_out        infer_end -> gateway_send   (encoding the reply)
-    gateway            gateway_recv -> gateway_send  (the gateway's whole share)
-The downlink (gateway_send -> the client applying it) is measured by clients, not here.
+Per-hop latency (`tether_hop_latency_seconds{hop}`), the latency budget of a step in the robot's clock
+(the client's offset estimate, Timing.clock_offset_ns, applied; see bridge.client.clock):
+    observation_age  t_sent -> gateway_recv        (the uplink: how old the observation is on arrival)
+    checks           gateway_recv -> infer_start   (spec checks, image decoding, episode accounting)
+    queue            infer_start -> batch_start    (waiting for a batch slot)
+    batch            batch_start -> triton_start   (forming the batch)
+    triton           triton_start -> triton_end    (the Triton call)
+    respond          triton_end -> gateway_send    (rows back, the reply encoded)
+    reply            gateway_send -> the client has it      } told by the client with its next
+    execution        the client has it -> the first action  } observation (Observation.client_hops)
+    gateway          gateway_recv -> gateway_send  (the gateway's whole share)
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ if TYPE_CHECKING:
     from bridge.experience import LogStats
     from bridge.registry import Registry
 
-HOPS = ("client_to_gateway", "gateway_in", "inference", "gateway_out", "gateway")
+HOPS = ("observation_age", "checks", "queue", "batch", "triton", "respond", "reply", "execution", "gateway")
 LATENCY_BUCKETS = (50e-6, 100e-6, 200e-6, 300e-6, 500e-6, 750e-6, 1e-3, 1.5e-3, 2e-3, 3e-3, 5e-3, 7.5e-3, 10e-3,
                    20e-3, 50e-3, 100e-3, 250e-3, 1.0)
 GUARD_KINDS = ("clamped", "rate_limited", "watchdog", "estop")
@@ -131,18 +135,19 @@ class GatewayMetrics:
 
     def step(self, timing, *, policy: str, version: int, rows: int = 1) -> None:
         """One observation answered with an action of `rows` rows (timing: a bridge_pb2.Timing)."""
-        sent, recv, start, end, out = (timing.t_sent_ns, timing.gateway_recv_ns, timing.infer_start_ns,
-                                       timing.infer_end_ns, timing.gateway_send_ns)
-        h = self._h
-        if sent and recv >= sent:
-            h[0].observe((recv - sent) * 1e-9)
-        h[1].observe((start - recv) * 1e-9)
-        h[2].observe((end - start) * 1e-9)
-        h[3].observe((out - end) * 1e-9)
-        h[4].observe((out - recv) * 1e-9)
+        for hop, ns in zip(self._h, gateway_hops(timing), strict=True):
+            if ns is not None:
+                hop.observe(max(ns, 0) * 1e-9)
         self.steps += rows
         key = (policy, version)
         self.actions[key] = self.actions.get(key, 0) + rows
+
+    def client(self, hops) -> None:
+        """The client's side of a reply (a tether.v1 ClientHops): its reply and execution hops."""
+        if hops.reply_ns > 0:
+            self.hops["reply"].observe(hops.reply_ns * 1e-9)
+        if hops.execution_ns > 0:
+            self.hops["execution"].observe(hops.execution_ns * 1e-9)
 
     def error(self, code: str) -> None:
         self.errors[code] = self.errors.get(code, 0) + 1
@@ -153,6 +158,22 @@ class GatewayMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+_NONE = None
+
+
+def gateway_hops(timing) -> tuple[int | None, ...]:
+    """A Timing's hops in HOPS order, in ns: None for the client's two (not known here), observation_age without
+    t_sent, and queue/batch/triton for a reply no batch answered."""
+    t = timing
+    recv, start, out = t.gateway_recv_ns, t.infer_start_ns, t.gateway_send_ns
+    age = recv - t.clock_offset_ns - t.t_sent_ns if t.t_sent_ns else _NONE
+    if t.triton_end_ns:
+        batch, called, returned = t.batch_start_ns, t.triton_start_ns, t.triton_end_ns
+        return (age, start - recv, batch - start, called - batch, returned - called, out - returned, _NONE, _NONE,
+                out - recv)
+    return (age, start - recv, _NONE, _NONE, _NONE, out - start, _NONE, _NONE, out - recv)
 
 
 class _Counters(Collector):

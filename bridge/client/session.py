@@ -32,6 +32,11 @@ within `reply_timeout_s` (a gateway cut off without a TCP reset: the blackholed 
 only the deadline sees it; gRPC keepalive, `KEEPALIVE_MS`, also ends an idle one). Either way the
 session moves on at once. With one gateway a silent one raises TimeoutError, as before.
 
+The robot's clock (`clock`, `time.time_ns` unless given) stamps every Hello and observation and every reply's
+arrival; each Welcome and Action is a sample of the gateway's clock, and `offset` (bridge.client.clock) keeps
+the minimum-round-trip estimate, sent with every observation (`clock_offset_ns`) so that the gateway states its
+times in the robot's clock too. `hops` is the last Action's latency budget, hop by hop, in the robot's clock.
+
 gRPC's own client-side load balancing, and why the failover above stays explicit. A channel to
 `ipv4:10.0.0.1:50051,10.0.0.2:50051` (or a DNS name with several records) with `round_robin` and
 `healthCheckConfig` (`balanced=True`, `balanced_target`) keeps one subchannel per gateway and watches
@@ -57,6 +62,7 @@ from dataclasses import dataclass
 import grpc
 
 from bridge.client.channel import Credentials, aio_channel
+from bridge.client.clock import ClockOffset, Hops, hops
 from protos.tether.v1 import bridge_pb2, bridge_pb2_grpc
 
 __all__ = ["Broken", "Failover", "Session", "SessionError"]
@@ -133,7 +139,8 @@ class Session:
                  reply_timeout_s: float = 10.0, reconnect_s: float = 0.0,
                  channels: dict[str, grpc.aio.Channel] | None = None,
                  on_up: Callable[[bridge_pb2.Welcome], None] | None = None,
-                 on_down: Callable[[str], None] | None = None, balanced: bool = False):
+                 on_down: Callable[[str], None] | None = None, balanced: bool = False,
+                 clock: Callable[[], int] = time.time_ns):
         self.addresses = [addresses] if isinstance(addresses, str) else list(addresses)
         if not self.addresses or not all(isinstance(a, str) and a for a in self.addresses):
             raise ValueError(f"addresses: expected HOST:PORT strings, got {addresses!r}")
@@ -161,6 +168,11 @@ class Session:
         self.failovers: list[Failover] = []
         self._broken_at = 0.0  # time.time() of the break being handled (0: none)
         self._on_up, self._on_down = on_up, on_down  # called on every Welcome / broken stream (from the loop)
+        self.clock = clock                  # the robot's clock (ns): every t_sent_ns and t_recv is read from it
+        self.offset = ClockOffset()         # gateway clock - robot clock, from every Welcome and Action
+        self.hops: Hops | None = None       # the last Action's latency budget, robot clock (bridge.client.clock)
+        self.received_ns = 0                # robot clock: when the last reply arrived
+        self._replied_step = 0
 
     @property
     def id(self) -> str:
@@ -218,8 +230,14 @@ class Session:
         deadline = None
         while True:
             try:
+                observation.clock_offset_ns = self.offset.offset_ns
+                if self.hops is not None:  # the previous reply's downlink, for the gateway's latency budget
+                    told = observation.client_hops
+                    told.step, told.reply_ns = told.step or self._replied_step, told.reply_ns or self.hops.reply
+                observation.t_sent_ns = self.clock()
                 await self._write(bridge_pb2.ClientMessage(observation=observation))
                 msg = await self._read(self.reply_timeout_s, f"reply to step {observation.step}")
+                self.received_ns = self.clock()
                 break
             except (Broken, TimeoutError) as e:
                 if isinstance(e, TimeoutError) and not (self.reconnect_s and len(self.gateways) > 1):
@@ -232,8 +250,15 @@ class Session:
                     raise Broken(f"session {self.id}: gateway {self.address} gone ({e}) and none of "
                                  f"{self.gateways} back within {self.reconnect_s:g} s") from None
                 await self._failover(deadline)
+        action = msg.action if msg.WhichOneof("kind") == "action" else None
+        if action is not None:
+            t = action.timing
+            self.offset.add(t_sent=t.t_sent_ns, gw_recv=t.gateway_recv_ns, gw_send=t.gateway_send_ns,
+                            t_recv=self.received_ns)
+            self.hops = hops(t, self.received_ns, self.offset.offset_ns)
+            self._replied_step = action.step
         if self.logging:
-            self.unacked.append((observation, msg.action if msg.WhichOneof("kind") == "action" else None))
+            self.unacked.append((observation, action))
         self._durable(msg.durable_through)
         return msg
 
@@ -269,14 +294,19 @@ class Session:
             self.call.cancel()
         self.call = bridge_pb2_grpc.BridgeStub(self.channel(self.address)).Connect(wait_for_ready=wait_for_ready)
         deadline = time.monotonic() + timeout
+        self.hello_msg.t_sent_ns = self.clock()
         try:  # with wait_for_ready the write itself waits for the channel: bound it too (an unreachable address)
             await asyncio.wait_for(self._write(bridge_pb2.ClientMessage(hello=self.hello_msg)), timeout)
         except TimeoutError:
             raise TimeoutError(f"session {self.id}: {self.address} not reachable within {timeout:g} s") from None
         msg = await self._read(max(0.05, deadline - time.monotonic()), "Welcome")
+        received = self.clock()
         if msg.WhichOneof("kind") != "welcome":
             raise SessionError(f"session {self.id}: expected Welcome from {self.address}, got {msg.WhichOneof('kind')}")
         self.welcome = msg.welcome
+        self.offset = ClockOffset()  # a new stream may be another gateway, on another clock
+        self.offset.add(t_sent=self.hello_msg.t_sent_ns, gw_recv=msg.welcome.hello_recv_ns,
+                        gw_send=msg.welcome.welcome_send_ns, t_recv=received)
         self.hello_msg.session_id = msg.welcome.session_id or self.id
         self.logging = msg.welcome.logging
         self._durable(msg.welcome.durable_through)

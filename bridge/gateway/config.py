@@ -38,6 +38,7 @@ class GatewayConfig:
     deadline_ms: int = 100           # per-step inference deadline
     max_batch: int = 64
     max_inflight: int = 1            # concurrent Triton batches per policy version (1 = biggest batches)
+    batch_order: str = "deadline"    # queued requests leave earliest deadline first, or "arrival" (FIFO)
     triton_timeout_s: float = 10.0   # how long start() waits for Triton to be ready
     model_repository: Path | None = None  # Triton's repository (same host): needed to publish versions
     experience_dir: Path | None = None    # the experience log; None = no logging
@@ -154,6 +155,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--triton-timeout", type=float, default=10.0, help="seconds to wait for Triton at start")
     p.add_argument("--max-inflight", type=int, default=1,
                    help="concurrent Triton batches per policy version (per replica)")
+    p.add_argument("--batch-order", choices=("deadline", "arrival"), default="deadline",
+                   help="which queued observations leave first: earliest deadline (Observation.deadline_ns) or "
+                        "first come, first served")
     p.add_argument("--model-repository", type=Path, metavar="PATH[,PATH...]",
                    help="Triton's model repository (to publish new versions); with several --triton replicas one "
                         "shared by all, or one per replica in the same order (versions copied from --artifact-store)")
@@ -236,6 +240,7 @@ def from_arguments(a: argparse.Namespace) -> GatewayConfig:
             read_secret(a.triton_secret_file)  # a missing or malformed file fails here, naming it (never the secret)
         return GatewayConfig(triton_url=a.triton, policy=a.policy, host=a.host, port=a.port,
                              deadline_ms=a.deadline_ms, max_batch=a.max_batch, max_inflight=a.max_inflight,
+                             batch_order=a.batch_order,
                              triton_timeout_s=a.triton_timeout,
                              model_repository=repositories[0] if repositories else None,
                              model_repositories=repositories if len(repositories) > 1 else (),

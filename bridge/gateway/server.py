@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter, deque
 
 import grpc
@@ -89,7 +90,8 @@ class Gateway:
                                                             ModelRepository(config.model_repository))
         self.catalog = PolicyCatalog(self.control, default=config.policy)
         self.batcher = MicroBatcher(self._client, max_batch=config.max_batch,  # --max-inflight is per replica
-                                    max_inflight=config.max_inflight * len(config.triton_urls))
+                                    max_inflight=config.max_inflight * len(config.triton_urls),
+                                    order=config.batch_order)
         self.repository = ModelRepository(config.model_repository) if config.model_repository else None
         self.publisher = Publisher(repository=self.repository, client=self.control, limits=config.publish_limits)
         self.registry = open_registry(config.registry, self.repository)
@@ -272,14 +274,16 @@ class Gateway:
     def next_step(self, session: Session | VectorSession) -> int:
         return self.factory.next_step(session)
 
-    def welcome(self, session: Session | VectorSession) -> bridge_pb2.Welcome:
+    def welcome(self, session: Session | VectorSession, *, hello_recv_ns: int = 0) -> bridge_pb2.Welcome:
+        """The Welcome for an opened session; with the Hello's arrival time it is a clock sample for the client."""
         return bridge_pb2.Welcome(session_id=session.id, policy=session.policy.name,
                                   policy_version=session.policy.version,
                                   deadline_ms=self.config.deadline_ms, server_version=self.server_version,
                                   durable_through=session.recorder.durable_through,
                                   next_step=self.next_step(session),
                                   reward_version=session.rewards.version, logging=session.recorder.logging,
-                                  owner_epoch=session.recorder.epoch, gateway_id=self.owners.name)
+                                  owner_epoch=session.recorder.epoch, gateway_id=self.owners.name,
+                                  hello_recv_ns=hello_recv_ns, welcome_send_ns=time.time_ns())
 
     def acting_versions(self, policy: str) -> dict[int, int]:
         """Version -> how many sessions act with it now."""

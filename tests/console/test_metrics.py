@@ -77,13 +77,13 @@ def test_metrics_move_while_sims_run_and_logs_carry_the_session(triton, tmp_path
                             second[("tether_log_bytes", ())] > first[("tether_log_bytes", ())]:  # group commits lag
                         break
                 assert second[("tether_steps_total", ())] > first[("tether_steps_total", ())] + 20
-                for hop in ("client_to_gateway", "gateway_in", "inference", "gateway_out", "gateway"):
+                for hop in ("observation_age", "checks", "queue", "batch", "triton", "respond", "reply", "gateway"):
                     assert hop_count(second, hop) > hop_count(first, hop) > 0, hop
                     inf = second[("tether_hop_latency_seconds_bucket", (("hop", hop), ("le", "+Inf")))]
                     assert inf == hop_count(second, hop)
                     assert second[("tether_hop_latency_seconds_sum", (("hop", hop),))] > 0
                 filled = [v for (name, labels), v in second.items()
-                          if name == "tether_hop_latency_seconds_bucket" and ("hop", "inference") in labels
+                          if name == "tether_hop_latency_seconds_bucket" and ("hop", "triton") in labels
                           and ("le", "+Inf") not in labels]
                 assert max(filled) > 0  # the finite buckets fill, not only +Inf
                 assert second[("tether_sessions", ())] == 2 and second[("tether_envs", ())] == 2
@@ -96,6 +96,10 @@ def test_metrics_move_while_sims_run_and_logs_carry_the_session(triton, tmp_path
                 rows = {r["session_id"]: r for r in state["sessions"]}
                 assert set(rows) == {"hopper_a-0", "hopper_a-1"}, rows
                 assert all(r["labels"]["robot"] == "hopper_a" and r["steps"] > 0 for r in rows.values())
+                for r in rows.values():  # the latency budget per robot: every hop the gateway and the sim measure
+                    assert {"observation_age", "checks", "queue", "batch", "triton", "respond", "reply"} <= \
+                        set(r["hop_p50_ms"]), r["hop_p50_ms"]
+                    assert 0 < r["hop_p50_ms"]["triton"] < 1000
                 # an e-stop of the robot while it runs: the sim applies the safe actions and counts them
                 await gw.fleet.estop(Target(robot="hopper_a"), who="operator:test", why="drill")
                 for _ in range(200):  # bounded: 20 s

@@ -114,12 +114,24 @@ function renderFleet(s) {
         `${r.policy} v${r.policy_version}`),
       el("td", { class: "num" }, fmt(r.steps_per_s, 1)),
       el("td", { class: "num" }, `${fmt(r.latency_p50_ms)} / ${fmt(r.latency_p99_ms)}`),
+      el("td", {}, budget(r.hop_p50_ms)),
       el("td", { class: "num" }, r.episodes),
       el("td", { class: "num" }, fmt(r.mean_return, 1)),
       el("td", { class: "num" }, r.guard_interventions),
       el("td", { class: "err", title: r.last_error }, r.last_error),
       el("td", {}, button));
   }));
+}
+
+// A session's latency budget (robot clock): one bar, a segment per hop's recent median, the numbers on hover.
+const HOPS = ["observation_age", "checks", "queue", "batch", "triton", "respond", "reply", "execution"];
+function budget(hops) {
+  const parts = HOPS.filter((k) => hops && hops[k] > 0);
+  const total = parts.reduce((a, k) => a + hops[k], 0);
+  const title = parts.map((k) => `${k} ${fmt(hops[k], 3)} ms`).join("\n");
+  return el("div", { class: "budget", title, "data-hops": parts.join(" ") },
+    ...parts.map((k) => el("span", { class: "hop hop-" + k, style: `width:${(100 * hops[k] / total).toFixed(1)}%` })),
+    parts.length ? null : "–");
 }
 
 function renderVersions(s) {

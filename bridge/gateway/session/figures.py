@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bridge.common.percentiles import p50_p99
-from bridge.metrics import GUARD_KINDS, GatewayMetrics
+from bridge.metrics import GUARD_KINDS, HOPS, GatewayMetrics, gateway_hops
 from protos import bridge_pb2
 
 Code = bridge_pb2.StepError.Code
@@ -37,6 +37,8 @@ class SessionFigures:
     num_envs: int
     vector: bool
     latency_ns: deque = field(default_factory=lambda: deque(maxlen=512))
+    hops_ns: deque = field(default_factory=lambda: deque(maxlen=256))    # gateway_hops tuples (HOPS order)
+    client_ns: deque = field(default_factory=lambda: deque(maxlen=256))  # (reply, execution) the client told
     replies: deque = field(default_factory=lambda: deque(maxlen=64))      # monotonic times of answered steps
     returns: deque = field(default_factory=lambda: deque(maxlen=32))
     guard: dict[str, int] = field(default_factory=lambda: dict.fromkeys(GUARD_KINDS, 0))
@@ -77,8 +79,9 @@ class FleetFigures:
             self.total_rows += rows
             view.replies.append(time.monotonic())
             sent = t.t_sent_ns
-            if sent:
-                view.latency_ns.append(t.gateway_send_ns - sent)
+            if sent:  # the robot's clock: the offset the client estimated applied
+                view.latency_ns.append(t.gateway_send_ns - t.clock_offset_ns - sent)
+            view.hops_ns.append(gateway_hops(t))
             policy = session.policy  # the version that acted (the action is labelled with it)
             if a.estop:
                 view.held_steps += 1
@@ -100,6 +103,10 @@ class FleetFigures:
             e = reply.error
             m.error(Code.Name(e.code))
             view.last_error = f"step {e.step}: {Code.Name(e.code)}: {e.message}"
+        if obs.HasField("client_hops"):
+            c = obs.client_hops
+            m.client(c)
+            view.client_ns.append((c.reply_ns, c.execution_ns))
         if obs.HasField("guard"):
             g, seen = obs.guard, view.guard
             for k, now in (("clamped", g.clamped), ("rate_limited", g.rate_limited), ("watchdog", g.watchdog),
@@ -139,10 +146,26 @@ class FleetFigures:
                 estopped=bool(held(session)), edge_estopped=bool(g.estopped),
                 last_error=view.last_error, connected_s=round(now - view.opened, 1),
                 mean_return=round(float(np.mean(view.returns)), 3) if view.returns else 0.0,
-                held_steps=view.held_steps))
+                held_steps=view.held_steps, hop_p50_ms=hop_medians_ms(view)))
         return rows
 
     def latencies_ms(self) -> np.ndarray:
         """Recent per-step latencies (client send -> gateway reply) over all sessions, in ms."""
         parts = [np.fromiter(v.latency_ns, np.int64) for v in list(self._views.values()) if v.latency_ns]
         return np.concatenate(parts) / 1e6 if parts else np.zeros(0)
+
+
+def hop_medians_ms(view: SessionFigures) -> dict[str, float]:
+    """The session's recent latency budget: the median of each hop in ms (hops never measured left out)."""
+    out = {}
+    gateway = list(view.hops_ns)
+    client = list(view.client_ns)
+    for i, hop in enumerate(HOPS):
+        if hop in ("reply", "execution"):
+            values = [c[0 if hop == "reply" else 1] for c in client]
+            values = [v for v in values if v > 0]
+        else:
+            values = [g[i] for g in gateway if g[i] is not None]
+        if values:
+            out[hop] = round(float(np.median(values)) / 1e6, 3)
+    return out

@@ -4,6 +4,7 @@ and writes exactly one reply per observation, in order. Typed errors become gRPC
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 
 import grpc
@@ -24,6 +25,7 @@ class BridgeService(bridge_pb2_grpc.BridgeServicer):
         messages = within_idle(request_iterator, watch.idle_s, watch=watch)
         try:
             first = await anext(messages, None)
+            hello_recv_ns = time.time_ns()  # with the Welcome's send time: the client's first clock sample
             if first is None or first.WhichOneof("kind") != "hello":
                 got = "nothing" if first is None else f"{first.WhichOneof('kind') or 'an empty message'}"
                 raise InvalidHello(f"the first message of a Connect stream must be a Hello, got {got}")
@@ -38,7 +40,7 @@ class BridgeService(bridge_pb2_grpc.BridgeServicer):
         figures.opened(session, first.hello)
         log_context.set(session)
         try:
-            yield bridge_pb2.ServerMessage(welcome=self._gateway.welcome(session))
+            yield bridge_pb2.ServerMessage(welcome=self._gateway.welcome(session, hello_recv_ns=hello_recv_ns))
             async for msg in messages:
                 kind = msg.WhichOneof("kind")
                 if kind == "observation":

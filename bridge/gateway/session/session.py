@@ -121,10 +121,10 @@ class SessionBase:
     def _error(self, step: int, code: int, field_name: str, message: str) -> bridge_pb2.ServerMessage:
         return step_error(self.stats, step, code, field_name, message)
 
-    def _inferred(self, infer, inputs: dict[str, np.ndarray]):
+    def _inferred(self, infer, inputs: dict[str, np.ndarray], **request):
         """`infer` (the batcher's `infer` or `infer_rows`) of the acting version under the deadline: an awaitable
-        of the outputs, or of `InferenceFailed`."""
-        return infer_within(infer(self.policy.name, self.policy.version, inputs, outputs=self._outputs),
+        of the outputs, or of `InferenceFailed`. `request`: the batcher's deadline_ns and timing."""
+        return infer_within(infer(self.policy.name, self.policy.version, inputs, outputs=self._outputs, **request),
                             deadline_s=self._deadline_s, policy=self.policy)
 
     def _failed(self, step: int, exc: InferenceFailed, received: int, **told) -> bridge_pb2.ServerMessage:
@@ -299,9 +299,12 @@ class Session(SessionBase):
     async def _act(self, obs: bridge_pb2.Observation, arrays: dict[str, np.ndarray],
                    received: int) -> bridge_pb2.ServerMessage:
         inputs = {name: arrays[name] for name in self._input_names}
+        reply = bridge_pb2.ServerMessage()  # filled in place: a constructor's message argument is a copy
+        timing = reply.action.timing  # the batcher stamps its batch and Triton times into it
         started = time.time_ns()
         try:
-            result = await self._inferred(self._batcher.infer, inputs)
+            result = await self._inferred(self._batcher.infer, inputs, timing=timing,
+                                          deadline_ns=robot_deadline(obs, received))
         except InferenceFailed as exc:
             return self._failed(obs.step, exc, received, guard=self._take_guard(), interventions=int(self._intervened))
         finished = time.time_ns()
@@ -309,14 +312,13 @@ class Session(SessionBase):
         self._tell_router((finished - received) / 1e9, error=False, guard=self._take_guard(), inputs=inputs,
                           actions=actions, interventions=int(self._intervened))
         self.stats.steps += 1
-        reply = bridge_pb2.ServerMessage()  # filled in place: a constructor's message argument is a copy
         action = reply.action
         action.step, action.policy, action.policy_version, action.episode = (obs.step, self.policy.name,
                                                                              self.policy.version, obs.episode)
         action.tensors.extend([encode(name, value) for name, value in actions.items()])
-        timing = action.timing
         timing.t_sent_ns, timing.gateway_recv_ns, timing.infer_start_ns, timing.infer_end_ns = (
             obs.t_sent_ns, received, started, finished)
+        timing.clock_offset_ns = obs.clock_offset_ns
         timing.gateway_send_ns = time.time_ns()
         self._acted = (arrays, actions)
         if self.recorder.logging:
@@ -373,6 +375,15 @@ class Session(SessionBase):
             self.recorder.completed(following, outcome, ended=ended or bool(outcome.end_reason))
         return bridge_pb2.ServerMessage(replayed=bridge_pb2.Replayed(step=obs.step))
 
+
+
+def robot_deadline(obs: bridge_pb2.Observation, received_ns: int) -> int:
+    """The observation's deadline in the gateway's clock (its robot clock time plus the client's offset
+    estimate), 0 when it gave none; one over a second before its arrival (a clock far off) counts as none."""
+    if not obs.deadline_ns:
+        return 0
+    deadline = obs.deadline_ns + obs.clock_offset_ns
+    return deadline if deadline > received_ns - 1_000_000_000 else 0
 
 
 def replayed_log_prob(values, rows: int) -> np.ndarray | None:

@@ -56,6 +56,7 @@ from bridge.gateway.session.session import (
     SessionStats,
     VersionRouter,
     replayed_log_prob,
+    robot_deadline,
 )
 from bridge.gateway.versions.catalog import LOG_PROB, ServedPolicy
 from bridge.rewards import RewardFunction
@@ -228,9 +229,11 @@ class VectorSession(SessionBase):
         if batch.bad.any():  # bad rows are inferred as zeros (one request), then replaced by the safe action
             inputs = {name: np.where(_rows(batch.bad, value), 0, value).astype(value.dtype)
                       for name, value in inputs.items()}
+        timing = bridge_pb2.Timing()  # the batcher stamps its batch and Triton times into it
         started = time.time_ns()
         try:
-            result = await self._inferred(self._batcher.infer_rows, inputs)
+            result = await self._inferred(self._batcher.infer_rows, inputs, timing=timing,
+                                          deadline_ns=robot_deadline(obs, received))
         except InferenceFailed as exc:
             self.drop_pending()
             return self._failed(obs.step, exc, received, guard=0, interventions=self._intervened[0],
@@ -246,8 +249,10 @@ class VectorSession(SessionBase):
                           inputs=None if batch.bad.any() else inputs, actions=actions, rows=True,
                           interventions=self._intervened[0], env_steps=self._intervened[1])
         self.stats.steps += int(good.sum())
-        timing = bridge_pb2.Timing(t_sent_ns=obs.t_sent_ns, gateway_recv_ns=received, infer_start_ns=started,
-                                   infer_end_ns=finished, gateway_send_ns=time.time_ns())
+        timing.t_sent_ns, timing.gateway_recv_ns, timing.infer_start_ns, timing.infer_end_ns = (
+            obs.t_sent_ns, received, started, finished)
+        timing.clock_offset_ns = obs.clock_offset_ns
+        timing.gateway_send_ns = time.time_ns()
         action = bridge_pb2.Action(step=obs.step, tensors=[encode(name, value) for name, value in actions.items()],
                                    policy=self.policy.name, policy_version=self.policy.version, timing=timing,
                                    episode=obs.episode, episode_ends=ends, env_errors=batch.errors)

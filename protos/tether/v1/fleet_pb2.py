@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cprotos/tether/v1/fleet.proto\x12\ttether.v1\"\x0f\n\rStatusRequest\"\xbc\x03\n\rSessionStatus\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x34\n\x06labels\x18\x03 \x03(\x0b\x32$.tether.v1.SessionStatus.LabelsEntry\x12\x0e\n\x06policy\x18\x04 \x01(\t\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x03\x12\x10\n\x08num_envs\x18\x06 \x01(\r\x12\r\n\x05steps\x18\x07 \x01(\x04\x12\x10\n\x08\x65pisodes\x18\x08 \x01(\x04\x12\x13\n\x0bsteps_per_s\x18\t \x01(\x01\x12\x16\n\x0elatency_p50_ms\x18\n \x01(\x01\x12\x16\n\x0elatency_p99_ms\x18\x0b \x01(\x01\x12\x1b\n\x13guard_interventions\x18\x0c \x01(\x04\x12\x10\n\x08\x65stopped\x18\r \x01(\x08\x12\x15\n\redge_estopped\x18\x0e \x01(\x08\x12\x12\n\nlast_error\x18\x0f \x01(\t\x12\x13\n\x0b\x63onnected_s\x18\x10 \x01(\x01\x12\x13\n\x0bmean_return\x18\x11 \x01(\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"Q\n\rVersionStatus\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\r\n\x05state\x18\x03 \x01(\t\x12\x10\n\x08sessions\x18\x04 \x01(\r\"s\n\rEStopSelector\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05robot\x18\x02 \x01(\t\x12\x0b\n\x03\x61ll\x18\x03 \x01(\x08\x12\x0b\n\x03who\x18\x04 \x01(\t\x12\x0b\n\x03why\x18\x05 \x01(\t\x12\x0c\n\x04t_ns\x18\x06 \x01(\x03\x12\n\n\x02id\x18\x07 \x01(\t\"\xcd\x01\n\x0b\x46leetStatus\x12*\n\x08sessions\x18\x01 \x03(\x0b\x32\x18.tether.v1.SessionStatus\x12*\n\x08versions\x18\x02 \x03(\x0b\x32\x18.tether.v1.VersionStatus\x12(\n\x06\x65stops\x18\x03 \x03(\x0b\x32\x18.tether.v1.EStopSelector\x12\x16\n\x0eserver_version\x18\x04 \x01(\t\x12\x13\n\x0b\x63onsole_url\x18\x05 \x01(\t\x12\x0f\n\x07logging\x18\x06 \x01(\t\"^\n\x0c\x45StopRequest\x12\x14\n\nsession_id\x18\x01 \x01(\tH\x00\x12\x0f\n\x05robot\x18\x02 \x01(\tH\x00\x12\r\n\x03\x61ll\x18\x03 \x01(\x08H\x00\x12\x0e\n\x06reason\x18\x04 \x01(\tB\x08\n\x06target\"<\n\nEStopReply\x12\x10\n\x08sessions\x18\x01 \x03(\t\x12\x0b\n\x03who\x18\x02 \x01(\t\x12\x0f\n\x07\x63hanged\x18\x03 \x01(\x08\x32\xb7\x01\n\x05\x46leet\x12:\n\x06Status\x12\x18.tether.v1.StatusRequest\x1a\x16.tether.v1.FleetStatus\x12\x37\n\x05\x45Stop\x12\x17.tether.v1.EStopRequest\x1a\x15.tether.v1.EStopReply\x12\x39\n\x07Release\x12\x17.tether.v1.EStopRequest\x1a\x15.tether.v1.EStopReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cprotos/tether/v1/fleet.proto\x12\ttether.v1\"\x0f\n\rStatusRequest\"\xa9\x04\n\rSessionStatus\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x34\n\x06labels\x18\x03 \x03(\x0b\x32$.tether.v1.SessionStatus.LabelsEntry\x12\x0e\n\x06policy\x18\x04 \x01(\t\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x03\x12\x10\n\x08num_envs\x18\x06 \x01(\r\x12\r\n\x05steps\x18\x07 \x01(\x04\x12\x10\n\x08\x65pisodes\x18\x08 \x01(\x04\x12\x13\n\x0bsteps_per_s\x18\t \x01(\x01\x12\x16\n\x0elatency_p50_ms\x18\n \x01(\x01\x12\x16\n\x0elatency_p99_ms\x18\x0b \x01(\x01\x12\x1b\n\x13guard_interventions\x18\x0c \x01(\x04\x12\x10\n\x08\x65stopped\x18\r \x01(\x08\x12\x15\n\redge_estopped\x18\x0e \x01(\x08\x12\x12\n\nlast_error\x18\x0f \x01(\t\x12\x13\n\x0b\x63onnected_s\x18\x10 \x01(\x01\x12\x13\n\x0bmean_return\x18\x11 \x01(\x01\x12:\n\nhop_p50_ms\x18\x12 \x03(\x0b\x32&.tether.v1.SessionStatus.HopP50MsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a/\n\rHopP50MsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"Q\n\rVersionStatus\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\r\n\x05state\x18\x03 \x01(\t\x12\x10\n\x08sessions\x18\x04 \x01(\r\"s\n\rEStopSelector\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05robot\x18\x02 \x01(\t\x12\x0b\n\x03\x61ll\x18\x03 \x01(\x08\x12\x0b\n\x03who\x18\x04 \x01(\t\x12\x0b\n\x03why\x18\x05 \x01(\t\x12\x0c\n\x04t_ns\x18\x06 \x01(\x03\x12\n\n\x02id\x18\x07 \x01(\t\"\xcd\x01\n\x0b\x46leetStatus\x12*\n\x08sessions\x18\x01 \x03(\x0b\x32\x18.tether.v1.SessionStatus\x12*\n\x08versions\x18\x02 \x03(\x0b\x32\x18.tether.v1.VersionStatus\x12(\n\x06\x65stops\x18\x03 \x03(\x0b\x32\x18.tether.v1.EStopSelector\x12\x16\n\x0eserver_version\x18\x04 \x01(\t\x12\x13\n\x0b\x63onsole_url\x18\x05 \x01(\t\x12\x0f\n\x07logging\x18\x06 \x01(\t\"^\n\x0c\x45StopRequest\x12\x14\n\nsession_id\x18\x01 \x01(\tH\x00\x12\x0f\n\x05robot\x18\x02 \x01(\tH\x00\x12\r\n\x03\x61ll\x18\x03 \x01(\x08H\x00\x12\x0e\n\x06reason\x18\x04 \x01(\tB\x08\n\x06target\"<\n\nEStopReply\x12\x10\n\x08sessions\x18\x01 \x03(\t\x12\x0b\n\x03who\x18\x02 \x01(\t\x12\x0f\n\x07\x63hanged\x18\x03 \x01(\x08\x32\xb7\x01\n\x05\x46leet\x12:\n\x06Status\x12\x18.tether.v1.StatusRequest\x1a\x16.tether.v1.FleetStatus\x12\x37\n\x05\x45Stop\x12\x17.tether.v1.EStopRequest\x1a\x15.tether.v1.EStopReply\x12\x39\n\x07Release\x12\x17.tether.v1.EStopRequest\x1a\x15.tether.v1.EStopReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,22 +33,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SESSIONSTATUS_LABELSENTRY']._loaded_options = None
   _globals['_SESSIONSTATUS_LABELSENTRY']._serialized_options = b'8\001'
+  _globals['_SESSIONSTATUS_HOPP50MSENTRY']._loaded_options = None
+  _globals['_SESSIONSTATUS_HOPP50MSENTRY']._serialized_options = b'8\001'
   _globals['_STATUSREQUEST']._serialized_start=43
   _globals['_STATUSREQUEST']._serialized_end=58
   _globals['_SESSIONSTATUS']._serialized_start=61
-  _globals['_SESSIONSTATUS']._serialized_end=505
-  _globals['_SESSIONSTATUS_LABELSENTRY']._serialized_start=460
-  _globals['_SESSIONSTATUS_LABELSENTRY']._serialized_end=505
-  _globals['_VERSIONSTATUS']._serialized_start=507
-  _globals['_VERSIONSTATUS']._serialized_end=588
-  _globals['_ESTOPSELECTOR']._serialized_start=590
-  _globals['_ESTOPSELECTOR']._serialized_end=705
-  _globals['_FLEETSTATUS']._serialized_start=708
-  _globals['_FLEETSTATUS']._serialized_end=913
-  _globals['_ESTOPREQUEST']._serialized_start=915
-  _globals['_ESTOPREQUEST']._serialized_end=1009
-  _globals['_ESTOPREPLY']._serialized_start=1011
-  _globals['_ESTOPREPLY']._serialized_end=1071
-  _globals['_FLEET']._serialized_start=1074
-  _globals['_FLEET']._serialized_end=1257
+  _globals['_SESSIONSTATUS']._serialized_end=614
+  _globals['_SESSIONSTATUS_LABELSENTRY']._serialized_start=520
+  _globals['_SESSIONSTATUS_LABELSENTRY']._serialized_end=565
+  _globals['_SESSIONSTATUS_HOPP50MSENTRY']._serialized_start=567
+  _globals['_SESSIONSTATUS_HOPP50MSENTRY']._serialized_end=614
+  _globals['_VERSIONSTATUS']._serialized_start=616
+  _globals['_VERSIONSTATUS']._serialized_end=697
+  _globals['_ESTOPSELECTOR']._serialized_start=699
+  _globals['_ESTOPSELECTOR']._serialized_end=814
+  _globals['_FLEETSTATUS']._serialized_start=817
+  _globals['_FLEETSTATUS']._serialized_end=1022
+  _globals['_ESTOPREQUEST']._serialized_start=1024
+  _globals['_ESTOPREQUEST']._serialized_end=1118
+  _globals['_ESTOPREPLY']._serialized_start=1120
+  _globals['_ESTOPREPLY']._serialized_end=1180
+  _globals['_FLEET']._serialized_start=1183
+  _globals['_FLEET']._serialized_end=1366
 # @@protoc_insertion_point(module_scope)

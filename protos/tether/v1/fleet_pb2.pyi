@@ -11,7 +11,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class SessionStatus(_message.Message):
-    __slots__ = ("session_id", "source", "labels", "policy", "policy_version", "num_envs", "steps", "episodes", "steps_per_s", "latency_p50_ms", "latency_p99_ms", "guard_interventions", "estopped", "edge_estopped", "last_error", "connected_s", "mean_return")
+    __slots__ = ("session_id", "source", "labels", "policy", "policy_version", "num_envs", "steps", "episodes", "steps_per_s", "latency_p50_ms", "latency_p99_ms", "guard_interventions", "estopped", "edge_estopped", "last_error", "connected_s", "mean_return", "hop_p50_ms")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,13 @@ class SessionStatus(_message.Message):
         key: str
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class HopP50MsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +43,7 @@ class SessionStatus(_message.Message):
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     CONNECTED_S_FIELD_NUMBER: _ClassVar[int]
     MEAN_RETURN_FIELD_NUMBER: _ClassVar[int]
+    HOP_P50_MS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     source: str
     labels: _containers.ScalarMap[str, str]
@@ -53,7 +61,8 @@ class SessionStatus(_message.Message):
     last_error: str
     connected_s: float
     mean_return: float
-    def __init__(self, session_id: _Optional[str] = ..., source: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., policy: _Optional[str] = ..., policy_version: _Optional[int] = ..., num_envs: _Optional[int] = ..., steps: _Optional[int] = ..., episodes: _Optional[int] = ..., steps_per_s: _Optional[float] = ..., latency_p50_ms: _Optional[float] = ..., latency_p99_ms: _Optional[float] = ..., guard_interventions: _Optional[int] = ..., estopped: _Optional[bool] = ..., edge_estopped: _Optional[bool] = ..., last_error: _Optional[str] = ..., connected_s: _Optional[float] = ..., mean_return: _Optional[float] = ...) -> None: ...
+    hop_p50_ms: _containers.ScalarMap[str, float]
+    def __init__(self, session_id: _Optional[str] = ..., source: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., policy: _Optional[str] = ..., policy_version: _Optional[int] = ..., num_envs: _Optional[int] = ..., steps: _Optional[int] = ..., episodes: _Optional[int] = ..., steps_per_s: _Optional[float] = ..., latency_p50_ms: _Optional[float] = ..., latency_p99_ms: _Optional[float] = ..., guard_interventions: _Optional[int] = ..., estopped: _Optional[bool] = ..., edge_estopped: _Optional[bool] = ..., last_error: _Optional[str] = ..., connected_s: _Optional[float] = ..., mean_return: _Optional[float] = ..., hop_p50_ms: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class VersionStatus(_message.Message):
     __slots__ = ("policy", "version", "state", "sessions")
