@@ -3,6 +3,7 @@
     tether sim --gateway 127.0.0.1:50051 --env Hopper-v5 --envs 8 --seconds 10
     tether sim --gateway 127.0.0.1:50051 --env Hopper-v5 --envs 4 --rate 50   # a robot's fixed 50 Hz control rate
     tether sim --gateway 127.0.0.1:50051 --env newton:cartpole --envs 64 --sessions 2
+    tether sim --gateway 127.0.0.1:50051 --env CameraReach --camera top --camera front   # + 224x224 RGB images
 
 Status lines go to stderr, the summary JSON to stdout.
 """
@@ -47,6 +48,12 @@ def parser() -> argparse.ArgumentParser:
     policy_flag(p)
     p.add_argument("--seed", type=int, help="env i is seeded with seed + i")
     p.add_argument("--max-episode-steps", type=int, help="truncate episodes at this many steps")
+    p.add_argument("--camera", action="append", default=[], metavar="NAME",
+                   help="add this MuJoCo camera's RGB image (uint8 HxWx3, rendered offscreen on the CPU) to the "
+                        "observations, as a tensor named NAME (repeatable; single MuJoCo envs, e.g. CameraReach: "
+                        "top, front)")
+    p.add_argument("--image-size", type=int, default=224, metavar="PIXELS",
+                   help="with --camera: square images of this many pixels a side (default 224)")
     p.add_argument("--connect-timeout", type=float, default=10.0, help="seconds to wait for the gateway")
     p.add_argument("--reconnect-s", type=float, default=0.0, metavar="SECONDS",
                    help="keep a session whose gateway went away trying the addresses of --gateway (A,B: the "
@@ -84,13 +91,28 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     vector = args.sessions is not None or is_vector(args.env)
     sessions = (args.sessions or 1) if vector else args.envs
+    if args.camera and vector:
+        parser_.error(f"--camera renders single MuJoCo envs; {args.env!r} with --sessions is a vector env")
+    if args.camera:
+        import sim.cameras  # noqa: F401 - chooses MuJoCo's offscreen GL backend before MuJoCo is imported
 
     def build(i: int) -> Environment | VectorEnvironment:
         if vector:  # session i's env j is seeded with seed + i * envs + j
             seed = None if args.seed is None else args.seed + i * args.envs
             return make(args.env, num_envs=args.envs, seed=seed, max_episode_steps=args.max_episode_steps)
         seed = None if args.seed is None else args.seed + i
-        return make(args.env, seed=seed, max_episode_steps=args.max_episode_steps)
+        env = make(args.env, seed=seed, max_episode_steps=args.max_episode_steps)
+        if args.camera:
+            from sim.cameras import with_cameras
+
+            env = with_cameras(env, args.camera, size=args.image_size)
+        return env
+
+    if args.camera:  # a camera the env lacks is a bad flag: said before connecting, not after
+        try:
+            build(0).close()
+        except ValueError as exc:
+            parser_.error(str(exc))
 
     def status(stats: SimStats) -> None:
         print(stats.status_line(), file=sys.stderr, flush=True)

@@ -123,6 +123,11 @@ class GymnasiumEnv(_GymnasiumHolder, BaseEnvironment):
         observation = {"observation": np.asarray(observation, dtype=np.float32)}
         return observation, float(reward), bool(terminated), bool(truncated)
 
+    @property
+    def physics(self):
+        """The MuJoCo (model, data) it steps, for cameras (sim.cameras); AttributeError for a non-MuJoCo env."""
+        return self._env.unwrapped.model, self._env.unwrapped.data
+
     def __repr__(self) -> str:
         return f"GymnasiumEnv({self.env_id!r})"
 
@@ -149,4 +154,11 @@ def _point_mass(**kw: Any) -> Environment:
     return PointMass(**kw)
 
 
+def _camera_reach(**kw: Any) -> Environment:
+    from sim.camera_reach import CameraReach
+
+    return CameraReach(**kw)
+
+
 register("PointMass", _point_mass)
+register("CameraReach", _camera_reach)

@@ -1,0 +1,115 @@
+"""`CameraChunkPolicy`: images + state -> a chunk of H actions (H = 16, 50, ...), or one action (`horizon=None`).
+
+Each camera has its own small CNN encoder (three strided convolutions, then a spatial softmax: the expected (x, y)
+of each feature map, where things are in the image); their keypoints and the state vector go through an MLP head
+to H x A actions, squashed into the action's bounds. Images enter as the uint8 (B, H, W, 3) tensors cameras send
+(`sim.cameras`); scaling to [-0.5, 0.5] is part of the served function, so Triton gets the raw bytes. It exports
+to TorchScript and ONNX like every module-written version (`ModelRepository.write_version(..., serve="onnx")`):
+
+    >>> import numpy as np, torch
+    >>> from protos.codec import Spec
+    >>> state = Spec("observation", np.float32, (4,))
+    >>> cams = [Spec("top", np.uint8, (64, 64, 3)), Spec("front", np.uint8, (64, 64, 3))]
+    >>> act = Spec("action", np.float32, (2,), low=(-1.0,), high=(1.0,))
+    >>> policy = CameraChunkPolicy(state, cams, act, horizon=16, seed=0)
+    >>> [(s.name, s.shape) for s in policy.inputs], policy.outputs[0].shape
+    ([('observation', (4,)), ('top', (64, 64, 3)), ('front', (64, 64, 3))], (16, 2))
+    >>> chunk = policy(torch.zeros(3, 4), torch.zeros(3, 64, 64, 3, dtype=torch.uint8),
+    ...                torch.zeros(3, 64, 64, 3, dtype=torch.uint8))
+    >>> tuple(chunk.shape), bool((chunk.abs() <= 1).all())
+    ((3, 16, 2), True)
+    >>> CameraChunkPolicy(state, [Spec("top", np.float32, (64, 64, 3))], act)
+    Traceback (most recent call last):
+    ...
+    ValueError: camera top: expected uint8 (H, W, 3) images, got float32[64, 64, 3]
+
+`policy.inputs`/`policy.outputs` are the specs to serve it with (`repo.write_version(name, 1, policy,
+policy.inputs, policy.outputs)`); forward takes the inputs positionally in that order (state first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from protos.codec import Spec
+from trainer.policy import _register_bounds, _squash
+
+__all__ = ["CameraChunkPolicy", "ImageEncoder", "chunk_spec"]
+
+
+def chunk_spec(action: Spec, horizon: int | None) -> Spec:
+    """The served output for `action` (A,) and `horizon` H: (H, A) with the bounds repeated per row; `action` itself
+    when `horizon` is None."""
+    if horizon is None:
+        return action
+    if isinstance(horizon, bool) or not isinstance(horizon, int) or not 1 <= horizon <= 10_000:
+        raise ValueError(f"horizon must be an integer in [1, 10000] (or None: one action), got {horizon!r}")
+    size = int(np.prod(action.shape))
+    repeat = (lambda side: side if len(side) <= 1 else tuple(side) * horizon) if size > 1 else (lambda side: side)
+    return Spec(action.name, action.dtype, (horizon, *action.shape), low=repeat(action.low), high=repeat(action.high))
+
+
+class ImageEncoder(nn.Module):
+    """uint8 (B, H, W, 3) -> (B, 2 * channels[-1]) keypoints: strided convolutions, then a spatial softmax."""
+
+    def __init__(self, spec: Spec, *, channels: tuple[int, ...] = (16, 32, 32)):
+        super().__init__()
+        if spec.dtype != np.uint8 or len(spec.shape) != 3 or spec.shape[2] != 3:
+            raise ValueError(f"camera {spec.name}: expected uint8 (H, W, 3) images, got "
+                             f"{spec.dtype.name}{list(spec.shape)}")
+        layers: list[nn.Module] = []
+        width = 3
+        for i, out in enumerate(channels):
+            kernel = 5 if i == 0 else 3
+            layers += [nn.Conv2d(width, out, kernel, stride=2, padding=kernel // 2), nn.ReLU()]
+            width = out
+        self.convs = nn.Sequential(*layers[:-1])  # keypoints from the last convolution's raw maps
+        with torch.no_grad():
+            _, _, h, w = self.convs(torch.zeros(1, 3, spec.shape[0], spec.shape[1])).shape
+        ys, xs = torch.meshgrid(torch.linspace(-1, 1, h), torch.linspace(-1, 1, w), indexing="ij")
+        self.register_buffer("grid", torch.stack([xs.reshape(-1), ys.reshape(-1)], dim=1))  # (h*w, 2)
+        self.features = 2 * width
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        x = image.permute(0, 3, 1, 2).float() / 255.0 - 0.5
+        maps = self.convs(x)
+        attention = torch.softmax(maps.flatten(2), dim=-1)  # (B, C, h*w)
+        return (attention @ self.grid).flatten(1)             # (B, 2C): expected (x, y) per channel
+
+
+class CameraChunkPolicy(nn.Module):
+    """A deterministic image + state policy: `forward(state, *images) -> (B, horizon, A)` (or (B, A))."""
+
+    def __init__(self, state: Spec, cameras: Sequence[Spec], action: Spec, *, horizon: int | None = 16,
+                 channels: tuple[int, ...] = (16, 32, 32), hidden: tuple[int, ...] = (256, 256),
+                 seed: int | None = None):
+        super().__init__()
+        cameras = tuple(cameras)
+        if len(state.shape) != 1 or state.dtype.kind != "f":
+            raise ValueError(f"state {state.name}: expected a float vector, got {state.dtype.name}{list(state.shape)}")
+        if len(action.shape) != 1:
+            raise ValueError(f"action {action.name}: expected a vector, got {list(action.shape)}")
+        if not cameras:
+            raise ValueError("a camera policy needs at least one camera spec")
+        if seed is not None:
+            torch.manual_seed(seed)
+        output = chunk_spec(action, horizon)
+        self.inputs, self.outputs = (state, *cameras), (output,)
+        self.encoders = nn.ModuleList([ImageEncoder(c, channels=channels) for c in cameras])
+        sizes = (state.shape[0] + sum(e.features for e in self.encoders), *hidden)
+        layers: list[nn.Module] = []
+        for a, b in zip(sizes[:-1], sizes[1:], strict=True):
+            layers += [nn.Linear(a, b), nn.ReLU()]
+        self.head = nn.Sequential(*layers, nn.Linear(sizes[-1], int(np.prod(output.shape))))
+        self.shape = output.shape
+        flat = Spec(output.name, output.dtype, (int(np.prod(output.shape)),), low=output.low, high=output.high)
+        _register_bounds(self, flat)
+
+    def forward(self, state: torch.Tensor, *images: torch.Tensor) -> torch.Tensor:
+        features = [state.float()] + [encoder(image) for encoder, image in zip(self.encoders, images, strict=True)]
+        out = _squash(self.head(torch.cat(features, dim=1)), self.bounded, self.center, self.half_range)
+        return out.reshape((-1, *self.shape))
