@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -138,3 +139,50 @@ def test_a_step_cancelled_from_outside_is_cancelled_not_a_deadline_error():
 
     after = asyncio.run(scenario())
     assert session.stats.errors == {} and after.action.step == 1  # no DEADLINE_EXCEEDED counted; it goes on
+
+
+class BatchCost:
+    """A policy whose latency grows with the batch: 20 ms + 10 ms per row."""
+
+    def __init__(self):
+        self.batches: list[int] = []
+
+    async def infer(self, model, version, inputs, outputs):
+        self.batches.append(len(inputs["obs"]))
+        await asyncio.sleep(0.020 + 0.010 * len(inputs["obs"]))
+        return {"act": inputs["obs"] * 2}
+
+
+def test_earliest_deadline_first_misses_fewer_deadlines_than_arrival_order():
+    """24 requests at once, the 6 urgent ones (300 ms) arriving last behind 18 relaxed ones (10 s), batches of 4
+    at 60 ms each: first come, first served answers the urgent ones after 270-380 ms, earliest deadline first
+    in its first two batches (90 and 150 ms). Both orders side by side on the same load."""
+
+    async def run(order: str) -> tuple[MicroBatcher, list[int]]:
+        batcher = MicroBatcher(BatchCost(), max_batch=4, max_inflight=1, order=order)
+        now = time.time_ns()
+        deadlines = [now + 10_000_000_000] * 18 + [now + 300_000_000] * 6
+        results = await asyncio.gather(*(batcher.infer("m", 1, {"obs": np.full(2, i, np.float32)}, outputs=("act",),
+                                                       deadline_ns=d) for i, d in enumerate(deadlines)))
+        for i, r in enumerate(results):  # each got its own rows back, whatever the order
+            np.testing.assert_array_equal(r["act"], np.full(2, 2 * i, np.float32))
+        return batcher, batcher._backend.batches
+
+    async def both():
+        return await run("arrival"), await run("deadline")
+
+    (arrival, arrival_batches), (edf, edf_batches) = asyncio.run(both())
+    assert arrival_batches == edf_batches == [1, 4, 4, 4, 4, 4, 3]  # never held back for a fuller batch
+    assert arrival.stats.missed >= 5, arrival.stats
+    assert edf.stats.missed == 0, edf.stats
+    with pytest.raises(ValueError, match="order"):
+        MicroBatcher(BatchCost(), order="random")
+
+
+def test_the_batcher_stamps_when_the_batch_formed_and_triton_ran():
+    timing = bridge_pb2.Timing()
+    before = time.time_ns()
+    asyncio.run(MicroBatcher(SlowDoubler(0.01)).infer("m", 1, {"obs": np.ones(2, np.float32)}, outputs=("act",),
+                                                       timing=timing))
+    assert before <= timing.batch_start_ns <= timing.triton_start_ns < timing.triton_end_ns <= time.time_ns()
+    assert timing.triton_end_ns - timing.triton_start_ns >= 10_000_000
