@@ -39,6 +39,7 @@ class GatewayConfig:
     max_batch: int = 64
     max_inflight: int = 1            # concurrent Triton batches per policy version (1 = biggest batches)
     batch_order: str = "deadline"    # queued requests leave earliest deadline first, or "arrival" (FIFO)
+    decode_threads: int = 2          # threads decoding camera frames (JPEG, PNG): bridge.gateway.session.images
     triton_timeout_s: float = 10.0   # how long start() waits for Triton to be ready
     model_repository: Path | None = None  # Triton's repository (same host): needed to publish versions
     experience_dir: Path | None = None    # the experience log; None = no logging
@@ -110,6 +111,8 @@ class GatewayConfig:
                              "persistent models of --persistent-versions")
         if self.deadline_ms <= 0:
             raise ValueError(f"deadline_ms must be positive, got {self.deadline_ms}")
+        if not 1 <= self.decode_threads <= 64:
+            raise ValueError(f"decode_threads must be 1..64, got {self.decode_threads}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"port out of range: {self.port}")
         if self.console_port is not None and not 0 <= self.console_port < 65536:
@@ -158,6 +161,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-order", choices=("deadline", "arrival"), default="deadline",
                    help="which queued observations leave first: earliest deadline (Observation.deadline_ns) or "
                         "first come, first served")
+    p.add_argument("--decode-threads", type=int, default=2,
+                   help="threads decoding camera frames (JPEG, PNG tensors) into the policy's uint8 batch")
     p.add_argument("--model-repository", type=Path, metavar="PATH[,PATH...]",
                    help="Triton's model repository (to publish new versions); with several --triton replicas one "
                         "shared by all, or one per replica in the same order (versions copied from --artifact-store)")
@@ -240,7 +245,7 @@ def from_arguments(a: argparse.Namespace) -> GatewayConfig:
             read_secret(a.triton_secret_file)  # a missing or malformed file fails here, naming it (never the secret)
         return GatewayConfig(triton_url=a.triton, policy=a.policy, host=a.host, port=a.port,
                              deadline_ms=a.deadline_ms, max_batch=a.max_batch, max_inflight=a.max_inflight,
-                             batch_order=a.batch_order,
+                             batch_order=a.batch_order, decode_threads=a.decode_threads,
                              triton_timeout_s=a.triton_timeout,
                              model_repository=repositories[0] if repositories else None,
                              model_repositories=repositories if len(repositories) > 1 else (),

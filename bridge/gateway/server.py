@@ -119,7 +119,8 @@ class Gateway:
             limits=config.limits, deadline_s=config.deadline_ms / 1e3, switch=config.switch, catalog=self.catalog,
             rollout=self.rollout, rewards=self.rewards, admission=self.admission, batcher=self.batcher,
             sessions=self.sessions, experience=lambda: self.experience, open_access=lambda: self.auth.open_access,
-            close=self.close_session)  # a takeover (same id, same identity) closes the old session
+            close=self.close_session,  # a takeover (same id, same identity) closes the old session
+            decode_threads=config.decode_threads)  # camera frames: session.images
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self.address = ""
@@ -223,6 +224,7 @@ class Gateway:
         if self.experience is not None:
             await self.experience.close()
         await self.rollout.stop()
+        self.factory.close()  # the image decoding threads
         self.owners.close()
         if self.estops.registry is not self.registry:
             self.estops.registry.close()

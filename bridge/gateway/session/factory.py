@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 
 from bridge.gateway.errors import DuplicateSession, InvalidHello, PermissionDenied
 from bridge.gateway.session.batcher import MicroBatcher
+from bridge.gateway.session.images import DEFAULT_THREADS, ImageDecoder, encoded
 from bridge.gateway.session.limits import Admission, Limits, check_hello, may_route
 from bridge.gateway.session.recorder import Recorder, RecorderGroup
 from bridge.gateway.session.session import Session
@@ -52,15 +53,17 @@ class SessionFactory:
                  sessions: MutableMapping[str, Session | VectorSession], experience: Callable[[], object | None],
                  open_access: Callable[[], bool],
                  close: Callable[[Session | VectorSession], None] | None = None,
-                 claim: Callable[..., Awaitable[int]] | None = None):
+                 claim: Callable[..., Awaitable[int]] | None = None, decode_threads: int = DEFAULT_THREADS):
         """`close`: what closes a session whose stream ended (Gateway.close_session); a takeover closes the old
         session with it. `claim(session_id, log_keys, identity=...)`: the gateway's ownership claim on the id
-        before its recorder reads the log (returns the epoch its transitions carry; see bridge.registry.ownership)."""
+        before its recorder reads the log (returns the epoch its transitions carry; see bridge.registry.ownership).
+        `decode_threads`: the pool decoding camera frames (session.images), made with the first camera session."""
         self._limits, self._deadline_s, self._switch = limits, deadline_s, switch
         self._catalog, self._rollout, self._rewards = catalog, rollout, rewards
         self._admission, self._batcher, self._sessions = admission, batcher, sessions
         self._experience, self._open_access, self._close = experience, open_access, close
         self._claim = claim
+        self._decode_threads, self._images = decode_threads, None
         self._ids = itertools.count(1)  # ids the gateway gives: session-<boot>-<n> (see new_session_id)
         self._boot = secrets.token_hex(4)  # this start's: ids never repeat across restarts
         self._last_seen: OrderedDict[str, int] = OrderedDict()  # closed sessions' last steps (newest REMEMBERED)
@@ -84,6 +87,10 @@ class SessionFactory:
         await self._rollout.track(policy.name)
         if why := check_compatible(policy, observation, action):
             raise InvalidHello(why)
+        vector = hello.num_envs > 1 or hello.batched
+        if vector and (cameras := encoded(observation)):
+            raise InvalidHello(f"observation_spec {sorted(cameras)}: encoded images (JPEG, PNG) are not taken in "
+                               "vectorised sessions (num_envs > 1 or batched): send them as RAW uint8 tensors")
         rewards = self._rewards.get(policy.name) or RewardFunction.passthrough()
         try:
             rewards.check_specs(observation, action)
@@ -92,7 +99,6 @@ class SessionFactory:
         session_id = hello.session_id or self.new_session_id()
         self._refuse_other(session_id, peer, identity)  # before the claim: a refusal moves no epoch
         experience = None if session_id in self._rollout.evaluating else self._experience()  # the gate's: not data
-        vector = hello.num_envs > 1 or hello.batched
         keys = [f"{session_id}/{i}" for i in range(max(1, hello.num_envs))] if vector else [session_id]
         if experience is not None and (prepare := getattr(experience, "prepare", None)) is not None:
             await prepare(keys)  # a stream log (JetStream) learns the session's last step there: it may have moved
@@ -134,12 +140,24 @@ class SessionFactory:
         session = Session(session_id=session_id, source=hello.source, policy=policy,
                           observation_spec=observation, action_spec=action, batcher=self._batcher,
                           deadline_s=self._deadline_s, rewards=rewards, recorder=recorder,
-                          router=self._rollout, switch=self._switch, labels=dict(hello.labels))
+                          router=self._rollout, switch=self._switch, labels=dict(hello.labels),
+                          images=self.images() if encoded(observation) else None)
         session.route_labels = route
         self._admission.admit(session_id, peer=peer)
         self._sessions[session_id] = session
         log.info("session %s from %s on %s v%d", session_id, hello.source or "?", policy.name, policy.version)
         return session
+
+    def images(self) -> ImageDecoder:
+        """The gateway's pool decoding camera frames, made when the first session with cameras opens."""
+        if self._images is None:
+            self._images = ImageDecoder(threads=self._decode_threads)
+        return self._images
+
+    def close(self) -> None:
+        """Stop the image decoding threads (the gateway stops)."""
+        if self._images is not None:
+            self._images.close()
 
     def _refuse_other(self, session_id: str, peer: str, identity: str | None) -> None:
         """A session connected here under another identity (else peer host) keeps its id: PermissionDenied for an

@@ -27,6 +27,7 @@ from typing import Protocol
 import numpy as np
 
 from bridge.gateway.session.batcher import MicroBatcher
+from bridge.gateway.session.images import ImageDecoder, encoded
 from bridge.gateway.session.recorder import Recorder, RecorderGroup, RewardOutcome
 from bridge.gateway.versions.catalog import LOG_PROB, ServedPolicy
 from bridge.rewards import RewardFunction
@@ -184,7 +185,8 @@ class Session(SessionBase):
                  observation_spec: tuple[Spec, ...], action_spec: tuple[Spec, ...],
                  batcher: MicroBatcher, deadline_s: float, rewards: Rewards | None = None,
                  recorder: Recorder | None = None, router: VersionRouter | None = None, switch: str = "episode",
-                 labels: Mapping[str, str] | None = None):
+                 labels: Mapping[str, str] | None = None, images: ImageDecoder | None = None):
+        """`images`: the pool decoding camera frames (session.images); None decodes them in the step."""
         self.id, self.source, self.labels = session_id, source, dict(labels or {})
         self.policy, self.observation_spec, self.action_spec = policy, observation_spec, action_spec
         self.rewards = rewards or RewardFunction.passthrough()
@@ -196,6 +198,7 @@ class Session(SessionBase):
         self._switch_every_step = switch == "step"
         self._batcher = batcher
         self._deadline_s = deadline_s
+        self._images, self._encoded = images, encoded(observation_spec)
         last = self.recorder.next_step - 1  # the log has steps up to here: replays of them are duplicates
         self._last_step: int | None = last if last >= 0 else None
         self._episode_return = 0.0
@@ -225,7 +228,9 @@ class Session(SessionBase):
         if (out_of_order := self._out_of_order(obs.step)) is not None:
             return out_of_order
         try:
-            arrays = self._checked(obs)
+            decoded = await self._images.decode(self._encoded, obs.tensors) if self._encoded and self._images \
+                else None
+            arrays = self._checked(obs, decoded=decoded)
         except TensorError as exc:
             return self._error(obs.step, Code.INVALID_OBSERVATION, exc.field, str(exc))
         if obs.HasField("guard"):
@@ -332,11 +337,12 @@ class Session(SessionBase):
         pending, self._guard_pending = self._guard_pending, 0
         return pending
 
-    def _checked(self, obs: bridge_pb2.Observation, prefix: str = "") -> dict[str, np.ndarray]:
+    def _checked(self, obs: bridge_pb2.Observation, prefix: str = "",
+                 decoded: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """An observation's arrays, checked against the session's specs: its tensors (names, dtypes,
         shapes, finite), its reward (finite) and the `applied_action` it reports (as an action). TensorError
-        names the field (`prefix.` first: "next.applied_action.action")."""
-        arrays = _checked_tensors(self.observation_spec, obs.tensors, prefix)
+        names the field (`prefix.` first: "next.applied_action.action"). `decoded`: its images, decoded by the pool."""
+        arrays = _checked_tensors(self.observation_spec, obs.tensors, prefix, decoded)
         if not math.isfinite(obs.reward):
             raise TensorError(f"{prefix}.reward" if prefix else "reward", f"non-finite reward {obs.reward}")
         if obs.applied_action:  # what the edge really applied: logged, and trained on by BC
@@ -396,10 +402,11 @@ def replayed_log_prob(values, rows: int) -> np.ndarray | None:
     return np.fromiter(values, np.float32, count=rows)
 
 
-def _checked_tensors(specs: tuple[Spec, ...], tensors, prefix: str) -> dict[str, np.ndarray]:
+def _checked_tensors(specs: tuple[Spec, ...], tensors, prefix: str,
+                     decoded: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """`check_all`, with the field the tensor came in named in the error ("applied_action.action")."""
     try:
-        return check_all(specs, tensors)
+        return check_all(specs, tensors, decoded)
     except TensorError as exc:
         if not prefix:
             raise

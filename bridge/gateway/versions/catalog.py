@@ -13,11 +13,11 @@ session gets.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from bridge.gateway.errors import PolicyUnavailable, UnknownPolicy
-from protos.codec import Spec
+from protos.codec import RAW, Spec, encoding_name
 
 
 class PolicyServer(Protocol):
@@ -92,15 +92,17 @@ def check_compatible(policy: ServedPolicy, observation: Sequence[Spec], action: 
 
     Every policy input must be declared as an observation tensor (extra observation tensors are
     fine: they are logged, not inferred); every action tensor must be a policy output (extra
-    outputs, e.g. a stochastic policy's `log_prob` and `action_mean`, stay in the gateway).
+    outputs, e.g. a stochastic policy's `log_prob` and `action_mean`, stay in the gateway). An encoded
+    observation (a camera's JPEG or PNG) must decode to exactly the policy's input: its uint8 (H, W, C).
     """
     declared = {s.name: s for s in observation}
     for spec in policy.inputs:
         got = declared.get(spec.name)
         if got is None:
             return f"observation_spec lacks {spec.name!r}, an input of policy {policy.name!r}"
-        if got != spec:
-            return (f"observation_spec {spec.name!r} is {got.dtype.name}{list(got.shape)}, policy "
+        if replace(got, encoding=spec.encoding) != spec:
+            sent = f" ({encoding_name(got.encoding)})" if got.encoding != RAW else ""
+            return (f"observation_spec {spec.name!r}{sent} is {got.dtype.name}{list(got.shape)}, policy "
                     f"{policy.name!r} takes {spec.dtype.name}{list(spec.shape)}")
     outputs = {s.name: s for s in policy.outputs}
     given = {s.name: s for s in action}
