@@ -30,7 +30,7 @@ from pathlib import Path
 
 from bridge.client.channel import Credentials
 from bridge.ros2 import messages
-from bridge.ros2.chunks import MERGES
+from bridge.client.chunks import MERGES
 from bridge.ros2.estop import RELEASE_TOPIC, STATE_TOPIC
 from bridge.ros2.guard import GuardConfig
 from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, TopicMap, load_topic_map  # noqa: F401

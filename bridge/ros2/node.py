@@ -26,7 +26,7 @@ next tick plus a round trip.
 
 What goes out on the command topics. Per step (`chunk=0`): the reply's action, through
 `SafetyGuard.filter`, published the moment it arrives. With chunks (`chunk=H`, the policy's action
-tensors are `(H, ...)`): the chunk's actions queue by control tick (`bridge.ros2.chunks`), every
+tensors are `(H, ...)`): the chunk's actions queue by control tick (`bridge.client.chunks`), every
 tick publishes the next one through the guard, and the next chunk is requested once no more than
 `chunk_threshold` actions are left, so it lands before the queue runs dry (`stats.starved` counts
 ticks that found it empty; a period that starts late by whole periods skips their actions, so a
@@ -128,7 +128,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bridge.ros2 import messages
-from bridge.ros2.chunks import ActionQueue, CommandSource
+from bridge.client.chunks import ActionQueue, CommandSource
 from bridge.ros2.edge_config import EdgeConfig, EdgeConfigError, unmeasured_commands
 from bridge.ros2.edge_stats import EdgeStats
 from bridge.ros2.estop import ESTOP_TOPIC
