@@ -38,6 +38,7 @@ TYPESTORE = get_typestore(Stores.ROS2_HUMBLE)
 
 JOINT_STATE = "sensor_msgs/msg/JointState"
 IMAGE = "sensor_msgs/msg/Image"
+COMPRESSED_IMAGE = "sensor_msgs/msg/CompressedImage"  # a camera driver's JPEG/PNG bytes (forwarded untouched)
 IMU = "sensor_msgs/msg/Imu"
 TWIST = "geometry_msgs/msg/Twist"
 ODOMETRY = "nav_msgs/msg/Odometry"
@@ -50,6 +51,7 @@ STRING = "std_msgs/msg/String"  # operator names (e-stop release); no tensor con
 FIELDS: dict[str, tuple[str, ...]] = {
     JOINT_STATE: ("position", "velocity", "effort"),
     IMAGE: ("image",),
+    COMPRESSED_IMAGE: ("image",),
     IMU: ("orientation", "angular_velocity", "linear_acceleration"),
     TWIST: ("twist",),
     ODOMETRY: ("pose", "twist"),
@@ -59,7 +61,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
 }
 SUPPORTED: tuple[str, ...] = tuple(FIELDS)
 
-_CHANNELS = {"rgb8": 3, "mono8": 1}
+_CHANNELS = {"rgb8": 3, "mono8": 1, "bgr8": 3}  # bgr8 is read as RGB (its channels reversed, a view)
 
 
 class MessageError(ValueError):
@@ -195,7 +197,29 @@ def image_array(msg: object) -> np.ndarray:
     data = np.asarray(msg.data, dtype=np.uint8)
     if step < w * channels or data.size < h * step:
         raise MessageError(f"Image: {data.size} bytes with step {step} for {h}x{w} {msg.encoding}")
-    return data[: h * step].reshape(h, step)[:, : w * channels].reshape(h, w, channels)
+    view = data[: h * step].reshape(h, step)[:, : w * channels].reshape(h, w, channels)
+    return view[:, :, ::-1] if msg.encoding == "bgr8" else view
+
+
+def compressed_image(data: bytes, *, format: str = "jpeg", stamp: float | None = None, frame_id: str = "") -> object:
+    """A `sensor_msgs/CompressedImage` holding a JPEG or PNG file's bytes (`format` as drivers write it:
+    "jpeg", "png", or image_transport's "rgb8; jpeg compressed bgr8").
+
+    >>> msg = deserialize(serialize(compressed_image(b"\\xff\\xd8 jpeg bytes")), COMPRESSED_IMAGE)
+    >>> msg.format, compressed_format(msg), bytes(msg.data[:2])
+    ('jpeg', 'jpeg', b'\\xff\\xd8')
+    """
+    return message_class(COMPRESSED_IMAGE)(header=header(stamp=stamp, frame_id=frame_id), format=format,
+                                           data=np.frombuffer(bytes(data), np.uint8))
+
+
+def compressed_format(msg: object) -> str:
+    """'jpeg' or 'png': which file a CompressedImage holds, read from its `format` string."""
+    text = msg.format.lower()
+    for name, words in (("png", ("png",)), ("jpeg", ("jpeg", "jpg"))):
+        if any(w in text for w in words):
+            return name
+    raise MessageError(f"CompressedImage.format {msg.format!r} is neither jpeg nor png")
 
 
 def _vec3(v: object) -> list[float]:
@@ -308,6 +332,8 @@ def to_arrays(msg: object, *, joints: Sequence[str] = ()) -> dict[str, np.ndarra
         return joint_state_arrays(msg, joints)
     if name == IMAGE:
         return {"image": image_array(msg)}
+    if name == COMPRESSED_IMAGE:  # the file's bytes; bridge.ros2.cameras makes its tensor
+        return {"image": np.asarray(msg.data, np.uint8)}
     if name == IMU:
         return imu_arrays(msg)
     if name == TWIST:
@@ -340,6 +366,9 @@ def from_arrays(name: str, arrays: Mapping[str, np.ndarray], *, joints: Sequence
         return joint_state(names=joints, stamp=stamp, **arrays)
     if name == IMAGE:
         return image(need("image"), stamp=stamp)
+    if name == COMPRESSED_IMAGE:  # the file's bytes: PNG by its signature, else JPEG
+        data = np.asarray(need("image"), np.uint8).tobytes()
+        return compressed_image(data, format="png" if data.startswith(b"\x89PNG") else "jpeg", stamp=stamp)
     if name == IMU:
         return imu(stamp=stamp, **arrays)
     if name == TWIST:
@@ -373,4 +402,4 @@ def field_shape(name: str, field: str, *, joints: Sequence[str] = ()) -> tuple[i
 def field_dtype(name: str, field: str) -> np.dtype:
     """The numpy dtype `to_arrays` returns for `field` of a supported type."""
     name = supported_type(name)
-    return np.dtype(np.uint8 if name == IMAGE else bool if name == BOOL else np.float64)
+    return np.dtype(np.uint8 if name in (IMAGE, COMPRESSED_IMAGE) else bool if name == BOOL else np.float64)

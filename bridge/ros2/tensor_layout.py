@@ -48,6 +48,7 @@ class _Slot:
     dtype: np.dtype
     nbytes: int
     part: slice                    # where the tensor sits in the guard's command vector
+    encoded: bool = False          # a camera's: its value is an encoded Tensor already (bridge.ros2.cameras)
 
 
 class TensorLayout:
@@ -59,17 +60,20 @@ class TensorLayout:
         for s in self.specs:
             n = math.prod(s.shape)
             slots.append(_Slot(s.name, dtype_to_proto(s.dtype), list(s.shape), s.dtype, n * s.dtype.itemsize,
-                               slice(start, start + n)))
+                               slice(start, start + n), s.encoding != tensor_pb2.RAW))
             start += n
         self._slots = tuple(slots)
         self.size = start
 
     def fill(self, tensors, arrays: Mapping[str, np.ndarray]) -> None:
         """Add the arrays to a message's repeated `tensors` field, in place; they already have the
-        specs' dtypes and shapes."""
+        specs' dtypes and shapes (a camera's value is its encoded Tensor: appended as it is)."""
         add = tensors.add
         for t in self._slots:
-            add(name=t.name, dtype=t.code, shape=t.shape, data=arrays[t.name].tobytes())
+            if t.encoded:
+                tensors.append(arrays[t.name])
+            else:
+                add(name=t.name, dtype=t.code, shape=t.shape, data=arrays[t.name].tobytes())
 
     def vector(self, tensors: Sequence[tensor_pb2.Tensor]) -> np.ndarray:
         """The tensors as the guard's float64 command vector (spec order). The usual case, exactly

@@ -18,6 +18,20 @@ policy's action (after the safety guard) into command messages:
     >>> [(entry.topic, msg.data.tolist()) for entry, msg in tmap.commands({"action": np.ones(6)})]
     [('/policy_controller/commands', [1.0, 1.0, 1.0, 1.0, 1.0, 1.0])]
 
+Cameras (bridge.ros2.cameras) travel encoded: a `sensor_msgs/msg/CompressedImage` entry's tensor declares its
+decoded `shape` and `format` (jpeg, png), a raw `sensor_msgs/msg/Image` one may `encode` it (format, quality,
+resize); their observation values are then encoded `Tensor`s, not arrays:
+
+    >>> cams = parse_topic_map({"observation": [
+    ...     {"topic": "/wrist/compressed", "type": "sensor_msgs/msg/CompressedImage",
+    ...      "tensors": {"wrist": {"field": "image", "shape": [240, 320, 3], "format": "jpeg"}}},
+    ...     {"topic": "/front/image_raw", "type": "sensor_msgs/msg/Image",
+    ...      "tensors": {"front": {"field": "image", "shape": [224, 224, 3],
+    ...                            "encode": {"format": "jpeg", "quality": 90, "resize": [224, 224]}}}}],
+    ...     "action": yaml.safe_load(DEFAULT_TOPIC_MAP.read_text())["action"]})
+    >>> [(s.name, s.shape, s.encoding) for s in cams.observation_specs()]
+    [('wrist', (240, 320, 3), 1), ('front', (224, 224, 3), 1)]
+
 Mistakes are reported with the key that holds them:
 
     >>> try:
@@ -40,8 +54,10 @@ import numpy as np
 import yaml
 
 from bridge.ros2 import messages
+from bridge.ros2.cameras import Camera, CameraConfigError
 from bridge.ros2.transport import TransportError, ros_topic
-from protos.codec import Spec, TensorError
+from protos.codec import IMAGE_FORMATS, Spec, TensorError
+from protos.tether.v1 import tensor_pb2
 
 DEFAULT_TOPIC_MAP = Path(__file__).resolve().parents[2] / "launch" / "config" / "topic_map.yaml"
 GAZEBO_TOPIC_MAP = DEFAULT_TOPIC_MAP.with_name("gazebo_arm.yaml")
@@ -59,11 +75,12 @@ class MissingMessageError(LookupError):
 @dataclass(frozen=True)
 class TensorMap:
     """One tensor: which array `field` of the topic's message it is, and its `Spec`; for action
-    tensors, optionally the guard's per-element velocity limit (units/s)."""
+    tensors, optionally the guard's per-element velocity limit (units/s); for a camera, how it is encoded."""
 
     field: str
     spec: Spec
     velocity_limit: tuple[float, ...] = ()
+    camera: Camera | None = None
 
 
 @dataclass(frozen=True)
@@ -141,8 +158,9 @@ class TopicMap:
                 out += [positions[j] for j in entry.joints]
         return np.array(out, np.float64)
 
-    def observation_arrays(self, latest: Mapping[str, object]) -> dict[str, np.ndarray]:
-        """The observation from the latest message per topic (`{topic: msg}`), in spec dtypes."""
+    def observation_arrays(self, latest: Mapping[str, object]) -> dict[str, np.ndarray | tensor_pb2.Tensor]:
+        """The observation from the latest message per topic (`{topic: msg}`), in spec dtypes; a camera's
+        value is its encoded `Tensor` (bridge.ros2.cameras)."""
         out = {}
         for entry in self.observation:
             msg = latest.get(entry.topic)
@@ -153,6 +171,12 @@ class TopicMap:
             except messages.MessageError as exc:
                 raise messages.MessageError(f"{entry.topic}: {exc}") from None
             for tm in entry.tensors:
+                if tm.camera is not None:
+                    try:
+                        out[tm.spec.name] = tm.camera.tensor(tm.spec, msg)
+                    except messages.MessageError as exc:
+                        raise messages.MessageError(f"{entry.topic}: {exc}") from None
+                    continue
                 if tm.field not in arrays:
                     raise messages.MessageError(f"{entry.topic}: {entry.type}.{tm.field} is empty, "
                                                 f"but tensor {tm.spec.name!r} needs it")
@@ -369,8 +393,11 @@ def _per_joint(ctx: _Ctx, template: str, msg_type: str, reliable: bool, joints: 
 
 
 def _tensor(ctx: _Ctx, entry: TopicEntry, name: str, value: object, key: str, *, action: bool) -> TensorMap:
-    d = ctx.mapping(value, key, {"field", "dtype", "shape"} | ({"bounds", "velocity_limit"} if action else set()),
-                    {"field"})
+    cameras = {messages.IMAGE: {"encode"}, messages.COMPRESSED_IMAGE: {"format"}}.get(entry.type, set())
+    d = ctx.mapping(value, key, {"field", "dtype", "shape"} | ({"bounds", "velocity_limit"} if action else cameras),
+                    {"field"} | ({"shape"} if entry.type == messages.COMPRESSED_IMAGE else set()))
+    if action and entry.type == messages.COMPRESSED_IMAGE:
+        raise ctx.error(f"{key}", f"{entry.type} is an observation type (the edge does not publish it)")
     field = d["field"]
     if field not in messages.FIELDS[entry.type]:
         raise ctx.error(f"{key}.field", f"{field!r} is not one of {list(messages.FIELDS[entry.type])}")
@@ -390,14 +417,38 @@ def _tensor(ctx: _Ctx, entry: TopicEntry, name: str, value: object, key: str, *,
             raise ctx.error(f"{key}.shape", f"expected a list of non-negative integers, got {declared!r}")
         if shape is not None and tuple(declared) != shape:
             raise ctx.error(f"{key}.shape", f"{declared} disagrees with {entry.type}.{field}: {list(shape)}")
-        if entry.type == messages.IMAGE and (len(declared) != 3 or declared[2] not in (1, 3)):
+        if entry.type in (messages.IMAGE, messages.COMPRESSED_IMAGE) and (len(declared) != 3 or
+                                                                           declared[2] not in (1, 3)):
             raise ctx.error(f"{key}.shape", f"{declared} is not [height, width, 1 or 3]")
         shape = tuple(declared)
     if shape is None:
         raise ctx.error(f"{key}.shape", f"missing: {entry.type}.{field} has no fixed shape")
     low, high = _bounds(ctx, d.get("bounds"), entry, shape, f"{key}.bounds")
     limit = _velocity_limit(ctx, d.get("velocity_limit"), entry, shape, f"{key}.velocity_limit")
-    return TensorMap(field, Spec(name, dtype, shape, low, high), limit)
+    camera = _camera(ctx, d, entry, dtype, shape, key)
+    spec = Spec(name, dtype, shape, low, high, encoding=camera.encoding if camera else tensor_pb2.RAW)
+    return TensorMap(field, spec, limit, camera)
+
+
+def _camera(ctx: _Ctx, d: dict, entry: TopicEntry, dtype: np.dtype, shape: tuple[int, ...],
+            key: str) -> Camera | None:
+    """A CompressedImage's `format` (its bytes go as they came), or a raw Image's `encode` settings; None: the
+    tensor travels as it is (RAW)."""
+    if entry.type == messages.COMPRESSED_IMAGE:
+        fmt = d.get("format", "jpeg")
+        if fmt not in IMAGE_FORMATS:
+            raise ctx.error(f"{key}.format", f"{fmt!r} is not one of {sorted(IMAGE_FORMATS)}")
+        camera = Camera(fmt)
+    elif "encode" in d:
+        try:
+            camera = Camera.parse(d["encode"], shape=shape, key=f"{key}.encode")
+        except CameraConfigError as exc:
+            raise ctx.error(*str(exc).split(": ", 1)) from None
+    else:
+        return None
+    if dtype != np.uint8:
+        raise ctx.error(f"{key}.dtype", f"{dtype.name}: an encoded camera tensor is uint8")
+    return camera
 
 
 def _velocity_limit(ctx: _Ctx, value: object, entry: TopicEntry, shape: tuple[int, ...],

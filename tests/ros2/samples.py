@@ -12,6 +12,7 @@ SAMPLES = (
     m.joint_state(names=["only_names"], stamp=0.0),
     m.image(np.arange(4 * 5 * 3, dtype=np.uint8).reshape(4, 5, 3), stamp=2.5, frame_id="cam"),
     m.image(np.arange(3 * 7, dtype=np.uint8).reshape(3, 7), frame_id="mono"),
+    m.compressed_image(b"\xff\xd8\xff\xe0 not a whole JPEG, 29 bytes", format="jpeg", stamp=2.75, frame_id="cam"),
     m.imu(orientation=[0.0, 0.0, 0.6, 0.8], angular_velocity=[0.1, 0.2, 0.3],
           linear_acceleration=[0.0, 0.0, 9.81], stamp=3.5, frame_id="imu"),
     m.twist([0.5, 0.0, 0.0, 0.0, 0.0, -0.25]),
