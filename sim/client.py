@@ -33,9 +33,11 @@ import numpy as np
 
 from bridge.client import ClientStats, Credentials, Session, SessionError
 from bridge.client.channel import aio_channel
+from bridge.client.chunks import ChunkConfig, ChunkExecutor
 from bridge.client.session import CHANNEL_OPTIONS
 from protos.codec import TensorError, decode_all, encode_all
 from protos.tether.v1 import bridge_pb2
+from sim.chunked import chunk_hello_specs, drive_chunks
 from sim.env import Environment, StepType, TimeStep, zeros
 from sim.vector import VectorEnvironment, VectorTimeStep, safe_action
 
@@ -242,13 +244,19 @@ async def _one_session(addresses: list[str], channels: dict, credentials: Creden
                        labels: Mapping[str, str], stats: SimStats, budget: _Budget, connect_timeout: float,
                        reply_timeout: float, reconnect_s: float, controller: Controller | None,
                        episodes: int | None, sessions: list[Session], balanced: bool = False,
-                       rate_hz: float | None = None) -> None:
+                       rate_hz: float | None = None, chunks: ChunkConfig | None = None,
+                       delay_ticks: int | None = None, executors: list[ChunkExecutor] | None = None) -> None:
     vector = isinstance(env, VectorEnvironment)
+    observation_spec, action_spec = env.observation_spec(), env.action_spec()
+    if chunks is not None:
+        if vector:
+            raise ValueError("chunks: only single-env sessions execute chunks, not a vector env")
+        observation_spec, action_spec = chunk_hello_specs(env, chunks)
     hello = bridge_pb2.Hello(
         session_id=session_id, policy=policy, source=getattr(env, "source", f"sim:{type(env).__name__}"),
-        observation_spec=[s.to_proto() for s in env.observation_spec()],
-        action_spec=[s.to_proto() for s in env.action_spec()],
-        labels={"env_index": str(index), **labels},
+        observation_spec=[s.to_proto() for s in observation_spec],
+        action_spec=[s.to_proto() for s in action_spec],
+        labels={"env_index": str(index), **labels, **({"chunk": str(chunks.horizon)} if chunks else {})},
         num_envs=env.num_envs if vector else 0, batched=vector)
     session = Session(addresses, hello, credentials=credentials, connect_timeout_s=connect_timeout,
                       reply_timeout_s=reply_timeout, reconnect_s=reconnect_s, channels=channels,
@@ -259,6 +267,9 @@ async def _one_session(addresses: list[str], channels: dict, credentials: Creden
         stats.sessions += 1
         if vector:
             await _drive_vector(session, env, stats=stats, budget=budget, rate_hz=rate_hz)
+        elif chunks is not None:
+            await drive_chunks(session, env, config=chunks, stats=stats, budget=budget, pacer=Pacer(rate_hz),
+                               episodes=episodes, delay_ticks=delay_ticks, executors=executors)
         else:
             await _drive(session, env, stats=stats, budget=budget, controller=controller, episodes=episodes,
                          rate_hz=rate_hz)
@@ -284,7 +295,8 @@ async def run_sessions(target: str | Sequence[str], make_env: Callable[[int], En
                        until: Callable[[SimStats], bool] | None = None, episodes: int | None = None,
                        session_prefix: str | None = None, tls: ClientTls | None = None,
                        token: str | None = None, sessions_out: list[Session] | None = None,
-                       balanced: bool = False, rate_hz: float | None = None) -> SimStats:
+                       balanced: bool = False, rate_hz: float | None = None, chunks: ChunkConfig | None = None,
+                       delay_ticks: int | None = None, executors_out: list[ChunkExecutor] | None = None) -> SimStats:
     """Run `envs` sessions against the gateway at `target` (HOST:PORT, or a list of them to fail over
     across) until `seconds` or `steps` (total env steps over all sessions, exact) runs out; return their
     `SimStats`. A `VectorEnvironment` from `make_env` gets a vectorised session (see `run_vector_sessions`).
@@ -303,6 +315,9 @@ async def run_sessions(target: str | Sequence[str], make_env: Callable[[int], En
     checking, for the first Hello and each failover (bridge.client.session's docstring).
     `rate_hz`: a fixed control rate, as a robot's: each session steps at most that many times a second
     (`Pacer`; a vectorised session: that many exchanges of N env steps). Default: as fast as replies come.
+    `chunks`: a chunked policy's chunks, executed tick by tick (`sim.chunked`: one observation per chunk, the
+    prefix with `chunks.prefix`, steps count env steps); `delay_ticks`: its inference latency in ticks (default
+    0 without `rate_hz`, measured with it); `executors_out` receives each session's `ChunkExecutor`.
 
     Raises ConnectionError if no gateway is reachable within `connect_timeout`,
     SessionError if it rejects a session or breaks the protocol, TimeoutError if a reply takes
@@ -317,6 +332,14 @@ async def run_sessions(target: str | Sequence[str], make_env: Callable[[int], En
     if (seconds is not None and seconds <= 0) or (steps is not None and steps < 0):
         raise ValueError(f"budget must be positive, got seconds={seconds} steps={steps}")
     rate_hz = check_rate(rate_hz)
+    if chunks is None and (delay_ticks is not None or executors_out is not None):
+        raise ValueError("delay_ticks and executors_out go with chunks (a chunked policy)")
+    if chunks is not None and controller is not None:
+        raise ValueError("chunks: not with a controller (it acts per step, not per chunk)")
+    if delay_ticks is not None and (isinstance(delay_ticks, bool) or not isinstance(delay_ticks, int)
+                                    or not 0 <= delay_ticks <= chunks.horizon):
+        raise ValueError(f"delay_ticks: expected an integer in [0, {chunks.horizon}] (the chunk horizon), "
+                         f"got {delay_ticks!r}")
     addresses = [target] if isinstance(target, str) else list(target)
     credentials = tls.credentials(token) if tls is not None else Credentials(token=token)
     channels = {address: aio_channel(address, credentials, options=CHANNEL_OPTIONS) for address in addresses}
@@ -342,7 +365,8 @@ async def run_sessions(target: str | Sequence[str], make_env: Callable[[int], En
                         addresses, channels, credentials, env, index=i, session_id=f"{prefix}-{i}", policy=policy,
                         labels=labels or {}, stats=stats, budget=budget, connect_timeout=connect_timeout,
                         reply_timeout=reply_timeout, reconnect_s=reconnect_s, controller=controller,
-                        episodes=quotas[i], sessions=sessions, balanced=balanced, rate_hz=rate_hz))
+                        episodes=quotas[i], sessions=sessions, balanced=balanced, rate_hz=rate_hz,
+                        chunks=chunks, delay_ticks=delay_ticks, executors=executors_out))
         except BaseExceptionGroup as group:
             first = group.exceptions[0]
             if len(group.exceptions) > 1:

@@ -129,22 +129,25 @@ class ActionQueue:
         self._slots: dict[int, _Slot] = {}
 
     def add(self, actions: np.ndarray, *, start: int, now: int, chunk: int, policy_version: int,
-            blend: int = 0) -> int:
+            blend: int = 0, last: np.ndarray | None = None) -> int:
         """Merge a chunk whose first action is for tick `start`; returns how many of its actions are
         still ahead (ticks >= `now`). `blend` (merge `newest` only): the first `blend` ticks from `now`
-        that had an action queued cross-fade from it (see the module doc)."""
+        cross-fade from what was queued for them (see the module doc); where the old chunk ran out, from
+        its last action, or `last` (the last executed action) when nothing was queued at all."""
         actions = np.asarray(actions, np.float64)
         if actions.shape != (self.horizon, self.size):
             raise ValueError(f"chunk: expected shape ({self.horizon}, {self.size}), got {actions.shape}")
         if blend and self.merge != "newest":
             raise ValueError(f"blend: only with merge 'newest', not {self.merge!r}")
         first = max(start, now)
+        old = last
         for tick in range(first, start + self.horizon):
             index = tick - start
             slot = self._slots.get(tick)
-            if slot is not None and tick - now < blend:
-                w = (tick - now + 1) / (blend + 1)
+            if slot is not None:
                 old = slot.total / slot.weight
+            if old is not None and tick - now < blend:
+                w = (tick - now + 1) / (blend + 1)
                 self._slots[tick] = _Slot(old + w * (actions[index] - old), 1.0, 1,
                                           CommandSource(chunk, index, policy_version, 1, w))
             elif slot is None or self.merge == "newest":
@@ -272,8 +275,9 @@ class ChunkExecutor:
     `Executed` in `trace` and `Arrival`s in `arrivals` (for reports and tests).
     """
 
-    def __init__(self, config: ChunkConfig, *, size: int, keep: int = 0):
+    def __init__(self, config: ChunkConfig, *, size: int, delay: int = 0, keep: int = 0):
         self.config = config
+        self._initial = _count("delay", delay, 0, config.horizon)
         self.queue = ActionQueue(horizon=config.horizon, size=size, merge=config.merge, decay=config.decay)
         self.pending: ChunkRequest | None = None
         self.delays: deque[int] = deque(maxlen=config.delay_window)   # measured, the newest last
@@ -284,6 +288,7 @@ class ChunkExecutor:
         self.arrivals: deque[Arrival] = deque(maxlen=keep)
         self._hop: tuple[int, int, int | None] | None = None   # (chunk, delay, arrived ns): its first action pending
         self._told: tuple[int, int, int] | None = None          # (chunk, delay, execution ns) for the next request
+        self._last: np.ndarray | None = None                     # the last action executed
 
     @property
     def horizon(self) -> int:
@@ -291,8 +296,8 @@ class ChunkExecutor:
 
     @property
     def delay(self) -> int:
-        """The delay estimate in ticks: the max of the recent measured delays (0 before any)."""
-        return max(self.delays, default=0)
+        """The delay estimate in ticks: the max of the recent measured delays (`delay` before any)."""
+        return max(self.delays, default=self._initial)
 
     def remaining(self, tick: int) -> int:
         return self.queue.remaining(tick)
@@ -313,8 +318,10 @@ class ChunkExecutor:
         self.pending = ChunkRequest(tick, step, d, prefix)
         return self.pending
 
-    def arrive(self, actions: np.ndarray, *, now: int, policy_version: int, at_ns: int | None = None) -> int:
-        """The pending request's chunk, arriving before tick `now`; returns the measured delay d."""
+    def arrive(self, actions: np.ndarray, *, now: int, policy_version: int, at_ns: int | None = None,
+               measured: bool = True) -> int:
+        """The pending request's chunk, arriving before tick `now`; returns its delay d. `measured=False`:
+        the ticks waited for it (a simulator that stopped time) say nothing of the delay estimate."""
         request = self.pending
         if request is None:
             raise RuntimeError("a chunk arrived with no request in flight")
@@ -324,8 +331,9 @@ class ChunkExecutor:
         self.pending = None
         d = now - request.tick
         self.queue.add(actions, start=request.tick, now=now, chunk=request.step, policy_version=policy_version,
-                       blend=self.config.blend)
-        self.delays.append(d)
+                       blend=self.config.blend, last=self._last)
+        if measured:
+            self.delays.append(d)
         self.delay_counts[d] += 1
         self.chunks += 1
         self._hop = (request.step, d, at_ns)
@@ -344,6 +352,7 @@ class ChunkExecutor:
             chunk, d, arrived = self._hop
             self._told = (chunk, d, 0 if arrived is None or at_ns is None else max(0, at_ns - arrived))
             self._hop = None
+        self._last = item[0]
         if self.trace.maxlen:
             self.trace.append(Executed(tick, item[0], item[1]))
         return item
@@ -372,4 +381,4 @@ class ChunkExecutor:
     def clear(self) -> None:
         """Forget every queued action and the request in flight (measured delays stay)."""
         self.queue.clear()
-        self.pending, self._hop = None, None
+        self.pending, self._hop, self._last = None, None, None

@@ -34,6 +34,8 @@ class ClientStats:
     cut_episodes: int = 0          # episodes ended early (truncated LAST) because the budget ran out
     replayed: int = 0              # steps resent as Replay after a reconnect
     held: int = 0                  # env steps answered with the safe action under an operator e-stop
+    idle_ticks: int = 0            # chunks: env steps that found no queued action (the chunk came too late)
+    chunk_delays: Counter[int] = field(default_factory=Counter)  # chunks: measured delays d (ticks) -> count
     elapsed_s: float = 0.0
 
     def rtt_ms(self) -> dict[str, float | None]:
@@ -58,7 +60,9 @@ class ClientStats:
                 "policy_versions": {str(v): n for v, n in sorted(self.policy_versions.items())},
                 "recent_return": None if recent is None else round(recent, 3),
                 "reconnects": self.reconnects, "replayed": self.replayed, "held": self.held,
-                "elapsed_s": round(self.elapsed_s, 3)}
+                "elapsed_s": round(self.elapsed_s, 3),
+                **({"idle_ticks": self.idle_ticks, "chunk_delays": {str(d): n for d, n in sorted(
+                    self.chunk_delays.items())}} if self.chunk_delays else {})}
 
     def status_line(self, name: str = "sim") -> str:
         s, rtt = self.summary(), self.rtt_ms()
