@@ -54,7 +54,8 @@ def chunk_spec(action: Spec, horizon: int | None) -> Spec:
 
 
 class ImageEncoder(nn.Module):
-    """uint8 (B, H, W, 3) -> (B, 2 * channels[-1]) keypoints: strided convolutions, then a spatial softmax."""
+    """uint8 (B, H, W, 3) -> (B, 2 * channels[-1]) keypoints: convolutions (stride 2 while the maps stay at least 8x8),
+    then a spatial softmax."""
 
     def __init__(self, spec: Spec, *, channels: tuple[int, ...] = (16, 32, 32)):
         super().__init__()
@@ -62,11 +63,12 @@ class ImageEncoder(nn.Module):
             raise ValueError(f"camera {spec.name}: expected uint8 (H, W, 3) images, got "
                              f"{spec.dtype.name}{list(spec.shape)}")
         layers: list[nn.Module] = []
-        width = 3
+        width, side = 3, min(spec.shape[:2])
         for i, out in enumerate(channels):
             kernel = 5 if i == 0 else 3
-            layers += [nn.Conv2d(width, out, kernel, stride=2, padding=kernel // 2), nn.ReLU()]
-            width = out
+            stride = 2 if side // 2 >= 8 else 1  # small images keep maps of at least 8x8: keypoints need room
+            layers += [nn.Conv2d(width, out, kernel, stride=stride, padding=kernel // 2), nn.ReLU()]
+            width, side = out, (side + stride - 1) // stride
         self.convs = nn.Sequential(*layers[:-1])  # keypoints from the last convolution's raw maps
         with torch.no_grad():
             _, _, h, w = self.convs(torch.zeros(1, 3, spec.shape[0], spec.shape[1])).shape
