@@ -60,13 +60,12 @@ class ImageDecoder:
         if not jobs:
             return {}
         results = await asyncio.gather(*jobs, return_exceptions=True)
-        arrays = {}
-        for name, result in zip(names, results, strict=True):
+        arrays = {name: r for name, r in zip(names, results, strict=True) if not isinstance(r, BaseException)}
+        self.decoded += len(arrays)
+        self.failed += len(results) - len(arrays)
+        for result in results:
             if isinstance(result, BaseException):
-                self.failed += 1
                 raise result
-            self.decoded += 1
-            arrays[name] = result
         return arrays
 
     def close(self) -> None:
