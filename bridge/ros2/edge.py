@@ -129,6 +129,11 @@ def _node_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk-merge", choices=("newest", "ensemble"), default="newest",
                    help="overlapping chunks: the newest wins, or ACT's temporal ensembling")
     p.add_argument("--ensemble-decay", type=float, default=0.01, help="ensembling weight exp(-decay * i)")
+    p.add_argument("--chunk-prefix", action="store_true", help="send the actions committed while a chunk is "
+                   "computed (action_prefix) and their count d (action_delay), for a policy that inpaints them "
+                   "(real-time chunking)")
+    p.add_argument("--chunk-blend", type=_optional_int, metavar="TICKS", help="blend each chunk's seam over this "
+                   "many ticks (default: 0 with --chunk-prefix, else H // 4)")
     p.add_argument("--status-every", type=float, default=5.0, metavar="SECONDS", help="seconds between status lines")
     deprecated_alias(p, "--status-s", "--status-every")
     credential_flags(p, token_help="robot token NAME.SECRET")
@@ -163,7 +168,7 @@ def write_report(node: EdgeNode, path: Path) -> None:
                   "velocity_limit": list(node.guard.config.velocity_limit or ())},
         "commands": [{"t": r.t, "tick": r.tick, "sent": r.sent.tolist(), "limited": r.limited,
                       **({"chunk": r.source.chunk, "index": r.source.index, "policy_version": r.source.policy_version,
-                          "ensembled": r.source.ensembled} if r.source else
+                          "ensembled": r.source.ensembled, "blend": r.source.blend} if r.source else
                          {"person": True} if r.person else {"safe": True})}
                      for r in list(node.command_log)],
     }
@@ -190,7 +195,8 @@ def main(argv: list[str] | None = None) -> None:
             velocity_limit=parse_vector("--velocity-limit", a.velocity_limit) if a.velocity_limit else None)
         config = EdgeConfig(gateway=",".join(a.gateway), rate_hz=a.rate, policy=a.policy, node_name=a.node_name,
                             chunk=a.chunk, chunk_threshold=a.chunk_threshold, chunk_merge=a.chunk_merge,
-                            ensemble_decay=a.ensemble_decay, tls_ca=a.tls_ca, tls_cert=a.tls_cert,
+                            ensemble_decay=a.ensemble_decay, chunk_prefix=a.chunk_prefix,
+                            chunk_blend=a.chunk_blend, tls_ca=a.tls_ca, tls_cert=a.tls_cert,
                             tls_key=a.tls_key, token=a.token, session_id=a.session_id,
                             latch_file=a.latch_file or default_latch_file(a.node_name),
                             release_tokens=a.release_tokens)

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bridge.client.channel import Credentials
+from bridge.client.chunks import MERGES, ChunkConfig
 from bridge.ros2 import messages
-from bridge.client.chunks import MERGES
 from bridge.ros2.estop import RELEASE_TOPIC, STATE_TOPIC
 from bridge.ros2.guard import GuardConfig
 from bridge.ros2.topic_map import DEFAULT_TOPIC_MAP, TopicMap, load_topic_map  # noqa: F401
@@ -70,6 +70,8 @@ class EdgeConfig:
     chunk_threshold: int | None = None         # ask for the next chunk with this many left (H // 2)
     chunk_merge: str = "newest"                # overlapping chunks: newest | ensemble (ACT)
     ensemble_decay: float = 0.01               # ensemble weight exp(-decay * i), i = 0 the oldest
+    chunk_prefix: bool = False                 # send action_prefix/action_delay (a policy that inpaints them)
+    chunk_blend: int | None = None             # seam window in ticks (None: 0 with chunk_prefix, else H // 4)
     tls_ca: Path | None = None                 # TLS to the gateway: the CA of its certificate
     tls_cert: Path | None = None               # mTLS: this robot's certificate (its identity, OU=robot)
     tls_key: Path | None = None                # ... and its private key
@@ -81,6 +83,13 @@ class EdgeConfig:
                                                # None = in memory only (`tether edge`: default_latch_file)
     release_tokens: Path | None = None         # hashed release credentials (bridge.ros2.estop); None: every
                                                # local release is refused
+
+    def chunking(self) -> ChunkConfig | None:
+        """The chunk loop's settings (`bridge.client.chunks`), None without chunks."""
+        if not self.chunk:
+            return None
+        return ChunkConfig(horizon=self.chunk, threshold=self.chunk_threshold, merge=self.chunk_merge,
+                           decay=self.ensemble_decay, prefix=self.chunk_prefix, blend=self.chunk_blend)
 
     def __post_init__(self) -> None:
         chunk = self.chunk
@@ -97,6 +106,10 @@ class EdgeConfig:
         decay = self.ensemble_decay
         if isinstance(decay, bool) or not isinstance(decay, int | float) or not math.isfinite(decay) or decay < 0:
             raise EdgeConfigError(f"ensemble_decay: expected a finite number >= 0, got {decay!r}")
+        try:                           # the prefix and the seam window, checked as the chunk loop takes them
+            self.chunking()
+        except ValueError as exc:
+            raise EdgeConfigError(str(exc)) from None
         rate = self.rate_hz
         if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate <= 2000:
             raise EdgeConfigError(f"rate_hz: expected a number of Hz in (0, 2000], got {rate!r}")

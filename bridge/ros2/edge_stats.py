@@ -34,6 +34,7 @@ class EdgeStats:
     overruns: int = 0              # control periods that started late by a whole period
     ticks: int = 0                 # control periods run
     starved: int = 0               # chunk mode: periods that found no queued action (after the first chunk)
+    chunk_delays: Counter[int] = field(default_factory=Counter)  # chunk mode: measured delays d (ticks) -> count
     person_commands: int = 0       # of the commands, a person's (the intervention topic), through the guard
     overridden: int = 0            # policy actions not sent because a person's command held
     interventions: int = 0         # observations sent reporting a person's applied command (GuardReport.interventions)

@@ -127,8 +127,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bridge.client.chunks import ChunkExecutor, CommandSource, prefix_specs
 from bridge.ros2 import messages
-from bridge.client.chunks import ActionQueue, CommandSource
 from bridge.ros2.edge_config import EdgeConfig, EdgeConfigError, unmeasured_commands
 from bridge.ros2.edge_stats import EdgeStats
 from bridge.ros2.estop import ESTOP_TOPIC
@@ -225,7 +225,7 @@ class EdgeNode:
                 raise EdgeConfigError(f"intervention: not with chunk={horizon} (a chunk session reports no "
                                       "applied_action, so a person's command could not be logged beside the policy's)")
             self._teleop = Teleop(hold_s=topic_map.intervention.hold_s or 2.0 / config.rate_hz)
-        self._queue: ActionQueue | None = None
+        self._chunks: ChunkExecutor | None = None
         self._reply_layout = self._action_layout
         if horizon:
             # a chunk's bounds: one for all, or the action's per-element bounds once per chunk row
@@ -234,10 +234,12 @@ class EdgeNode:
                 return bounds if len(bounds) <= 1 else bounds * horizon
             self._reply_layout = TensorLayout(tuple(Spec(s.name, s.dtype, (horizon, *s.shape), rows(s.low),
                                                          rows(s.high)) for s in self._action_layout.specs))
-            self._queue = ActionQueue(horizon=horizon, size=guard.size, merge=config.chunk_merge,
-                                      decay=config.ensemble_decay)
+            self._chunks = ChunkExecutor(config.chunking(), size=guard.size, keep=10_000)
         self.command_log: deque[CommandRecord] = deque(maxlen=100_000)
         self._obs_layout = TensorLayout(topic_map.observation_specs())
+        # the Hello declares the prefix inputs (a policy that inpaints them takes them; others ignore them)
+        self._obs_specs = self._obs_layout.specs + (prefix_specs(horizon, guard.size) if config.chunk_prefix
+                                                    and horizon else ())
         estop = topic_map.estop
         self.estop_topic = estop.topic if estop else ESTOP_TOPIC
         self._estop_reliable = estop.reliable if estop else True
@@ -249,7 +251,7 @@ class EdgeNode:
         self._latest_lock = threading.Lock()
         hello = bridge_pb2.Hello(
             session_id=config.session_id, policy=config.policy, source=f"ros2:{config.node_name}",
-            observation_spec=[s.to_proto() for s in self._obs_layout.specs],
+            observation_spec=[s.to_proto() for s in self._obs_specs],
             action_spec=[s.to_proto() for s in self._reply_layout.specs],
             labels={"node": config.node_name, "rate_hz": f"{config.rate_hz:g}", "chunk": str(horizon)})
         self._link = GatewayLink(config.gateways, hello, self._events, connect_timeout_s=config.connect_timeout_s,
@@ -279,7 +281,6 @@ class EdgeNode:
         self._next_send = 0.0                    # the rate cap: no observation before this
         self._fresh = False                      # a state arrived since the last observation went out
         self._want_state = False                 # receive thread: post _STATE on the next state
-        self._chunks_seen = False                # chunk mode: a chunk arrived once (starvation counts)
 
     # -- the caller's side ----------------------------------------------------------------------
 
@@ -321,6 +322,12 @@ class EdgeNode:
                 "late_replies": link.late_replies, "unreplayed_dropped": link.unreplayed_dropped}
 
     @property
+    def chunks(self) -> ChunkExecutor | None:
+        """The chunk loop (`bridge.client.chunks`): its measured delays, recent arrivals and executed actions
+        (read them once the node stopped); None without chunks."""
+        return self._chunks
+
+    @property
     def running(self) -> bool:
         return self._thread.is_alive()
 
@@ -341,7 +348,7 @@ class EdgeNode:
             rtt_text += f" (p50 in gateway {gateway:.2f}, of it inference {inference:.2f})"
         return (f"edge {time.monotonic() - self._t0:7.1f}s  gateway {link}  obs {s.observations}  "
                 f"actions {s.actions}  commands {s.commands} (safe {s.safe_commands})  rtt p50/p99 {rtt_text}  "
-                f"{f'starved {s.starved}/{s.ticks}  ' if self._queue is not None else ''}"
+                f"{f'starved {s.starved}/{s.ticks} d {self._chunks.delay}  ' if self._chunks is not None else ''}"
                 f"{f'interventions {s.interventions}  ' if self._teleop is not None else ''}"
                 f"errors {dict(s.errors)}  undelivered {self._delivery_errors()}  "
                 f"guard clamped={g.clamped} rate_limited={g.rate_limited} "
@@ -433,7 +440,7 @@ class EdgeNode:
         """Whether a new state should wake the control thread (it would be sent at once)."""
         if self._generation is None or self._in_flight is not None:
             return False
-        return self._queue is None or self._queue.remaining(self._ticks) <= self.config.chunk_threshold
+        return self._chunks is None or self._chunks.due(self._ticks)
 
     def _tick(self, now: float) -> None:
         if self._transport_failed is not None:
@@ -444,7 +451,7 @@ class EdgeNode:
             self._lose_stream()
             self._link.reset(f"no reply to step {flight.step} within {self.config.reply_timeout_s:g} s")
         self.stats.ticks += 1
-        published = self._execute_chunk(now) if self._queue is not None else False
+        published = self._execute_chunk(now) if self._chunks is not None else False
         if self._teleop is not None:     # a person's command, every period while it holds
             published = self._teleop_tick == self._ticks or self._apply_teleop(now)
         self._ticks += 1
@@ -456,9 +463,9 @@ class EdgeNode:
 
     def _execute_chunk(self, now: float) -> bool:
         """Chunk mode: this tick's queued action through the guard and out; False if none."""
-        item = self._queue.pop(self._ticks)
+        item = self._chunks.act(self._ticks, at_ns=time.monotonic_ns())
         if item is None:
-            self.stats.starved += self._chunks_seen and self._generation is not None
+            self.stats.starved += self._chunks.chunks > 0 and self._generation is not None
             return False
         vector, source = item
         decision = self._filter(vector)
@@ -493,8 +500,8 @@ class EdgeNode:
             if timer:
                 self.stats.skipped["disconnected" if self._generation is None else "in_flight"] += 1
             return
-        if self._queue is not None:
-            if self._queue.remaining(self._ticks) > self.config.chunk_threshold:
+        if self._chunks is not None:
+            if not self._chunks.due(self._ticks):
                 return
         elif not self._fresh and now - self._last_send < 1.5 * self._period:
             return
@@ -541,13 +548,15 @@ class EdgeNode:
 
     def _lose_stream(self) -> None:
         self._generation, self._in_flight = None, None
+        if self._chunks is not None:
+            self._chunks.lost()
         self.stats.disconnects += 1
 
     def _on_operator(self, event: _Operator) -> None:
         if event.latch is True:
             log.warning("e-stop latched by a True on %s (%s)", self.estop_topic, self.guard.estop_reason)
-            if self._queue is not None:
-                self._queue.clear()          # a release starts from fresh chunks, not stale ones
+            if self._chunks is not None:
+                self._chunks.clear()         # a release starts from fresh chunks, not stale ones
         elif event.latch is False:
             log.info("False on %s: the e-stop stays %s (release on %s)", self.estop_topic,
                      "latched" if self.guard.estopped else "released", self.config.release_topic)
@@ -578,7 +587,14 @@ class EdgeNode:
             self.stats.skipped["stale"] += 1
             return False
         msg = self._message(arrays, step_type, report)
+        if self._chunks is not None:     # the chunk's tick, the committed prefix, when the queue runs dry
+            self._chunks.lost()          # nothing is in flight when the node sends
+            request = self._chunks.request(self._ticks, step=self._step)
+            self._chunks.fill(msg.observation, request, deadline_ns=self._chunks.deadline_ns(
+                self._ticks, now_ns=msg.observation.t_sent_ns, period_ns=round(self._period * 1e9)))
         if not self._link.send(msg, generation=self._generation):
+            if self._chunks is not None:
+                self._chunks.lost()
             self.stats.skipped["disconnected"] += 1
             return False
         self.stats.interventions += msg.observation.intervention
@@ -598,7 +614,7 @@ class EdgeNode:
         obs = msg.observation
         obs.step, obs.t_sent_ns, obs.step_type = self._step, time.time_ns(), step_type
         self._obs_layout.fill(obs.tensors, arrays)
-        if self._applied is not None and self._queue is None:   # a chunk session's action is the chunk
+        if self._applied is not None and self._chunks is None:  # a chunk session's action is the chunk
             obs.applied_action.extend(self._action_layout.encode(self._applied))
             obs.intervention = self._person
         obs.guard.CopyFrom(report)
@@ -618,18 +634,21 @@ class EdgeNode:
             return
         self._in_flight = None
         self.stats.rtt_ns.append(round((time.monotonic() - flight.t_sent) * 1e9))
+        arrived_ns = time.monotonic_ns()
         if kind == "error":
             self.stats.errors[Code.Name(body.code)] += 1
             self._warn_once(f"{Code.Name(body.code)}: {body.message}")
         elif kind == "action":
-            self._on_action(body, flight)
+            self._on_action(body, flight, arrived_ns)
             timing = body.timing            # bookkeeping after the commands are out
             if timing.gateway_send_ns and timing.gateway_recv_ns:
                 self.stats.gateway_ns.append(timing.gateway_send_ns - timing.gateway_recv_ns)
             if timing.infer_end_ns and timing.infer_start_ns:
                 self.stats.inference_ns.append(timing.infer_end_ns - timing.infer_start_ns)
+        if self._chunks is not None:
+            self._chunks.lost()          # answered: an error or an unusable action asks again when due
 
-    def _on_action(self, action: bridge_pb2.Action, flight: _InFlight) -> None:
+    def _on_action(self, action: bridge_pb2.Action, flight: _InFlight, arrived_ns: int) -> None:
         if action.released_estop or action.estop:
             self._gateway_estop(action)
         try:
@@ -643,13 +662,14 @@ class EdgeNode:
         if self._teleop is not None and self._teleop.held(now=time.monotonic()) is not None:
             self.stats.overridden += 1   # a person's command acts; the policy's is only logged (the gateway's)
             return
-        if self._queue is not None:      # (H, size): each tensor's (H, n) side by side
-            horizon = self._queue.horizon
+        if self._chunks is not None:     # (H, size): each tensor's (H, n) side by side
+            if self._chunks.pending is None:
+                return                   # cleared meanwhile (an e-stop): not executed
+            horizon = self._chunks.horizon
             parts = self._reply_layout.split(vector)
             chunk = np.concatenate([parts[s.name].reshape(horizon, -1) for s in self._reply_layout.specs], axis=1)
-            self._chunks_seen = True
-            self._queue.add(chunk, start=flight.tick, now=self._ticks, chunk=flight.step,
-                            policy_version=action.policy_version)
+            self.stats.chunk_delays[self._chunks.arrive(chunk, now=self._ticks, policy_version=action.policy_version,
+                                                        at_ns=arrived_ns)] += 1
             return
         decision = self._filter(vector)
         if decision is not None:
@@ -674,8 +694,8 @@ class EdgeNode:
             if self.guard.estop(GATEWAY_ESTOP, gateway_id=estop_id):
                 changed = True
                 log.warning("e-stop latched: the gateway says an operator e-stopped this robot (e-stop %s)", estop_id)
-                if self._queue is not None:
-                    self._queue.clear()
+                if self._chunks is not None:
+                    self._chunks.clear()
         if changed:                      # the state topic hears of every change at once (and once a second)
             self._publish_state()
 
