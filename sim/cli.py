@@ -3,6 +3,7 @@
     tether sim --gateway 127.0.0.1:50051 --env Hopper-v5 --envs 8 --seconds 10
     tether sim --gateway 127.0.0.1:50051 --env Hopper-v5 --envs 4 --rate 50   # a robot's fixed 50 Hz control rate
     tether sim --gateway 127.0.0.1:50051 --env newton:cartpole --envs 64 --sessions 2
+    tether sim --gateway 127.0.0.1:50051 --env Hopper-v5 --chunk 16 --chunk-prefix --chunk-delay 4   # RTC, d = 4
     tether sim --gateway 127.0.0.1:50051 --env CameraReach --camera top --camera front   # + 224x224 RGB images
 
 Status lines go to stderr, the summary JSON to stdout.
@@ -16,6 +17,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from bridge.client.chunks import chunk_config, chunk_flags
 from bridge.common.errors import CommandError
 from bridge.common.files import write_json
 from bridge.common.flags import deprecated_alias, gateway_flags, output_flags, policy_flag
@@ -41,6 +43,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seconds", type=float, help="stop after this long (default 10 s without --steps)")
     p.add_argument("--steps", type=int, help="stop after this many env steps over all sessions")
     p.add_argument("--episodes", type=int, help="stop after this many complete episodes in total")
+    chunk_flags(p, simulated=True)
     p.add_argument("--rate", type=float, metavar="HZ",
                    help="a fixed control rate: each session steps at most HZ times a second, on a deadline "
                         "schedule (a late step is not made up in a burst); a vectorised session: HZ exchanges "
@@ -86,6 +89,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         labels = parse_pairs(args.label, what="--label")
         check_rate(args.rate)
+        chunks = chunk_config(args)
+        if args.chunk_delay is not None and chunks is None:
+            raise ValueError("--chunk-delay: needs --chunk H (a chunked policy)")
     except ValueError as exc:
         parser_.error(str(exc))
 
@@ -127,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             policy=args.policy, on_progress=status, connect_timeout=args.connect_timeout,
             progress_every=args.status_every, labels={"env": args.env, **labels}, episodes=args.episodes,
             session_prefix=args.session_id, token=args.token, balanced=args.balanced and len(gateways) > 1,
-            rate_hz=args.rate,
+            rate_hz=args.rate, chunks=chunks, delay_ticks=args.chunk_delay,
             tls=ClientTls(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key) if args.tls_ca else None))
     except ValueError as e:  # a bad --env or budget
         parser_.error(str(e))

@@ -350,6 +350,8 @@ async def run_sessions(target: str | Sequence[str], make_env: Callable[[int], En
         await _any_ready(channels, connect_timeout)
         for i in range(envs):
             environments.append(make_env(i))
+        if chunks is not None and any(isinstance(env, VectorEnvironment) for env in environments):
+            raise ValueError("chunks: only single-env sessions execute chunks, not a vector env")
         if episodes is not None and any(isinstance(env, VectorEnvironment) for env in environments):
             raise ValueError("an episodes budget needs single-env sessions, not a vector env")
         quotas = [None] * envs if episodes is None else [episodes // envs + (i < episodes % envs) for i in range(envs)]

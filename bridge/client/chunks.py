@@ -47,6 +47,7 @@ The loop, on a virtual clock (a robot's runs on its control timer, a simulator's
 
 from __future__ import annotations
 
+import argparse
 import math
 from collections import Counter, deque
 from dataclasses import dataclass
@@ -58,7 +59,7 @@ from protos import bridge_pb2
 from protos.codec import Spec, encode_all
 
 __all__ = ["DELAY", "MERGES", "PREFIX", "ActionQueue", "Arrival", "ChunkConfig", "ChunkExecutor", "ChunkRequest",
-           "CommandSource", "Executed", "prefix_specs"]
+           "CommandSource", "Executed", "chunk_config", "chunk_flags", "prefix_specs"]
 
 MERGES = ("newest", "ensemble")
 PREFIX = "action_prefix"           # observation tensor (H, A) float32: the committed actions, zero-padded
@@ -225,6 +226,45 @@ class ChunkConfig:
         if self.blend and self.merge != "newest":
             raise ValueError(f"chunk blend: a seam window ({self.blend}) needs merge 'newest', not {self.merge!r}")
         _count("delay window", self.delay_window, 1)
+
+
+def _optional_int(text: str) -> int | None:
+    """An integer flag where "" means "not given" (a launch argument left empty)."""
+    return int(text) if text.strip() else None
+
+
+def chunk_flags(parser: argparse.ArgumentParser, *, simulated: bool = False) -> None:
+    """The chunk flags of `tether edge` and `tether sim`, one spelling for both; `simulated` adds --chunk-delay.
+
+    >>> p = argparse.ArgumentParser()
+    >>> chunk_flags(p)
+    >>> chunk_config(p.parse_args(["--chunk", "16", "--chunk-prefix"]))
+    ChunkConfig(horizon=16, threshold=8, merge='newest', decay=0.01, prefix=True, blend=0, delay_window=8)
+    """
+    parser.add_argument("--chunk", type=int, default=0, metavar="H", help="action chunks: the policy returns H "
+                        "actions per observation, executed one per control tick (0: one action per observation)")
+    parser.add_argument("--chunk-threshold", type=_optional_int, help="request the next chunk with this many "
+                        "actions left (default H // 2)")
+    parser.add_argument("--chunk-merge", choices=MERGES, default="newest",
+                        help="overlapping chunks: the newest wins, or ACT's temporal ensembling")
+    parser.add_argument("--ensemble-decay", type=float, default=0.01, help="ensembling weight exp(-decay * i)")
+    parser.add_argument("--chunk-prefix", action="store_true", help="send the actions committed while a chunk is "
+                        "computed (action_prefix) and their count d (action_delay), for a policy that inpaints "
+                        "them (real-time chunking)")
+    parser.add_argument("--chunk-blend", type=_optional_int, metavar="TICKS", help="blend each chunk's seam over "
+                        "this many ticks (default: 0 with --chunk-prefix, else H // 4)")
+    if simulated:
+        parser.add_argument("--chunk-delay", type=int, metavar="TICKS", help="the policy's latency in control "
+                            "ticks: each chunk is applied this many env steps after its observation (the sim waits "
+                            "for a late one). Default: 0 without --rate, measured with it")
+
+
+def chunk_config(args: argparse.Namespace) -> ChunkConfig | None:
+    """`chunk_flags`' settings (None for --chunk 0); ValueError naming a bad one."""
+    if not args.chunk:
+        return None
+    return ChunkConfig(horizon=args.chunk, threshold=args.chunk_threshold, merge=args.chunk_merge,
+                       decay=args.ensemble_decay, prefix=args.chunk_prefix, blend=args.chunk_blend)
 
 
 @dataclass(frozen=True)

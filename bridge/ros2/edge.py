@@ -41,6 +41,7 @@ import threading
 import time
 from pathlib import Path
 
+from bridge.client.chunks import chunk_flags
 from bridge.common.errors import CommandError
 from bridge.common.files import write_json
 from bridge.common.flags import credential_flags, deprecated_alias, optional_path
@@ -80,11 +81,6 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--domain-id", type=int, default=_domain_default(), help="ROS 2 domain (default $ROS_DOMAIN_ID)")
 
 
-def _optional_int(text: str) -> int | None:
-    """An integer flag where "" means "not given" (a launch argument left empty)."""
-    return int(text) if text.strip() else None
-
-
 def split_ros_args(argv: list[str]) -> tuple[list[str], list[str]]:
     """The node's own flags and the ROS arguments (`--ros-args ... [--]`, as `ros2 run` and
     launch_ros's `Node` append them: rclpy reads those from `sys.argv` itself).
@@ -122,18 +118,7 @@ def _node_parser() -> argparse.ArgumentParser:
     p.add_argument("--velocity-limit", help="largest command change per second (one value or one per joint); "
                    "default: the topic map's velocity_limit, else 0.5")
     p.add_argument("--operators", help=argparse.SUPPRESS)   # replaced by --release-tokens: refused, saying so
-    p.add_argument("--chunk", type=int, default=0, help="action chunks: the policy returns H actions per "
-                   "observation, executed one per period (0: one action per observation)")
-    p.add_argument("--chunk-threshold", type=_optional_int, help="request the next chunk with this many actions left "
-                   "(default H // 2)")
-    p.add_argument("--chunk-merge", choices=("newest", "ensemble"), default="newest",
-                   help="overlapping chunks: the newest wins, or ACT's temporal ensembling")
-    p.add_argument("--ensemble-decay", type=float, default=0.01, help="ensembling weight exp(-decay * i)")
-    p.add_argument("--chunk-prefix", action="store_true", help="send the actions committed while a chunk is "
-                   "computed (action_prefix) and their count d (action_delay), for a policy that inpaints them "
-                   "(real-time chunking)")
-    p.add_argument("--chunk-blend", type=_optional_int, metavar="TICKS", help="blend each chunk's seam over this "
-                   "many ticks (default: 0 with --chunk-prefix, else H // 4)")
+    chunk_flags(p)
     p.add_argument("--status-every", type=float, default=5.0, metavar="SECONDS", help="seconds between status lines")
     deprecated_alias(p, "--status-s", "--status-every")
     credential_flags(p, token_help="robot token NAME.SECRET")
