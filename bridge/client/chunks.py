@@ -368,10 +368,10 @@ class ChunkExecutor:
         if now < request.tick:
             raise ValueError(f"chunk of step {request.step} arrived before tick {now}, earlier than its request "
                              f"(tick {request.tick})")
-        self.pending = None
         d = now - request.tick
         self.queue.add(actions, start=request.tick, now=now, chunk=request.step, policy_version=policy_version,
                        blend=self.config.blend, last=self._last)
+        self.pending = None
         if measured:
             self.delays.append(d)
         self.delay_counts[d] += 1

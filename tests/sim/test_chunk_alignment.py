@@ -20,7 +20,7 @@ import pytest
 
 from bridge.client.chunks import ChunkConfig, ChunkExecutor
 from bridge.ros2.guard import GuardConfig, SafetyGuard
-from sim.client import run_sessions
+from sim.client import SessionError, run_sessions
 from tests.sim.chunk_policies import MODE, VELOCITY, Inpaint, Planner, Servo, policy_specs
 from tests.support.gateways import running_gateway
 from tests.support.triton import LOAD_TIMEOUT_S
@@ -119,3 +119,13 @@ def test_a_prefix_ignoring_policy_is_blended_inside_the_guard_limits(policies, d
     assert not any(d.rate_limited or d.clamped for d in decisions), np.abs(np.diff(executed, axis=0)).max()
     unblended = SafetyGuard(guard.config, initial=[0.0, 0.0])
     assert any(unblended.filter(action).rate_limited for action in scheduled)  # the check can fail
+
+
+def test_the_gateway_passes_the_prefix_only_to_a_policy_that_declares_it(policies):
+    # a session that sends the prefix to a policy without those inputs is served (they are logged, not inferred)
+    ex, env, stats = run(policies, "rtc_planner", ChunkConfig(horizon=H, prefix=True, blend=H // 4), 3)
+    check_every_tick_from_the_newest_chunk(ex, env, stats)
+    assert all(a.estimate == 3 for a in list(ex.arrivals)[1:])
+    # a policy that declares them refuses a session that does not send them, naming the input
+    with pytest.raises(SessionError, match="observation_spec lacks 'action_prefix', an input of policy 'rtc_inpaint'"):
+        run(policies, "rtc_inpaint", ChunkConfig(horizon=H), 3)
