@@ -1,12 +1,13 @@
 """MuJoCo cameras as observation tensors: `with_cameras(env, names)` adds one uint8 (H, W, 3) RGB image per named
 camera to an env's observations, rendered offscreen on the CPU (EGL through Mesa: `MUJOCO_GL=egl`, set here unless
-the caller chose another backend before MuJoCo was imported). Shadows, reflections and anti-aliasing are off.
+the caller chose another backend before MuJoCo was imported). Shadows, reflections and anti-aliasing are off. The
+images travel JPEG-encoded (`sim.env.observation_encoder`; the gateway decodes them into the policy's uint8 batch).
 
     >>> import numpy as np
     >>> from sim.mujoco import make_env
     >>> env = with_cameras(make_env("CameraReach", seed=0), ["top", "front"], size=32)
-    >>> [(s.name, s.dtype.name, s.shape) for s in env.observation_spec()]
-    [('observation', 'float32', (4,)), ('top', 'uint8', (32, 32, 3)), ('front', 'uint8', (32, 32, 3))]
+    >>> [(s.name, s.dtype.name, s.shape, s.encoding) for s in env.observation_spec()]   # 1: JPEG on the wire
+    [('observation', 'float32', (4,), 0), ('top', 'uint8', (32, 32, 3), 1), ('front', 'uint8', (32, 32, 3), 1)]
     >>> ts = env.reset()
     >>> ts.observation["top"].shape, int(ts.observation["top"].max()) > 0
     ((32, 32, 3), True)
@@ -31,7 +32,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")  # before MuJoCo is imported: its GL b
 
 import numpy as np
 
-from protos.codec import Spec
+from protos.codec import IMAGE_FORMATS, RAW, Spec
 from sim.env import Environment, TimeStep
 
 __all__ = ["CameraEnv", "CameraRenderer", "DEFAULT_SIZE", "physics", "with_cameras"]
@@ -83,8 +84,12 @@ class CameraRenderer:
                      mujoco.mjtRndFlag.mjRND_SKYBOX):
             self._renderer.scene.flags[flag] = False
 
-    def specs(self) -> tuple[Spec, ...]:
-        return tuple(Spec(name, np.uint8, (self.height, self.width, 3)) for name in self.cameras)
+    def specs(self, *, encoding: str = "raw") -> tuple[Spec, ...]:
+        """One uint8 (height, width, 3) spec per camera, declaring how it travels: "jpeg", "png" or "raw"."""
+        if encoding != "raw" and encoding not in IMAGE_FORMATS:
+            raise ValueError(f"image encoding {encoding!r} must be one of {['raw', *sorted(IMAGE_FORMATS)]}")
+        code = RAW if encoding == "raw" else IMAGE_FORMATS[encoding]
+        return tuple(Spec(name, np.uint8, (self.height, self.width, 3), encoding=code) for name in self.cameras)
 
     def render(self, data) -> dict[str, np.ndarray]:
         images = {}
@@ -104,14 +109,18 @@ class CameraEnv:
     step). Everything else (actions, rewards, episode ends, `source`) is `env`'s."""
 
     def __init__(self, env: Environment, cameras: Sequence[str], *, height: int = DEFAULT_SIZE,
-                 width: int = DEFAULT_SIZE):
+                 width: int = DEFAULT_SIZE, encoding: str = "jpeg"):
         taken = {s.name for s in env.observation_spec()} & set(cameras)
         if taken:
             raise ValueError(f"camera(s) {sorted(taken)} would replace {env!r}'s observation tensor of that name")
         model, self._data = physics(env)
         self.env = env
         self.renderer = CameraRenderer(model, cameras, height=height, width=width)
-        self._spec = (*env.observation_spec(), *self.renderer.specs())
+        try:
+            self._spec = (*env.observation_spec(), *self.renderer.specs(encoding=encoding))
+        except ValueError:
+            self.renderer.close()
+            raise
         self.source = getattr(env, "source", f"sim:{type(env).__name__}")
 
     def observation_spec(self) -> tuple[Spec, ...]:
@@ -141,12 +150,14 @@ class CameraEnv:
         return f"CameraEnv({self.env!r}, {list(self.renderer.cameras)}, {self.renderer.height}x{self.renderer.width})"
 
 
-def with_cameras(env: Environment, cameras: Sequence[str], *, size: int | tuple[int, int] = DEFAULT_SIZE) -> CameraEnv:
-    """`env` with an image of each camera in its observations; `size`: N (square) or (height, width). `env` is
-    closed when the cameras cannot be made (ValueError naming the camera, size or env)."""
+def with_cameras(env: Environment, cameras: Sequence[str], *, size: int | tuple[int, int] = DEFAULT_SIZE,
+                 encoding: str = "jpeg") -> CameraEnv:
+    """`env` with an image of each camera in its observations; `size`: N (square) or (height, width); `encoding`:
+    how the images travel to the gateway ("jpeg" by default, "png", "raw"; the env itself returns arrays). `env` is
+    closed when the cameras cannot be made (ValueError naming the camera, size, encoding or env)."""
     height, width = (size, size) if isinstance(size, int) else tuple(size)
     try:
-        return CameraEnv(env, cameras, height=height, width=width)
+        return CameraEnv(env, cameras, height=height, width=width, encoding=encoding)
     except Exception:
         env.close()
         raise

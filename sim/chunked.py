@@ -29,9 +29,9 @@ import numpy as np
 
 from bridge.client import ClientStats, Session, SessionError
 from bridge.client.chunks import ChunkConfig, ChunkExecutor, ChunkRequest, prefix_specs
-from protos.codec import Spec, TensorError, decode_all, encode_all
+from protos.codec import Spec, TensorError, decode_all
 from protos.tether.v1 import bridge_pb2
-from sim.env import Environment, StepType, TimeStep, zeros
+from sim.env import Environment, StepType, TimeStep, observation_encoder, zeros
 
 __all__ = ["ChunkLayout", "chunk_hello_specs", "drive_chunks"]
 
@@ -96,6 +96,7 @@ async def drive_chunks(session: Session, env: Environment, *, config: ChunkConfi
     if delay_ticks is None and pacer.period is None:
         delay_ticks = 0
     layout = ChunkLayout(env.action_spec(), horizon=config.horizon)
+    encode_observation = observation_encoder(env.observation_spec())  # camera images: JPEG where declared
     ex = ChunkExecutor(config, size=layout.size, delay=delay_ticks or 0, keep=100_000 if executors is not None else 0)
     if executors is not None:
         executors.append(ex)
@@ -153,8 +154,8 @@ async def drive_chunks(session: Session, env: Environment, *, config: ChunkConfi
                 ended = take(*await reply(pending)) or ended
                 pending = None
             if not ended:
-                await _last(session, step, episode, {**ts.observation, **blank}, ts, reward, stats=stats,
-                            cut=stop and not ts.last())
+                await _last(session, step, episode, encode_observation({**ts.observation, **blank}), ts, reward,
+                            stats=stats, cut=stop and not ts.last())
                 step += 1
             stats.episodes += 1
             stats.returns.append(episode_return)
@@ -169,7 +170,7 @@ async def drive_chunks(session: Session, env: Environment, *, config: ChunkConfi
                 episodes -= 1
             request = ex.request(tick, step=step)
             obs = bridge_pb2.Observation(step=step, step_type=int(StepType.FIRST if first else StepType.MID),
-                                         episode=episode, tensors=encode_all(ts.observation), reward=reward)
+                                         episode=episode, tensors=encode_observation(ts.observation), reward=reward)
             deadline = ex.deadline_ns(tick, now_ns=session.clock(), period_ns=period_ns) if period_ns else 0
             ex.fill(obs, request, deadline_ns=deadline)
             sent_ns = time.monotonic_ns()
@@ -195,11 +196,11 @@ async def drive_chunks(session: Session, env: Environment, *, config: ChunkConfi
         episode_return += ts.reward
 
 
-async def _last(session: Session, step: int, episode: int, tensors: dict[str, np.ndarray], ts: TimeStep,
+async def _last(session: Session, step: int, episode: int, tensors: list, ts: TimeStep,
                 reward: float, *, stats: ClientStats, cut: bool) -> None:
     """The episode's LAST observation (truncated when `cut`: the budget ran out); EpisodeEnd expected."""
     msg = await session.step(bridge_pb2.Observation(
-        step=step, step_type=int(StepType.LAST), episode=episode, tensors=encode_all(tensors),
+        step=step, step_type=int(StepType.LAST), episode=episode, tensors=tensors,
         reward=reward, terminated=ts.terminated and not cut))
     kind = msg.WhichOneof("kind")
     if kind == "error":

@@ -57,6 +57,8 @@ def parser() -> argparse.ArgumentParser:
                         "top, front)")
     p.add_argument("--image-size", type=int, default=224, metavar="PIXELS",
                    help="with --camera: square images of this many pixels a side (default 224)")
+    p.add_argument("--image-encoding", choices=("jpeg", "png", "raw"), default="jpeg",
+                   help="with --camera: how the images travel to the gateway (default jpeg, quality 90)")
     p.add_argument("--connect-timeout", type=float, default=10.0, help="seconds to wait for the gateway")
     p.add_argument("--reconnect-s", type=float, default=0.0, metavar="SECONDS",
                    help="keep a session whose gateway went away trying the addresses of --gateway (A,B: the "
@@ -111,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.camera:
             from sim.cameras import with_cameras
 
-            env = with_cameras(env, args.camera, size=args.image_size)
+            env = with_cameras(env, args.camera, size=args.image_size, encoding=args.image_encoding)
         return env
 
     if args.camera:  # a camera the env lacks is a bad flag: said before connecting, not after

@@ -38,7 +38,7 @@ from bridge.client.session import CHANNEL_OPTIONS
 from protos.codec import TensorError, decode_all, encode_all
 from protos.tether.v1 import bridge_pb2
 from sim.chunked import chunk_hello_specs, drive_chunks
-from sim.env import Environment, StepType, TimeStep, zeros
+from sim.env import Environment, StepType, TimeStep, observation_encoder, zeros
 from sim.vector import VectorEnvironment, VectorTimeStep, safe_action
 
 __all__ = ["ClientTls", "Pacer", "SessionError", "SimStats", "check_rate", "run_sessions",
@@ -121,6 +121,7 @@ async def _drive(session: Session, env: Environment, *, stats: SimStats, budget:
     ts, step, episode, episode_return = env.reset(), 0, 0, 0.0
     fallback = zeros(env.action_spec())
     pacer = Pacer(rate_hz)
+    encode_observation = observation_encoder(env.observation_spec())  # camera images: JPEG where declared
     while True:
         await pacer.wait()
         stop = budget.exhausted()
@@ -135,7 +136,7 @@ async def _drive(session: Session, env: Environment, *, stats: SimStats, budget:
         t0 = time.perf_counter_ns()
         msg = await session.step(bridge_pb2.Observation(
             step=step, t_sent_ns=time.time_ns(), step_type=int(step_type), episode=episode,
-            tensors=encode_all(ts.observation), reward=ts.reward, terminated=ts.terminated,
+            tensors=encode_observation(ts.observation), reward=ts.reward, terminated=ts.terminated,
             applied_action=encode_all(ts.applied_action or {})))
         kind = msg.WhichOneof("kind")
         reply = getattr(msg, kind) if kind else None

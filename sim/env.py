@@ -28,18 +28,18 @@ out-of-bounds one), and implement `_reset` and `_step` only.
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from protos.codec import Spec, TensorError
-from protos.tether.v1 import bridge_pb2
+from protos.codec import RAW, Spec, TensorError, encode, encode_image, encoding_name
+from protos.tether.v1 import bridge_pb2, tensor_pb2
 
 __all__ = ["ActionClipper", "BaseEnvironment", "Environment", "ResetRequired", "StepType", "TimeStep",
-           "bounds", "zeros"]
+           "bounds", "observation_encoder", "zeros"]
 
 
 class StepType(IntEnum):
@@ -101,6 +101,24 @@ def bounds(spec: Spec) -> tuple[np.ndarray, np.ndarray] | None:
 def zeros(specs: Sequence[Spec]) -> dict[str, np.ndarray]:
     """A zero-valued tensor for every spec (clip it to bounds before applying it)."""
     return {s.name: np.zeros(s.shape, dtype=s.dtype) for s in specs}
+
+
+def observation_encoder(specs: Sequence[Spec], *, quality: int = 90
+                        ) -> Callable[[Mapping[str, np.ndarray]], list[tensor_pb2.Tensor]]:
+    """What turns an observation into the tensors it travels as: an image whose spec declares an encoding (a camera:
+    JPEG or PNG, `protos.codec.encode_image`) encoded, every other tensor raw.
+
+    >>> from protos.codec import JPEG
+    >>> encode_obs = observation_encoder((Spec("cam", np.uint8, (8, 8, 3), encoding=JPEG),))
+    >>> [encoding_name(t.encoding) for t in encode_obs({"cam": np.zeros((8, 8, 3), np.uint8)})]
+    ['JPEG']
+    """
+    formats = {s.name: encoding_name(s.encoding).lower() for s in specs if s.encoding != RAW}
+
+    def encode_observation(observation: Mapping[str, np.ndarray]) -> list[tensor_pb2.Tensor]:
+        return [encode_image(name, value, quality=quality, format=formats[name]) if name in formats
+                else encode(name, value) for name, value in observation.items()]
+    return encode_observation
 
 
 class ActionClipper:

@@ -12,9 +12,11 @@ import asyncio
 import numpy as np
 import torch
 
+from protos.codec import JPEG, decode_all
 from sim.camera_reach import SUCCESS_M, CameraReach, expert_action
 from sim.cameras import with_cameras
 from sim.client import run_sessions
+from sim.env import observation_encoder
 from tests.support.gateways import running_gateway
 from tests.support.triton import LOAD_TIMEOUT_S
 from trainer.bc import BCConfig, BCLearner, chunk_targets, inputs
@@ -35,14 +37,17 @@ def chunk_error(policy, transitions, chunks) -> float:
 
 
 def final_distances(policy, *, episodes: int = 10, execute: int = 8) -> np.ndarray:
-    """The fingertip's distance to the goal at the end of each episode, `policy` acting in closed loop."""
+    """The fingertip's distance to the goal at the end of each episode, `policy` acting in closed loop on its
+    chunks, 8 actions of each."""
     env, distances = make(99), []
+    as_sent = observation_encoder(env.observation_spec())  # the policy sees what a gateway decodes: JPEG'd images
     try:
         for _ in range(episodes):
             ts = env.reset()
             while not ts.last():
+                seen = decode_all(as_sent(ts.observation))
                 with torch.no_grad():
-                    chunk = policy(*(torch.from_numpy(ts.observation[n][None].copy()) for n in NAMES)).numpy()[0]
+                    chunk = policy(*(torch.from_numpy(seen[n][None].copy()) for n in NAMES)).numpy()[0]
                 for action in chunk[:execute]:
                     ts = env.step({"action": action})
                     if ts.last():
@@ -66,7 +71,8 @@ def test_bc_from_logged_camera_demonstrations_beats_the_baselines(triton, tmp_pa
 
     async def demonstrate(log_dir, seed, episodes):
         async with running_gateway(triton.url, policy=name, experience_dir=log_dir) as gateway:
-            return await run_sessions(gateway.address, lambda i: make(seed + i), envs=2, episodes=episodes,
+            # one session: the log's order, hence the batches and the learned policy, is the same each run
+            return await run_sessions(gateway.address, lambda i: make(seed + i), envs=1, episodes=episodes,
                                       controller=expert_action, session_prefix=f"demo{seed}")
 
     train_stats = asyncio.run(demonstrate(tmp_path / "train", 1, 40))
@@ -76,7 +82,8 @@ def test_bc_from_logged_camera_demonstrations_beats_the_baselines(triton, tmp_pa
 
     train = LogDataset(tmp_path / "train", seed=0)
     held_out = LogDataset(tmp_path / "test").transitions
-    assert len(train) == 40 * 50 and {t.observation[1].name for t in train.transitions} == {"top"}
+    assert len(train) == 40 * 50
+    assert {(t.observation[1].name, t.observation[1].encoding) for t in train.transitions} == {("top", JPEG)}
     chunks, held_out_chunks = chunk_targets(train.transitions, horizon=HORIZON), \
         chunk_targets(held_out, horizon=HORIZON)
 
