@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import logging
+import subprocess
 import threading
 
 import grpc
@@ -32,6 +34,7 @@ from protos.codec import JPEG, Spec, decode
 from protos.tether.v1 import tensor_pb2
 from tests.gateway.helpers import RawSession, hello
 from tests.ros2.edge_support import GatewayThread, running_edge, wait_until
+from tests.ros2.ros_env import ROOT, ROS_PYTHON, needs_rclpy, ros_env
 
 JOINTS = [f"j{i}" for i in range(6)]
 WRIST, FRONT, FRONT_RAW = (40, 48, 3), (32, 40, 3), (64, 80, 3)  # sums of 7 * 255 * pixels stay exact in float32
@@ -202,6 +205,37 @@ def test_the_policy_sees_exactly_the_decoded_pixels_and_the_log_keeps_the_jpeg(r
         cams = {x.name: x for x in by_step[int(step)].observation}
         assert np.array_equal(episode["observation.wrist"][row], decode(cams["wrist"]))
         assert np.array_equal(episode["observation.front"][row], decode(cams["front"]))
+
+
+@needs_rclpy
+def test_an_rclpy_robots_cameras_reach_the_policy_through_the_edge(ros_domain, gateway, tmp_path):
+    """The same through ROS 2 itself: rclpy's CompressedImage and bgr8 Image (Fast DDS) to the edge (Cyclone DDS)."""
+    robot = subprocess.Popen([str(ROS_PYTHON), str(ROOT / "tests" / "ros2" / "rclpy_camera_robot.py"), "--joints",
+                              ",".join(JOINTS), "--hz", "50"], env=ros_env(ros_domain), stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[dict] = []
+    threading.Thread(target=lambda: [lines.append(json.loads(x)) for x in robot.stdout if x.startswith("{")],
+                     daemon=True).start()
+    try:
+        with running_edge(ros_domain, gateway.address, topic_map(), policy="digest") as node:
+            for seed in (11, 12):
+                jpeg, npy = tmp_path / f"wrist{seed}.jpg", tmp_path / f"front{seed}.npy"
+                jpeg.write_bytes(driver_jpeg(seed))
+                np.save(npy, scene(FRONT_RAW, seed))
+                robot.stdin.write(f"frame {jpeg} {npy}\n")
+                robot.stdin.flush()
+                expected = digest(decode_jpeg(jpeg.read_bytes()))
+                wait_until(lambda expected=expected: any(x.get("data", [])[:3] == expected for x in list(lines)),
+                           timeout=60, what=f"the rclpy robot receiving the digest {expected} of its JPEG")
+            assert node.stats.connects == 1 and not node.stats.errors, node.stats.errors
+    finally:
+        robot.stdin.close()
+        try:
+            robot.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            robot.kill()
+            robot.wait()
+    assert robot.returncode == 0, robot.stderr.read()
 
 
 def test_a_corrupt_jpeg_is_a_step_error_and_the_session_goes_on(ros_domain, robot, gateway, replies):
