@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -37,12 +38,16 @@ from bridge.client.chunks import ActionQueue
 from bridge.common.percentiles import p50_p99
 from inference_server import ModelRepository, TritonServer
 from protos import bridge_pb2
-from protos.codec import JPEG, Spec, decode, encode, encode_image
+from protos.codec import JPEG, RAW, Spec, decode, encode, encode_image
 from sim.camera_reach import CameraReach, expert_action
 from sim.cameras import with_cameras
-from tests.support.link import Link, Shape
-from tether.topology import gateway_process
-from trainer.camera_policy import CameraChunkPolicy, chunk_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # `python benchmarks/camera_serving.py`: the shaped link lives in tests/support
+    sys.path.insert(0, str(ROOT))
+from tests.support.link import Link, Shape  # noqa: E402
+from tether.topology import gateway_process  # noqa: E402
+from trainer.camera_policy import CameraChunkPolicy, chunk_spec  # noqa: E402
 
 MODEL, CAMERAS, SIZE, QUALITY = "camera_chunk", ("top", "front"), 224, 90
 
@@ -91,8 +96,7 @@ def observation_tensors(frame: dict[str, np.ndarray], *, jpeg: bool) -> list:
 def hello(name: str, obs: tuple[Spec, ...], act: tuple[Spec, ...], *, jpeg: bool) -> bridge_pb2.Hello:
     specs = [s.to_proto() for s in obs]
     for s in specs:
-        if jpeg and s.name in CAMERAS:
-            s.encoding = JPEG
+        s.encoding = JPEG if jpeg and s.name in CAMERAS else RAW
     return bridge_pb2.Hello(session_id=name, source="bench:camera", observation_spec=specs,
                             action_spec=[s.to_proto() for s in act])
 
@@ -137,7 +141,7 @@ async def robot(address: str, name: str, payloads: list[list], obs, act, *, hz: 
                 seconds: float, jpeg: bool) -> dict:
     """One robot's control loop: an action per tick from its queue, the next chunk asked for at H/2 left."""
     period_ns = int(1e9 / hz)
-    size = int(np.prod(act[0].shape))
+    size = act[0].shape[-1]  # the chunk spec is (H, A)
     queue = ActionQueue(horizon=horizon, size=size)
     ticks, starved, delays, trips, inflight, sent_tick, step = int(seconds * hz), 0, [], [], None, 0, 0
     started = False
