@@ -275,8 +275,9 @@ class Spec:
         tensor that cannot fit (a 30 MB frame for an 11-float spec) costs no copy. An encoded tensor must come in
         the spec's encoding, within its raw size plus `MAX_ENCODED_OVERHEAD` bytes (its pixels: `decode`)."""
         if tensor.encoding != self.encoding:
-            raise TensorError(self.name, f"encoding {encoding_name(tensor.encoding)}, declared "
-                                         f"{encoding_name(self.encoding)}")
+            got = tensor_pb2.Encoding.Name(tensor.encoding) if tensor.encoding in tensor_pb2.Encoding.values() \
+                else f"{tensor.encoding} (unknown)"
+            raise TensorError(self.name, f"encoding {got}, declared {encoding_name(self.encoding)}")
         if self.encoding != RAW and len(tensor.data) > math.prod(self.shape) + MAX_ENCODED_OVERHEAD:
             raise TensorError(self.name, f"{len(tensor.data)} bytes of {encoding_name(self.encoding)} for a "
                                          f"{list(self.shape)} image")
