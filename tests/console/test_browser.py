@@ -124,6 +124,10 @@ def test_console_shows_the_fleet_and_operator_clicks_need_a_token(triton, tmp_pa
                     await page.wait_for_selector(row, timeout=30_000)
                     await page.wait_for_selector('#sessions tr[data-session="hopper_2-0"]', timeout=30_000)
                     assert f"walker v{2 if rollout else 1}" in await page.text_content(f"{row} td.version")
+                    # each robot's latency budget, robot clock: a bar with a segment per measured hop
+                    await page.wait_for_selector(f"{row} .budget .hop-triton", timeout=30_000)
+                    hops = (await page.get_attribute(f"{row} .budget", "data-hops")).split()
+                    assert {"observation_age", "triton", "reply"} <= set(hops), hops
                     await page.fill("#operator", "mallory")
 
                     # no token: refused, nothing changes
