@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Mapping, Sequence
 
 os.environ.setdefault("MUJOCO_GL", "egl")  # before MuJoCo is imported: its GL backend is chosen at import
@@ -74,6 +75,7 @@ class CameraRenderer:
         model.vis.global_.offheight = max(model.vis.global_.offheight, height)
         model.vis.quality.offsamples = 0  # no multisample anti-aliasing
         self.cameras, self.height, self.width = tuple(cameras), height, width
+        self.frames, self.render_ns = 0, 0  # images rendered, and the time it took (`render_ms_per_frame`)
         try:
             self._renderer = mujoco.Renderer(model, height, width)
         except Exception as exc:  # no GL backend: glfw without a display, EGL without Mesa's libEGL
@@ -92,11 +94,16 @@ class CameraRenderer:
         return tuple(Spec(name, np.uint8, (self.height, self.width, 3), encoding=code) for name in self.cameras)
 
     def render(self, data) -> dict[str, np.ndarray]:
-        images = {}
+        images, start = {}, time.perf_counter_ns()
         for name in self.cameras:
             self._renderer.update_scene(data, camera=name)
             images[name] = self._renderer.render()
+        self.render_ns += time.perf_counter_ns() - start
+        self.frames += len(self.cameras)
         return images
+
+    def render_ms_per_frame(self) -> float | None:
+        return self.render_ns / 1e6 / self.frames if self.frames else None
 
     def close(self) -> None:
         if self._renderer is not None:

@@ -5,6 +5,8 @@
     tether demo --train --env newton:cartpole --envs 64
     tether demo --train --algo sac --envs 4                      # off-policy SAC (one rank) instead of PPO
     tether demo --train --algo sac --envs 4 --rate 25            # the sims at a robot's fixed 25 Hz
+    tether demo --camera                                         # 2 camera robots: 224x224 images -> 16-action chunks
+    tether demo --camera --horizon 50 --envs 1 --rate 20
     tether triton --model-repository runs/models --init Hopper-v5
 """
 
@@ -22,7 +24,8 @@ __all__ = ["main", "parser", "triton_main", "triton_parser"]
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tether demo", description="Triton + gateway + MuJoCo sims, closed loop.")
     p.add_argument("--env", help="gymnasium id or newton:<task> (default Hopper-v5; InvertedPendulum-v5 with --train)")
-    p.add_argument("--envs", type=int, default=8, help="envs per vectorised session")
+    p.add_argument("--envs", type=int, help="envs per vectorised session (default 8); with --camera: camera sessions "
+                   "(default 2)")
     p.add_argument("--sessions", type=int, default=1, help="vectorised sessions of --envs envs each")
     p.add_argument("--seconds", type=float, help="default 10 s; 240 s with --train")
     output_flags(p, summary=True, summary_help="write the summary as JSON here")
@@ -33,6 +36,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--algo", choices=("ppo", "sac"), default="ppo", help="with --train: the learner, on-policy PPO "
                    "or off-policy SAC (`tether train --algo`)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sims (and the trainer)")
+    p.add_argument("--camera", action="store_true",
+                   help="a camera robot: CameraReach (its goal shows only in the images) with top and front cameras "
+                        "rendered offscreen, JPEG to the gateway, and a fresh image+state -> chunk policy (a CNN per "
+                        "camera, an MLP head) served by Triton; chunks executed tick by tick")
+    p.add_argument("--horizon", type=int, default=16, help="with --camera: actions per chunk, H (16, 50, ...)")
+    p.add_argument("--image-size", type=int, default=224, metavar="PIXELS",
+                   help="with --camera: square images of this many pixels a side")
     p.add_argument("--rate", type=float, metavar="HZ",
                    help="a fixed control rate: each session steps at most HZ times a second, as a robot's control "
                         "loop (`tether sim --rate`; default: as fast as the gateway answers)")
@@ -48,12 +58,20 @@ def main(argv: list[str] | None = None) -> int:
 
     p = parser()
     a = p.parse_args(argv)
-    env = a.env or ("InvertedPendulum-v5" if a.train else "Hopper-v5")
+    env = a.env or ("CameraReach" if a.camera else "InvertedPendulum-v5" if a.train else "Hopper-v5")
     seconds = a.seconds or (240.0 if a.train else 10.0)
+    if a.camera:
+        import sim.cameras  # noqa: F401 - MuJoCo's offscreen GL backend (EGL), chosen before MuJoCo is imported
+    if not a.camera and (a.horizon != 16 or a.image_size != 224):
+        p.error("--horizon and --image-size go with --camera")
+    if a.camera and a.sessions != 1:
+        p.error("--camera runs single-env camera sessions (--envs of them), not --sessions")
     try:
-        config = DemoConfig(env=env, envs=a.envs, sessions=a.sessions, seconds=seconds, summary=a.summary,
-                            run_dir=a.run_dir, train=a.train, trainer_nproc=a.trainer_nproc, seed=a.seed,
-                            algo=a.algo, rate_hz=a.rate)
+        config = DemoConfig(env=env, envs=a.envs or (2 if a.camera else 8), sessions=None if a.camera else a.sessions,
+                            seconds=seconds,
+                            summary=a.summary, run_dir=a.run_dir, train=a.train, trainer_nproc=a.trainer_nproc,
+                            seed=a.seed, algo=a.algo, rate_hz=a.rate, camera=a.camera, horizon=a.horizon,
+                            image_size=a.image_size)
     except ValueError as exc:
         p.error(str(exc))
     try:

@@ -2,6 +2,7 @@
 `tether.stack.Stack(envs=...)` and `tether cluster up` serve before any training.
 
     name = write_initial_policy(ModelRepository(root), "InvertedPendulum-v5", stochastic=True)   # "invertedpendulum_v5"
+    name = write_camera_policy(ModelRepository(root), camera_env, horizon=16)   # "camerareach_h16": images -> chunks
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sim
 from inference_server import ModelRepository
 from trainer.policy import GaussianPolicy, MLPPolicy
 
-__all__ = ["initial_log_std", "policy_name", "write_initial_policy"]
+__all__ = ["initial_log_std", "policy_name", "write_camera_policy", "write_initial_policy"]
 
 
 def policy_name(env_id: str) -> str:
@@ -44,6 +45,21 @@ def write_initial_policy(repo: ModelRepository, env_id: str, *, seed: int = 0, s
         else:
             repo.write_version(name, 1, MLPPolicy(observation[0], action[0], seed=seed), observation, action,
                                serve=serve)
+    return name
+
+
+def write_camera_policy(repo: ModelRepository, env, *, horizon: int = 16, seed: int = 0,
+                        serve: str = "torchscript") -> str:
+    """A fresh `CameraChunkPolicy` (trainer.camera_policy) for `env`, an env whose first observation tensor is its
+    state and the others camera images (`sim.cameras.with_cameras`), as version 1 of `<env>_h<horizon>`: chunks of
+    `horizon` actions. Returns the name."""
+    from trainer.camera_policy import CameraChunkPolicy
+
+    state, *cameras = env.observation_spec()
+    name = f"{policy_name(getattr(env, 'source', 'camera').partition(':')[2] or 'camera')}_h{horizon}"
+    if not repo.versions(name):
+        policy = CameraChunkPolicy(state, cameras, env.action_spec()[0], horizon=horizon, seed=seed).eval()
+        repo.write_version(name, 1, policy, policy.inputs, policy.outputs, serve=serve)
     return name
 
 

@@ -12,6 +12,10 @@ reconnect like single-env ones):
        ▲                                                   │
        └──────────── Policies.Publish (new versions) ◀─────┘
 
+With `camera=True` (`tether demo --camera`) the sims are CameraReach robots with two rendered 224x224 cameras
+(JPEG to the gateway, decoded there into the policy's uint8 batch) and the policy a fresh image + state -> chunk
+policy (trainer.camera_policy, H = `horizon`), its chunks executed tick by tick (sim.chunked).
+
 Every piece also runs alone: `tether triton`, `tether gateway`, `tether sim`, `tether train`.
 """
 
@@ -28,11 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import sim
+from bridge.client.chunks import ChunkConfig
 from bridge.common import files as common_files
 from bridge.common.processes import NotReady, free_port, spawn, stop_group, wait_ready
 from inference_server import ModelRepository, TritonServer
 from sim.client import check_rate, run_sessions, run_vector_sessions
-from tether.initial_policy import write_initial_policy
+from tether.initial_policy import write_camera_policy, write_initial_policy
 from tether.stack import gateway_process
 
 
@@ -59,6 +64,9 @@ class DemoConfig:
     rate_hz: float | None = None     # a fixed control rate: each session steps at most this often (`tether sim --rate`)
     persistent_versions: bool | None = None  # with `train`: ONNX versions served by one persistent Triton model
     #                                          (gateway --persistent-versions); None: on when the policy is ONNX
+    camera: bool = False             # CameraReach, top and front cameras, a camera chunk policy (single-env sessions)
+    horizon: int = 16                # with `camera`: the policy's chunk of H actions
+    image_size: int = 224            # with `camera`: square images of this many pixels a side
 
     def __post_init__(self):
         if self.envs < 1:
@@ -72,11 +80,19 @@ class DemoConfig:
         if self.algo not in ("ppo", "sac"):
             raise ValueError(f"--algo must be ppo or sac, got {self.algo!r}")
         check_rate(self.rate_hz)
+        if isinstance(self.horizon, bool) or not isinstance(self.horizon, int) or not 1 <= self.horizon <= 10_000:
+            raise ValueError(f"--horizon must be an integer in [1, 10000], got {self.horizon!r}")
+        if isinstance(self.image_size, bool) or not isinstance(self.image_size, int) or \
+                not 8 <= self.image_size <= 4096:
+            raise ValueError(f"--image-size must be an integer in [8, 4096], got {self.image_size!r}")
+        if self.camera and (self.train or is_vector_env(self.env) or self.sessions is not None):
+            raise ValueError("--camera runs single-env camera sessions: not with --train, --sessions or a vector --env "
+                             "(the camera policy learns by BC from logged demonstrations: docs/learning.md)")
 
     @property
     def vector(self) -> bool:
         """Vectorised sessions: always without `train`; with it, for a vector env or with `sessions` given."""
-        return not self.train or self.sessions is not None or is_vector_env(self.env)
+        return not self.camera and (not self.train or self.sessions is not None or is_vector_env(self.env))
 
 
 class _Progress:
@@ -131,8 +147,15 @@ def run_demo(config: DemoConfig) -> dict:
     run_dir = config.run_dir or Path(tempfile.mkdtemp(prefix="tether-demo-"))
     run_dir.mkdir(parents=True, exist_ok=True)
     repo = ModelRepository(run_dir / "models")
-    name = write_initial_policy(repo, config.env, seed=config.seed, stochastic=config.train, serve=config.serve)
-    kind = "Gaussian policy, sampled in Triton" if config.train else "MLP"
+    cameras: list = []  # with `camera`: each session's env (their render times)
+    if config.camera:
+        cameras.append(camera_env(config, config.seed))
+        name = write_camera_policy(repo, cameras[0], horizon=config.horizon, seed=config.seed,
+                                   serve=config.serve or "torchscript")
+        kind = f"CNN per camera + MLP head -> {config.horizon}-action chunks"
+    else:
+        name = write_initial_policy(repo, config.env, seed=config.seed, stochastic=config.train, serve=config.serve)
+        kind = "Gaussian policy, sampled in Triton" if config.train else "MLP"
     print(f"run dir {run_dir}\npolicy  {name} v{repo.versions(name)[-1]} (freshly initialised {kind})", flush=True)
     gateway_args: tuple[str, ...] = ()
     models = [name]
@@ -162,7 +185,15 @@ def run_demo(config: DemoConfig) -> dict:
                                                     algo=config.algo, extra_args=config.trainer_args))
                 print(f"trainer {config.algo.upper()}, {nproc} rank(s) (torchrun), log {run_dir / 'trainer.log'}")
             progress = _Progress()
-            if not config.vector:
+            if config.camera:
+                print(f"sim     {config.envs} x {config.env} with cameras {list(cameras[0].renderer.cameras)} "
+                      f"({config.image_size}x{config.image_size} RGB, JPEG) for {config.seconds:g} s, chunks of "
+                      f"{config.horizon}", flush=True)
+                cameras.extend(camera_env(config, config.seed + i) for i in range(1, config.envs))
+                stats = asyncio.run(run_sessions(gw, cameras.__getitem__, envs=config.envs, seconds=config.seconds,
+                                                 on_progress=progress, chunks=ChunkConfig(horizon=config.horizon),
+                                                 rate_hz=config.rate_hz))
+            elif not config.vector:
                 print(f"sim     {config.envs} x {config.env} for {config.seconds:g} s", flush=True)
                 stats = asyncio.run(run_sessions(gw, lambda i: sim.make(config.env, seed=config.seed + i),
                                                  envs=config.envs, seconds=config.seconds, on_progress=progress,
@@ -179,6 +210,13 @@ def run_demo(config: DemoConfig) -> dict:
                     rate_hz=config.rate_hz))
         summary = stats.summary()
         summary["envs_per_session"] = config.envs if config.vector else 1
+        if config.camera:
+            frames = sum(env.renderer.frames for env in cameras)
+            summary["camera"] = {"cameras": list(cameras[0].renderer.cameras), "image_size": config.image_size,
+                                 "horizon": config.horizon, "frames": frames,
+                                 "render_ms_per_frame": round(sum(env.renderer.render_ns for env in cameras)
+                                                              / 1e6 / max(frames, 1), 3),
+                                 "chunks": len(stats.rtt_ns)}
         summary["triton_version"] = triton.version
         if config.train:
             reached = next((p for p in progress.curve if p["return"] is not None and p["return"] >= 500.0), None)
@@ -193,11 +231,23 @@ def run_demo(config: DemoConfig) -> dict:
     return summary
 
 
+def camera_env(config: DemoConfig, seed: int):
+    """`config.env` (CameraReach by default) with its top and front cameras rendered at `config.image_size`."""
+    from sim.cameras import with_cameras
+
+    return with_cameras(sim.make(config.env, seed=seed), ["top", "front"], size=config.image_size)
+
+
 def print_table(summary: dict) -> None:
     rows = [("steps", f"{summary['steps']}"), ("steps/s", f"{summary['steps_per_s']:.0f}"),
             ("sessions", f"{summary['sessions']}"), ("round trip p50", f"{summary['rtt_ms']['p50']} ms"),
             ("round trip p99", f"{summary['rtt_ms']['p99']} ms"),
             ("triton version", summary["triton_version"]), ("errors", f"{summary['errors']}")]
+    if "camera" in summary:
+        camera = summary["camera"]
+        rows += [("cameras", f"{', '.join(camera['cameras'])} ({camera['image_size']}x{camera['image_size']}, JPEG)"),
+                 ("render per frame", f"{camera['render_ms_per_frame']} ms ({camera['frames']} frames)"),
+                 ("chunks", f"{camera['chunks']} of {camera['horizon']} actions")]
     if "curve" in summary:
         rows += [("policy versions", ", ".join(f"v{v}: {n}" for v, n in summary["policy_versions"].items())),
                  ("return (last 20)", f"{summary['recent_return']}"),

@@ -7,7 +7,7 @@ to H x A actions, squashed into the action's bounds. Images enter as the uint8 (
 to TorchScript and ONNX like every module-written version (`ModelRepository.write_version(..., serve="onnx")`):
 
     >>> import numpy as np, torch
-    >>> from protos.codec import Spec
+    >>> from protos.codec import RAW, Spec
     >>> state = Spec("observation", np.float32, (4,))
     >>> cams = [Spec("top", np.uint8, (64, 64, 3)), Spec("front", np.uint8, (64, 64, 3))]
     >>> act = Spec("action", np.float32, (2,), low=(-1.0,), high=(1.0,))
@@ -29,13 +29,14 @@ policy.inputs, policy.outputs)`); forward takes the inputs positionally in that 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
-from protos.codec import Spec
+from protos.codec import RAW, Spec
 from trainer.policy import _register_bounds, _squash
 
 __all__ = ["CameraChunkPolicy", "ImageEncoder", "chunk_spec"]
@@ -90,7 +91,7 @@ class CameraChunkPolicy(nn.Module):
                  channels: tuple[int, ...] = (16, 32, 32), hidden: tuple[int, ...] = (256, 256),
                  seed: int | None = None):
         super().__init__()
-        cameras = tuple(cameras)
+        cameras = tuple(dataclasses.replace(c, encoding=RAW) for c in cameras)  # Triton gets decoded pixels
         if len(state.shape) != 1 or state.dtype.kind != "f":
             raise ValueError(f"state {state.name}: expected a float vector, got {state.dtype.name}{list(state.shape)}")
         if len(action.shape) != 1:
