@@ -1,6 +1,7 @@
 """The edge node's chunk loop is `tether sim`'s (`bridge.client.chunks.ChunkExecutor`): the same alignment and
 prefix semantics, checked on the node in this process on Cyclone DDS, against a real gateway and tritonserver
-whose every step takes 30 ms more (so d >= 6 ticks at 200 Hz: every chunk after the first gets a prefix).
+whose every step takes 30 ms more (d >= 1 tick at 200 Hz, 6-7 on an idle machine: every chunk after the first
+gets a prefix, unless the queue had run dry when it was asked for).
 
 The policy (`RampInpaint`) inpaints: rows i < d are the committed prefix, the rest continue from its last
 action at VELOCITY per tick (the first chunk, with nothing committed, from the measured position, 0). So
@@ -77,26 +78,34 @@ def test_the_edge_aligns_chunks_and_sends_the_committed_prefix(ros_domain, gatew
     print(f"\nedge at {RATE:g} Hz, chunks of {H}, +30 ms: delays {sorted(stats.chunk_delays.items())}, "
           f"starved {stats.starved}, overruns {stats.overruns}")
     assert not stats.errors, stats.errors
-    assert min(delays) >= 1 and all(a.estimate >= 1 for a in arrivals[1:])  # 30 ms is at least one tick
+    assert min(delays) >= 1                    # 30 ms is at least one tick
+    if not stats.starved:                      # the queue never ran dry: every request had a prefix
+        assert all(a.estimate >= 1 for a in arrivals[1:])
+    assert any(a.estimate >= 1 for a in arrivals[1:])   # (only a queue dry at all 11 requests would fail this)
     executed = {e.tick: e for e in ex.trace}
     by_id = {a.chunk: a for a in arrivals}
-    start = arrivals[0].start
+    previous = None
     for e in ex.trace:
         a = by_id[e.source.chunk]
         assert a.start + e.source.index == e.tick and a.tick <= e.tick       # aligned to its own tick
         assert [b for b in arrivals if b.tick <= e.tick < b.start + H][-1] is a   # the newest chunk
         np.testing.assert_array_equal(e.action, a.actions[e.source.index])
-        # one ramp from the first chunk's tick on: every seam continues the motion, whatever d was
-        np.testing.assert_array_equal(e.action, np.full(6, (e.tick - start + 1) * VELOCITY))
+        if previous is not None and (e.source.chunk == previous.source.chunk or a.estimate >= 1):
+            # one ramp: a seam with a prefix continues the motion, whatever d was (idle ticks included)
+            np.testing.assert_array_equal(e.action - previous.action, np.full(6, (e.tick - previous.tick) * VELOCITY))
+        else:                                  # nothing was committed: a fresh ramp from the measured pose (0)
+            np.testing.assert_array_equal(e.action, np.full(6, (e.tick - a.start + 1) * VELOCITY))
+        previous = e
     for a in arrivals[1:]:                     # the prefix the policy got is what the robot executed
         rows = [t for t in range(a.start, a.start + a.estimate) if t in executed]
-        assert rows, a
-        np.testing.assert_array_equal(a.actions[[t - a.start for t in rows]],
-                                      np.array([executed[t].action for t in rows]))
+        assert rows or not a.estimate, a
+        if rows:
+            np.testing.assert_array_equal(a.actions[[t - a.start for t in rows]],
+                                          np.array([executed[t].action for t in rows]))
     policy = [r for r in records if r.source is not None]
     assert policy and all(executed[r.tick].source == r.source for r in policy)  # what went out: the trace's
-    if max(delays) <= THRESHOLD:               # the benchmark's target: no idle tick while d <= the threshold
-        assert stats.starved == 0
+    if max(delays) <= THRESHOLD and not stats.overruns:   # no idle tick while d <= the threshold (and the
+        assert stats.starved == 0                          # node's own loop kept its periods)
 
 
 def test_a_bad_chunk_setting_is_refused_naming_it():
