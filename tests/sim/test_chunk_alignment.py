@@ -14,12 +14,14 @@ count below is exact, on any machine.
 from __future__ import annotations
 
 import asyncio
+import re
 
 import numpy as np
 import pytest
 
 from bridge.client.chunks import ChunkConfig, ChunkExecutor
 from bridge.ros2.guard import GuardConfig, SafetyGuard
+from sim.cli import main as sim_main
 from sim.client import SessionError, run_sessions
 from tests.sim.chunk_policies import MODE, VELOCITY, Inpaint, Planner, Servo, policy_specs
 from tests.support.gateways import running_gateway
@@ -39,7 +41,8 @@ def policies(triton):
     return triton
 
 
-def run(triton, policy: str, config: ChunkConfig, delay: int) -> tuple[ChunkExecutor, Servo, object]:
+def run(triton, policy: str, config: ChunkConfig, delay: int | None, *,
+        rate_hz: float | None = None) -> tuple[ChunkExecutor, Servo, object]:
     envs: list[Servo] = []
     executors: list[ChunkExecutor] = []
 
@@ -50,7 +53,7 @@ def run(triton, policy: str, config: ChunkConfig, delay: int) -> tuple[ChunkExec
     async def scenario():
         async with running_gateway(triton.url, policy=policy) as gw:
             return await run_sessions(gw.address, make, envs=1, steps=TICKS, chunks=config, delay_ticks=delay,
-                                      executors_out=executors)
+                                      executors_out=executors, rate_hz=rate_hz)
 
     stats = asyncio.run(scenario())
     assert not stats.errors, stats.errors
@@ -129,3 +132,35 @@ def test_the_gateway_passes_the_prefix_only_to_a_policy_that_declares_it(policie
     # a policy that declares them refuses a session that does not send them, naming the input
     with pytest.raises(SessionError, match="observation_spec lacks 'action_prefix', an input of policy 'rtc_inpaint'"):
         run(policies, "rtc_inpaint", ChunkConfig(horizon=H), 3)
+
+
+def test_at_a_control_rate_the_delay_is_measured_and_chunks_stay_aligned(policies):
+    # --rate 200 without --chunk-delay: d is what the round trip took in 5 ms ticks (the machine's business);
+    # whatever it was, every executed action is its chunk's for that tick, and the prefix is what ran
+    ex, env, stats = run(policies, "rtc_inpaint", ChunkConfig(horizon=H, prefix=True), None, rate_hz=200.0)
+    assert stats.steps == TICKS and sum(stats.chunk_delays.values()) == ex.chunks
+    arrivals = {a.chunk: a for a in ex.arrivals}
+    executed = {e.tick: e.action for e in ex.trace}
+    assert len(ex.trace) + stats.idle_ticks == TICKS
+    for e in ex.trace:
+        a = arrivals[e.source.chunk]
+        assert a.start + e.source.index == e.tick and a.tick <= e.tick
+        np.testing.assert_array_equal(e.action, a.actions[e.source.index])
+    for a in list(ex.arrivals)[1:]:
+        rows = [t for t in range(a.start, a.start + a.estimate) if t in executed]
+        assert rows or not a.estimate
+        if rows:
+            np.testing.assert_array_equal(a.actions[[t - a.start for t in rows]], np.array([executed[t] for t in rows]))
+    if max(stats.chunk_delays) <= H // 2:
+        assert stats.idle_ticks == 0
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--chunk-delay", "3"], "--chunk-delay: needs --chunk H"),
+    (["--chunk", "16", "--chunk-blend", "17"], r"chunk blend: expected an integer \[0, 16\], got 17"),
+])
+def test_tether_sim_refuses_a_bad_chunk_flag_naming_it(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:                 # refused before any gateway is contacted
+        sim_main(["--gateway", "127.0.0.1:9", "--seconds", "1", *argv])
+    assert exc.value.code == 2
+    assert re.search(message, capsys.readouterr().err)
