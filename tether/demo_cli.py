@@ -5,7 +5,7 @@
     tether demo --train --env newton:cartpole --envs 64
     tether demo --train --algo sac --envs 4                      # off-policy SAC (one rank) instead of PPO
     tether demo --train --algo sac --envs 4 --rate 25            # the sims at a robot's fixed 25 Hz
-    tether demo --camera                                         # 2 camera robots: 224x224 images -> 16-action chunks
+    tether demo --camera --envs 2                                # 2 camera robots: 224x224 images -> 16-action chunks
     tether demo --camera --horizon 50 --envs 1 --rate 20
     tether triton --model-repository runs/models --init Hopper-v5
 """
@@ -24,8 +24,7 @@ __all__ = ["main", "parser", "triton_main", "triton_parser"]
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tether demo", description="Triton + gateway + MuJoCo sims, closed loop.")
     p.add_argument("--env", help="gymnasium id or newton:<task> (default Hopper-v5; InvertedPendulum-v5 with --train)")
-    p.add_argument("--envs", type=int, help="envs per vectorised session (default 8); with --camera: camera sessions "
-                   "(default 2)")
+    p.add_argument("--envs", type=int, default=8, help="envs per vectorised session; with --camera: camera sessions")
     p.add_argument("--sessions", type=int, default=1, help="vectorised sessions of --envs envs each")
     p.add_argument("--seconds", type=float, help="default 10 s; 240 s with --train")
     output_flags(p, summary=True, summary_help="write the summary as JSON here")
@@ -67,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.camera and a.sessions != 1:
         p.error("--camera runs single-env camera sessions (--envs of them), not --sessions")
     try:
-        config = DemoConfig(env=env, envs=a.envs or (2 if a.camera else 8), sessions=None if a.camera else a.sessions,
+        config = DemoConfig(env=env, envs=a.envs, sessions=None if a.camera else a.sessions,
                             seconds=seconds,
                             summary=a.summary, run_dir=a.run_dir, train=a.train, trainer_nproc=a.trainer_nproc,
                             seed=a.seed, algo=a.algo, rate_hz=a.rate, camera=a.camera, horizon=a.horizon,
