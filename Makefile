@@ -43,6 +43,10 @@ $(STAMP): pyproject.toml Makefile
 	  { echo "ERROR: PostgreSQL could not be installed: the fleet tests need it" >&2; exit 1; }
 	@command -v ip >/dev/null || { apt-get update -qq && apt-get install -y -qq iproute2; } || \
 	  { echo "ERROR: iproute2 could not be installed: the cross-host tests need it" >&2; exit 1; }
+	# MuJoCo's offscreen cameras (sim.cameras, tether demo --camera): EGL through Mesa, rendered on the CPU
+	@/usr/sbin/ldconfig -p | grep -q 'libEGL_mesa\.so' || { apt-get update -qq && \
+	  apt-get install -y -qq libegl1 libegl-mesa0 libgl1-mesa-dri; } || \
+	  { echo "ERROR: Mesa's EGL could not be installed: the camera tests need it" >&2; exit 1; }
 	# --- ROS 2 (rclpy, launch): their own environment, .venv/ros ----------------------------------
 	# The Jazzy rclpy wheels need numpy 2; the bundled Triton (nvidia-pytriton 0.7.0) pins numpy<2.
 	# So rclpy, the message packages, `ros2 launch` (wheels in ../shared/ros2-launch: not on the
