@@ -49,6 +49,12 @@ def generate_launch_description():
                               description="request the next chunk with this many actions left; empty: H // 2"),
         DeclareLaunchArgument("chunk_merge", default_value="newest", description="newest | ensemble"),
         DeclareLaunchArgument("ensemble_decay", default_value="0.01", description="ensembling weight exp(-decay * i)"),
+        DeclareLaunchArgument("chunk_prefix", default_value="false",
+                              description="send the committed actions and the delay d (action_prefix, action_delay) "
+                                          "for a policy that inpaints them (real-time chunking)"),
+        DeclareLaunchArgument("chunk_blend", default_value="",
+                              description="blend each chunk's seam over this many ticks; empty: 0 with chunk_prefix, "
+                                          "else H // 4"),
         DeclareLaunchArgument("status_every", default_value="5.0", description="seconds between status lines"),
         DeclareLaunchArgument("tls_ca", default_value="",
                               description="CA of the gateway's certificate (turns TLS on); empty: plaintext, "
@@ -87,6 +93,8 @@ def generate_launch_description():
                        "--chunk-threshold", LaunchConfiguration("chunk_threshold"),
                        "--chunk-merge", LaunchConfiguration("chunk_merge"),
                        "--ensemble-decay", LaunchConfiguration("ensemble_decay"),
+                       "--chunk-prefix", LaunchConfiguration("chunk_prefix"),
+                       "--chunk-blend", LaunchConfiguration("chunk_blend"),
                        "--status-every", LaunchConfiguration("status_every"),
                        "--tls-ca", LaunchConfiguration("tls_ca"),
                        "--tls-cert", LaunchConfiguration("tls_cert"),

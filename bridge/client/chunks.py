@@ -233,6 +233,16 @@ def _optional_int(text: str) -> int | None:
     return int(text) if text.strip() else None
 
 
+def _switch(text: str) -> bool:
+    """A yes/no flag value (a launch argument passes one): true/false, yes/no, 1/0; "" is no."""
+    value = text.strip().lower()
+    if value in ("true", "yes", "1"):
+        return True
+    if value in ("false", "no", "0", ""):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
 def chunk_flags(parser: argparse.ArgumentParser, *, simulated: bool = False) -> None:
     """The chunk flags of `tether edge` and `tether sim`, one spelling for both; `simulated` adds --chunk-delay.
 
@@ -248,9 +258,10 @@ def chunk_flags(parser: argparse.ArgumentParser, *, simulated: bool = False) -> 
     parser.add_argument("--chunk-merge", choices=MERGES, default="newest",
                         help="overlapping chunks: the newest wins, or ACT's temporal ensembling")
     parser.add_argument("--ensemble-decay", type=float, default=0.01, help="ensembling weight exp(-decay * i)")
-    parser.add_argument("--chunk-prefix", action="store_true", help="send the actions committed while a chunk is "
-                        "computed (action_prefix) and their count d (action_delay), for a policy that inpaints "
-                        "them (real-time chunking)")
+    parser.add_argument("--chunk-prefix", type=_switch, nargs="?", const=True, default=False, metavar="BOOL",
+                        help="send the actions committed while a chunk is computed (action_prefix) and their count "
+                        "d (action_delay), for a policy that inpaints them (real-time chunking); a bare "
+                        "--chunk-prefix is true")
     parser.add_argument("--chunk-blend", type=_optional_int, metavar="TICKS", help="blend each chunk's seam over "
                         "this many ticks (default: 0 with --chunk-prefix, else H // 4)")
     if simulated:
