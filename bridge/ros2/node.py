@@ -26,11 +26,16 @@ next tick plus a round trip.
 
 What goes out on the command topics. Per step (`chunk=0`): the reply's action, through
 `SafetyGuard.filter`, published the moment it arrives. With chunks (`chunk=H`, the policy's action
-tensors are `(H, ...)`): the chunk's actions queue by control tick (`bridge.client.chunks`), every
-tick publishes the next one through the guard, and the next chunk is requested once no more than
-`chunk_threshold` actions are left, so it lands before the queue runs dry (`stats.starved` counts
-ticks that found it empty; a period that starts late by whole periods skips their actions, so a
-chunk stays on the wall clock). Either way every period also runs `SafetyGuard.tick`, whose watchdog
+tensors are `(H, ...)`): the chunk loop `tether sim` runs too (`bridge.client.chunks.ChunkExecutor`,
+`node.chunks`): the chunk's actions queue by control tick, aligned to the tick its observation was
+sent before (the delay d, in ticks, is measured: `stats.chunk_delays`), every tick publishes the next
+one through the guard, and the next chunk is requested once no more than `chunk_threshold` actions
+are left, so it lands before the queue runs dry (`stats.starved` counts ticks that found it empty; a
+period that starts late by whole periods skips their actions, so a chunk stays on the wall clock).
+With `chunk_prefix` a request carries the actions committed for the next d ticks (`action_prefix`,
+`action_delay`) for a policy that inpaints them; without it the seam is blended over `chunk_blend`
+ticks. Each request also carries its deadline (when the queue runs dry) and the previous chunk's hops.
+Either way every period also runs `SafetyGuard.tick`, whose watchdog
 publishes the safe action once no fresh action came within the guard's deadline, gateway or no
 gateway, and every command is kept in `node.command_log` with what produced it (policy version,
 chunk id = the step of the observation it answers, index in the chunk). Each observation carries
