@@ -170,7 +170,6 @@ class EdgeError(RuntimeError):
 class _InFlight:
     step: int
     t_sent: float                  # time.monotonic()
-    tick: int                      # the control tick a chunk's first action is for
 
 
 @dataclass(frozen=True)
@@ -605,7 +604,7 @@ class EdgeNode:
         self.stats.interventions += msg.observation.intervention
         with self._latest_lock:
             self._fresh = False
-        self._in_flight = _InFlight(self._step, now, self._ticks)
+        self._in_flight = _InFlight(self._step, now)
         self._step += 1
         self._first = False
         self.stats.observations += 1
