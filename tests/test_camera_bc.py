@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+import pytest
 import torch
 
 from protos.codec import JPEG, decode_all
@@ -22,6 +23,8 @@ from tests.support.triton import LOAD_TIMEOUT_S
 from trainer.bc import BCConfig, BCLearner, chunk_targets, inputs
 from trainer.camera_policy import CameraChunkPolicy
 from trainer.sources import LogDataset
+
+pytestmark = pytest.mark.slow
 
 SIZE, HORIZON, NAMES = 32, 16, ("observation", "top", "front")
 
