@@ -8,11 +8,12 @@ Measured, on loopback (Triton and the gateways are subprocesses, the robots run 
 - the round trip of one camera step through the gateway (JPEG in, decoded at the gateway) against a raw
   `tritonclient` call carrying the decoded uint8 tensors to the same model, blocks alternated: the
   gateway's own cost beyond the Triton call;
-- starvation: each robot executes one action per tick from its queue of chunks (a chunk computed from the
-  observation sent at tick k holds the actions of ticks k+1 .. k+H), asks for the next chunk when H/2 actions
-  remain, with `Observation.deadline_ns` = when its queue runs dry; a tick with no action is a starved
-  tick. For each N, a gateway serving earliest deadline first and one serving in arrival order, alternated;
-  the delay d (ticks between sending and the chunk's arrival) is recorded;
+- starvation: each robot runs the edge's chunk loop (`bridge.client.chunks.ChunkExecutor`: an action per
+  tick, each chunk aligned to the tick it was asked before, the seam blended over H/4 ticks), asks for the
+  next chunk when H/2 actions remain, with `Observation.deadline_ns` = when its queue runs dry; a tick with
+  no action once the first chunk arrived is a starved tick. For each N, a gateway serving earliest deadline
+  first and one serving in arrival order, alternated; the delay d (ticks between sending and the chunk's
+  arrival) is recorded;
 - the same robots over a link of 20 Mbit/s and 50 ms each way (tests/support/link.py, a token-bucket proxy on
   loopback), JPEG vs raw pixels.
 Prints a table and writes JSON (default benchmarks/results/camera_serving.json) and an SVG of starvation vs N.
@@ -34,7 +35,7 @@ from bench import machine, parser, report, say
 from svgplot import line_plot
 
 from bridge.client import Session
-from bridge.client.chunks import ActionQueue
+from bridge.client.chunks import ChunkConfig, ChunkExecutor
 from bridge.common.percentiles import p50_p99
 from inference_server import ModelRepository, TritonServer
 from protos import bridge_pb2
@@ -139,12 +140,11 @@ async def gateway_round_trips(address: str, payloads: list[list], n: int, name: 
 
 async def robot(address: str, name: str, payloads: list[list], obs, act, *, hz: float, horizon: int,
                 seconds: float, jpeg: bool) -> dict:
-    """One robot's control loop: an action per tick from its queue, the next chunk asked for at H/2 left."""
+    """One robot's control loop on `ChunkExecutor` (the edge's and `tether sim`'s): an action per tick, the next
+    chunk asked for at H/2 left with the deadline of its queue running dry."""
     period_ns = int(1e9 / hz)
-    size = act[0].shape[-1]  # the chunk spec is (H, A)
-    queue = ActionQueue(horizon=horizon, size=size)
-    ticks, starved, delays, trips, inflight, sent_tick, step = int(seconds * hz), 0, [], [], None, 0, 0
-    started = False
+    executor = ChunkExecutor(ChunkConfig(horizon=horizon), size=act[0].shape[-1])  # the chunk spec is (H, A)
+    ticks, trips, inflight, step = int(seconds * hz), [], None, 0
     async with Session(address, hello(name, obs, act, jpeg=jpeg), reply_timeout_s=30) as s:
         loop = asyncio.get_running_loop()
         t0 = loop.time()
@@ -152,26 +152,25 @@ async def robot(address: str, name: str, payloads: list[list], obs, act, *, hz: 
             if (wait := t0 + tick * period_ns / 1e9 - loop.time()) > 0:
                 await asyncio.sleep(wait)
             if inflight is not None and inflight.done():
-                reply = inflight.result()
+                reply, inflight = inflight.result(), None
                 if reply.WhichOneof("kind") == "action":
-                    chunk = decode(reply.action.tensors[0]).reshape(horizon, size)
-                    queue.add(chunk, start=sent_tick + 1, now=tick, chunk=reply.action.step,
-                              policy_version=reply.action.policy_version)
-                    delays.append(tick - sent_tick)
+                    executor.arrive(decode(reply.action.tensors[0]), now=tick,
+                                    policy_version=reply.action.policy_version, at_ns=s.received_ns)
                     trips.append(s.received_ns - reply.action.timing.t_sent_ns)
-                    started = True
-                inflight = None
-            if queue.pop(tick) is None and started:
-                starved += 1
-            if inflight is None and queue.remaining(tick + 1) <= horizon // 2:
-                left = queue.remaining(tick + 1)
+                else:
+                    executor.lost()
+            if inflight is None and executor.due(tick):
+                request = executor.request(tick, step=step)
                 observation = bridge_pb2.Observation(step=step, step_type=bridge_pb2.FIRST if step == 0 else
-                                                     bridge_pb2.MID, tensors=payloads[step % len(payloads)],
-                                                     deadline_ns=s.clock() + (left + 1) * period_ns)
-                inflight, sent_tick, step = loop.create_task(s.step(observation)), tick, step + 1
+                                                     bridge_pb2.MID, tensors=payloads[step % len(payloads)])
+                executor.fill(observation, request, deadline_ns=executor.deadline_ns(tick, now_ns=s.clock(),
+                                                                                     period_ns=period_ns))
+                inflight, step = loop.create_task(s.step(observation)), step + 1
+            executor.act(tick, at_ns=s.clock())
         if inflight is not None:
             await inflight
-    return {"ticks": ticks, "starved": starved, "delays": delays, "trips": trips}
+    return {"ticks": ticks, "starved": executor.idle, "delays": list(executor.delay_counts.elements()),
+            "trips": trips}
 
 
 async def fleet(address: str, robots: int, payloads, obs, act, *, hz: float, horizon: int, seconds: float,
