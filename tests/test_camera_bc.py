@@ -8,17 +8,21 @@ images (32x32) keep it to tens of seconds on a CPU; `tether demo --camera` runs 
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
+import tritonclient.grpc as triton_grpc
 
 from protos.codec import JPEG, decode_all
 from sim.camera_reach import SUCCESS_M, CameraReach, expert_action
 from sim.cameras import with_cameras
 from sim.client import run_sessions
 from sim.env import observation_encoder
-from tests.support.gateways import running_gateway
+from tests.support.gateways import gateway_process, running_gateway
 from tests.support.triton import LOAD_TIMEOUT_S
 from trainer.bc import BCConfig, BCLearner, chunk_targets, inputs
 from trainer.camera_policy import CameraChunkPolicy
@@ -111,3 +115,60 @@ def test_bc_from_logged_camera_demonstrations_beats_the_baselines(triton, tmp_pa
     assert error < 0.5 * mean_error and error < 0.5 * untrained_error, report
     assert reached.mean() < 0.4 * untrained.mean() and (reached < SUCCESS_M).sum() > (untrained < SUCCESS_M).sum(), \
         report
+
+
+def test_tether_train_bc_publishes_a_camera_chunk_policy_that_beats_its_parent(triton, tmp_path):
+    """The same loop through `tether train --algo bc --arch camera`: the expert's steps are logged under a per-step
+    camera policy (`--data-policy`), the trainer fetches the served chunk policy (v1), fits it to the logged
+    steps' chunks and publishes v2, which the gateway verifies and Triton serves: v2's chunks on held-out episodes
+    are far closer to the expert's than v1's."""
+    probe = make(0)
+    state, cameras, action = probe.observation_spec()[0], probe.observation_spec()[1:], probe.action_spec()[0]
+    probe.close()
+    step_name, chunk_name = triton.claim("camera_reach_step"), triton.claim("camera_reach_h16")
+    acting = CameraChunkPolicy(state, cameras, action, horizon=None, seed=1).eval()
+    chunked = CameraChunkPolicy(state, cameras, action, horizon=HORIZON, seed=0).eval()
+    for name, policy in ((step_name, acting), (chunk_name, chunked)):
+        triton.repo.write_version(name, 1, policy, policy.inputs, policy.outputs)
+        triton.server.load_model(name, timeout=LOAD_TIMEOUT_S)
+    log_dir, summary = tmp_path / "experience", tmp_path / "bc.json"
+    with gateway_process(triton.url, tmp_path / "gateway.log", "--experience-dir", log_dir,
+                         *triton.publishing_args(tmp_path), policy=chunk_name) as gateway:
+        demo = asyncio.run(run_sessions(gateway.address, lambda i: make(1 + i), envs=1, episodes=30,
+                                        controller=expert_action, policy=step_name, session_prefix="demo"))
+        assert demo.episodes == 30 and not demo.errors and demo.policy_versions.keys() == {1}
+        train = subprocess.run(
+            [sys.executable, "-m", "tether", "train", "--algo", "bc", "--arch", "camera", "--gateway", gateway.address,
+             "--policy", chunk_name, "--data-policy", step_name, "--experience-dir", str(log_dir), "--steps", "900",
+             "--batch", "64", "--lr", "1e-3", "--nproc", "1", "--seed", "0", "--summary", str(summary)],
+            capture_output=True, text=True, timeout=600)
+    assert train.returncode == 0, train.stderr[-3000:]
+    assert json.loads(summary.read_text())["published_version"] == 2
+
+    # held-out episodes the expert drives in this process, their frames as the gateway decodes them
+    env, episodes = make(77), []
+    as_sent = observation_encoder(env.observation_spec())
+    for _ in range(4):
+        ts, observations, actions = env.reset(), [], []
+        while not ts.last():
+            observations.append(decode_all(as_sent(ts.observation)))
+            actions.append(expert_action(ts.observation)["action"])
+            ts = env.step({"action": actions[-1]})
+        padded = np.concatenate([actions, np.repeat(actions[-1:], HORIZON - 1, axis=0)])
+        episodes += [(o, padded[i:i + HORIZON]) for i, o in enumerate(observations)]
+    env.close()
+    want = np.stack([chunk for _, chunk in episodes[::4]])
+    client = triton_grpc.InferenceServerClient(triton.url)
+    errors = {}
+    for version in ("1", "2"):
+        feed = []
+        for spec in chunked.inputs:
+            batch = np.stack([o[spec.name] for o, _ in episodes[::4]])
+            kind = "UINT8" if batch.dtype == np.uint8 else "FP32"
+            tensor = triton_grpc.InferInput(spec.name, list(batch.shape), kind)
+            tensor.set_data_from_numpy(batch)
+            feed.append(tensor)
+        got = client.infer(chunk_name, feed, model_version=version).as_numpy("action")
+        errors[version] = float(((got - want) ** 2).mean())
+    print(f"held-out chunk MSE through Triton: v1 (untrained) {errors['1']:.4f}, v2 (BC) {errors['2']:.4f}")
+    assert errors["2"] < 0.5 * errors["1"], errors

@@ -39,7 +39,7 @@ from torch import nn
 from protos.codec import RAW, Spec
 from trainer.policy import _register_bounds, _squash
 
-__all__ = ["CameraChunkPolicy", "ImageEncoder", "chunk_spec"]
+__all__ = ["CameraChunkPolicy", "ImageEncoder", "camera_policy_for", "chunk_spec"]
 
 
 def chunk_spec(action: Spec, horizon: int | None) -> Spec:
@@ -116,3 +116,44 @@ class CameraChunkPolicy(nn.Module):
         features = [state.float()] + [encoder(image) for encoder, image in zip(self.encoders, images, strict=True)]
         out = _squash(self.head(torch.cat(features, dim=1)), self.bounded, self.center, self.half_range)
         return out.reshape((-1, *self.shape))
+
+
+def _row(bounds: tuple[float, ...], size: int) -> tuple[float, ...]:
+    """One row's bounds of a chunk's (one for all, or per element per row: the first row's)."""
+    return tuple(bounds) if len(bounds) <= 1 else tuple(bounds)[:size]
+
+
+def camera_policy_for(inputs: Sequence[Spec], outputs: Sequence[Spec], *, state_dict: dict | None = None,
+                      seed: int | None = None) -> CameraChunkPolicy:
+    """The `CameraChunkPolicy` served with `inputs` (the state, then the cameras) and `outputs` (one chunk (H, A), or
+    one action (A,)), with the convolution channels and head sizes of `state_dict` when given (a served version's
+    weights: load them next). ValueError naming what does not fit.
+
+    >>> import numpy as np
+    >>> p = CameraChunkPolicy(Spec("s", np.float32, (3,)), [Spec("cam", np.uint8, (16, 16, 3))],
+    ...                       Spec("a", np.float32, (2,), low=(-1.0,), high=(1.0,)), horizon=4, hidden=(32,))
+    >>> q = camera_policy_for(p.inputs, p.outputs, state_dict=p.state_dict())
+    >>> q.load_state_dict(p.state_dict()), q.outputs == p.outputs
+    (<All keys matched successfully>, True)
+    """
+    if len(outputs) != 1 or len(outputs[0].shape) not in (1, 2):
+        raise ValueError(f"a camera policy has one output, a chunk (H, A) or an action (A,); got "
+                         f"{[f'{s.name}{list(s.shape)}' for s in outputs]}")
+    if len(inputs) < 2:
+        raise ValueError(f"a camera policy takes a state and cameras, got {[s.name for s in inputs]}")
+    out = outputs[0]
+    horizon = out.shape[0] if len(out.shape) == 2 else None
+    size = out.shape[-1]
+    action = Spec(out.name, out.dtype, (size,), low=_row(out.low, size), high=_row(out.high, size))
+    sizes = {}
+    if state_dict is not None:
+        def widths(prefix: str) -> list[int]:
+            found = sorted((int(k[len(prefix):].split(".")[0]), v) for k, v in state_dict.items()
+                           if k.startswith(prefix) and k.endswith(".weight"))
+            return [int(w.shape[0]) for _, w in found]
+        channels, head = widths("encoders.0.convs."), widths("head.")
+        if not channels or not head:
+            raise ValueError(f"no encoders.0.convs.* / head.* weights among {sorted(state_dict)[:6]}: not the "
+                             "weights of a camera policy")
+        sizes = {"channels": tuple(channels), "hidden": tuple(head[:-1])}
+    return CameraChunkPolicy(inputs[0], inputs[1:], action, horizon=horizon, seed=seed, **sizes)

@@ -271,7 +271,12 @@ def status(line: str) -> None:
 
 def served_module(arch: str, served: ServedPolicy, *, seed: int) -> torch.nn.Module:
     """The network `arch` holding the served version's weights."""
-    policy = build_policy(arch, served.inputs, served.outputs, hidden=hidden_sizes(served.state_dict), seed=seed)
+    if arch == "camera":  # its convolutions' and head's sizes are read from the weights
+        from trainer.camera_policy import camera_policy_for
+
+        policy = camera_policy_for(served.inputs, served.outputs, state_dict=served.state_dict, seed=seed)
+    else:
+        policy = build_policy(arch, served.inputs, served.outputs, hidden=hidden_sizes(served.state_dict), seed=seed)
     policy.load_state_dict(served.state_dict, strict=True)
     return policy
 

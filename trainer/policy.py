@@ -182,10 +182,15 @@ class GaussianPolicy(nn.Module):
         return log_prob, entropy
 
 
-def probe_outputs(policy: nn.Module, probe: np.ndarray) -> dict[str, np.ndarray]:
+def probe_outputs(policy: nn.Module, probe: np.ndarray | dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The policy's deterministic outputs on `probe`, by served output name: what a publish sends for the gateway
-    to compare with the served version's (`action_mean` of a GaussianPolicy, else `action`)."""
+    to compare with the served version's (`action_mean` of a GaussianPolicy, else `action`). A policy of several
+    inputs (a camera policy: `policy.inputs`, `policy.outputs`) takes `probe` as {input name: batch}."""
     with torch.no_grad():
+        if isinstance(probe, dict):
+            device = next(policy.parameters()).device
+            out = policy(*(torch.from_numpy(probe[s.name]).to(device) for s in policy.inputs))
+            return {policy.outputs[0].name: out.float().cpu().numpy()}
         x = torch.from_numpy(probe).to(next(policy.parameters()).device)
         if isinstance(policy, GaussianPolicy):
             return {"action_mean": policy.mean(x).float().cpu().numpy()}

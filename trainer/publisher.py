@@ -120,7 +120,7 @@ class Publication:
     trainer_step: int
     data_offset: int
     reward_version: str
-    probe: np.ndarray
+    probe: np.ndarray | dict[str, np.ndarray]  # one input's batch, or {input name: batch} (a camera policy)
     atol: float = 0.0                  # 0: the gate's tolerance for the serving format
 
 
@@ -200,7 +200,8 @@ class PublishQueue:
         self.publisher.submit(self.submitted.weights, lineage=policies_pb2.Lineage(
             parent_version=self.versions.version, trainer_step=p.trainer_step, data_offset=p.data_offset,
             reward_version=p.reward_version, trainer=f"{self.algo}@{socket.gethostname()}:{os.getpid()}",
-            algo=self.algo), probe_inputs={self.input_name: p.probe}, probe_outputs=self.submitted.outputs,
+            algo=self.algo), probe_inputs=p.probe if isinstance(p.probe, dict) else {self.input_name: p.probe},
+            probe_outputs=self.submitted.outputs,
             atol=p.atol)
 
     def close(self) -> None:

@@ -23,14 +23,19 @@ from trainer.policy import GaussianPolicy, MLPPolicy
 
 __all__ = ["ARCHS", "build_policy", "hidden_sizes"]
 
-ARCHS = ("gaussian", "mlp")
+ARCHS = ("gaussian", "mlp", "camera")  # camera: images + state -> chunks (trainer.camera_policy)
 
 
 def build_policy(arch: str, inputs: Sequence[Spec], outputs: Sequence[Spec], *,
                  hidden: tuple[int, ...] = (64, 64), seed: int | None = None) -> torch.nn.Module:
-    """The architecture `arch` ("gaussian" | "mlp") for a policy served with these specs."""
+    """The architecture `arch` ("gaussian" | "mlp" | "camera") for a policy served with these specs (a camera
+    policy's sizes: its defaults, or `trainer.camera_policy.camera_policy_for` with the served weights)."""
     if arch not in ARCHS:
         raise ValueError(f"arch {arch!r} must be one of {ARCHS}")
+    if arch == "camera":
+        from trainer.camera_policy import camera_policy_for
+
+        return camera_policy_for(inputs, outputs, seed=seed)
     if len(inputs) != 1:
         raise ValueError(f"the trainer's policies take one observation tensor, the served policy takes "
                          f"{[s.name for s in inputs]}")

@@ -61,6 +61,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", choices=ARCHS, default="gaussian", help="the policy network")
     p.add_argument("--hidden", type=_hidden, default=(64, 64), help="hidden sizes (offline BC only; "
                    "with a gateway they must match the served architecture)")
+    p.add_argument("--horizon", type=_positive(int), default=16,
+                   help="BC with --arch camera and no gateway: actions per chunk (the served policy's otherwise)")
     p.add_argument("--experience-dir", default="", help="BC: an experience log, a directory of *.mcap segments")
     p.add_argument("--experience", default="", metavar="nats://HOST:PORT[,...]",
                    help="PPO, SAC: transitions from the NATS JetStream experience stream (a durable consumer per "
