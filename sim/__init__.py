@@ -6,6 +6,8 @@
 - `sim.env`: `Environment` (the contract), `TimeStep`, `StepType`, `BaseEnvironment`.
 - `sim.mujoco`: `GymnasiumEnv` (gymnasium MuJoCo `*-v5`), `make_env(name, **kw)`.
 - `sim.toy`: `PointMass`, a pure-numpy env for tests.
+- `sim.cameras`: `with_cameras(env, names, size=224)`, MuJoCo cameras rendered offscreen (EGL) as uint8 image tensors.
+- `sim.camera_reach`: `CameraReach`, a MuJoCo task whose goal shows only in the images, and its scripted expert.
 - `sim.contract`: `EnvironmentContract`, the test suite every adapter passes.
 - `sim.client`: `run_sessions(...)`; `sim.cli`: `main(argv)` for `tether sim`.
 - `sim.vector`: `VectorEnvironment` (N envs as one batch, same-step auto-reset, per-env refusal),
