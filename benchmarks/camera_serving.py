@@ -1,6 +1,6 @@
 """Camera robots through the gateway, side by side in one run: N robots x 2 cameras at 30 Hz, chunks of H = 16.
 
-    python benchmarks/camera_serving.py [--robots 2,4,8,12 --seconds 8 --rounds 3 --per-round 100 --json PATH]
+    python benchmarks/camera_serving.py [--robots 8,32,64,96,128 --seconds 8 --rounds 3 --per-round 100 --json PATH]
 
 Measured, on loopback (Triton and the gateways are subprocesses, the robots run here on one event loop):
 - bytes per observation, raw pixels vs JPEG (quality 90), at the policy's resolution (two 224x224 RGB
@@ -187,7 +187,7 @@ async def fleet(address: str, robots: int, payloads, obs, act, *, hz: float, hor
 
 def main(argv: list[str] | None = None) -> dict:
     p = parser(__file__, __doc__, rounds=(3, "alternating raw/gateway blocks"), per_round=(100, "steps per block"))
-    p.add_argument("--robots", default="2,4,8,12", help="fleet sizes for the starvation comparison")
+    p.add_argument("--robots", default="8,32,64,96,128", help="fleet sizes for the starvation comparison")
     p.add_argument("--seconds", type=float, default=8.0, help="per fleet run")
     p.add_argument("--hz", type=float, default=30.0, help="the robots' control rate")
     p.add_argument("--horizon", type=int, default=16, help="actions per chunk (H)")
