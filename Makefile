@@ -71,6 +71,19 @@ $(STAMP): pyproject.toml Makefile
 	  ln -sf $(CURDIR)/launch/config/topic_map.yaml $(CURDIR)/launch/config/gazebo_arm.yaml \
 	    $(CURDIR)/launch/config/gz_bridge.yaml $(VENV)/ros/share/tether/config/; fi
 	# --- end ROS 2 ------------------------------------------------------------------------------
+	# --- LeRobot (issue 26): its own environment, .venv/lerobot, where LeRobot's loader reads our exports back
+	# and its writer makes the datasets our import is tested on. lerobot 0.4.4 pins torch<2.11 and
+	# torchvision<0.26, which are not on this disk; its dataset code runs on the pair that is, so it goes in
+	# without its pins (--no-deps), with only what its dataset modules import; torchcodec decodes its videos
+	# through Debian's FFmpeg. Best effort: without it the LeRobot cross-checks skip and say why.
+	@command -v ffmpeg >/dev/null || { apt-get update -qq && apt-get install -y -qq ffmpeg; } || \
+	  echo "WARNING: Debian's ffmpeg not installed: LeRobot's video decoding (torchcodec) will fail" >&2
+	$(PYTHON) -m venv $(VENV)/lerobot && \
+	$(VENV)/lerobot/bin/python -m pip install -q torch==2.14.1 torchvision==0.29.1 torchcodec==0.17.0 && \
+	$(VENV)/lerobot/bin/python -m pip install -q --no-deps lerobot==0.4.4 && \
+	$(VENV)/lerobot/bin/python -m pip install -q 'datasets>=4,<5' 'huggingface-hub<0.36' 'av>=14,<19' pandas \
+	  'pyarrow>=17' fsspec accelerate pillow packaging jsonlines || { rm -rf $(VENV)/lerobot; \
+	  echo "WARNING: lerobot not installed in .venv/lerobot: the LeRobot cross-checks will skip" >&2; }
 	touch $(STAMP)
 
 demo: setup  # make demo ARGS="--train" for the learning loop

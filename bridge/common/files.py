@@ -4,6 +4,8 @@ that returned survives a power cut.
     write_atomic(path, b"...")                 # bytes, mode 0o600 by default
     write_json(path, {"a": 1})                 # JSON text, same guarantees
     fsync_dir(folder)                          # a rename/new entry in `folder` made durable
+    with staged_dir("out/dataset") as tmp: ...   # a folder built whole beside it, renamed into place
+    with staged_file("out/run.mcap") as tmp: ... # a file some writer fills, renamed into place
 
 How: a temp file in the same folder (so the rename is atomic), written and fsynced, renamed over
 `path`, then the folder fsynced (so the rename itself is on disk). On any error the temp is removed
@@ -24,6 +26,7 @@ import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +77,51 @@ def write_json(path: str | os.PathLike, data: Any, *, indent: int | None = 2, so
     """`data` as JSON (with a trailing newline) into `path`, atomically and durably."""
     text = json.dumps(data, indent=indent, sort_keys=sort_keys) + "\n"
     write_atomic(path, text.encode(), mode=mode, durable=durable)
+
+
+@contextlib.contextmanager
+def staged_dir(path: str | os.PathLike) -> Iterator[Path]:
+    """Yields an empty sibling temp folder of `path`; when the block ends without error it is renamed to
+    `path` (which must not exist, or be an empty folder), else removed: `path` is never left half-written.
+    FileExistsError before anything is written when `path` holds something."""
+    import shutil
+
+    path = Path(path)
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise FileExistsError(f"{path}: exists and is not an empty directory")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    try:
+        yield tmp
+        if path.exists():
+            path.rmdir()
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fsync_dir(path.parent)
+
+
+@contextlib.contextmanager
+def staged_file(path: str | os.PathLike, *, overwrite: bool = False) -> Iterator[Path]:
+    """Yields a sibling temp path for a writer to fill; renamed over `path` when the block ends without error,
+    else removed. FileExistsError up front if `path` exists and not `overwrite`."""
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path}: exists")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(path.parent)
 
 
 def read_ascii(path: str | os.PathLike, *, what: str) -> str:

@@ -1,11 +1,14 @@
-"""`tether log`: summarise an experience log, or export it as a flat dataset for behaviour cloning.
+"""`tether log`: summarise an experience log, or export it as a dataset.
 
     tether log inspect runs/demo              # a run dir (its experience/) or a log dir; --json for JSON
-    tether log export runs/demo/experience out/bc-data [--complete-only]
+    tether log export runs/demo/experience out/ds --format lerobot   # LeRobotDataset v3 (bridge.experience.lerobot)
+    tether log export runs/demo out/run.mcap --format foxglove        # Foxglove's schemas (bridge.experience.foxglove)
+    tether log export runs/demo/experience out/bc-data [--complete-only] [--policy P] [--versions 3:7]
     tether log merge gw-a/experience gw-b/experience [--out merged/] [--json]   # several gateways' logs
 
-The export is LeRobotDataset-like without parquet: one `.npz` per episode,
-`data/chunk-000/episode_000000.npz` with columns `observation.<tensor>`, `action.<tensor>`,
+Every format takes the same filters (bridge.experience.selection: policy, versions, time range, complete
+episodes, episodes with interventions). The default format is LeRobotDataset-like without parquet: one
+`.npz` per episode, `data/chunk-000/episode_000000.npz` with columns `observation.<tensor>`, `action.<tensor>`,
 `applied_action.<tensor>`, `reward`, `terminated`, `truncated`, `step`, `offset`, `timestamp_ns`,
 `policy_version`, `log_prob` (NaN when not stochastic), `intervention` (a person's command was applied:
 `applied_action` is theirs, `action` the policy's own), `frame_index`, `episode_index`; plus
@@ -20,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import sys
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -29,37 +30,13 @@ from pathlib import Path
 import numpy as np
 
 from bridge.common.errors import CommandError
+from bridge.common.files import staged_dir
 from bridge.experience.reader import read_transitions
 from bridge.experience.segment import list_segments, scan_segment
+from bridge.experience.selection import Selection, Skips, add_selection_flags, logged_episodes, selection_from_args
 from protos import codec, experience_pb2
-from protos.codec import TRANSITION_TENSORS, transition_problem
 
 CHUNK_EPISODES = 1000
-
-
-class _Skips:
-    """Unusable records: counted, the first one named."""
-
-    def __init__(self):
-        self.count, self.first = 0, None
-        self._shapes: dict[str, tuple[int, tuple[int, ...]]] = {}
-
-    def record(self, offset: int, why: str) -> None:
-        self.count += 1
-        if self.first is None or offset < self.first["offset"]:  # the reader reports ahead of what it yields
-            self.first = {"offset": offset, "problem": why}
-
-    def usable(self, t: experience_pb2.Transition) -> bool:
-        """Whether `t` can be used (else it is recorded): decodes, finite, shaped as the earlier ones."""
-        problem = transition_problem(t)
-        for group in TRANSITION_TENSORS if problem is None else ():
-            for x in getattr(t, group):
-                seen = self._shapes.setdefault(f"{group}.{x.name}", (x.dtype, tuple(x.shape)))
-                if seen != (x.dtype, tuple(x.shape)) and problem is None:
-                    problem = f"{group}.{x.name}: shape {list(x.shape)}, earlier transitions {list(seen[1])}"
-        if problem is not None:
-            self.record(t.offset, problem)
-        return problem is None
 
 
 def find_log_dir(path: str | Path) -> Path:
@@ -94,7 +71,7 @@ def inspect(path: str | Path) -> dict:
     versions: Counter[str] = Counter()
     rewards: Counter[str] = Counter()
     interventions = 0
-    skips = _Skips()
+    skips = Skips()
     for t in read_transitions(log_dir, on_skip=skips.record):
         if not skips.usable(t):
             continue
@@ -212,57 +189,36 @@ class _Episode:
         return out
 
 
-def export(log_dir: str | Path, out_dir: str | Path, *, complete_only: bool = False) -> dict:
+def export(log_dir: str | Path, out_dir: str | Path, *, selection: Selection | None = None) -> dict:
     """Writes the dataset (see module docstring) into `out_dir`, which must not exist or be empty. It is
     built in a sibling temporary directory and renamed into place: never half-written. Returns info.json."""
-    log_dir, out_dir = find_log_dir(log_dir), Path(out_dir)
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise FileExistsError(f"{out_dir}: exists and is not an empty directory")
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / "meta").mkdir(parents=True)
-    open_eps: dict[tuple[str, int], _Episode] = {}
+    log_dir = find_log_dir(log_dir)
     written: list[dict] = []
     features: dict[str, dict] = {}
-
-    def write(ep: _Episode, complete: bool) -> None:
-        if complete_only and not complete:
-            return
-        ep.index = len(written)
-        arrays = ep.arrays()
-        for k, a in arrays.items():
-            spec = {"dtype": str(a.dtype), "shape": list(a.shape[1:])}
-            if features.setdefault(k, spec) != spec:
-                raise ValueError(f"session {ep.session!r} episode {ep.episode}: {k} is {spec}, "
-                                 f"earlier episodes {features[k]}")
-        path = tmp / "data" / f"chunk-{ep.index // CHUNK_EPISODES:03d}" / f"episode_{ep.index:06d}.npz"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(path, **arrays)
-        written.append({"episode_index": ep.index, "session": ep.session, "episode": ep.episode,
-                        "length": ep.length, "return": float(arrays["reward"].sum()), "complete": complete,
-                        "terminated": ep.terminated, "truncated": ep.truncated,
-                        "policy_versions": sorted({int(v) for v in arrays["policy_version"]})})
-
-    try:
-        frames, policies, reward_versions = 0, Counter(), Counter()
-        skips = _Skips()
-        for t in read_transitions(log_dir, on_skip=skips.record):
-            if not skips.usable(t):
-                continue
-            key = (t.session, t.episode)
-            if key not in open_eps:
-                for other in [k for k in open_eps if k[0] == t.session]:  # a new episode ends the session's last
-                    write(open_eps.pop(other), complete=False)
-                open_eps[key] = _Episode(0, t.session, t.episode)
-            ep = open_eps[key]
-            ep.add(t)
-            frames += 1
-            policies[t.policy] += 1
-            reward_versions[t.reward_version] += 1
-            if t.terminated or t.truncated:
-                write(open_eps.pop(key), complete=True)
-        for ep in open_eps.values():
-            write(ep, complete=False)
+    frames, policies, reward_versions = 0, Counter(), Counter()
+    skips = Skips()
+    with staged_dir(out_dir) as tmp:
+        (tmp / "meta").mkdir()
+        for logged in logged_episodes(log_dir, selection or Selection(), skips):
+            ep = _Episode(logged.index, logged.session, logged.episode)
+            for t in logged.transitions:
+                ep.add(t)
+                policies[t.policy] += 1
+                reward_versions[t.reward_version] += 1
+            frames += ep.length
+            arrays = ep.arrays()
+            for k, a in arrays.items():
+                spec = {"dtype": str(a.dtype), "shape": list(a.shape[1:])}
+                if features.setdefault(k, spec) != spec:
+                    raise ValueError(f"session {ep.session!r} episode {ep.episode}: {k} is {spec}, "
+                                     f"earlier episodes {features[k]}")
+            path = tmp / "data" / f"chunk-{ep.index // CHUNK_EPISODES:03d}" / f"episode_{ep.index:06d}.npz"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            np.savez(path, **arrays)
+            written.append({"episode_index": ep.index, "session": ep.session, "episode": ep.episode,
+                            "length": ep.length, "return": float(arrays["reward"].sum()),
+                            "complete": logged.complete, "terminated": ep.terminated, "truncated": ep.truncated,
+                            "policy_versions": sorted({int(v) for v in arrays["policy_version"]})})
         info = {"codebase": "tether", "format": "npz per episode (LeRobotDataset-like layout)",
                 "source": str(log_dir), "total_episodes": len(written),
                 "total_frames": sum(e["length"] for e in written), "transitions_read": frames,
@@ -271,12 +227,6 @@ def export(log_dir: str | Path, out_dir: str | Path, *, complete_only: bool = Fa
                 "skipped": skips.count, "first_skipped": skips.first}
         (tmp / "meta" / "info.json").write_text(json.dumps(info, indent=2) + "\n")
         (tmp / "meta" / "episodes.jsonl").write_text("".join(json.dumps(e) + "\n" for e in written))
-        if out_dir.exists():
-            out_dir.rmdir()
-        os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return info
 
 
@@ -306,16 +256,36 @@ def merge(log_dirs: list[Path], out_dir: Path | None = None) -> dict:
     return {**merged.summary(), "out": str(out_dir) if out_dir is not None else None}
 
 
+def _lerobot(log_dir: Path, out: Path, *, selection: Selection) -> dict:
+    from bridge.experience.lerobot import export_lerobot  # pyarrow and PyAV only when asked for
+
+    return export_lerobot(find_log_dir(log_dir), out, selection=selection)
+
+
+def _foxglove(log_dir: Path, out: Path, *, selection: Selection) -> dict:
+    from bridge.experience.foxglove import export_foxglove
+
+    return export_foxglove(find_log_dir(log_dir), out, selection=selection)
+
+
+EXPORTERS = {"npz": export, "lerobot": _lerobot, "foxglove": _foxglove}
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tether log", description="Inspect or export an experience log.")
     sub = p.add_subparsers(dest="command", required=True)
     i = sub.add_parser("inspect", help="summary: segments, transitions, sessions, episodes, returns, versions")
     i.add_argument("path", type=Path, help="a run dir (with experience/) or a log dir")
     i.add_argument("--json", action="store_true", help="print the summary as JSON")
-    e = sub.add_parser("export", help="a flat per-episode .npz dataset for behaviour cloning")
-    e.add_argument("log_dir", type=Path, help="the experience log (a directory of *.mcap segments)")
-    e.add_argument("out_dir", type=Path, help="where the .npz episodes go (written whole, then renamed)")
-    e.add_argument("--complete-only", action="store_true", help="only episodes that ended (terminated/truncated)")
+    e = sub.add_parser("export", help="the log as a dataset: LeRobotDataset v3, a Foxglove recording, or .npz "
+                       "episodes (docs/interop.md)")
+    e.add_argument("log_dir", type=Path, help="the experience log (a run dir, a log dir or a JetStream archive)")
+    e.add_argument("out", type=Path, help="where it goes (a new folder; for foxglove a .mcap file); written whole, "
+                   "then renamed into place")
+    e.add_argument("--format", choices=EXPORTERS, default="npz",
+                   help="lerobot: LeRobotDataset v3 (parquet, one MP4 per camera); foxglove: MCAP with Foxglove's "
+                   "schemas; npz: one .npz per episode (default)")
+    add_selection_flags(e)
     m = sub.add_parser("merge", help="several gateways' logs as one: per (session, step) the newest ownership "
                        "epoch's record; a fenced gateway's late writes dropped (docs/operations.md)")
     m.add_argument("log_dirs", type=Path, nargs="+", help="the logs (run dirs or log dirs)")
@@ -343,9 +313,9 @@ def main(argv: list[str] | None = None) -> None:
                       f"older owner's epoch, {summary['duplicates']} duplicates"
                       + (f"; written to {summary['out']}" if summary["out"] else ""))
         else:
-            info = export(a.log_dir, a.out_dir, complete_only=a.complete_only)
+            info = EXPORTERS[a.format](a.log_dir, a.out, selection=selection_from_args(a))
             first = info["first_skipped"]
-            print(f"wrote {info['total_episodes']} episodes, {info['total_frames']} frames to {a.out_dir}"
+            print(f"wrote {info['total_episodes']} episodes, {info['total_frames']} frames to {a.out}"
                   + (f" ({info['skipped']} unusable record(s) skipped, first at offset {first['offset']}: "
                      f"{first['problem']})" if info["skipped"] else ""))
     except (OSError, ValueError) as exc:

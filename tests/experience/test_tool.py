@@ -10,6 +10,7 @@ import pytest
 
 from bridge.common.errors import CommandError
 from bridge.experience import ExperienceLog
+from bridge.experience.selection import Selection
 from bridge.experience.tool import export, inspect, main
 from protos import codec
 from tests.experience.helpers import transition
@@ -73,7 +74,7 @@ def test_export_writes_a_flat_per_episode_dataset(tmp_path):
     assert cam["observation.image"].shape == (4, 8, 8, 3) and cam["observation.image"].dtype == np.uint8
     assert cam["observation.image"][1].tobytes() == transition("s1", 1, image=(8, 8, 3)).observation[1].data
     assert info["features"]["observation.image"] == {"dtype": "uint8", "shape": [8, 8, 3]}
-    only = export(tmp_path, tmp_path / "complete", complete_only=True)
+    only = export(tmp_path, tmp_path / "complete", selection=Selection(complete_only=True))
     assert only["total_episodes"] == 3
 
 
