@@ -157,13 +157,13 @@ def run_demo(config: DemoConfig) -> dict:
         name = write_initial_policy(repo, config.env, seed=config.seed, stochastic=config.train, serve=config.serve)
         kind = "Gaussian policy, sampled in Triton" if config.train else "MLP"
     print(f"run dir {run_dir}\npolicy  {name} v{repo.versions(name)[-1]} (freshly initialised {kind})", flush=True)
-    gateway_args: tuple[str, ...] = ()
+    # every step logged in the run dir: `tether log export RUN_DIR OUT --format lerobot|foxglove` afterwards
+    gateway_args: tuple[str, ...] = ("--experience-dir", str(run_dir / "experience"))
     models = [name]
     if config.train:
         # sessions act with each new version from their next step: a good pendulum's episodes last
         # 1000 steps, and waiting for an episode's end would leave PPO learning from far-behind versions
-        gateway_args = ("--model-repository", str(repo.root), "--experience-dir", str(run_dir / "experience"),
-                        "--switch", "step")
+        gateway_args += ("--model-repository", str(repo.root), "--switch", "step")
         shared = repo.supports_versions_model(name)  # served by onnxruntime: one model can serve every version
         if config.persistent_versions or (config.persistent_versions is None and shared):
             # every version from one persistent model: no Triton stub started per version (docs/versions.md)
