@@ -1,0 +1,132 @@
+"""Camera frames to and from MP4 with PyAV: one constant-rate video stream, frame i at pts i / fps.
+
+    with VideoWriter("cam.mp4", fps=30, width=64, height=48) as video:   # libsvtav1 (AV1), yuv420p
+        for frame in frames:                                             # uint8 (H, W, 3) RGB
+            video.add(frame)
+    for seconds, frame in read_frames("cam.mp4"):                        # (pts in s, uint8 (H, W, 3))
+        ...
+
+`FrameCursor(path)` picks frames by timestamp, reading forward (as `bridge.experience.lerobot` asks for them).
+
+The codec defaults to what LeRobot 0.4.4 writes itself (`LeRobotDataset.create`: libsvtav1, yuv420p, GOP 2, CRF 30),
+which its torchcodec loader decodes (FFmpeg's libdav1d) and seeks cheaply (a key frame every other frame);
+`codec="libx264"` (H.264) for players without AV1. yuv420p needs even width and height.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+
+__all__ = ["CODECS", "FrameCursor", "VideoWriter", "read_frames", "video_info"]
+
+CODECS = {"libsvtav1": "av1", "libx264": "h264"}  # encoder -> the codec name readers see
+TIME_BASE_TICKS = 512  # per frame: mp4's timescale (LeRobot's files: 15360 at 30 fps)
+
+
+class VideoWriter:
+    """One MP4 file; `add(frame)` appends a frame at the next 1/fps step (`frames` so far; `bytes` encoded)."""
+
+    def __init__(self, path: str | Path, *, fps: int, width: int, height: int, codec: str = "libsvtav1",
+                 crf: int = 30, gop: int = 2):
+        if codec not in CODECS:
+            raise ValueError(f"video codec {codec!r}: expected one of {sorted(CODECS)}")
+        if width % 2 or height % 2 or width < 2 or height < 2:
+            raise ValueError(f"a {width}x{height} camera: yuv420p video needs even width and height")
+        if not isinstance(fps, int) or fps < 1:
+            raise ValueError(f"fps {fps!r}: expected a positive integer")
+        self.path, self.fps, self.width, self.height, self.codec = Path(path), fps, width, height, codec
+        options = {"g": str(gop), "crf": str(crf)}
+        if codec == "libsvtav1":
+            options["preset"] = "12"  # LeRobot's: the fastest
+            os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints a banner per file on stderr otherwise
+        self._container = av.open(str(self.path), "w", options={"movflags": "faststart"})
+        self._stream = self._container.add_stream(codec, rate=fps, options=options)
+        self._stream.width, self._stream.height, self._stream.pix_fmt = width, height, "yuv420p"
+        self._stream.time_base = Fraction(1, fps * TIME_BASE_TICKS)
+        self.frames = self.bytes = 0  # frames added, bytes of encoded video so far
+
+    def add(self, frame: np.ndarray) -> None:
+        if frame.shape != (self.height, self.width, 3) or frame.dtype != np.uint8:
+            raise ValueError(f"{self.path}: frame {self.frames} is {frame.dtype}{list(frame.shape)}, the video "
+                             f"is uint8[{self.height}, {self.width}, 3]")
+        vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")
+        vf.pts, vf.time_base = self.frames * TIME_BASE_TICKS, self._stream.time_base
+        self._mux(self._stream.encode(vf))
+        self.frames += 1
+
+    def _mux(self, packets) -> None:
+        self.bytes += sum(p.size for p in packets)
+        self._container.mux(packets)
+
+    def close(self) -> None:
+        if self._container is not None:
+            self._mux(self._stream.encode(None))
+            self._container.close()
+            self._container = None
+
+    def __enter__(self) -> VideoWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def info(self) -> dict:
+        """The `info` block LeRobot keeps per video feature (lerobot.datasets.video_utils.get_video_info)."""
+        return {"video.height": self.height, "video.width": self.width, "video.codec": CODECS[self.codec],
+                "video.pix_fmt": "yuv420p", "video.is_depth_map": False, "video.fps": self.fps,
+                "video.channels": 3, "has_audio": False}
+
+
+def read_frames(path: str | Path) -> Iterator[tuple[float, np.ndarray]]:
+    """(pts in seconds, uint8 (H, W, 3) RGB) of every frame of the first video stream, in presentation order."""
+    with av.open(str(path)) as container:
+        if not container.streams.video:
+            raise ValueError(f"{path}: no video stream")
+        stream = container.streams.video[0]
+        for frame in container.decode(stream):
+            yield float(frame.pts * stream.time_base), frame.to_ndarray(format="rgb24")
+
+
+def video_info(path: str | Path) -> dict:
+    """Width, height, codec, pix_fmt, frames per second, frames (when the container says) of the first video."""
+    with av.open(str(path)) as container:
+        if not container.streams.video:
+            raise ValueError(f"{path}: no video stream")
+        s = container.streams.video[0]
+        return {"width": s.codec_context.width, "height": s.codec_context.height, "codec": s.codec_context.name,
+                "pix_fmt": s.codec_context.pix_fmt, "fps": float(s.average_rate or 0), "frames": s.frames}
+
+
+class FrameCursor:
+    """The frames of one video picked by timestamp: `at(t)` gives the frame whose pts is within `tolerance_s` of
+    `t` (ValueError naming the file otherwise). Reads forward; a request behind the last one reopens the file."""
+
+    def __init__(self, path: str | Path, *, tolerance_s: float = 1e-4):
+        self.path, self.tolerance_s = Path(path), tolerance_s
+        self._frames: Iterator[tuple[float, np.ndarray]] | None = None
+        self._prev: tuple[float, np.ndarray] | None = None
+        self._next: tuple[float, np.ndarray] | None = None
+
+    def at(self, t: float) -> np.ndarray:
+        if self._frames is None or (self._prev is not None and t < self._prev[0] - self.tolerance_s):
+            self._frames, self._prev, self._next = read_frames(self.path), None, None
+            self._next = next(self._frames, None)
+        while self._next is not None and self._next[0] <= t + self.tolerance_s:
+            self._prev, self._next = self._next, next(self._frames, None)
+        best = self._prev
+        if best is None or abs(best[0] - t) > self.tolerance_s:
+            near = "none" if best is None else f"{best[0]:.6f} s"
+            raise ValueError(f"{self.path}: no frame at {t:.6f} s (nearest before: {near}; tolerance "
+                             f"{self.tolerance_s} s): the video is shorter than its episodes or not at their rate")
+        return best[1]
+
+    def close(self) -> None:
+        if self._frames is not None:
+            self._frames.close()
+            self._frames = None
