@@ -7,6 +7,7 @@
     tether status --gateway 127.0.0.1:50051            # sessions and versions; estop/release --robot NAME | --all
     tether sim --gateway 127.0.0.1:50051 --env Hopper-v5 --envs 8 --seconds 10
     tether sim --gateway 127.0.0.1:50051 --env newton:cartpole --envs 64 --sessions 2
+    tether view --gateway 127.0.0.1:50051 --port 8765   # live in Foxglove: ws://127.0.0.1:8765
     tether edge --gateway 127.0.0.1:50051 --topic-map launch/config/topic_map.yaml --transport dds
     tether train --gateway 127.0.0.1:50051 --algo ppo --policy invertedpendulum_v5 --nproc 2
     tether log inspect runs/demo/experience
@@ -74,6 +75,8 @@ COMMANDS: dict[str, Command] = {
                      "bridge.console.cli:main", "bridge.console.cli:_parser", ("estop",)),
     "release": Command("release an operator's e-stop",
                        "bridge.console.cli:main", "bridge.console.cli:_parser", ("release",)),
+    "view": Command("a gateway's robots live in Foxglove (Foxglove WebSocket: cameras, state, actions, hops, e-stops)",
+                    "bridge.view.cli:main", "bridge.view.cli:parser"),
     "certs": Command("a lab CA and certificates", "bridge.security.cli:certs_main", "bridge.security.cli:certs_parser"),
     "token": Command("operator / trainer tokens, stored hashed",
                      "bridge.security.cli:token_main", "bridge.security.cli:token_parser"),

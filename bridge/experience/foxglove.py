@@ -167,6 +167,7 @@ class Translator:
     none for channels nobody watches; the topics are still learnt, see `topics`)."""
 
     wanted: Callable[[str], bool] = lambda topic: True
+    estop_from_guard: bool = True     # the file's e-stop state: the edge's guard reports (live: `estop_state`)
     jpeg_quality: int = JPEG_QUALITY
     topics: dict[str, Topic] = field(default_factory=dict)   # every topic seen so far, by name
     sessions: dict[str, _SessionState] = field(default_factory=dict)
@@ -223,7 +224,7 @@ class Translator:
                 f"a person took over at step {t.step}" if t.intervention else f"the policy acts again at step {t.step}")
             s.intervening = t.intervention
         estop = (bool(t.guard.gateway_estop), bool(t.guard.estopped), t.guard.gateway_estop)
-        if estop != s.estop:
+        if self.estop_from_guard and estop != s.estop:
             if s.estop is not None or any(estop[:2]):
                 log("Error" if any(estop[:2]) else "Info", _estop_text(estop))
             s.estop = estop
