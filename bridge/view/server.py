@@ -103,12 +103,12 @@ class Viewer:
     async def send_loop(self) -> None:
         while (item := await self.queue.get()) is not None:
             is_data, frame = item
+            if not is_data:
+                self.control_waiting -= 1
+            await self.ws.send(frame)  # waits while the viewer does not read: the frame still counts as waiting
             if is_data:
                 self.data_waiting -= 1
-            else:
-                self.control_waiting -= 1
-            await self.ws.send(frame)
-            self.sent += is_data
+                self.sent += 1
         await self.ws.close(1008, "too many control messages waiting: the viewer does not read")
 
     def summary(self) -> dict:
@@ -146,7 +146,8 @@ class ViewServer:
     async def start(self) -> ViewServer:
         self._server = await serve(self._handle, self.host, self.port, subprotocols=[protocol.SUBPROTOCOL],
                                    process_request=self._process_request, ssl=self.ssl_context,
-                                   max_size=protocol.MAX_TEXT, max_queue=16, compression=None)
+                                   max_size=protocol.MAX_TEXT, max_queue=16, compression=None,
+                                   close_timeout=1)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
