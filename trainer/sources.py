@@ -44,6 +44,7 @@ import numpy as np
 
 from bridge.client import Credentials, ExperienceClient
 from bridge.common.lifecycle import Closing
+from bridge.experience.lerobot import is_lerobot_dataset, iter_lerobot  # pyarrow and PyAV only when one is read
 from protos import codec, experience_pb2
 from protos.codec import TRANSITION_TENSORS, Spec, transition_problem
 from trainer.inbox import Inbox
@@ -290,7 +291,9 @@ def _misshapen(t: experience_pb2.Transition, shapes: dict) -> str | None:
 
 
 class LogDataset:
-    """The transitions in the `*.mcap` segments under `log_dir`, shuffled and sharded per epoch.
+    """The transitions in the `*.mcap` segments under `log_dir`, shuffled and sharded per epoch. `log_dir` may be a
+    LeRobotDataset v3.0 folder instead (bridge.experience.lerobot.iter_lerobot: its frames as Transitions, camera
+    frames decoded from its videos; `segments` are then its data files).
 
     Every rank sees the same number of samples per epoch (the remainder is left out), so all
     ranks take the same number of optimiser steps. `policy` keeps only that policy's transitions.
@@ -304,9 +307,6 @@ class LogDataset:
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} must be in [0, world_size={world_size})")
         self.root, self.rank, self.world_size, self.seed = root, rank, world_size, seed
-        segments = sorted(root.rglob("*.mcap"))
-        if not segments:
-            raise FileNotFoundError(f"no *.mcap segments under {str(root)!r}")
         by_offset: dict[int, experience_pb2.Transition] = {}
         self.skipped, first_problem = 0, ""
         shapes: dict[tuple[str, str], tuple[int, tuple[int, ...]]] = {}  # (group, tensor) -> the log's dtype, shape
@@ -316,17 +316,29 @@ class LogDataset:
             self.skipped += 1
             first_problem = first_problem or why
 
-        for seg in segments:
-            for t in read_segment(seg, on_skip=undecodable):
+        lerobot = is_lerobot_dataset(root)
+        if lerobot:  # a LeRobotDataset v3.0 folder: its frames carry no policy, so `policy` does not apply
+            segments, policy = sorted((root / "data").glob("*/*.parquet")), None
+            batches = iter([(root.name, iter_lerobot(root))])
+        else:
+            segments = sorted(root.rglob("*.mcap"))
+            if not segments:
+                raise FileNotFoundError(f"no *.mcap segments (nor a LeRobotDataset's meta/info.json) under "
+                                        f"{str(root)!r}")
+            batches = ((seg.name, read_segment(seg, on_skip=undecodable)) for seg in segments)  # read in the loop
+        for name, transitions in batches:
+            for t in transitions:
                 if (policy is None or t.policy == policy) and t.offset not in by_offset:
                     problem = transition_problem(t) or _misshapen(t, shapes)
                     if problem is None:
                         by_offset[t.offset] = t
                     else:
                         self.skipped += 1
-                        first_problem = first_problem or f"offset {t.offset} in {seg.name}: {problem}"
+                        first_problem = first_problem or f"offset {t.offset} in {name}: {problem}"
         if self.skipped:
             log.warning("%s: skipped %d unusable transition(s) (first: %s)", root, self.skipped, first_problem)
+        if not by_offset and lerobot:
+            raise ValueError(f"no usable frames in the LeRobotDataset {str(root)!r}")
         if not by_offset:
             raise ValueError(f"no tether.v1.Transition messages{f' of policy {policy!r}' if policy else ''} "
                              f"in {len(segments)} segment(s) under {str(root)!r}")

@@ -6,6 +6,7 @@ gradients are averaged by DDP, rank 0 publishes new versions and all ranks learn
 `trainer.main` builds the torchrun command; run one rank by hand (no process group) with:
 
     python -m trainer.worker --algo bc --experience-dir runs/x/log --steps 100 --out policy.safetensors
+    python -m trainer.worker --algo bc --demos datasets/pick --arch mlp --steps 100   # a LeRobotDataset v3.0 folder
 
 Status lines go to stderr (rank 0); `--summary PATH` gets a JSON summary at the end.
 """
@@ -63,7 +64,8 @@ def parser() -> argparse.ArgumentParser:
                    "with a gateway they must match the served architecture)")
     p.add_argument("--horizon", type=_positive(int), default=16,
                    help="BC with --arch camera and no gateway: actions per chunk (the served policy's otherwise)")
-    p.add_argument("--experience-dir", default="", help="BC: an experience log, a directory of *.mcap segments")
+    p.add_argument("--experience-dir", default="", help="BC: an experience log, a directory of *.mcap segments (or a "
+                   "LeRobotDataset v3.0 folder)")
     p.add_argument("--experience", default="", metavar="nats://HOST:PORT[,...]",
                    help="PPO, SAC: transitions from the NATS JetStream experience stream (a durable consumer per "
                         "rank, acknowledged after each checkpoint) instead of the gateway's Experience.Subscribe")
@@ -113,8 +115,9 @@ def parser() -> argparse.ArgumentParser:
                    help="SAC: a previous run's experience log (MCAP segments) seeding the offline half of the "
                         "replay (repeatable)")
     p.add_argument("--demos", action="append", default=[], metavar="DIR",
-                   help="SAC: demonstrations (MCAP segments) for the offline half, learned on their applied "
-                        "actions (repeatable)")
+                   help="SAC: demonstrations for the offline half, learned on their applied actions (repeatable); "
+                        "BC: the demonstrations to clone (once, instead of --experience-dir). A log (MCAP segments) "
+                        "or a LeRobotDataset v3.0 folder")
     p.add_argument("--utd", type=_positive(float), default=1.0,
                    help="SAC: updates per new transition (replay ratio; the learner's speed caps it)")
     p.add_argument("--buffer-size", type=_positive(int), default=200_000, help="SAC: rows per replay half")
@@ -165,8 +168,9 @@ def check(args: argparse.Namespace) -> argparse.Namespace:
             raise SystemExit(f"tether train: --tau must be in (0, 1], got {args.tau}")
         if not args.init_alpha > 0:
             raise SystemExit(f"tether train: --init-alpha must be > 0, got {args.init_alpha}")
-    elif args.seed_log or args.demos:
-        raise SystemExit(f"tether train: --seed-log and --demos are SAC's (--algo sac), not {args.algo}'s")
+    elif args.seed_log or (args.demos and args.algo != "bc"):
+        raise SystemExit(f"tether train: --seed-log is SAC's and --demos SAC's or BC's (--algo sac, bc), not "
+                         f"{args.algo}'s")
     if args.algo == "ppo":
         if not args.gateway:
             raise SystemExit("tether train: --algo ppo needs --gateway HOST:PORT")
@@ -175,9 +179,15 @@ def check(args: argparse.Namespace) -> argparse.Namespace:
         if args.max_ahead and args.publish_every != 1:
             raise SystemExit(f"tether train: --max-ahead {args.max_ahead} needs --publish-every 1 (the learner waits "
                              f"for its own updates to be served), got --publish-every {args.publish_every}")
-    if args.algo == "bc" and not Path(args.experience_dir or "/nonexistent").is_dir():
-        raise SystemExit(f"tether train: --algo bc needs --experience-dir DIR (an existing directory; formerly "
-                         f"--log-dir), got {args.experience_dir!r}")
+    if args.algo == "bc":
+        if bool(args.experience_dir) + len(args.demos) != 1:
+            raise SystemExit("tether train: --algo bc learns from one of --experience-dir DIR (a log) or --demos DIR "
+                             f"(a log or a LeRobotDataset v3.0 folder), got --experience-dir {args.experience_dir!r} "
+                             f"and --demos {args.demos}")
+        data = args.experience_dir or args.demos[0]
+        if not Path(data).is_dir():
+            raise SystemExit(f"tether train: --algo bc needs {'--experience-dir' if args.experience_dir else '--demos'}"
+                             f" DIR (an existing directory; formerly --log-dir), got {data!r}")
     if not (args.steps or args.seconds or args.target_return is not None or args.stop_file):
         raise SystemExit("tether train: give --steps, --seconds, --target-return or --stop-file")
     return args

@@ -32,16 +32,19 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from bridge.common.files import staged_dir
 from bridge.experience.lerobot_stats import aggregate, episode_stats, to_json
 from bridge.experience.selection import LoggedEpisode, Selection, Skips, logged_episodes
-from bridge.experience.video import FrameCursor, VideoWriter
 from protos import bridge_pb2, codec, experience_pb2
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from bridge.experience.video import FrameCursor
 
 __all__ = ["CODEBASE_VERSION", "export_lerobot", "is_lerobot_dataset", "iter_lerobot", "read_lerobot"]
 
@@ -55,6 +58,18 @@ _INDEX = {"timestamp": "float32", "frame_index": "int64", "episode_index": "int6
           "task_index": "int64"}
 _EXTRAS = {"next.reward": "float32", "next.done": "bool", "next.truncated": "bool", "intervention": "bool",
            "policy_version": "int64", "timestamp_ns": "int64", "log_offset": "int64"}
+
+
+def _arrow():
+    """pyarrow and pyarrow.parquet, imported when a dataset is written or read (the interop extra): importing this
+    module (`is_lerobot_dataset`) needs neither them nor PyAV."""
+    try:
+        import pyarrow
+        import pyarrow.parquet
+    except ImportError as exc:
+        raise ImportError(f"LeRobotDataset export/import needs pyarrow and av (pip install 'tether[interop]'): "
+                          f"{exc}") from None
+    return pyarrow, pyarrow.parquet
 
 
 def is_lerobot_dataset(path: str | Path) -> bool:
@@ -132,7 +147,8 @@ def _fps(ep: LoggedEpisode) -> int | None:
     return None
 
 
-def _arrow(a: np.ndarray, dtype: str) -> pa.Array:
+def _array(a: np.ndarray, dtype: str) -> pa.Array:
+    pa, _ = _arrow()
     if a.ndim == 1 or a.shape[1] == 1:
         return pa.array(a.reshape(-1).astype(dtype))
     return pa.FixedSizeListArray.from_arrays(pa.array(a.reshape(-1).astype(dtype)), a.shape[1])
@@ -190,7 +206,8 @@ class _Export:
 
     def _write_data(self, columns: dict[str, np.ndarray]) -> None:
         features = self.plan.features({})
-        table = pa.table({k: _arrow(a, features[k]["dtype"]) for k, a in columns.items()})
+        pa, pq = _arrow()
+        table = pa.table({k: _array(a, features[k]["dtype"]) for k, a in columns.items()})
         d = self.data
         if d["writer"] is None:
             path = self.root / DATA_PATH.format(chunk_index=d["chunk"], file_index=d["file"])
@@ -206,6 +223,8 @@ class _Export:
             d["writer"], d["bytes"] = None, 0
 
     def _write_video(self, key: str, frames: np.ndarray) -> dict:
+        from bridge.experience.video import VideoWriter
+
         v = self.videos.setdefault(key, {"chunk": 0, "file": 0, "writer": None})
         if v["writer"] is None:
             path = self.root / VIDEO_PATH.format(video_key=key, chunk_index=v["chunk"], file_index=v["file"])
@@ -213,7 +232,7 @@ class _Export:
             h, w = frames.shape[1:3]
             v["writer"] = VideoWriter(path, fps=self.fps, width=w, height=h, codec=self.codec, crf=self.crf)
             self.video_info.setdefault(key, v["writer"].info())
-        writer: VideoWriter = v["writer"]
+        writer = v["writer"]
         start = writer.frames
         for frame in frames:
             writer.add(frame)
@@ -240,6 +259,7 @@ class _Export:
 
     def finish(self, info_extra: dict) -> dict:
         self.close()
+        pa, pq = _arrow()
         meta = self.root / "meta"
         meta.mkdir(exist_ok=True)
         features = self.plan.features(self.video_info) if self.plan else \
@@ -268,7 +288,7 @@ _PANDAS_INDEX = {  # tasks.parquet as pandas writes it: the task string is the f
                  "metadata": None},
                 {"name": None, "field_name": "__index_level_0__", "pandas_type": "unicode", "numpy_type": "object",
                  "metadata": None}],
-    "attributes": {}, "creator": {"library": "pyarrow", "version": pa.__version__}, "pandas_version": "2.2.3"}
+    "attributes": {}, "creator": {"library": "pyarrow", "version": "20.0.0"}, "pandas_version": "2.2.3"}
 
 
 def _hf_feature(ft: dict) -> dict:
@@ -342,6 +362,7 @@ def _load_info(root: Path) -> dict:
 
 
 def _episodes(root: Path) -> dict[int, dict]:
+    _, pq = _arrow()
     files = sorted((root / "meta" / "episodes").glob("*/*.parquet"))
     if not files:
         raise ValueError(f"{root / 'meta' / 'episodes'}: no episodes parquet files")
@@ -357,6 +378,7 @@ def _episodes(root: Path) -> dict[int, dict]:
 
 
 def _column(table: pa.Table, key: str, ft: dict, path: Path) -> np.ndarray | list:
+    pa, _ = _arrow()
     if key not in table.column_names:
         raise ValueError(f"{path}: feature {key!r} (meta/info.json) has no column")
     col = table.column(key).combine_chunks()
@@ -399,6 +421,7 @@ def iter_lerobot(dataset_dir: str | Path, *, tolerance_s: float = 1e-4) -> Itera
     `next.reward`, the last frame terminated (truncated when `next.done` says not done, or `next.truncated`),
     intervention (True unless the folder says), source "lerobot:<folder name>". ValueError naming the file and
     feature for a malformed folder."""
+    _, pq = _arrow()
     root = Path(dataset_dir)
     info = _load_info(root)
     episodes = _episodes(root)
@@ -434,6 +457,8 @@ def iter_lerobot(dataset_dir: str | Path, *, tolerance_s: float = 1e-4) -> Itera
 
 
 def _transition(cols, i, ep, info, root, videos, cursors, tolerance_s, source) -> experience_pb2.Transition:
+    from bridge.experience.video import FrameCursor
+
     features = info["features"]
     index, frame = int(cols["index"][i]), int(cols["frame_index"][i])
     obs = [codec.encode(_tensor_name(k), np.asarray(cols[k][i])) for k in cols

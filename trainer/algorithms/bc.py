@@ -1,5 +1,6 @@
-"""BC's part of the loop (trainer.loop): batches of a log (trainer.sources.LogDataset) -> BCLearner steps (DDP over
-the ranks); with --gateway it starts from the served weights and publishes one version at the end.
+"""BC's part of the loop (trainer.loop): batches of a log (trainer.sources.LogDataset: --experience-dir, or --demos, a
+log or a LeRobotDataset v3.0 folder) -> BCLearner steps (DDP over the ranks); with --gateway it starts from the served
+weights and publishes one version at the end.
 
 Step s reads batch (s mod batches_per_epoch) of epoch (s div batches_per_epoch): the data position is a function
 of the step, so a resumed run reads exactly what the lost run would have. It reads no stream.
@@ -39,8 +40,8 @@ class BC(Algorithm):
     def __init__(self, args: argparse.Namespace, served: ServedPolicy | None, versions: Versions):
         rank, world = dist.world()
         self.args = args
-        self.dataset = LogDataset(args.experience_dir, rank=rank, world_size=world, seed=args.seed,
-                                  policy=args.data_policy)
+        self.dataset = LogDataset(args.experience_dir or args.demos[0], rank=rank, world_size=world, seed=args.seed,
+                                  policy=args.data_policy)  # a log or a LeRobotDataset folder (--demos)
         self.obs_names: tuple[str, ...] | None = None  # a camera policy's inputs (its probe is one batch per input)
         chunks = None
         if args.arch == "camera":
@@ -113,10 +114,12 @@ class BC(Algorithm):
 
 def _specs_from_log(dataset: LogDataset) -> tuple[Spec, Spec]:
     t = dataset.transitions[0]
-    if len(t.observation) != 1 or not (t.applied_action or t.action):
-        raise ValueError(f"offline BC needs one observation tensor and an action per transition; offset "
-                         f"{t.offset} has {[x.name for x in t.observation]} -> {[x.name for x in t.action]}")
-    obs = t.observation[0]
+    named = [x for x in t.observation if x.name == "observation"]  # the state, beside cameras (a LeRobotDataset's)
+    if (len(t.observation) != 1 and len(named) != 1) or not (t.applied_action or t.action):
+        raise ValueError(f"offline BC needs one observation tensor (or one named 'observation') and an action per "
+                         f"transition; offset {t.offset} has {[x.name for x in t.observation]} -> "
+                         f"{[x.name for x in t.action]}")
+    obs = named[0] if len(t.observation) != 1 else t.observation[0]
     act = (t.applied_action or t.action)[0]
     return (Spec(obs.name, np.float32, (int(np.prod(obs.shape)),)),
             Spec(act.name, np.float32, (int(np.prod(act.shape)),)))

@@ -6,7 +6,8 @@ updates (trainer.sac.SACLearner) at a replay ratio.
 
 The replay (trainer.replay) is a cache of the log: the online half fills from the stream (the gateway
 replays its log from `--from-offset`, then goes live; or the NATS stream with --experience), the offline half
-from `--seed-log` / `--demos` MCAP segments read at start and from every intervention the stream carries.
+from `--seed-log` / `--demos` MCAP segments (or LeRobotDataset v3.0 folders) read at start and from every
+intervention the stream carries.
 Each new row makes --utd updates due; they run CHUNK at a time between polls. After a restart the learner
 resumes from its checkpoint (networks, optimisers, temperature, counters) and subscribes again from
 `buffer-size` transitions before the offset it had consumed, so the buffer refills from the log (those refill
@@ -36,7 +37,8 @@ CHUNK = 16  # updates between polls of the stream
 
 
 def seed_replay(adder: ReplayAdder, directories: list[str], *, policy: str | None, expect) -> int:
-    """Every usable transition of the MCAP segments under `directories` into `adder`; returns how many."""
+    """Every usable transition of the MCAP segments (or LeRobotDataset v3.0 folders) under `directories` into `adder`;
+    returns how many."""
     expected = {s.name: s for s in expect}
     count = 0
     for directory in directories:
