@@ -84,13 +84,17 @@ class VideoWriter:
 
 
 def read_frames(path: str | Path) -> Iterator[tuple[float, np.ndarray]]:
-    """(pts in seconds, uint8 (H, W, 3) RGB) of every frame of the first video stream, in presentation order."""
-    with av.open(str(path)) as container:
-        if not container.streams.video:
-            raise ValueError(f"{path}: no video stream")
-        stream = container.streams.video[0]
-        for frame in container.decode(stream):
-            yield float(frame.pts * stream.time_base), frame.to_ndarray(format="rgb24")
+    """(pts in seconds, uint8 (H, W, 3) RGB) of every frame of the first video stream, in presentation order;
+    ValueError naming the file when it does not open or decode."""
+    try:
+        with av.open(str(path)) as container:
+            if not container.streams.video:
+                raise ValueError(f"{path}: no video stream")
+            stream = container.streams.video[0]
+            for frame in container.decode(stream):
+                yield float(frame.pts * stream.time_base), frame.to_ndarray(format="rgb24")
+    except av.error.FFmpegError as exc:
+        raise ValueError(f"{path}: does not decode ({exc})") from None
 
 
 def video_info(path: str | Path) -> dict:
