@@ -30,6 +30,7 @@ import itertools
 import json
 import logging
 import secrets
+import socket
 import ssl
 from collections.abc import Iterable
 from http import HTTPStatus
@@ -49,6 +50,7 @@ __all__ = ["ExposedView", "ViewServer", "Viewer", "check_view_bind"]
 log = logging.getLogger("tether.view")
 MAX_CONTROL = 1000
 DEFAULT_MAX_QUEUE = 64
+SEND_BUFFER = 1 << 20  # bytes of a viewer's socket send buffer
 
 
 class ExposedView(InsecureBind):
@@ -160,9 +162,17 @@ class ViewServer:
     # -- the feed's side ------------------------------------------------------------------------------------
 
     def wanted(self, topic: str) -> bool:
-        """Whether any viewer watches `topic` (the translator makes no message nobody watches)."""
+        """Whether a viewer watching `topic` has room for its next message: the translator makes none that nobody
+        watches, nor one every watcher would drop (counted here as dropped for each of them)."""
         found = self.channels.get(topic)
-        return found is not None and self.watched.get(found[0], 0) > 0
+        if found is None or not self.watched.get(found[0]):
+            return False
+        watchers = [v for v in self.viewers if found[0] in v.by_channel]
+        if any(v.data_waiting < v.max_queue for v in watchers):
+            return True
+        for v in watchers:
+            v.dropped += 1
+        return False
 
     def advertise(self, topics: Iterable[Topic]) -> None:
         new = []
@@ -222,6 +232,10 @@ class ViewServer:
 
     async def _handle(self, ws: ServerConnection) -> None:
         viewer = Viewer(next(self._viewer_ids), ws, getattr(ws, "username", "viewer:anonymous"), self.max_queue)
+        sock = ws.transport.get_extra_info("socket")
+        if sock is not None:  # what the kernel holds for a viewer is bounded too (no autotuning to megabytes)
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
         self.viewers.add(viewer)
         self.viewers_total += 1
         viewer.control(protocol.server_info(self.name, session_id=self.session_id))
