@@ -181,9 +181,9 @@ def check(args: argparse.Namespace) -> argparse.Namespace:
                              f"for its own updates to be served), got --publish-every {args.publish_every}")
     if args.algo == "bc":
         if bool(args.experience_dir) + len(args.demos) != 1:
-            raise SystemExit("tether train: --algo bc learns from one of --experience-dir DIR (a log) or --demos DIR "
-                             f"(a log or a LeRobotDataset v3.0 folder), got --experience-dir {args.experience_dir!r} "
-                             f"and --demos {args.demos}")
+            raise SystemExit("tether train: --algo bc learns from one of --experience-dir DIR (a log; formerly "
+                             "--log-dir) or --demos DIR (a log or a LeRobotDataset v3.0 folder), got --experience-dir "
+                             f"{args.experience_dir!r} and --demos {args.demos}")
         data = args.experience_dir or args.demos[0]
         if not Path(data).is_dir():
             raise SystemExit(f"tether train: --algo bc needs {'--experience-dir' if args.experience_dir else '--demos'}"
