@@ -3,6 +3,12 @@
     stats = episode_stats({"action": actions}, {"observation.images.top": frames})   # per episode
     total = aggregate([stats_ep0, stats_ep1, ...])                                    # meta/stats.json
 
+    >>> s = feature_stats(np.array([[0.0], [1.0], [2.0], [3.0]]))
+    >>> s["mean"].tolist(), s["count"].tolist(), round(float(s["q50"][0]), 3)
+    ([1.5], [4], 1.0)
+    >>> aggregate([{"x": s}, {"x": s}])["x"]["count"].tolist(), len(sample_indices(1000))
+    ([8], 177)
+
 Same semantics as `lerobot.datasets.compute_stats` (written from its behaviour, not copied): vectors per
 dimension over the frames (a scalar column's stats have shape (1,)); camera frames per channel, (3, 1, 1), scaled
 to [0, 1], over a sample of at most ~100 frames of the episode (`sample_indices`), downscaled when 300 px or
