@@ -73,8 +73,12 @@ def _arrow():
 
 
 def is_lerobot_dataset(path: str | Path) -> bool:
-    """Whether `path` is a folder with LeRobot's `meta/info.json` (any version; `iter_lerobot` checks it)."""
-    return (Path(path) / "meta" / "info.json").is_file()
+    """Whether `path` is a folder with LeRobot's `meta/info.json` (one with a codebase_version, any: `iter_lerobot`
+    checks it; `tether log export`'s npz layout has an info.json without one)."""
+    try:
+        return "codebase_version" in json.loads((Path(path) / "meta" / "info.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return False
 
 
 # ---------------------------------------------------------------- export

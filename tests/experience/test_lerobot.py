@@ -11,7 +11,7 @@ import pytest
 
 from bridge.experience.lerobot import export_lerobot, is_lerobot_dataset, read_lerobot
 from bridge.experience.selection import Selection
-from bridge.experience.tool import main
+from bridge.experience.tool import export, main
 from protos import codec
 from tests.support.lerobot_logs import LENGTHS, camera_log, lerobot_side
 
@@ -48,7 +48,9 @@ def test_lerobots_loader_reads_the_export_back(tmp_path):
 def test_read_lerobot_gives_the_logged_steps_back(tmp_path):
     items = camera_log(tmp_path / "log")
     export_lerobot(tmp_path / "log", tmp_path / "ds", selection=Selection())
+    export(tmp_path / "log", tmp_path / "npz")  # the npz layout has a meta/info.json too, without codebase_version
     assert is_lerobot_dataset(tmp_path / "ds") and not is_lerobot_dataset(tmp_path / "log")
+    assert not is_lerobot_dataset(tmp_path / "npz")
     back = read_lerobot(tmp_path / "ds")
     assert len(back) == len(items)
     ends = np.cumsum(LENGTHS) - 1
