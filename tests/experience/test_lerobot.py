@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from bridge.experience import lerobot
 from bridge.experience.lerobot import export_lerobot, is_lerobot_dataset, read_lerobot
 from bridge.experience.selection import Selection
 from bridge.experience.tool import export, main
@@ -28,9 +29,16 @@ def _applied(t):
     return codec.decode((t.applied_action or t.action)[0])
 
 
-def test_lerobots_loader_reads_the_export_back(tmp_path):
+@pytest.mark.parametrize("roll", [False, True], ids=["one-file", "a-file-per-episode"])
+def test_lerobots_loader_reads_the_export_back(tmp_path, monkeypatch, roll):
     items = camera_log(tmp_path / "log")
+    if roll:  # files roll over past LeRobot's sizes: here after every episode
+        monkeypatch.setattr(lerobot, "DATA_MB", 0)
+        monkeypatch.setattr(lerobot, "VIDEO_MB", 0)
     info = export_lerobot(tmp_path / "log", tmp_path / "ds", selection=Selection())
+    files = 3 if roll else 1
+    assert len(list((tmp_path / "ds/data").glob("chunk-000/*.parquet"))) == files
+    assert all(len(list((tmp_path / "ds/videos" / k).glob("chunk-000/*.mp4"))) == files for k in CAMERAS)
     assert (info["total_episodes"], info["total_frames"], info["fps"]) == (3, 60, 30)
     assert info["cameras"] == list(CAMERAS) and info["skipped"] == 0 and info["first_skipped"] is None
     np.savez(tmp_path / "frames.npz", **{k: np.stack([_decoded(t, n) for t in items]) for k, n in CAMERAS.items()})
