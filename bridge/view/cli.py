@@ -11,6 +11,8 @@ topics; its layout file is the one to import). Credentials for the gateway as ev
 role). The view binds 127.0.0.1 unless told; anywhere else it needs `--tokens FILE`, and then a viewer presents a
 token with the viewer role (`Authorization: Bearer NAME.SECRET` or `?token=NAME.SECRET`). A viewer that reads too
 slowly loses frames (at most `--max-queue` wait for it), counted; the stream from the gateway never waits.
+Web pages other than Foxglove's own (`--allowed-origin`) and other Host names (`--allowed-host`) are refused;
+`--view-tls-cert/--view-tls-key` serve wss:// (tokens then never cross the network in plaintext).
 A status line every `--status-every` seconds on stderr; GET /stats gives the counts as JSON.
 Exit status: 0 stopped, 1 refused or failed (the reason on stderr), 2 bad arguments.
 """
@@ -41,6 +43,15 @@ def parser() -> argparse.ArgumentParser:
                    help="message frames that may wait for one viewer; beyond, its frames are dropped (counted)")
     p.add_argument("--status-every", type=float, default=5.0, metavar="SECONDS",
                    help="seconds between status lines (0 = none)")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME[:PORT]",
+                   help="a Host name the view also answers to (by another name than its bind address, or behind a "
+                   "proxy); others get 421")
+    p.add_argument("--allowed-origin", action="append", default=None, metavar="URL",
+                   help="a web page origin that may open the view (repeatable; default https://app.foxglove.dev, "
+                   "Foxglove's web app); a client sending none passes, others get 403")
+    p.add_argument("--view-tls-cert", type=Path, help="serve wss:// with this certificate (tether certs init's "
+                   "server.crt; with --view-tls-key)")
+    p.add_argument("--view-tls-key", type=Path, help="the view certificate's private key")
     policy_flag(p, help="only this policy's transitions (default: all)")
     return p
 
@@ -57,12 +68,15 @@ async def serve(a: argparse.Namespace) -> None:
     from bridge.client import Credentials
     from bridge.experience.foxglove import LAYOUT
     from bridge.security import Authorizer, TokenStore
+    from bridge.security.tls import TlsFiles, http_ssl_context
     from bridge.view.feed import GatewayFeed
-    from bridge.view.server import ViewServer
+    from bridge.view.server import FOXGLOVE_WEB, ViewServer
 
     auth = Authorizer(tokens=TokenStore(a.tokens), anonymous_viewers=False) if a.tokens else Authorizer()
+    tls = http_ssl_context(TlsFiles(cert=a.view_tls_cert, key=a.view_tls_key)) if a.view_tls_cert else None
     feed = None
-    server = ViewServer(host=a.host, port=a.port, auth=auth, max_queue=a.max_queue,
+    server = ViewServer(host=a.host, port=a.port, auth=auth, max_queue=a.max_queue, ssl_context=tls,
+                        allowed_hosts=a.allowed_host, allowed_origins=a.allowed_origin or (FOXGLOVE_WEB,),
                         status=lambda: feed.status() if feed else {})
     feed = GatewayFeed(a.gateway, Credentials.from_args(a), server=server, policy=a.policy)
     await server.start()
@@ -87,6 +101,8 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     if a.max_queue < 1:
         p.error(f"--max-queue must be at least 1, got {a.max_queue}")
+    if (a.view_tls_cert is None) != (a.view_tls_key is None):
+        p.error("--view-tls-cert and --view-tls-key go together")
     from bridge.client import Credentials
     from bridge.view.server import ExposedView
 
@@ -96,5 +112,5 @@ def main(argv: list[str] | None = None) -> None:
         p.error(str(exc))
     try:
         asyncio.run(serve(a))
-    except (ExposedView, OSError) as exc:
+    except (ExposedView, OSError, ValueError) as exc:  # refused binds, ports in use, unreadable certificates
         raise CommandError(exc, prog="tether view") from None

@@ -17,6 +17,12 @@ stalls. Control messages (serverInfo, advertise, status) are never dropped; a vi
 `MAX_CONTROL` of them waiting (it sends garbage and never reads) is disconnected. A client message that is not
 the protocol gets a status message back; nothing a client sends stops the server or another viewer.
 
+Cross-site requests (a web page in the operator's browser, DNS rebinding) are refused before anything else, as
+the console refuses them: a Host that is not the view's own (the bound host:port; for a loopback or wildcard bind
+also localhost, 127.0.0.1 and [::1] with the port; and `allowed_hosts`) gets 421; an Origin header that is not
+one of `allowed_origins` (default Foxglove's web app, https://app.foxglove.dev) nor the view's own gets 403.
+Clients that send no Origin (Foxglove's desktop app, scripts) pass.
+
 Access: with a tokens file (`Authorizer(tokens=TokenStore(path), anonymous_viewers=False)`) a viewer presents a
 token with the viewer role (operator and trainer tokens hold it too) as `Authorization: Bearer NAME.SECRET` or
 `?token=NAME.SECRET` in the upgrade request: none or a bad one is HTTP 401, a token without the role 403.
@@ -43,6 +49,7 @@ import bridge.view.protocol as protocol
 from bridge.common.errors import PermissionDenied, Unauthenticated
 from bridge.experience.foxglove import Message, Topic
 from bridge.security import AUTH_HEADER, Authorizer
+from bridge.security.hosts import allowed_host
 from bridge.security.tls import InsecureBind, is_loopback
 
 __all__ = ["ExposedView", "ViewServer", "Viewer", "check_view_bind"]
@@ -51,6 +58,9 @@ log = logging.getLogger("tether.view")
 MAX_CONTROL = 1000
 DEFAULT_MAX_QUEUE = 64
 SEND_BUFFER = 1 << 20  # bytes of a viewer's socket send buffer
+FOXGLOVE_WEB = "https://app.foxglove.dev"
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+WILDCARDS = ("", "0.0.0.0", "::", "[::]")
 
 
 class ExposedView(InsecureBind):
@@ -124,13 +134,17 @@ class ViewServer:
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 8765, auth: Authorizer | None = None,
                  max_queue: int = DEFAULT_MAX_QUEUE, name: str = "tether view",
-                 ssl_context: ssl.SSLContext | None = None, status=None):
+                 ssl_context: ssl.SSLContext | None = None, status=None, allowed_hosts: Iterable[str] = (),
+                 allowed_origins: Iterable[str] = (FOXGLOVE_WEB,)):
         if max_queue < 1:
             raise ValueError(f"max_queue must be at least 1, got {max_queue}")
         self.auth = auth or Authorizer()
         check_view_bind(host, self.auth)
         self.host, self.port, self.max_queue, self.name = host, port, max_queue, name
         self.ssl_context, self._status = ssl_context, status
+        self.configured_hosts = tuple(allowed_host(h) for h in allowed_hosts)
+        self.allowed_origins = frozenset(_origin(o) for o in allowed_origins)
+        self.allowed_hosts: frozenset[str] = frozenset()  # once bound (the port is known)
         self.channels: dict[str, tuple[int, Topic]] = {}
         self._ids = itertools.count(1)
         self._viewer_ids = itertools.count(1)
@@ -151,6 +165,15 @@ class ViewServer:
                                    max_size=protocol.MAX_TEXT, max_queue=16, compression=None,
                                    close_timeout=1)
         self.port = self._server.sockets[0].getsockname()[1]
+        bound = self.host.lower()
+        names = {f"[{bound}]" if ":" in bound and not bound.startswith("[") else bound} - set(WILDCARDS)
+        if is_loopback(self.host) or self.host in WILDCARDS:
+            names |= set(LOOPBACK_NAMES)
+        hosts = {f"{n}:{self.port}" for n in names}
+        for entry in self.configured_hosts:
+            has_port = entry.rpartition(":")[2].isdigit() and not entry.endswith("]")
+            hosts |= {entry} if has_port else {entry, f"{entry}:{self.port}"}
+        self.allowed_hosts = frozenset(hosts)
         return self
 
     async def close(self) -> None:
@@ -208,6 +231,19 @@ class ViewServer:
     async def _process_request(self, connection: ServerConnection, request):
         url = urlsplit(request.path)
         headers = {k.lower(): v for k, v in request.headers.raw_items()}
+        host = headers.get("host", "").strip().lower()
+        if host not in self.allowed_hosts:
+            self.refused += 1
+            return connection.respond(HTTPStatus.MISDIRECTED_REQUEST, f"Host {host or '(none)'!r} is not this view's "
+                                      f"(it answers to {', '.join(sorted(self.allowed_hosts))}; behind a proxy or "
+                                      f"by another name: --allowed-host NAME)\n")
+        origin = headers.get("origin")
+        scheme = "https" if self.ssl_context else "http"
+        if origin is not None and _origin(origin) not in self.allowed_origins | {f"{scheme}://{host}"}:
+            self.refused += 1
+            return connection.respond(HTTPStatus.FORBIDDEN, f"Origin {origin[:200]!r} may not open this view "
+                                      f"(allowed: {', '.join(sorted(self.allowed_origins)) or 'none'}; "
+                                      f"--allowed-origin URL adds one)\n")
         token = parse_qs(url.query).get("token", [None])[0]
         if token:
             headers[AUTH_HEADER] = f"Bearer {token}"
@@ -298,3 +334,8 @@ class ViewServer:
             self.watched[cid] -= 1
         if wrong:
             raise protocol.ProtocolError(f"unsubscribe: no subscription {', '.join(wrong)}")
+
+
+def _origin(value: str) -> str:
+    """An Origin as compared: lower case, no trailing slash ("https://app.foxglove.dev")."""
+    return value.strip().lower().rstrip("/")

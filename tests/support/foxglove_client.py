@@ -42,13 +42,14 @@ class FoxgloveClient:
     @classmethod
     @contextlib.asynccontextmanager
     async def connect(cls, url: str, token: str | None = None, *, header: bool = False, max_queue: int = 64,
-                      sock: socket.socket | None = None) -> AsyncIterator[FoxgloveClient]:
-        """Connects (the token as `?token=` or, with `header`, `Authorization: Bearer`) and reads serverInfo."""
+                      sock: socket.socket | None = None, **kw) -> AsyncIterator[FoxgloveClient]:
+        """Connects (the token as `?token=` or, with `header`, `Authorization: Bearer`) and reads serverInfo;
+        `kw`: more of websockets' `connect` (origin=, ssl=)."""
         headers = {"Authorization": f"Bearer {token}"} if token and header else None
         target = f"{url}/?token={token}" if token and not header else url
         async with connect(target, subprotocols=[SUBPROTOCOL], additional_headers=headers, max_size=64 << 20,
                            max_queue=max_queue, sock=sock, compression=None, open_timeout=30,
-                           close_timeout=1) as ws:
+                           close_timeout=1, **kw) as ws:
             client = cls(ws)
             assert ws.subprotocol == SUBPROTOCOL, ws.subprotocol
             first = json.loads(await asyncio.wait_for(ws.recv(), 30))

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import http.client
 import json
+import ssl
 import subprocess
 import sys
 import urllib.error
@@ -215,3 +217,51 @@ def test_off_loopback_the_view_needs_tokens(tmp_path):
                            "--gateway", "127.0.0.1:1"], capture_output=True, text=True, timeout=60)
     assert run_.returncode == 1 and "tether view: refusing to serve the view on '0.0.0.0'" in run_.stderr
     assert "Traceback" not in run_.stderr
+
+
+def test_cross_site_pages_and_other_host_names_are_refused():
+    async def main():
+        server = await ViewServer(port=0, allowed_hosts=["view.lab"]).start()
+        try:
+            async with FoxgloveClient.connect(server.url, origin="https://app.foxglove.dev") as c:  # Foxglove's web app
+                assert c.server_info["op"] == "serverInfo"
+            with pytest.raises(websockets.InvalidStatus) as refused:
+                async with FoxgloveClient.connect(server.url, origin="https://evil.example"):
+                    pass
+            assert refused.value.response.status_code == 403
+
+            def get(host: str) -> tuple[int, bytes]:
+                conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+                conn.request("GET", "/stats", headers={"Host": host})
+                r = conn.getresponse()
+                return r.status, r.read()
+
+            status, body = await asyncio.to_thread(get, f"rebound.evil.example:{server.port}")  # DNS rebinding
+            assert status == 421 and b"is not this view's" in body
+            for host in (f"localhost:{server.port}", f"view.lab:{server.port}"):
+                assert (await asyncio.to_thread(get, host))[0] == 200
+            assert server.stats()["refused"] == 2
+        finally:
+            await server.close()
+
+    run(main())
+
+
+def test_wss_with_the_labs_certificate(tmp_path):
+    from bridge.security.certs import init_certs
+    from bridge.security.tls import TlsFiles, http_ssl_context
+
+    certs = init_certs(tmp_path / "certs")
+    context = ssl.create_default_context(cafile=str(certs["ca.crt"]))
+
+    async def main():
+        server = await ViewServer(port=0, ssl_context=http_ssl_context(TlsFiles(cert=certs["server.crt"],
+                                                                                 key=certs["server.key"]))).start()
+        try:
+            assert server.url.startswith("wss://")
+            async with FoxgloveClient.connect(server.url, ssl=context) as c:
+                assert c.server_info["op"] == "serverInfo"
+        finally:
+            await server.close()
+
+    run(main())
