@@ -68,7 +68,7 @@ class GatewayFeed:
                         self.connected, delay = True, self.backoff_s[0]
                         self.log_end = batch.log_end
                         behind = batch.log_end - batch.next_offset
-                        if (resume is None and behind > 0) or behind > self.max_lag:
+                        if resume is None or behind > self.max_lag:  # the first batch says where the end is
                             self.jumped += behind if resume is not None else 0
                             resume, jump = batch.log_end, True  # start over at the log's end
                             break

@@ -160,8 +160,8 @@ def test_a_viewer_sees_each_robot_live_with_its_e_stop(triton, tmp_path):
     run(main())
 
 
-async def _acked(info: dict, offset: int) -> bool:
-    return (await stats(info))["acked_through"] >= offset
+async def _acked(info: dict, offset: int, token: str | None = None) -> bool:
+    return (await stats(info, token))["acked_through"] >= offset
 
 
 async def _next(viewer: FoxgloveClient, topic: str, decode: dict, matches, timeout: float = 30.0):
@@ -172,33 +172,46 @@ async def _next(viewer: FoxgloveClient, topic: str, decode: dict, matches, timeo
             return message
 
 
-def test_a_view_with_tokens_refuses_a_viewer_without_one(triton, tmp_path):
+def test_a_view_with_tokens_refuses_a_viewer_without_one_and_starts_at_the_logs_end(triton, tmp_path):
     store = TokenStore(tmp_path / "view-tokens.json")
     token = store.add("watcher", role="viewer")
 
     async def main():
-        async with running_gateway(triton.url, policy="tiny", experience_dir=tmp_path / "experience") as gw, \
-                view_process(gw.address, tmp_path / "view.log", "--tokens", str(tmp_path / "view-tokens.json")) \
-                as info:
-            with pytest.raises(websockets.InvalidStatus) as refused:
-                async with FoxgloveClient.connect(info["url"]):
-                    pass
-            assert refused.value.response.status_code == 401
-            with pytest.raises(websockets.InvalidStatus) as refused:
-                async with FoxgloveClient.connect(info["url"], "watcher.not-the-secret"):
-                    pass
-            assert refused.value.response.status_code == 401
-            async with FoxgloveClient.connect(info["url"], token) as viewer:
-                assert viewer.server_info["op"] == "serverInfo"
-            assert (await stats(info, token))["refused"] == 2
+        async with running_gateway(triton.url, policy="tiny", experience_dir=tmp_path / "experience") as gw:
+            async with robots(gw.address, "arm_1") as (robot,):
+                await until(lambda: robot.steps >= 50, "50 steps before the view starts")
+            await until(lambda: gw.experience.durable_offset >= 50, "them durable")
+            before = gw.experience.durable_offset
+            async with view_process(gw.address, tmp_path / "view.log", "--tokens",
+                                    str(tmp_path / "view-tokens.json")) as info:
+                await _refusals(info, token)
+                async with robots(gw.address, "arm_2"):
+                    await until(lambda: _acked(info, before + 20, token), "the view acking new steps")
+                s = await stats(info, token)
+                assert s["received"] <= s["acked_through"] - before, (before, s)  # none from before it started
 
     run(main())
+
+
+async def _refusals(info: dict, token: str) -> None:
+    with pytest.raises(websockets.InvalidStatus) as refused:
+        async with FoxgloveClient.connect(info["url"]):
+            pass
+    assert refused.value.response.status_code == 401
+    with pytest.raises(websockets.InvalidStatus) as refused:
+        async with FoxgloveClient.connect(info["url"], "watcher.not-the-secret"):
+            pass
+    assert refused.value.response.status_code == 401
+    async with FoxgloveClient.connect(info["url"], token) as viewer:
+        assert viewer.server_info["op"] == "serverInfo"
+    assert (await stats(info, token))["refused"] == 2
 
 
 def test_a_slow_viewer_drops_frames_while_the_loop_and_the_stream_keep_going(triton, tmp_path):
     """Rounds of 150 steps with no viewer and with one that never reads (once its socket is full), alternated: the
     slow viewer's frames are dropped and counted, the view acks the log's end after every round, and the step
-    round trip's median with the slow viewer stays within 10% of the one without."""
+    round trip's median with the slow viewer is measured against the one without (the median of the rounds' ratios;
+    the bound is below)."""
     rounds, per_round = 8, 150
 
     async def main():

