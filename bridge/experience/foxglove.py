@@ -318,6 +318,11 @@ def export_foxglove(log_dir: Path, out_path: Path, *, selection: Selection) -> d
     totals: episodes, frames (steps), skipped records, messages per topic, sessions, cameras and the layout."""
     from mcap.writer import CompressionType, Writer
 
+    try:
+        _messages()
+    except ImportError as exc:  # `tether log export` says so (a ValueError), never a traceback
+        raise ValueError(f"--format foxglove needs foxglove-sdk ({exc.name} is not installed): "
+                         f"pip install 'tether[interop]'") from None
     out_path = Path(out_path)
     translator = Translator()
     skips = Skips()

@@ -111,6 +111,11 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as exc:
         p.error(str(exc))
     try:
+        import foxglove  # noqa: F401 - the schemas
+        import websockets  # noqa: F401 - the server
+    except ImportError as exc:
+        raise CommandError(f"{exc.name} is not installed: pip install 'tether[interop]'", prog="tether view") from None
+    try:
         asyncio.run(serve(a))
     except (ExposedView, OSError, ValueError) as exc:  # refused binds, ports in use, unreadable certificates
         raise CommandError(exc, prog="tether view") from None
