@@ -54,6 +54,7 @@ DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
 EPISODES_PATH = "meta/episodes/chunk-000/file-000.parquet"
 PROGRESS_S = 10.0
+DEFAULT_FPS = 30  # a log without step times, or of single-step episodes only
 _INDEX = {"timestamp": "float32", "frame_index": "int64", "episode_index": "int64", "index": "int64",
           "task_index": "int64"}
 _EXTRAS = {"next.reward": "float32", "next.done": "bool", "next.truncated": "bool", "intervention": "bool",
@@ -143,12 +144,15 @@ class _Plan:
         return out
 
 
-def _fps(ep: LoggedEpisode) -> int | None:
+def _fps(ep: LoggedEpisode) -> tuple[int, str] | None:
+    """(the rate of the episode's steps, how it was found), None for a single step (no interval to measure)."""
+    if len(ep.transitions) < 2:
+        return None
     for field in ("t_sent_ns", "gateway_recv_ns"):
         stamps = np.array([getattr(t.timing, field) for t in ep.transitions], np.int64)
-        if len(stamps) > 1 and stamps.all() and (steps := np.diff(stamps)[np.diff(stamps) > 0]).size:
-            return max(1, round(1e9 / float(np.median(steps))))
-    return None
+        if stamps.all() and (steps := np.diff(stamps)[np.diff(stamps) > 0]).size:
+            return max(1, round(1e9 / float(np.median(steps)))), f"median step interval of timing.{field}"
+    return DEFAULT_FPS, "default (the log has no step times)"
 
 
 def _array(a: np.ndarray, dtype: str) -> pa.Array:
@@ -308,17 +312,24 @@ def export_lerobot(log_dir: Path, out_dir: Path, *, selection: Selection, fps: i
     `fps`: the dataset's rate (default: from the logged step times); `codec`: "libsvtav1" (LeRobot's) or
     "libx264"; `task`: every episode's task string (default: the session's source). A status line goes to
     stderr every `progress_s` seconds. Returns a summary: totals, skipped records, cameras, fps, bytes."""
+    from bridge.experience.video import CODECS
+
+    if codec not in CODECS:
+        raise ValueError(f"video codec {codec!r}: expected one of {sorted(CODECS)}")
+    if fps is not None and (isinstance(fps, bool) or not isinstance(fps, int) or fps < 1):
+        raise ValueError(f"fps {fps!r}: LeRobot's rate is a positive integer")
     skips, started, last_line = Skips(), time.monotonic(), time.monotonic()
-    pending: list[LoggedEpisode] = []
+    pending: list[LoggedEpisode] = []  # single-step episodes before the first with a step interval
+    fps_source = "given"
     with staged_dir(out_dir) as tmp:
         job = _Export(tmp, fps=fps, codec_name=codec, crf=crf, task=task)
         try:
             for ep in logged_episodes(log_dir, selection, skips):
                 if job.fps is None:
-                    job.fps = _fps(ep)
                     pending.append(ep)
-                    if job.fps is None:
+                    if (found := _fps(ep)) is None:
                         continue
+                    job.fps, fps_source = found
                 for e in pending or [ep]:
                     job.add(e)
                 pending.clear()
@@ -326,16 +337,19 @@ def export_lerobot(log_dir: Path, out_dir: Path, *, selection: Selection, fps: i
                     last_line = time.monotonic()
                     print(f"lerobot export: {len(job.episodes)} episodes, {job.frames} frames, "
                           f"{last_line - started:.0f} s", file=sys.stderr, flush=True)
-            job.fps = job.fps or 30  # only single-step episodes: no interval to measure
+            if job.fps is None:
+                job.fps, fps_source = DEFAULT_FPS, "default (single-step episodes only)"
             for e in pending:
                 job.add(e)
             info = job.finish({"source": str(log_dir), "skipped": skips.count, "first_skipped": skips.first,
+                               "fps": fps_source,
                                "alignment": "frame i of an episode and of its videos is step i; timestamp = "
                                             "frame_index / fps; timestamp_ns: the step's own time"})
         finally:
             job.close()
         size = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file())
     return {"total_episodes": info["total_episodes"], "total_frames": info["total_frames"], "fps": info["fps"],
+            "fps_source": fps_source,
             "cameras": job.plan.cameras if job.plan else [], "codec": codec, "skipped": skips.count,
             "first_skipped": skips.first, "video_bytes": job.video_bytes, "bytes": size, "out": str(out_dir),
             "seconds": round(time.monotonic() - started, 3)}

@@ -26,7 +26,6 @@ import numpy as np
 __all__ = ["CODECS", "FrameCursor", "VideoWriter", "read_frames", "video_info"]
 
 CODECS = {"libsvtav1": "av1", "libx264": "h264"}  # encoder -> the codec name readers see
-TIME_BASE_TICKS = 512  # per frame: mp4's timescale (LeRobot's files: 15360 at 30 fps)
 
 
 class VideoWriter:
@@ -48,7 +47,7 @@ class VideoWriter:
         self._container = av.open(str(self.path), "w", options={"movflags": "faststart"})
         self._stream = self._container.add_stream(codec, rate=fps, options=options)
         self._stream.width, self._stream.height, self._stream.pix_fmt = width, height, "yuv420p"
-        self._stream.time_base = Fraction(1, fps * TIME_BASE_TICKS)
+        self._time_base = Fraction(1, fps)  # frame i at pts i; the muxer keeps its own timescale (15360 at 30 fps)
         self.frames = self.bytes = 0  # frames added, bytes of encoded video so far
 
     def add(self, frame: np.ndarray) -> None:
@@ -56,7 +55,7 @@ class VideoWriter:
             raise ValueError(f"{self.path}: frame {self.frames} is {frame.dtype}{list(frame.shape)}, the video "
                              f"is uint8[{self.height}, {self.width}, 3]")
         vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")
-        vf.pts, vf.time_base = self.frames * TIME_BASE_TICKS, self._stream.time_base
+        vf.pts, vf.time_base = self.frames, self._time_base
         self._mux(self._stream.encode(vf))
         self.frames += 1
 

@@ -79,9 +79,11 @@ def test_read_lerobot_gives_the_logged_steps_back(tmp_path):
 
 def test_the_layout_is_lerobots_v3(tmp_path, capsys):
     camera_log(tmp_path / "log")
-    export_lerobot(tmp_path / "log", tmp_path / "ds", selection=Selection(), progress_s=1e-9)
+    summary = export_lerobot(tmp_path / "log", tmp_path / "ds", selection=Selection(), progress_s=1e-9)
     assert "lerobot export: 1 episodes, 20 frames" in capsys.readouterr().err  # the status line, per progress_s
+    assert summary["fps_source"] == "median step interval of timing.t_sent_ns" and summary["video_bytes"] > 0
     info = json.loads((tmp_path / "ds/meta/info.json").read_text())
+    assert info["tether"]["fps"] == summary["fps_source"] and info["total_frames"] == 60
     assert info["codebase_version"] == "v3.0" and info["fps"] == 30 and info["splits"] == {"train": "0:3"}
     ft = info["features"]
     names = [f"observation_{i}" for i in range(4)]
@@ -123,3 +125,13 @@ def test_the_selection_flags_reach_the_export(tmp_path, capsys):
     assert export("--versions", "2:3") == 2                      # episodes 1 and 2
     assert export("--complete-only", "--versions", "2:") == 1
     assert export("--policy", "someone-else") == 0
+
+
+def test_an_explicit_rate_and_codec(tmp_path):
+    items = camera_log(tmp_path / "log", lengths=(6,))
+    summary = export_lerobot(tmp_path / "log", tmp_path / "ds", selection=Selection(), fps=15, codec="libx264")
+    assert (summary["fps"], summary["fps_source"]) == (15, "given")
+    info = json.loads((tmp_path / "ds/meta/info.json").read_text())
+    assert info["fps"] == 15 and info["features"]["observation.images.wrist"]["info"]["video.codec"] == "h264"
+    back = read_lerobot(tmp_path / "ds")
+    assert len(back) == 6 and back[5].terminated and np.array_equal(_applied(back[5]), _applied(items[5]))

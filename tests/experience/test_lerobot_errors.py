@@ -46,6 +46,13 @@ def test_an_export_into_a_non_empty_folder_fails_before_writing(dataset, tmp_pat
         main(["export", str(dataset.parent / "log"), str(tmp_path / "out"), "--format", "lerobot"])
 
 
+@pytest.mark.parametrize("option, message", [({"fps": 29.97}, "fps 29.97"), ({"codec": "vp9"}, "codec 'vp9'")])
+def test_bad_export_options_are_refused_up_front(dataset, tmp_path, option, message):
+    with pytest.raises(ValueError, match=message):
+        export_lerobot(dataset.parent / "log", tmp_path / "out", selection=Selection(), **option)
+    assert not (tmp_path / "out").exists() and not _leftovers(tmp_path, "out")
+
+
 def test_a_failed_export_leaves_nothing_behind(tmp_path):
     items = camera_transitions()
     for t in items:
