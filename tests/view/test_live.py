@@ -207,6 +207,40 @@ async def _refusals(info: dict, token: str) -> None:
     assert (await stats(info, token))["refused"] == 2
 
 
+def test_the_view_outlives_a_gateway_restart_and_resumes_where_it_was(triton, tmp_path):
+    from bridge.common.processes import free_port
+
+    port = free_port()
+    config = dict(policy="tiny", experience_dir=tmp_path / "experience", port=port)
+
+    async def main():
+        async with running_gateway(triton.url, **config) as gw:
+            async with view_process(gw.address, tmp_path / "view.log") as info:
+                async with FoxgloveClient.connect(info["url"]) as viewer:
+                    async with robots(gw.address, "arm_1"):
+                        await viewer.wait_channels(lambda ch: "/arm_1/state" in ch)
+                        await viewer.subscribe(["/arm_1/state"])
+                        await viewer.next_message(topic="/arm_1/state")
+                    end = gw.experience.durable_offset
+                    await until(lambda: _acked(info, end), "the view acking the first gateway's steps")
+                    await gw.stop(grace=0.1)
+                    await until(lambda: _disconnected(info), "the view noticing the gateway gone")
+                    async with running_gateway(triton.url, **config) as again, robots(again.address, "arm_2"):
+                        await until(lambda: _acked(info, end + 20), "the view acking the restarted gateway's steps")
+                        await viewer.wait_channels(lambda ch: "/arm_2/state" in ch)
+                        await viewer.subscribe(["/arm_2/state"])
+                        assert json.loads((await viewer.next_message(topic="/arm_2/state"))[2])["step"] >= 0
+                    s = await stats(info)
+                    assert s["reconnects"] >= 1 and s["received"] <= s["acked_through"], s
+                    assert s["viewers"][0]["id"] == 1  # the same viewer all along
+
+    run(main())
+
+
+async def _disconnected(info: dict) -> bool:
+    return not (await stats(info))["connected"]
+
+
 def test_a_slow_viewer_drops_frames_while_the_loop_and_the_stream_keep_going(triton, tmp_path):
     """Rounds of 150 steps with no viewer and with one that never reads (once its socket is full), alternated: the
     slow viewer's frames are dropped and counted, the view acks the log's end after every round, and the step
