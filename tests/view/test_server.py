@@ -266,3 +266,30 @@ def test_wss_with_the_labs_certificate(tmp_path):
             await server.close()
 
     run(main())
+
+
+def test_the_benchmarks_viewers_read_what_is_published():
+    """tests.support.foxglove_client.run_viewers (what benchmarks start N viewers with) against a publishing server."""
+    from tests.support.foxglove_client import run_viewers
+
+    async def main():
+        server = await ViewServer(port=0).start()
+        feed = Feed(server)
+        feed.step()
+
+        async def publish():
+            while True:
+                feed.step()
+                await asyncio.sleep(0.005)
+
+        publishing = asyncio.create_task(publish())
+        try:
+            readers, slow = await asyncio.gather(run_viewers(server.url, 2, seconds=1.0),
+                                                 run_viewers(server.url, 1, seconds=1.0, slow=True))
+            assert len(readers) == 2 and all(n > 20 for n in readers), readers
+            assert slow == [0] and server.stats()["viewers_total"] == 3
+        finally:
+            publishing.cancel()
+            await server.close()
+
+    run(main())
