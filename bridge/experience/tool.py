@@ -256,10 +256,10 @@ def merge(log_dirs: list[Path], out_dir: Path | None = None) -> dict:
     return {**merged.summary(), "out": str(out_dir) if out_dir is not None else None}
 
 
-def _lerobot(log_dir: Path, out: Path, *, selection: Selection) -> dict:
+def _lerobot(log_dir: Path, out: Path, *, selection: Selection, **options) -> dict:
     from bridge.experience.lerobot import export_lerobot  # pyarrow and PyAV only when asked for
 
-    return export_lerobot(find_log_dir(log_dir), out, selection=selection)
+    return export_lerobot(find_log_dir(log_dir), out, selection=selection, **options)
 
 
 def _foxglove(log_dir: Path, out: Path, *, selection: Selection) -> dict:
@@ -286,6 +286,11 @@ def parser() -> argparse.ArgumentParser:
                    help="lerobot: LeRobotDataset v3 (parquet, one MP4 per camera); foxglove: MCAP with Foxglove's "
                    "schemas; npz: one .npz per episode (default)")
     add_selection_flags(e)
+    lr = e.add_argument_group("--format lerobot")
+    lr.add_argument("--fps", type=int, help="the dataset's frame rate (default: the logged steps' median interval)")
+    lr.add_argument("--codec", choices=("libsvtav1", "libx264"), default="libsvtav1",
+                    help="camera videos: AV1 as LeRobot writes them (default) or H.264 for players without AV1")
+    lr.add_argument("--task", help="every episode's task string (default: the session's source)")
     m = sub.add_parser("merge", help="several gateways' logs as one: per (session, step) the newest ownership "
                        "epoch's record; a fenced gateway's late writes dropped (docs/operations.md)")
     m.add_argument("log_dirs", type=Path, nargs="+", help="the logs (run dirs or log dirs)")
@@ -313,10 +318,15 @@ def main(argv: list[str] | None = None) -> None:
                       f"older owner's epoch, {summary['duplicates']} duplicates"
                       + (f"; written to {summary['out']}" if summary["out"] else ""))
         else:
-            info = EXPORTERS[a.format](a.log_dir, a.out, selection=selection_from_args(a))
+            options = {"fps": a.fps, "codec": a.codec, "task": a.task} if a.format == "lerobot" else {}
+            if not options and (a.fps, a.codec, a.task) != (None, "libsvtav1", None):
+                raise ValueError(f"--fps, --codec and --task are --format lerobot's, not {a.format}'s")
+            info = EXPORTERS[a.format](a.log_dir, a.out, selection=selection_from_args(a), **options)
             first = info["first_skipped"]
             print(f"wrote {info['total_episodes']} episodes, {info['total_frames']} frames to {a.out}"
                   + (f" ({info['skipped']} unusable record(s) skipped, first at offset {first['offset']}: "
                      f"{first['problem']})" if info["skipped"] else ""))
+            if info.get("layout"):
+                print(f"Foxglove layout: {info['layout']} (Layouts > Import in Foxglove)")
     except (OSError, ValueError) as exc:
         raise CommandError(exc, prog=f"tether log {a.command}") from None
