@@ -134,8 +134,8 @@ async def slow_viewer(url: str, token: str | None = None, *, ready: Callable[[di
 
 async def run_viewers(url: str, count: int, *, seconds: float, slow: bool = False, token: str | None = None
                       ) -> list[int]:
-    """`count` viewers subscribed to every channel for `seconds` (reading, or `slow`: never reading); the
-    frames each received."""
+    """`count` viewers subscribed to every channel for `seconds` (reading: channels advertised later too; or
+    `slow`: the channels there once connected, never read); the frames each received."""
     async def one() -> int:
         if slow:
             async with slow_viewer(url, token):
@@ -143,11 +143,15 @@ async def run_viewers(url: str, count: int, *, seconds: float, slow: bool = Fals
                 return 0
         async with FoxgloveClient.connect(url, token) as c:
             await c.wait_channels(bool)
-            await c.subscribe(list(c.channels))
+            subscribed = set(c.channels)
+            await c.subscribe(sorted(subscribed))
             deadline = time.monotonic() + seconds
             with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
                 while time.monotonic() < deadline:
                     await c.pump(max(deadline - time.monotonic(), 0.001))
+                    if new := set(c.channels) - subscribed:  # robots that appeared since: watched too
+                        subscribed |= new
+                        await c.subscribe(sorted(new))
             return c.received
 
     return list(await asyncio.gather(*(one() for _ in range(count))))
