@@ -49,10 +49,35 @@ def _quantile(hist: np.ndarray, edges: np.ndarray, target: float) -> float:
     return float(edges[i] + (target - before) / inside * (edges[i + 1] - edges[i]))
 
 
+def _uint8_stats(rows: np.ndarray, count: int) -> dict[str, np.ndarray]:
+    """`feature_stats` of uint8 rows (camera pixels) from one 256-value count per column: the same figures
+    (the 5000-bin histogram is the value counts moved into their bins) without widening millions of pixels."""
+    n, values = rows.shape[0], np.arange(256, dtype=np.float64)
+    out: dict[str, list] = {k: [] for k in ("min", "max", "mean", "std", *QUANTILES)}
+    for j in range(rows.shape[1]):
+        counts = np.bincount(rows[:, j], minlength=256)
+        present = np.flatnonzero(counts)
+        lo, hi = int(present[0]), int(present[-1])
+        mean = float(counts @ values) / n
+        out["min"].append(lo)
+        out["max"].append(hi)
+        out["mean"].append(mean)
+        out["std"].append(np.sqrt(max(0.0, float(counts @ values ** 2) / n - mean ** 2)))
+        edges = np.linspace(lo - 1e-10, hi + 1e-10, BINS + 1)
+        bins = np.searchsorted(edges, values[present], side="right") - 1  # np.histogram's half-open bins
+        hist = np.bincount(bins, weights=counts[present], minlength=BINS)
+        for k, q in QUANTILES.items():
+            out[k].append(_quantile(hist, edges, q * n))
+    return {"min": np.asarray(out["min"], np.uint8), "max": np.asarray(out["max"], np.uint8),
+            **{k: np.asarray(v) for k, v in out.items() if k not in ("min", "max")}, "count": np.array([count])}
+
+
 def feature_stats(rows: np.ndarray, *, count: int | None = None) -> dict[str, np.ndarray]:
     """Stats per column of `rows` (N, d); `count` (default N) is what `count` reports (images: frames, not pixels)."""
     n = rows.shape[0]
     count = n if count is None else count
+    if n >= 2 and rows.dtype == np.uint8:
+        return _uint8_stats(rows, count)
     if n < 2:
         out = {"min": rows.min(0), "max": rows.max(0), "mean": rows.mean(0), "std": rows.std(0)}
         return {**out, "count": np.array([count]), **{k: out["mean"].copy() for k in QUANTILES}}
