@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -47,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # the viewers' client lives in tests/support
     sys.path.insert(0, str(ROOT))
 from inference_server import ModelRepository, TritonServer  # noqa: E402
-from tether.topology import gateway_process  # noqa: E402
+from tether.topology import gateway_process, view_process  # noqa: E402
 from trainer.camera_policy import CameraChunkPolicy, chunk_spec  # noqa: E402
 
 
@@ -94,28 +93,6 @@ def time_exports(log_dir: Path, repeats: int, facts: dict) -> dict:
 
 
 # -- the live view's cost per step --------------------------------------------------------------------------
-
-@contextlib.contextmanager
-def view_process(gateway: str, log: Path):
-    """`tether view --gateway G --port 0`; yields its first stdout line (url, stats URL)."""
-    with open(log, "ab") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "tether", "view", "--gateway", gateway, "--port", "0"],
-                                stdout=subprocess.PIPE, stderr=err, cwd=ROOT,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        line = proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"tether view exited {proc.wait()}: see {log}")
-        yield json.loads(line)
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
-
 
 def view_stats(info: dict) -> dict:
     with urllib.request.urlopen(info["stats"], timeout=10) as r:

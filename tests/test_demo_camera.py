@@ -5,11 +5,14 @@ with real figures. Bad flag combinations are refused before anything starts."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
 import pytest
 
+from bridge.experience.foxglove import export_foxglove
+from bridge.experience.selection import Selection
 from tests.test_demo import assert_only_deadline_misses
 
 
@@ -17,7 +20,7 @@ def test_camera_demo_runs_the_chunk_policy_on_rendered_cameras(tmp_path):
     summary = tmp_path / "summary.json"
     run = subprocess.run([sys.executable, "-m", "tether", "demo", "--camera", "--envs", "1", "--horizon", "50",
                           "--image-size", "96", "--seconds", "3", "--summary", str(summary), "--run-dir",
-                          str(tmp_path / "run")], capture_output=True, text=True, timeout=180)
+                          str(tmp_path / "run"), "--view"], capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-3000:])
     data = json.loads(summary.read_text())
     camera = data["camera"]
@@ -29,6 +32,11 @@ def test_camera_demo_runs_the_chunk_policy_on_rendered_cameras(tmp_path):
     assert 0 < camera["render_ms_per_frame"] < 100 and 0 < data["rtt_ms"]["p50"] <= data["rtt_ms"]["p99"]
     assert (tmp_path / "run" / "models" / "camerareach_h50" / "1" / "policy.pt").exists()
     assert "render per frame" in run.stdout and "chunks of 50" in run.stdout
+    # --view: `tether view` served beside the gateway; every demo logs, so the run exports for Foxglove afterwards
+    assert re.search(r"^view    ws://127\.0\.0\.1:\d+ ", run.stdout, re.M), run.stdout[-2000:]
+    info = export_foxglove(tmp_path / "run" / "experience", tmp_path / "run.mcap", selection=Selection())
+    assert info["total_frames"] == camera["chunks"], info
+    assert [sorted(c) for c in info["cameras"].values()] == [["front", "top"]], info
 
 
 @pytest.mark.parametrize(("flags", "message"), [

@@ -45,6 +45,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", type=float, metavar="HZ",
                    help="a fixed control rate: each session steps at most HZ times a second, as a robot's control "
                         "loop (`tether sim --rate`; default: as fast as the gateway answers)")
+    p.add_argument("--view", action="store_true",
+                   help="`tether view` beside the gateway: the robots live in Foxglove (a free loopback port, "
+                        "printed; docs/interop.md)")
     return p
 
 
@@ -70,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
                             seconds=seconds,
                             summary=a.summary, run_dir=a.run_dir, train=a.train, trainer_nproc=a.trainer_nproc,
                             seed=a.seed, algo=a.algo, rate_hz=a.rate, camera=a.camera, horizon=a.horizon,
-                            image_size=a.image_size)
+                            image_size=a.image_size, view=a.view)
     except ValueError as exc:
         p.error(str(exc))
     try:

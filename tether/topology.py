@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import subprocess
 import sys
 import tempfile
@@ -34,7 +35,7 @@ from pathlib import Path
 import sim
 from bridge.client.chunks import ChunkConfig
 from bridge.common import files as common_files
-from bridge.common.processes import NotReady, free_port, spawn, stop_group, wait_ready
+from bridge.common.processes import Child, NotReady, free_port, spawn, stop_group, wait_ready
 from inference_server import ModelRepository, TritonServer
 from sim.client import check_rate, run_sessions, run_vector_sessions
 from tether.initial_policy import write_camera_policy, write_initial_policy
@@ -67,6 +68,7 @@ class DemoConfig:
     camera: bool = False             # CameraReach, top and front cameras, a camera chunk policy (single-env sessions)
     horizon: int = 16                # with `camera`: the policy's chunk of H actions
     image_size: int = 224            # with `camera`: square images of this many pixels a side
+    view: bool = False               # `tether view` beside the gateway: the robots live in Foxglove
 
     def __post_init__(self):
         if self.envs < 1:
@@ -141,6 +143,16 @@ def trainer_process(*, gateway: str, policy: str, run_dir: Path, nproc: int, see
         log.close()
 
 
+@contextlib.contextmanager
+def view_process(gateway: str, log_path: Path, *args: str) -> Iterator[dict]:
+    """`tether view --gateway G --port 0 ARGS...` (bridge.view), its stderr in `log_path`; yields its start line
+    (JSON: `url`, `stats`, `layout`) once it serves, and stops it after."""
+    child = Child([sys.executable, "-m", "tether", "view", "--gateway", gateway, "--port", "0", *args], log_path,
+                  name="tether view", ready="{")
+    with child:
+        yield json.loads("{" + child.ready_value)
+
+
 def run_demo(config: DemoConfig) -> dict:
     """Triton + gateway + N MuJoCo sessions for `config.seconds` (plus a trainer with `train`);
     returns the summary dict."""
@@ -178,6 +190,9 @@ def run_demo(config: DemoConfig) -> dict:
             gw = stack.enter_context(gateway_process(triton_url=triton.grpc_url, policy=name,
                                                      log_path=run_dir / "gateway.log", extra_args=gateway_args))
             print(f"gateway {gw}\nconsole http://127.0.0.1:{console_port}/ (metrics at /metrics)", flush=True)
+            if config.view:
+                view = stack.enter_context(view_process(gw, run_dir / "view.log"))
+                print(f"view    {view['url']} (Foxglove: Open connection; layout {view['layout']})", flush=True)
             if config.train:
                 nproc = 1 if config.algo == "sac" else config.trainer_nproc
                 stack.enter_context(trainer_process(gateway=gw, policy=name, run_dir=run_dir, nproc=nproc,
