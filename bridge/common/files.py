@@ -6,6 +6,7 @@ that returned survives a power cut.
     fsync_dir(folder)                          # a rename/new entry in `folder` made durable
     with staged_dir("out/dataset") as tmp: ...   # a folder built whole beside it, renamed into place
     with staged_file("out/run.mcap") as tmp: ... # a file some writer fills, renamed into place
+                                                 # (what a killed writer left is swept by the next one)
 
 How: a temp file in the same folder (so the rename is atomic), written and fsynced, renamed over
 `path`, then the folder fsynced (so the rename itself is on disk). On any error the temp is removed
@@ -23,6 +24,7 @@ and the old file is left as it was.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import tempfile
@@ -79,6 +81,25 @@ def write_json(path: str | os.PathLike, data: Any, *, indent: int | None = 2, so
     write_atomic(path, text.encode(), mode=mode, durable=durable)
 
 
+def _staging_prefix(path: Path) -> str:
+    return f".{path.name}.staging-{os.getpid()}-"
+
+
+def _sweep_stale(path: Path) -> None:
+    """Removes what a staged write to `path` left when its process was killed (kill -9, power cut): the temp
+    siblings of processes no longer running."""
+    import shutil
+
+    for old in path.parent.glob(f".{glob.escape(path.name)}.staging-*-*.tmp"):
+        try:
+            pid = int(old.name[len(path.name) + 10:].split("-", 1)[0])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
+        except (ValueError, PermissionError):
+            continue
+
+
 @contextlib.contextmanager
 def staged_dir(path: str | os.PathLike) -> Iterator[Path]:
     """Yields an empty sibling temp folder of `path`; when the block ends without error it is renamed to
@@ -90,7 +111,8 @@ def staged_dir(path: str | os.PathLike) -> Iterator[Path]:
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise FileExistsError(f"{path}: exists and is not an empty directory")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    _sweep_stale(path)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=_staging_prefix(path), suffix=".tmp"))
     try:
         yield tmp
         if path.exists():
@@ -110,7 +132,8 @@ def staged_file(path: str | os.PathLike, *, overwrite: bool = False) -> Iterator
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path}: exists")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    _sweep_stale(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_staging_prefix(path), suffix=".tmp")
     os.close(fd)
     try:
         yield Path(tmp)
