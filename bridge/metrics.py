@@ -36,12 +36,12 @@ from prometheus_client.registry import Collector
 
 from bridge.registry.newest import newest_versions, version_lags
 from bridge.registry.view import view_of
+from protos.timing import HOPS, gateway_hops  # the hops of a Timing; re-exported for the gateway's views
 
 if TYPE_CHECKING:
     from bridge.experience import LogStats
     from bridge.registry import Registry
 
-HOPS = ("observation_age", "checks", "queue", "batch", "triton", "respond", "reply", "execution", "gateway")
 LATENCY_BUCKETS = (50e-6, 100e-6, 200e-6, 300e-6, 500e-6, 750e-6, 1e-3, 1.5e-3, 2e-3, 3e-3, 5e-3, 7.5e-3, 10e-3,
                    20e-3, 50e-3, 100e-3, 250e-3, 1.0)
 GUARD_KINDS = ("clamped", "rate_limited", "watchdog", "estop")
@@ -158,22 +158,6 @@ class GatewayMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
-
-
-_NONE = None
-
-
-def gateway_hops(timing) -> tuple[int | None, ...]:
-    """A Timing's hops in HOPS order, in ns: None for the client's two (not known here), observation_age without
-    t_sent, and queue/batch/triton for a reply no batch answered."""
-    t = timing
-    recv, start, out = t.gateway_recv_ns, t.infer_start_ns, t.gateway_send_ns
-    age = recv - t.clock_offset_ns - t.t_sent_ns if t.t_sent_ns else _NONE
-    if t.triton_end_ns:
-        batch, called, returned = t.batch_start_ns, t.triton_start_ns, t.triton_end_ns
-        return (age, start - recv, batch - start, called - batch, returned - called, out - returned, _NONE, _NONE,
-                out - recv)
-    return (age, start - recv, _NONE, _NONE, _NONE, out - start, _NONE, _NONE, out - recv)
 
 
 class _Counters(Collector):

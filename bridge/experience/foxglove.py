@@ -15,7 +15,7 @@ Topics, per session (the robot), with their encoding and schema:
   [...]}` (the policy's own), `"applied_action"` (what reached the actuators), `"intervention", "reward",
   "reward_terms", "env_reward", "terminated", "truncated"}`.
 - `/<session>/hops` (json, `tether.Hops`): `{"step", "<hop>_ms": ...}`, the latency budget's hops the gateway
-  knows (bridge.metrics.gateway_hops).
+  knows (protos.timing.gateway_hops).
 - `/<session>/estop` (json, `tether.EStop`): `{"estopped", "edge_estopped", "estop_id"}` when it changes (file:
   from the edge's guard report; live: from tether.v1.Fleet).
 - `/log` (protobuf `foxglove.Log`, `name` = the session): episode starts and ends, policy version changes,
@@ -45,6 +45,7 @@ import numpy as np
 from bridge.common.files import staged_file, write_text
 from bridge.experience.selection import Selection, Skips, logged_episodes
 from protos import codec, experience_pb2, tensor_pb2
+from protos.timing import HOPS, gateway_hops
 
 __all__ = ["LAYOUT", "LOG_TOPIC", "Message", "Topic", "Translator", "camera_names", "export_foxglove", "layout_for"]
 
@@ -86,22 +87,6 @@ def _foxglove_schema(kind) -> tuple[str, bytes]:
 
 def _json_schema(title: str, properties: dict) -> bytes:
     return json.dumps({"title": title, "type": "object", "properties": properties}).encode()
-
-
-# bridge.metrics.HOPS and gateway_hops (that layer is above this one; tests/experience/test_foxglove.py checks
-# that both say the same): the gateway's hops of a Timing, ns, None where unknown
-HOPS = ("observation_age", "checks", "queue", "batch", "triton", "respond", "reply", "execution", "gateway")
-
-
-def gateway_hops(t) -> tuple[int | None, ...]:
-    age = t.gateway_recv_ns - t.clock_offset_ns - t.t_sent_ns if t.t_sent_ns else None
-    recv, start, out = t.gateway_recv_ns, t.infer_start_ns, t.gateway_send_ns
-    if not (recv and out):
-        return (age, *(None,) * 8)
-    if t.triton_end_ns:
-        return (age, start - recv, t.batch_start_ns - start, t.triton_start_ns - t.batch_start_ns,
-                t.triton_end_ns - t.triton_start_ns, out - t.triton_end_ns, None, None, out - recv)
-    return (age, start - recv, None, None, None, out - start, None, None, out - recv)
 
 
 _ARRAYS = {"type": "object", "additionalProperties": {"type": "array", "items": {"type": ["number", "null"]}}}

@@ -15,9 +15,10 @@ from mcap.reader import make_reader
 from PIL import Image
 
 from bridge.experience import ExperienceLog
-from bridge.experience.foxglove import HOPS, LAYOUT, gateway_hops
+from bridge.experience.foxglove import LAYOUT
 from bridge.experience.tool import main
 from protos import bridge_pb2, codec, experience_pb2
+from protos.timing import HOPS, gateway_hops
 
 T0 = 1_764_720_000_000_000_000  # ns, the first step's gateway receive time
 PERIOD = 33_333_333              # 30 Hz
@@ -194,10 +195,11 @@ def test_the_summary_counts_skips_messages_and_writes_a_layout(tmp_path):
 
 
 def test_hops_are_the_gateway_metrics_hops():
-    from bridge.metrics import HOPS as METRIC_HOPS
-    from bridge.metrics import gateway_hops as metric_hops
+    import bridge.metrics
 
     t = step(3, episode=0, first=False, last=False, version=1).timing
-    assert HOPS == METRIC_HOPS and gateway_hops(t) == metric_hops(t)
+    assert bridge.metrics.gateway_hops is gateway_hops and bridge.metrics.HOPS is HOPS  # one definition: protos.timing
+    hops = dict(zip(HOPS, gateway_hops(t), strict=True))
+    assert hops["gateway"] == t.gateway_send_ns - t.gateway_recv_ns and hops["reply"] is None
     t.triton_end_ns = 0
-    assert gateway_hops(t) == metric_hops(t)
+    assert dict(zip(HOPS, gateway_hops(t), strict=True))["triton"] is None
