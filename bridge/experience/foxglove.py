@@ -236,12 +236,15 @@ class Translator:
             s.episode, s.steps, s.ret = None, 0, 0.0
         return out
 
-    def estop_state(self, session: str, *, estopped: bool, edge_estopped: bool, estop_id: str, t_ns: int
-                    ) -> list[Message]:
-        """The live view's e-stop state of a session (tether.v1.Fleet), as messages when it changed."""
+    def estop_state(self, session: str, *, estopped: bool, edge_estopped: bool, estop_id: str, t_ns: int,
+                    repeat: bool = False) -> list[Message]:
+        """The live view's e-stop state of a session (tether.v1.Fleet), as messages when it changed; `repeat`: the
+        state message at every call (the log line still only on a change), so that a viewer that lost a frame
+        (a slow one's are dropped) shows the state again at the next poll."""
         s = self.sessions.setdefault(session, _SessionState())
         estop = (estopped, edge_estopped, estop_id)
-        if estop == s.estop:
+        changed = estop != s.estop
+        if not (changed or repeat):
             return []
         first, s.estop = s.estop is None, estop
         out = []
@@ -252,7 +255,7 @@ class Translator:
                                                                       "edge_estopped": edge_estopped,
                                                                       "estop_id": estop_id})))
         self.topic(LOG_TOPIC, "log")
-        if (not first or estopped or edge_estopped) and self.wanted(LOG_TOPIC):
+        if changed and (not first or estopped or edge_estopped) and self.wanted(LOG_TOPIC):
             level = "Error" if estopped or edge_estopped else "Info"
             out.append(Message(self.topics[LOG_TOPIC], t_ns, t_ns,
                                self.log_record(session, t_ns, level, _estop_text(estop))))

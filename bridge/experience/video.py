@@ -8,7 +8,8 @@
 
 `FrameCursor(path)` picks frames by timestamp, reading forward (as `bridge.experience.lerobot` asks for them).
 
-The codec defaults to what LeRobot 0.4.4 writes itself (`LeRobotDataset.create`: libsvtav1, yuv420p, GOP 2, CRF 30),
+The codec defaults to what LeRobot 0.4.4 writes itself (`LeRobotDataset.create`: libsvtav1, yuv420p, GOP 2, CRF 30;
+here with SVT-AV1's low-delay prediction structure, see VideoWriter),
 which its torchcodec loader decodes (FFmpeg's libdav1d) and seeks cheaply (a key frame every other frame);
 `codec="libx264"` (H.264) for players without AV1. yuv420p needs even width and height.
 """
@@ -43,6 +44,10 @@ class VideoWriter:
         options = {"g": str(gop), "crf": str(crf)}
         if codec == "libsvtav1":
             options["preset"] = "12"  # LeRobot's: the fastest
+            # low-delay prediction: SVT-AV1's default random-access pipeline hands packets out of decode order when
+            # the CPU is contended ("non monotonically increasing dts to muxer": an export failing now and then on a
+            # loaded machine, tests/experience/test_export_killed.py under 2 workers); no reordering, no such packets
+            options["svtav1-params"] = "pred-struct=1"
             os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints a banner per file on stderr otherwise
         self._container = av.open(str(self.path), "w", options={"movflags": "faststart"})
         self._stream = self._container.add_stream(codec, rate=fps, options=options)

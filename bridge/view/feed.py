@@ -8,7 +8,8 @@ behind it jumps there) and every batch is acknowledged as soon as it arrives, be
 sent, so the view never holds its subscription's window: a slow viewer costs that viewer its frames (counted
 by the server), never the stream. Should the view itself fall more than `max_lag` transitions behind the log,
 it jumps to the log's end (counted: `jumped`). Transitions are translated (bridge.experience.foxglove) only for
-channels someone watches. E-stop state comes from `tether.v1.Fleet` status every `fleet_every_s`.
+channels someone watches. E-stop state comes from `tether.v1.Fleet` status every `fleet_every_s`, sent at every
+poll (a viewer that lost a frame sees it again); its log line only when it changes.
 The gateway's Experience service needs the trainer role (or operator) when it checks tokens; Fleet status the
 viewer role.
 """
@@ -117,6 +118,7 @@ class GatewayFeed:
             ident = next((e.id for e in status.estops if e.all or e.session_id == s.session_id
                           or (robot and e.robot == robot)), "") if s.estopped else ""
             messages = self.translator.estop_state(s.session_id, estopped=s.estopped,
-                                                   edge_estopped=s.edge_estopped, estop_id=ident, t_ns=now)
+                                                   edge_estopped=s.edge_estopped, estop_id=ident, t_ns=now,
+                                                   repeat=True)
             self.server.advertise(self.translator.topics.values())
             self.server.publish(messages)

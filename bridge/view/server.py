@@ -13,7 +13,9 @@ Here the protocol (bridge.view.protocol) runs on `websockets`; the SDK gives the
 
 Each viewer has one sender task and one queue: data frames beyond `max_queue` waiting are dropped and counted
 (per viewer and in total), so `publish` never waits for a viewer and the experience stream's consumer never
-stalls. Control messages (serverInfo, advertise, status) are never dropped; a viewer with more than
+stalls. The log channel's lines (episodes, versions, e-stops: rare events) wait beyond `max_queue`, up to
+`MAX_EVENTS` more, so a lagging viewer still sees every e-stop; the e-stop state is resent at every Fleet poll
+(bridge.view.feed). Control messages (serverInfo, advertise, status) are never dropped; a viewer with more than
 `MAX_CONTROL` of them waiting (it sends garbage and never reads) is disconnected. A client message that is not
 the protocol gets a status message back; nothing a client sends stops the server or another viewer.
 
@@ -47,7 +49,7 @@ from websockets.asyncio.server import ServerConnection, serve
 
 import bridge.view.protocol as protocol
 from bridge.common.errors import PermissionDenied, Unauthenticated
-from bridge.experience.foxglove import Message, Topic
+from bridge.experience.foxglove import LOG_TOPIC, Message, Topic
 from bridge.security import AUTH_HEADER, Authorizer
 from bridge.security.hosts import allowed_host
 from bridge.security.tls import InsecureBind, is_loopback
@@ -56,6 +58,7 @@ __all__ = ["ExposedView", "ViewServer", "Viewer", "check_view_bind"]
 
 log = logging.getLogger("tether.view")
 MAX_CONTROL = 1000
+MAX_EVENTS = 256  # log lines that may wait beyond a viewer's max_queue
 DEFAULT_MAX_QUEUE = 64
 SEND_BUFFER = 1 << 20  # bytes of a viewer's socket send buffer
 FOXGLOVE_WEB = "https://app.foxglove.dev"
@@ -95,11 +98,11 @@ class Viewer:
         self.data_waiting = self.control_waiting = 0
         self.sent = self.dropped = self.bad_messages = 0
 
-    def offer(self, channel_id: int, log_time_ns: int, payload: bytes) -> None:
+    def offer(self, channel_id: int, log_time_ns: int, payload: bytes, *, event: bool = False) -> None:
         sub = self.by_channel.get(channel_id)
         if sub is None:
             return
-        if self.data_waiting >= self.max_queue:
+        if self.data_waiting >= self.max_queue + (MAX_EVENTS if event else 0):
             self.dropped += 1
             return
         self.data_waiting += 1
@@ -190,6 +193,8 @@ class ViewServer:
         found = self.channels.get(topic)
         if found is None or not self.watched.get(found[0]):
             return False
+        if topic == LOG_TOPIC:  # events: offered past a full queue (Viewer.offer)
+            return True
         watchers = [v for v in self.viewers if found[0] in v.by_channel]
         if any(v.data_waiting < v.max_queue for v in watchers):
             return True
@@ -216,7 +221,7 @@ class ViewServer:
                 found = self.channels[m.topic.topic]
             self.published += 1
             for v in self.viewers:
-                v.offer(found[0], m.log_time_ns, m.data)
+                v.offer(found[0], m.log_time_ns, m.data, event=m.topic.topic == LOG_TOPIC)
 
     def stats(self) -> dict:
         viewers = sorted((v.summary() for v in self.viewers), key=lambda s: s["id"])

@@ -173,6 +173,38 @@ def test_a_slow_viewer_loses_frames_counted_while_publishing_never_waits():
     run(main())
 
 
+def test_a_viewer_whose_queue_is_full_still_gets_the_log_and_the_e_stop_state():
+    """Frames past a lagging viewer's queue are dropped, log lines (e-stops) are not; the e-stop state is resent at
+    every Fleet poll, so a dropped one is shown again."""
+    big = Topic("/big", "json", "tether.Big", "jsonschema", b"{}")
+
+    async def main():
+        server = await ViewServer(port=0, max_queue=4).start()
+        translator = Translator(wanted=server.wanted)
+        server.advertise([big])
+        translator.estop_state(SESSION, estopped=False, edge_estopped=False, estop_id="", t_ns=1)  # topics made
+        server.advertise(translator.topics.values())
+        try:
+            async with slow_viewer(server.url, ready=lambda ch: {"/big", "/log", f"{BASE}/estop"} <= set(ch)):
+                await until(lambda: len(server.stats()["viewers"]) == 1 and server.watched.get(
+                    server.channels["/log"][0]), "subscribed")
+                for i in range(100):  # 25 MB: the queue is full and the socket too
+                    server.publish([Message(big, i, i, i.to_bytes(4, "little") * (64 << 10))])
+                full = server.stats()["viewers"][0]
+                assert full["dropped"] > 50 and full["waiting"] == 4, full
+                for repeat in range(2):
+                    server.publish(translator.estop_state(SESSION, estopped=True, edge_estopped=False,
+                                                          estop_id="estop-1", t_ns=10 + repeat, repeat=True))
+                after = server.stats()["viewers"][0]
+                # the first poll: its state frame dropped (the queue is full), its log line queued; the second
+                # poll: the state again (dropped again here: the viewer still does not read), no second log line
+                assert after["waiting"] == 5 and after["dropped"] == full["dropped"] + 2, after
+        finally:
+            await server.close()
+
+    run(main())
+
+
 def test_with_tokens_a_viewer_needs_the_viewer_role(tmp_path):
     store = TokenStore(tmp_path / "tokens.json")
     viewer, robot, operator = (store.add(n, role=n) for n in ("viewer", "robot", "operator"))
