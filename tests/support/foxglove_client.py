@@ -132,10 +132,11 @@ async def slow_viewer(url: str, token: str | None = None, *, ready: Callable[[di
         yield c
 
 
-async def run_viewers(url: str, count: int, *, seconds: float, slow: bool = False, token: str | None = None
-                      ) -> list[int]:
+async def run_viewers(url: str, count: int, *, seconds: float, slow: bool = False, token: str | None = None,
+                      enough: int | None = None) -> list[int]:
     """`count` viewers subscribed to every channel for `seconds` (reading: channels advertised later too; or
-    `slow`: the channels there once connected, never read); the frames each received."""
+    `slow`: the channels there once connected, never read), a reader leaving early once it has `enough` frames;
+    the frames each received."""
     async def one() -> int:
         if slow:
             async with slow_viewer(url, token):
@@ -147,7 +148,7 @@ async def run_viewers(url: str, count: int, *, seconds: float, slow: bool = Fals
             await c.subscribe(sorted(subscribed))
             deadline = time.monotonic() + seconds
             with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
-                while time.monotonic() < deadline:
+                while time.monotonic() < deadline and (enough is None or c.received < enough):
                     await c.pump(max(deadline - time.monotonic(), 0.001))
                     if new := set(c.channels) - subscribed:  # robots that appeared since: watched too
                         subscribed |= new

@@ -316,8 +316,10 @@ def test_the_benchmarks_viewers_read_what_is_published():
 
         publishing = asyncio.create_task(publish())
         try:
-            readers, slow = await asyncio.gather(run_viewers(server.url, 2, seconds=1.0),
-                                                 run_viewers(server.url, 1, seconds=1.0, slow=True))
+            # readers leave once they have 21 frames (60 s at most: a state, not a lucky second); the slow one
+            # connects and never reads
+            readers, slow = await asyncio.gather(run_viewers(server.url, 2, seconds=60, enough=21),
+                                                 run_viewers(server.url, 1, seconds=0.5, slow=True))
             assert len(readers) == 2 and all(n > 20 for n in readers), readers
             assert slow == [0] and server.stats()["viewers_total"] == 3
         finally:
