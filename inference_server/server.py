@@ -200,6 +200,10 @@ class TritonServer(Started):
         except (OSError, ValueError, KeyError) as exc:
             self._fail(f"tritonserver metadata unreadable on {self.http_url}/v2: {exc}")
 
+    def exited(self) -> int | None:
+        """tritonserver's exit status once it has ended by itself (-11: a crash), None while it runs or when stopped."""
+        return self._proc.poll() if self._proc is not None else None
+
     def _ready(self) -> bool:
         try:
             with urllib.request.urlopen(self._request("/v2/health/ready"), timeout=1) as response:

@@ -38,3 +38,29 @@ def test_a_write_to_a_stream_that_already_ended_is_unavailable(triton):
             await stream.close()
 
     asyncio.run(scenario())
+
+
+def test_a_deadline_that_passes_mid_write_fails_that_request_alone(triton):
+    """A request whose deadline passes while its message is still being written (a large one here; on a loaded
+    machine any) gets DEADLINE_EXCEEDED; the stream it shares stays open, so the requests in flight beside it are
+    answered. (gRPC cancels the whole call when a write is cancelled: the write must never be.)"""
+    async def scenario():
+        stream = InferStream(triton.url)
+        try:
+            await stream.infer(_request(triton.policy), timeout_s=30)
+            call = stream._call
+            big = _request(triton.policy)  # 32 MB: refused by Triton's shape check, long after its deadline
+            big.raw_input_contents[0] = bytes(32 << 20)
+            beside = [asyncio.create_task(stream.infer(_request(triton.policy), timeout_s=30)) for _ in range(8)]
+            with pytest.raises(StreamError) as error:
+                await stream.infer(big, timeout_s=0.001)
+            assert error.value.code == "DEADLINE_EXCEEDED", error.value
+            replies = await asyncio.gather(*beside, return_exceptions=True)
+            assert all(not isinstance(r, BaseException) and r.model_name == triton.policy for r in replies), replies
+            assert stream._call is call and not call.cancelled(), "the shared stream was cancelled"
+            after = await stream.infer(_request(triton.policy), timeout_s=30)
+            assert after.model_name == triton.policy
+        finally:
+            await stream.close()
+
+    asyncio.run(scenario())

@@ -11,6 +11,11 @@ A module's models are its own until its end: then `reset()` (conftest, after eac
 Triton) unloads them and removes their files, so the repository holds `tiny` alone again and the session's memory
 (a python-backend stub per loaded version) stays flat. Triton unloads in the background and says it is not ready
 meanwhile (strict readiness): `settle()` (conftest, before each test that asks for `triton`) waits for that.
+
+Triton 2.51's python backend has crashed the whole server (SIGSEGV in TRITONBACKEND_ModelInstanceExecute, then
+boost's lock_exception) a few times in full runs, minutes after a module's models were unloaded. A dead session Triton
+would fail every later test of the worker, so `settle()` starts a fresh one on the same ports serving what the
+repository holds, and says so as a warning with the tail of the log (which it keeps: the new server appends to it).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import urllib.request
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,11 +108,26 @@ class ServedTriton:
                 shutil.rmtree(folder)
 
     def settle(self) -> None:
-        """Once the models `reset` unloaded are gone: Triton ready again (at once when nothing was unloaded)."""
+        """Once the models `reset` unloaded are gone: Triton ready again (at once when nothing was unloaded); a
+        fresh Triton if this one died."""
+        if self.server.exited():
+            self.revive()
         if self.unloading:
             wait_until(self._ready, "the session's Triton ready again after a module's models were unloaded",
                        timeout=120, period=0.05)
             self.unloading = False
+
+    def revive(self) -> None:
+        """A fresh Triton on the same ports, serving every model in the repository (a module's own too), after
+        this one died; a warning names how it ended."""
+        code, tail = self.server.exited(), self.server.log_summary(lines=4)
+        self.server.stop()
+        self.server.models = tuple(sorted(folder.name for folder in self.repo.root.iterdir()
+                                          if folder.is_dir() and not folder.name.startswith(".")))
+        self.server.start(timeout=LOAD_TIMEOUT_S)
+        self.unloading = False
+        warnings.warn(f"the session's Triton exited with {code} and was restarted on the same ports serving "
+                      f"{list(self.server.models)}; its log ({self.server.log_path}) ended:\n{tail}", stacklevel=1)
 
     def _ready(self) -> bool:
         try:
