@@ -19,6 +19,8 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from inference_server.secret import grpc_headers
 
+STALLED_WRITE_S = 5.0  # a write not done by then (Triton no longer reading) resets the stream
+
 
 class StreamError(Exception):
     """The request failed: `code` is a gRPC status name, `detail` Triton's or gRPC's words."""
@@ -38,6 +40,7 @@ class InferStream:
         self._pending: dict[str, asyncio.Future] = {}
         self._ids = itertools.count()
         self._write_lock = asyncio.Lock()
+        self._writes: set[asyncio.Task] = set()
 
     async def infer(self, request: service_pb2.ModelInferRequest, *,
                     timeout_s: float) -> service_pb2.ModelInferResponse:
@@ -46,7 +49,7 @@ class InferStream:
         self._pending[request.id] = future
         try:
             async with asyncio.timeout(timeout_s):
-                await asyncio.shield(self._write(request))  # a write cut short would cancel the whole stream
+                await asyncio.shield(self._send(request))  # a write cut short would cancel the whole stream
                 return await future
         except grpc.aio.AioRpcError as exc:
             raise StreamError(exc.code().name, exc.details() or "stream failed") from exc
@@ -61,11 +64,30 @@ class InferStream:
             if future.done() and not future.cancelled():
                 future.exception()  # failed by the reader after this request had already failed: nothing to warn of
 
+    def _send(self, request: service_pb2.ModelInferRequest) -> asyncio.Task:
+        """`_write(request)` as a task held until it ends (the loop keeps only weak references), whose error is
+        taken even when nobody waits for it any more."""
+        task = asyncio.get_running_loop().create_task(self._write(request))
+        self._writes.add(task)
+        task.add_done_callback(self._written)
+        return task
+
+    def _written(self, task: asyncio.Task) -> None:
+        self._writes.discard(task)
+        if not task.cancelled():
+            task.exception()  # its caller's deadline passed first: the error has no one left to tell
+
     async def _write(self, request: service_pb2.ModelInferRequest) -> None:
-        """Sends `request`, after the writes before it. Never cancelled by a deadline (`infer` shields it): gRPC
-        cancels the call when a write is, failing every request in flight on the stream, not only the late one."""
+        """Sends `request`, after the writes before it. Never cancelled by a request's deadline (`infer` shields it):
+        gRPC cancels the call when a write is, failing every request in flight on the stream, not only the late one;
+        only a write stalled for STALLED_WRITE_S is, as the stream is then no use to anyone."""
         async with self._write_lock:
-            await self._open().write(request)
+            try:
+                async with asyncio.timeout(STALLED_WRITE_S):
+                    await self._open().write(request)
+            except TimeoutError:  # Triton stopped reading (hung, or a partition): reset the stream, fail what waits
+                raise StreamError("UNAVAILABLE", f"a write stalled for {STALLED_WRITE_S:g} s: the stream was "
+                                  "reset") from None
 
     def _open(self):
         if self._call is None:

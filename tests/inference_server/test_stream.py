@@ -4,11 +4,14 @@ route around), never with a bare asyncio error."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 
 import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2
 
+from inference_server import stream as stream_module
 from inference_server.stream import InferStream, StreamError
 
 
@@ -60,6 +63,36 @@ def test_a_deadline_that_passes_mid_write_fails_that_request_alone(triton):
             assert stream._call is call and not call.cancelled(), "the shared stream was cancelled"
             after = await stream.infer(_request(triton.policy), timeout_s=30)
             assert after.model_name == triton.policy
+        finally:
+            await stream.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_write_stalled_on_a_stopped_triton_resets_the_stream(triton, monkeypatch):
+    """Triton stops reading (SIGSTOP; a hung server or a partition alike): a write that has not gone out after
+    STALLED_WRITE_S resets the stream, failing what waits on it as UNAVAILABLE; once Triton reads again a new stream
+    serves."""
+    monkeypatch.setattr(stream_module, "STALLED_WRITE_S", 1.0)
+
+    async def scenario():
+        stream = InferStream(triton.url)
+        try:
+            await stream.infer(_request(triton.policy), timeout_s=30)
+            big = _request(triton.policy)
+            big.raw_input_contents[0] = bytes(32 << 20)
+            os.kill(triton.server.pid, signal.SIGSTOP)
+            try:
+                with pytest.raises(StreamError) as late:
+                    await stream.infer(big, timeout_s=0.2)
+                assert late.value.code == "DEADLINE_EXCEEDED", late.value
+                with pytest.raises(StreamError) as behind:  # queued behind the stalled write
+                    await stream.infer(_request(triton.policy), timeout_s=30)
+                assert behind.value.code in ("UNAVAILABLE", "CANCELLED"), behind.value
+            finally:
+                os.kill(triton.server.pid, signal.SIGCONT)
+            reply = await stream.infer(_request(triton.policy), timeout_s=30)
+            assert reply.model_name == triton.policy
         finally:
             await stream.close()
 
