@@ -12,10 +12,16 @@ The codec defaults to what LeRobot 0.4.4 writes itself (`LeRobotDataset.create`:
 here with SVT-AV1's low-delay prediction structure, see VideoWriter),
 which its torchcodec loader decodes (FFmpeg's libdav1d) and seeks cheaply (a key frame every other frame);
 `codec="libx264"` (H.264) for players without AV1. yuv420p needs even width and height.
+
+SVT-AV1 (libSvtAv1Enc 4.1, in PyAV's wheel), run as root, switches the thread that starts an encoder to SCHED_FIFO at
+priority 99 and starts its own threads so: an export would then starve everything else on the host (a gateway's
+sessions), and every process the caller starts later would inherit it (a test worker's nats-servers spun at FIFO 99
+and stalled a whole CI run). The writer puts each thread it finds changed back as it was (`KeepScheduling`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from fractions import Fraction
@@ -24,9 +30,45 @@ from pathlib import Path
 import av
 import numpy as np
 
-__all__ = ["CODECS", "FrameCursor", "VideoWriter", "read_frames", "video_info"]
+__all__ = ["CODECS", "FrameCursor", "KeepScheduling", "VideoWriter", "read_frames", "video_info"]
 
 CODECS = {"libsvtav1": "av1", "libx264": "h264"}  # encoder -> the codec name readers see
+
+
+_REALTIME = (os.SCHED_FIFO, os.SCHED_RR)
+
+
+class KeepScheduling:
+    """This process's threads' scheduling as it was when made; `restore()` puts back any thread since switched to a
+    real-time policy (a thread started since: to SCHED_OTHER), so a library cannot leave us real-time.
+
+        keep = KeepScheduling()
+        encoder.encode(frame)   # may switch threads to SCHED_FIFO
+        keep.restore()
+    """
+
+    def __init__(self):
+        self.before = _scheduling()
+
+    def restore(self) -> int:
+        """How many threads it put back."""
+        put_back = 0
+        for tid, (policy, priority) in _scheduling().items():
+            was = self.before.get(tid, (os.SCHED_OTHER, 0))
+            if policy in _REALTIME and (policy, priority) != was:
+                with contextlib.suppress(ProcessLookupError):  # the thread ended meanwhile
+                    os.sched_setscheduler(tid, was[0], os.sched_param(was[1]))
+                    put_back += 1
+        return put_back
+
+
+def _scheduling() -> dict[int, tuple[int, int]]:
+    """{thread id: (policy, real-time priority)} of this process's threads."""
+    threads = {}
+    for name in os.listdir("/proc/self/task"):
+        with contextlib.suppress(ProcessLookupError):  # the thread ended meanwhile
+            threads[int(name)] = (os.sched_getscheduler(int(name)), os.sched_getparam(int(name)).sched_priority)
+    return threads
 
 
 class VideoWriter:
@@ -54,6 +96,7 @@ class VideoWriter:
         self._stream.width, self._stream.height, self._stream.pix_fmt = width, height, "yuv420p"
         self._time_base = Fraction(1, fps)  # frame i at pts i; the muxer keeps its own timescale (15360 at 30 fps)
         self.frames = self.bytes = 0  # frames added, bytes of encoded video so far
+        self._scheduling = KeepScheduling() if codec == "libsvtav1" and hasattr(os, "sched_getscheduler") else None
 
     def add(self, frame: np.ndarray) -> None:
         if frame.shape != (self.height, self.width, 3) or frame.dtype != np.uint8:
@@ -65,6 +108,8 @@ class VideoWriter:
         self.frames += 1
 
     def _mux(self, packets) -> None:
+        if self._scheduling is not None:  # after each encode: SVT-AV1 starts its threads with the first frame
+            self._scheduling.restore()
         self.bytes += sum(p.size for p in packets)
         self._container.mux(packets)
 
