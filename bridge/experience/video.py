@@ -8,8 +8,7 @@
 
 `FrameCursor(path)` picks frames by timestamp, reading forward (as `bridge.experience.lerobot` asks for them).
 
-The codec defaults to what LeRobot 0.4.4 writes itself (`LeRobotDataset.create`: libsvtav1, yuv420p, GOP 2, CRF 30;
-here with SVT-AV1's low-delay prediction structure, see VideoWriter),
+The codec defaults to what LeRobot 0.4.4 writes itself (`LeRobotDataset.create`: libsvtav1, yuv420p, GOP 2, CRF 30),
 which its torchcodec loader decodes (FFmpeg's libdav1d) and seeks cheaply (a key frame every other frame);
 `codec="libx264"` (H.264) for players without AV1. yuv420p needs even width and height.
 
@@ -86,10 +85,10 @@ class VideoWriter:
         options = {"g": str(gop), "crf": str(crf)}
         if codec == "libsvtav1":
             options["preset"] = "12"  # LeRobot's: the fastest
-            # low-delay prediction: SVT-AV1's default random-access pipeline hands packets out of decode order when
-            # the CPU is contended ("non monotonically increasing dts to muxer": an export failing now and then on a
-            # loaded machine, tests/experience/test_export_killed.py under 2 workers); no reordering, no such packets
-            options["svtav1-params"] = "pred-struct=1"
+            # SVT-AV1's default random-access prediction, as LeRobot writes. Its low-delay structure (pred-struct=1)
+            # deadlocked once its threads were no longer real-time (every thread asleep in sem_wait under a loaded
+            # CPU, tests/experience/test_export_killed.py); the out-of-order timestamps random access once gave under
+            # load ("non monotonically increasing dts") came with the real-time threads and have not come since
             os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints a banner per file on stderr otherwise
         self._container = av.open(str(self.path), "w", options={"movflags": "faststart"})
         self._stream = self._container.add_stream(codec, rate=fps, options=options)
