@@ -19,6 +19,7 @@ long before, and its children would die with it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import os
@@ -154,7 +155,14 @@ def sigterm_interrupts() -> Iterator[None]:
             os.kill(os.getpid(), signum)
         elif not fired:
             fired.append(signum)
-            raise Terminated(f"signal {signum} (SIGTERM)")
+            loop = asyncio._get_running_loop()
+            if loop is None:
+                raise Terminated(f"signal {signum} (SIGTERM)")
+            # inside an event loop the handler may be running in Python that C called back (grpc's aio callbacks
+            # in the loop's poll), where an exception is printed and dropped ("Exception ignored in ...
+            # functor_run"): the stop was lost and the loop wedged. A callback of the loop's own raises it instead
+            # (the loop lets a KeyboardInterrupt out), unwinding asyncio.run and every `with` block around it
+            loop.call_soon_threadsafe(_raise_terminated, signum)
 
     signal.signal(signal.SIGTERM, interrupt)
     try:
@@ -162,6 +170,10 @@ def sigterm_interrupts() -> Iterator[None]:
     finally:
         if signal.getsignal(signal.SIGTERM) is interrupt:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _raise_terminated(signum: int) -> None:
+    raise Terminated(f"signal {signum} (SIGTERM)")
 
 
 class Child(Started):

@@ -126,6 +126,43 @@ def test_no_child_outlives_its_parent(sig):
         wait_until(lambda: not running(under), what="the SIGKILLed parent's child gone", timeout=30)
 
 
+IN_A_CALLBACK = """
+import asyncio, ctypes, os, sys
+from bridge.common.processes import Terminated, sigterm_interrupts
+def compare(a, b):  # Python called back from C (libc's qsort): an exception raised here is printed and dropped
+    if not signalled:
+        signalled.append(os.kill(os.getpid(), 15))
+        sum(range(1000))  # bytecode: the handler runs here, inside the callback
+    return a[0] - b[0]
+async def main():
+    values = (ctypes.c_int * 4)(3, 1, 2, 0)
+    ctypes.CDLL(None).qsort(values, 4, ctypes.sizeof(ctypes.c_int),
+                            ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int),
+                                             ctypes.POINTER(ctypes.c_int))(compare))
+    print("sorted", list(values), flush=True)
+    try:
+        await asyncio.sleep(30)
+        print("the stop was lost", flush=True)
+    finally:
+        print("unwound", flush=True)
+signalled = []
+try:
+    with sigterm_interrupts():
+        asyncio.run(main())
+except Terminated:
+    print("terminated", flush=True)
+"""
+
+
+def test_a_sigterm_that_lands_in_a_callback_from_c_is_not_lost():
+    """A SIGTERM whose handler runs, inside an event loop, in Python that C called (gRPC's aio callbacks in the loop's
+    poll: the demo then ran on, its loop wedged) is raised by a callback of the loop's own: it unwinds the loop's
+    tasks and the block."""
+    run = subprocess.run([sys.executable, "-c", IN_A_CALLBACK], capture_output=True, text=True, timeout=60)
+    assert run.stdout.splitlines() == ["sorted [0, 1, 2, 3]", "unwound", "terminated"], run.stdout + run.stderr
+    assert "Exception ignored" not in run.stderr, run.stderr
+
+
 ASKED = "import ctypes; v = ctypes.c_int(); ctypes.CDLL(None).prctl(2, ctypes.byref(v)); print(v.value)"  # GET
 
 
