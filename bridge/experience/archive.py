@@ -129,17 +129,21 @@ class Archiver:
             await asyncio.to_thread(self._recover)
             nc = await connect(self.servers, name=f"tether-archive {self.directory}", auth=self.auth)
             js = nc.jetstream(timeout=10.0)
-            info = await ensure_stream(js, stream=self.stream, replicas=3 if len(self.servers) >= 3 else 1,
-                                       create=not self.auth.user)
-            last_seq = info.state.last_seq
-            # the segments say where to go on: the consumer is made again from there (a killed archiver's
-            # delivered, unacknowledged messages come at once, not after the ack wait)
-            with contextlib.suppress(NotFoundError):
-                await js.delete_consumer(self.stream, self.durable)
             config = ConsumerConfig(durable_name=self.durable, ack_policy=AckPolicy.EXPLICIT,
                                     deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self.next_offset + 1,
                                     ack_wait=self.ack_wait_s, max_ack_pending=max(4 * self.batch, 10_000))
-            sub = await js.pull_subscribe("", durable=self.durable, stream=self.stream, config=config)
+
+            async def subscribe():
+                info = await ensure_stream(js, stream=self.stream, replicas=3 if len(self.servers) >= 3 else 1,
+                                           create=not self.auth.user)
+                # the segments say where to go on: the consumer is made again from there (a killed archiver's
+                # delivered, unacknowledged messages come at once, not after the ack wait)
+                with contextlib.suppress(NotFoundError):
+                    await js.delete_consumer(self.stream, self.durable)
+                return info.state.last_seq, await js.pull_subscribe("", durable=self.durable, stream=self.stream,
+                                                                    config=config)
+
+            last_seq, sub = await _while_electing(subscribe, f"archive {self.directory}")
             idle_since = time.monotonic()
             while not (stop is not None and stop.is_set()):
                 try:
@@ -281,3 +285,23 @@ def main(argv: list[str] | None = None) -> int:
                       "poisoned": archiver.poisoned,
                       "next_offset": archiver.next_offset, "out": str(args.out)}), flush=True)
     return 0
+
+
+ELECTION_S = 60.0  # how long JetStream's API may go unanswered (a killed leader's successor being elected)
+
+
+async def _while_electing(call, what: str):
+    """`await call()`, again while JetStream's API times out or says it is unavailable (the stream's or the meta
+    leader was just killed and the survivors are electing one), for up to ELECTION_S."""
+    from nats.errors import TimeoutError as NatsTimeout
+    from nats.js.errors import ServiceUnavailableError
+
+    deadline = time.monotonic() + ELECTION_S
+    while True:
+        try:
+            return await call()
+        except (NatsTimeout, ServiceUnavailableError, TimeoutError) as exc:
+            if time.monotonic() > deadline:
+                raise
+            log.info("%s: JetStream's API did not answer (%r): again", what, exc)
+            await asyncio.sleep(0.5)
