@@ -158,9 +158,10 @@ def test_a_large_version_goes_live_while_sessions_act_without_a_step_error_and_s
     assert min(during) >= 5, f"the sessions hardly acted during the publish ({during} steps): nothing was shown"
     versions = [r[1] for session in replies for r in session]
     assert versions[0] == 1 and set(versions) == {1, 2}  # the old version served until the new one was live
-    # streamed: the gateway never held the version. Measured: +15-33 MiB here, +32 MiB for a 1 GB version
-    # (benchmarks/hot_swap.py); the in-memory receive it replaced grew it by +878 MiB for this 95 MiB version
-    assert growth_kib < size_kib // 2, f"gateway RSS grew {growth_kib >> 10} MiB for a {size_kib >> 10} MiB version"
+    # streamed: the gateway never held the version. Measured: +14-33 MiB here, now and then +45-54 MiB in full runs
+    # (allocator arenas), +32 MiB for a 1 GB version (benchmarks/hot_swap.py); the in-memory receive it replaced grew
+    # it by +878 MiB for this 95 MiB version: below the version's own size is streaming, by a factor of 9
+    assert growth_kib < size_kib, f"gateway RSS grew {growth_kib >> 10} MiB for a {size_kib >> 10} MiB version"
     assert incoming(repo) == [], "the upload was not removed after the publish"
 
 
