@@ -19,6 +19,7 @@ from tests.support.processes import descendants, running
 from tests.support.waiting import wait_until
 
 
+@pytest.mark.serial  # its deadline misses are the other workers' load (11 of 100 steps beside the longest tests)
 def test_demo_writes_a_summary_of_a_real_closed_loop(tmp_path):
     summary = tmp_path / "out" / "summary.json"
     run = subprocess.run([sys.executable, "-m", "tether", "demo", "--env", "InvertedPendulum-v5", "--envs", "2",
@@ -37,8 +38,7 @@ def test_demo_writes_a_summary_of_a_real_closed_loop(tmp_path):
 
 def assert_only_deadline_misses(summary: dict) -> None:
     """No step failed, except that a loaded machine may miss the gateway's inference deadline now and then (at most
-    one step in 10: 9 of 158, 5.7%, in a full `make test` at load 12, where the 3 s demo starts beside the longest
-    tests)."""
+    one step in 10; beside the longest tests in the parallel pass the summary test saw 9 of 158, then 11 of 100)."""
     failed = {code: n for code, n in summary["error_codes"].items() if code != "DEADLINE_EXCEEDED"}
     assert not failed and summary["errors"] <= summary["steps"] // 10, summary["error_codes"]
 
