@@ -21,16 +21,19 @@ and stalled a whole CI run). The writer puts each thread it finds changed back a
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
 
 import av
+import av.logging
 import numpy as np
 
 __all__ = ["CODECS", "FrameCursor", "KeepScheduling", "VideoWriter", "read_frames", "video_info"]
 
+log = logging.getLogger(__name__)
 CODECS = {"libsvtav1": "av1", "libx264": "h264"}  # encoder -> the codec name readers see
 
 
@@ -87,14 +90,17 @@ class VideoWriter:
             options["preset"] = "12"  # LeRobot's: the fastest
             # SVT-AV1's default random-access prediction, as LeRobot writes. Its low-delay structure (pred-struct=1)
             # deadlocked once its threads were no longer real-time (every thread asleep in sem_wait under a loaded
-            # CPU, tests/experience/test_export_killed.py); the out-of-order timestamps random access once gave under
-            # load ("non monotonically increasing dts") came with the real-time threads and have not come since
+            # CPU, tests/experience/test_export_killed.py). Its packets' labels, out of order now and then under load
+            # ("non monotonically increasing dts"), are not used: `_stamp`
             os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints a banner per file on stderr otherwise
+        if av.logging.get_level() is None:  # FFmpeg's errors are then on stderr and in PyAV's exceptions, which would
+            av.logging.set_level(av.logging.ERROR)  # otherwise say only "Invalid argument: 'cam.mp4' returned 22"
         self._container = av.open(str(self.path), "w", options={"movflags": "faststart"})
         self._stream = self._container.add_stream(codec, rate=fps, options=options)
         self._stream.width, self._stream.height, self._stream.pix_fmt = width, height, "yuv420p"
         self._time_base = Fraction(1, fps)  # frame i at pts i; the muxer keeps its own timescale (15360 at 30 fps)
-        self.frames = self.bytes = 0  # frames added, bytes of encoded video so far
+        self.frames = self.packets = self.bytes = 0  # frames added, packets muxed, bytes of encoded video so far
+        self.relabelled = 0  # AV1 packets the encoder labelled with another time than their place (`_stamp`)
         self._scheduling = KeepScheduling() if codec == "libsvtav1" and hasattr(os, "sched_getscheduler") else None
 
     def add(self, frame: np.ndarray) -> None:
@@ -103,20 +109,55 @@ class VideoWriter:
                              f"is uint8[{self.height}, {self.width}, 3]")
         vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")
         vf.pts, vf.time_base = self.frames, self._time_base
-        self._mux(self._stream.encode(vf))
+        self._encode(vf)
         self.frames += 1
 
-    def _mux(self, packets) -> None:
-        if self._scheduling is not None:  # after each encode: SVT-AV1 starts its threads with the first frame
-            self._scheduling.restore()
-        self.bytes += sum(p.size for p in packets)
-        self._container.mux(packets)
+    def _encode(self, frame: av.VideoFrame | None) -> None:
+        """Encodes `frame` (None: the encoder's last frames) and muxes what comes out; ValueError naming the file, the
+        frame and FFmpeg's own complaint when either fails."""
+        if self._container is None:
+            raise ValueError(f"{self.path}: the video is closed")
+        try:
+            packets = self._stream.encode(frame)
+            if self._scheduling is not None:  # after each encode: SVT-AV1 starts its threads with the first frame
+                self._scheduling.restore()
+            for packet in packets:
+                if self.codec == "libsvtav1":
+                    self._stamp(packet, self.packets)
+                self.packets += 1
+                self.bytes += packet.size
+            self._container.mux(packets)
+        except av.FFmpegError as exc:
+            container, self._container = self._container, None  # abandoned: a later close() has nothing to do
+            with contextlib.suppress(av.FFmpegError):
+                container.close()
+            at = "flushing the encoder" if frame is None else f"frame {self.frames}"
+            raise ValueError(f"{self.path}: {self.codec} video, {at}: {exc}") from None
+
+    def _stamp(self, packet: av.Packet, n: int) -> None:
+        """An AV1 packet is a temporal unit, and temporal units come in presentation order with one shown frame each
+        (AV1 spec 7.5): packet n is frame n. It is stamped so rather than with the encoder's label, which SVT-AV1
+        copies from its input buffer and which, out of order, fails the muxer ("non monotonically increasing dts");
+        a label that disagrees is counted (`relabelled`), the first one reported."""
+        if packet.pts != n or packet.dts != n:
+            self.relabelled += 1
+            if self.relabelled == 1:
+                log.warning("%s: the encoder labelled packet %d with pts %s, dts %s: stamped %d, its place in the "
+                            "stream", self.path, n, packet.pts, packet.dts, n)
+        packet.pts = packet.dts = n
 
     def close(self) -> None:
-        if self._container is not None:
-            self._mux(self._stream.encode(None))
-            self._container.close()
-            self._container = None
+        if self._container is None:
+            return
+        self._encode(None)
+        container, self._container = self._container, None
+        try:
+            container.close()  # writes the index (moov) and moves it to the front
+        except av.FFmpegError as exc:
+            raise ValueError(f"{self.path}: {self.codec} video, writing its index: {exc}") from None
+        if self.packets != self.frames:
+            raise ValueError(f"{self.path}: the {self.codec} encoder gave {self.packets} packets for {self.frames} "
+                             "frames")
 
     def __enter__(self) -> VideoWriter:
         return self
