@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,17 +25,37 @@ def _request(policy: str) -> service_pb2.ModelInferRequest:
     return request
 
 
-def test_a_write_to_a_stream_that_already_ended_is_unavailable(triton):
+def test_a_call_that_ended_before_its_reader_noticed_is_replaced_by_the_next_write(triton):
     async def scenario():
         stream = InferStream(triton.url)
         try:
+            await stream.infer(_request(triton.policy), timeout_s=30)
+            call = stream._call
+            call.cancel()  # the call ends (as when its server is killed); its reader has not run since
             reply = await stream.infer(_request(triton.policy), timeout_s=30)
-            assert reply.model_name == triton.policy
-            stream._call.cancel()  # the call ends (as when its server is killed) before its reader noticed
+            assert reply.model_name == triton.policy and stream._call is not call
+        finally:
+            await stream.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_write_to_a_call_that_ends_under_it_is_unavailable(triton):
+    async def scenario():
+        stream = InferStream(triton.url)
+        opened = stream._open
+
+        def opened_then_ended():  # the call ends between the write's start and its message going out
+            call = opened()
+            call.cancel()
+            return call
+
+        try:
+            stream._open = opened_then_ended
             with pytest.raises(StreamError) as error:
                 await stream.infer(_request(triton.policy), timeout_s=30)
             assert error.value.code == "UNAVAILABLE" and "RPC already finished" in error.value.detail
-            await asyncio.wait_for(stream._reader, 30)  # the reader saw the end: the next request reopens
+            stream._open = opened
             reply = await stream.infer(_request(triton.policy), timeout_s=30)
             assert reply.model_name == triton.policy
         finally:
@@ -69,28 +90,42 @@ def test_a_deadline_that_passes_mid_write_fails_that_request_alone(triton):
     asyncio.run(scenario())
 
 
+def _stopped(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2] == "T"
+
+
 def test_a_write_stalled_on_a_stopped_triton_resets_the_stream(triton, monkeypatch):
     """Triton stops reading (SIGSTOP; a hung server or a partition alike): a write that has not gone out after
-    STALLED_WRITE_S resets the stream, failing what waits on it as UNAVAILABLE; once Triton reads again a new stream
-    serves."""
+    STALLED_WRITE_S resets the stream, failing the requests sent on it as UNAVAILABLE; a request queued behind the
+    stalled write goes out on a new stream, answered once Triton reads again."""
     monkeypatch.setattr(stream_module, "STALLED_WRITE_S", 1.0)
 
     async def scenario():
         stream = InferStream(triton.url)
         try:
             await stream.infer(_request(triton.policy), timeout_s=30)
+            call = stream._call
             big = _request(triton.policy)
             big.raw_input_contents[0] = bytes(32 << 20)
             os.kill(triton.server.pid, signal.SIGSTOP)
             try:
+                while not _stopped(triton.server.pid):
+                    await asyncio.sleep(0.01)
+                sent = asyncio.create_task(stream.infer(_request(triton.policy), timeout_s=30))
+                while call not in stream._sent_on.values():  # written on the stream: its reply will not come
+                    await asyncio.sleep(0.01)
                 with pytest.raises(StreamError) as late:
                     await stream.infer(big, timeout_s=0.2)
                 assert late.value.code == "DEADLINE_EXCEEDED", late.value
-                with pytest.raises(StreamError) as behind:  # queued behind the stalled write
-                    await stream.infer(_request(triton.policy), timeout_s=30)
-                assert behind.value.code in ("UNAVAILABLE", "CANCELLED"), behind.value
+                behind = asyncio.create_task(stream.infer(_request(triton.policy), timeout_s=30))
+                with pytest.raises(StreamError) as reset:
+                    await sent
+                assert reset.value.code == "UNAVAILABLE" and "stalled" in reset.value.detail, reset.value
             finally:
                 os.kill(triton.server.pid, signal.SIGCONT)
+            assert (await behind).model_name == triton.policy
+            assert stream._call is not call
             reply = await stream.infer(_request(triton.policy), timeout_s=30)
             assert reply.model_name == triton.policy
         finally:

@@ -235,11 +235,12 @@ class PostgresServer(Started):
         self._reap()
 
     def kill(self) -> None:
-        """SIGKILL the postmaster, as a crash would; its backends notice and exit. `start()` recovers."""
+        """SIGKILL the postmaster and its backends at once, as a crash of its host would: once it returns nothing
+        answers (killed alone, the postmaster leaves backends that serve a query or two before they notice).
+        `start()` recovers."""
         if self._proc is None:
             return
-        if self._proc.poll() is None:
-            self._proc.kill()
+        stop_group(self._proc, grace_s=0, sig=signal.SIGKILL)
         self._reap()
 
     def restart(self, timeout: float = 60.0) -> None:
