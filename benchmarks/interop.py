@@ -124,10 +124,14 @@ def viewers(info: dict, config: str):
 
 
 async def step_round_trips(address: str, payloads: list[list], obs, act, *, robots: int, steps: int,
-                           tag: str, start: int = 0) -> list[int]:
+                           tag: str, start: int = 0) -> tuple[list[int], int]:
     """`robots` camera sessions stepping `steps` times each as fast as replies come, from step `start` (a session
-    resumed under its id goes on from its last step); every round trip (ns)."""
+    resumed under its id goes on from its last step); every answered round trip (ns), and how many steps missed
+    the gateway's deadline (counted, not timed; any other error ends the run)."""
+    misses = 0
+
     async def one(i: int) -> list[int]:
+        nonlocal misses
         samples = []
         async with Session(address, hello(f"{tag}-{i}", obs, act, jpeg=True)) as s:
             for step in range(start, start + steps):
@@ -135,12 +139,15 @@ async def step_round_trips(address: str, payloads: list[list], obs, act, *, robo
                 reply = await s.step(bridge_pb2.Observation(
                     step=step, step_type=bridge_pb2.FIRST if step == 0 else bridge_pb2.MID,
                     tensors=payloads[(step + i) % len(payloads)]))
+                if reply.WhichOneof("kind") == "error" and reply.error.code == bridge_pb2.StepError.DEADLINE_EXCEEDED:
+                    misses += 1
+                    continue
                 if reply.WhichOneof("kind") != "action":
                     raise RuntimeError(f"{tag}-{i} step {step}: {reply}")
                 samples.append(time.perf_counter_ns() - t0)
         return samples
 
-    return [x for s in await asyncio.gather(*(one(i) for i in range(robots))) for x in s]
+    return [x for s in await asyncio.gather(*(one(i) for i in range(robots))) for x in s], misses
 
 
 def live_cost(configs: list[str], *, rounds: int, per_round: int, robots: int = 2) -> dict:
@@ -153,6 +160,7 @@ def live_cost(configs: list[str], *, rounds: int, per_round: int, robots: int = 
     payloads = [observation_tensors(f, jpeg=True) for f in frames]
     samples: dict[str, list[int]] = {c: [] for c in configs}
     dropped: dict[str, int] = dict.fromkeys(configs, 0)
+    misses: dict[str, int] = dict.fromkeys(configs, 0)
     with tempfile.TemporaryDirectory(prefix="tether-interop-live-") as tmp:
         run_dir = Path(tmp)
         repo = ModelRepository(run_dir / "models")
@@ -169,9 +177,11 @@ def live_cost(configs: list[str], *, rounds: int, per_round: int, robots: int = 
                 for config in (configs if r % 2 == 0 else configs[::-1]):
                     with viewers(info, config):
                         before = view_stats(info)["dropped"]
-                        samples[config] += asyncio.run(step_round_trips(
+                        answered, missed = asyncio.run(step_round_trips(
                             gw, payloads, obs, chunk_act, robots=robots, steps=per_round, tag="robot",
                             start=start))
+                        samples[config] += answered
+                        misses[config] += missed
                         start += per_round
                         dropped[config] += view_stats(info)["dropped"] - before
                 say(f"round {r + 1}/{rounds}: " + ", ".join(
@@ -179,7 +189,8 @@ def live_cost(configs: list[str], *, rounds: int, per_round: int, robots: int = 
             feed = view_stats(info)
     none = statistics.median(samples[configs[0]])
     out = {c: {"rtt_ms_p50": round(statistics.median(v) / 1e6, 3),
-               "ratio_vs_none": round(statistics.median(v) / none, 3), "steps": len(v), "dropped": dropped[c]}
+               "ratio_vs_none": round(statistics.median(v) / none, 3), "steps": len(v), "dropped": dropped[c],
+               "deadline_misses": misses[c]}
            for c, v in samples.items()}
     out["_view"] = {k: feed.get(k) for k in ("published", "sent", "dropped", "acked_through", "log_end", "jumped")}
     return out
@@ -194,11 +205,12 @@ def print_table(r: dict) -> None:
         print(f"{fmt:<10}{e['wall_s_p50']:>9.2f}{e['transitions_per_s']:>10.0f}{e['camera_frames_per_s']:>10.0f}"
               f"{e['bytes'] / 1e6:>8.2f}{e['bytes_vs_log']:>7.2f}{e['episodes']!s:>10}")
     if "live" in r:
-        print(f"\n{'viewers':<10}{'rtt p50 ms':>12}{'vs 0':>7}{'steps':>8}{'dropped':>9}")
+        print(f"\n{'viewers':<10}{'rtt p50 ms':>12}{'vs 0':>7}{'steps':>8}{'dropped':>9}{'missed':>8}")
         for n, v in r["live"].items():
             if n.startswith("_"):
                 continue
-            print(f"{n:<10}{v['rtt_ms_p50']:>12.2f}{v['ratio_vs_none']:>7.3f}{v['steps']:>8}{v['dropped']:>9}")
+            print(f"{n:<10}{v['rtt_ms_p50']:>12.2f}{v['ratio_vs_none']:>7.3f}{v['steps']:>8}{v['dropped']:>9}"
+                  f"{v['deadline_misses']:>8}")
 
 
 def main() -> None:
