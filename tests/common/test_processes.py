@@ -141,7 +141,8 @@ async def main():
                                              ctypes.POINTER(ctypes.c_int))(compare))
     print("sorted", list(values), flush=True)
     try:
-        await asyncio.sleep(30)
+        await asyncio.wait_for(asyncio.Event().wait(), 30)  # nobody sets it: only the stop ends the wait in time
+    except TimeoutError:
         print("the stop was lost", flush=True)
     finally:
         print("unwound", flush=True)
