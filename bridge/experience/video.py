@@ -90,8 +90,8 @@ class VideoWriter:
             options["preset"] = "12"  # LeRobot's: the fastest
             # SVT-AV1's default random-access prediction, as LeRobot writes. Its low-delay structure (pred-struct=1)
             # deadlocked once its threads were no longer real-time (every thread asleep in sem_wait under a loaded
-            # CPU, tests/experience/test_export_killed.py). Its packets' labels, out of order now and then under load
-            # ("non monotonically increasing dts"), are not used: `_stamp`
+            # CPU, tests/experience/test_export_killed.py). Its packets, out of order now and then under load, are
+            # put back in order (`_in_order`)
             os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints a banner per file on stderr otherwise
         if av.logging.get_level() is None:  # FFmpeg's errors are then on stderr and in PyAV's exceptions, which would
             av.logging.set_level(av.logging.ERROR)  # otherwise say only "Invalid argument: 'cam.mp4' returned 22"
@@ -100,7 +100,8 @@ class VideoWriter:
         self._stream.width, self._stream.height, self._stream.pix_fmt = width, height, "yuv420p"
         self._time_base = Fraction(1, fps)  # frame i at pts i; the muxer keeps its own timescale (15360 at 30 fps)
         self.frames = self.packets = self.bytes = 0  # frames added, packets muxed, bytes of encoded video so far
-        self.relabelled = 0  # AV1 packets the encoder labelled with another time than their place (`_stamp`)
+        self.reordered = 0  # AV1 packets the encoder gave out of order (`_in_order`)
+        self._held: dict[int, av.Packet] = {}  # AV1 packets waiting for one before them
         self._scheduling = KeepScheduling() if codec == "libsvtav1" and hasattr(os, "sched_getscheduler") else None
 
     def add(self, frame: np.ndarray) -> None:
@@ -113,38 +114,56 @@ class VideoWriter:
         self.frames += 1
 
     def _encode(self, frame: av.VideoFrame | None) -> None:
-        """Encodes `frame` (None: the encoder's last frames) and muxes what comes out; ValueError naming the file, the
-        frame and FFmpeg's own complaint when either fails."""
+        """Encodes `frame` (None: the encoder's last frames) and muxes what comes out, in order; ValueError naming the
+        file, the frame and FFmpeg's own complaint when either fails."""
         if self._container is None:
             raise ValueError(f"{self.path}: the video is closed")
         try:
             packets = self._stream.encode(frame)
             if self._scheduling is not None:  # after each encode: SVT-AV1 starts its threads with the first frame
                 self._scheduling.restore()
-            for packet in packets:
-                if self.codec == "libsvtav1":
-                    self._stamp(packet, self.packets)
-                self.packets += 1
-                self.bytes += packet.size
+            if self.codec == "libsvtav1":
+                packets = self._in_order(packets)
+            self.packets += len(packets)
+            self.bytes += sum(p.size for p in packets)
             self._container.mux(packets)
-        except av.FFmpegError as exc:
+        except (av.FFmpegError, ValueError) as exc:
             container, self._container = self._container, None  # abandoned: a later close() has nothing to do
             with contextlib.suppress(av.FFmpegError):
                 container.close()
+            if not isinstance(exc, av.FFmpegError):
+                raise
             at = "flushing the encoder" if frame is None else f"frame {self.frames}"
             raise ValueError(f"{self.path}: {self.codec} video, {at}: {exc}") from None
 
-    def _stamp(self, packet: av.Packet, n: int) -> None:
-        """An AV1 packet is a temporal unit, and temporal units come in presentation order with one shown frame each
-        (AV1 spec 7.5): packet n is frame n. It is stamped so rather than with the encoder's label, which SVT-AV1
-        copies from its input buffer and which, out of order, fails the muxer ("non monotonically increasing dts");
-        a label that disagrees is counted (`relabelled`), the first one reported."""
-        if packet.pts != n or packet.dts != n:
-            self.relabelled += 1
-            if self.relabelled == 1:
-                log.warning("%s: the encoder labelled packet %d with pts %s, dts %s: stamped %d, its place in the "
-                            "stream", self.path, n, packet.pts, packet.dts, n)
-        packet.pts = packet.dts = n
+    def _in_order(self, packets: list[av.Packet]) -> list[av.Packet]:
+        """The AV1 packets that are next in the stream. A packet is a temporal unit, and temporal units go in
+        presentation order with one shown frame each (AV1 spec 7.5): packet n is frame n, which SVT-AV1 labels pts =
+        dts = n. Now and then under load it hands one over after a later one ("non monotonically increasing dts" at
+        the muxer); such a packet is held until those before it have come (counted: `reordered`, the first logged)."""
+        for packet in packets:
+            if packet.pts is None or packet.pts < self.packets or packet.pts in self._held:
+                raise ValueError(f"{self.path}: the encoder gave a packet labelled {packet.pts} after {self.packets} "
+                                 f"packets (held: {sorted(self._held)})")
+            expected = self.packets + len(self._ready(self._held))
+            if packet.pts != expected:
+                self.reordered += 1
+                if self.reordered == 1:
+                    log.warning("%s: the encoder gave packet %d out of order (expected %d); put back in place",
+                                self.path, packet.pts, expected)
+            self._held[packet.pts] = packet
+        ready = self._ready(self._held)
+        for packet in ready:
+            del self._held[packet.pts]
+            packet.dts = packet.pts
+        return ready
+
+    def _ready(self, held: dict[int, av.Packet]) -> list[av.Packet]:
+        ready, n = [], self.packets
+        while n in held:
+            ready.append(held[n])
+            n += 1
+        return ready
 
     def close(self) -> None:
         if self._container is None:
@@ -156,8 +175,8 @@ class VideoWriter:
         except av.FFmpegError as exc:
             raise ValueError(f"{self.path}: {self.codec} video, writing its index: {exc}") from None
         if self.packets != self.frames:
-            raise ValueError(f"{self.path}: the {self.codec} encoder gave {self.packets} packets for {self.frames} "
-                             "frames")
+            raise ValueError(f"{self.path}: the {self.codec} encoder gave {self.packets} packets in order for "
+                             f"{self.frames} frames (held after a gap: {sorted(self._held)})")
 
     def __enter__(self) -> VideoWriter:
         return self
