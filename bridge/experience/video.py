@@ -127,42 +127,42 @@ class VideoWriter:
             self.packets += len(packets)
             self.bytes += sum(p.size for p in packets)
             self._container.mux(packets)
-        except (av.FFmpegError, ValueError) as exc:
-            container, self._container = self._container, None  # abandoned: a later close() has nothing to do
-            with contextlib.suppress(av.FFmpegError):
-                container.close()
-            if not isinstance(exc, av.FFmpegError):
-                raise
+        except av.FFmpegError as exc:  # (a ValueError too: caught first)
+            self._abandon()
             at = "flushing the encoder" if frame is None else f"frame {self.frames}"
             raise ValueError(f"{self.path}: {self.codec} video, {at}: {exc}") from None
+        except ValueError:  # the encoder's packets do not make a stream (`_in_order`)
+            self._abandon()
+            raise
+
+    def _abandon(self) -> None:
+        """Closes the file after a failed write; a later close() has nothing to do."""
+        container, self._container = self._container, None
+        with contextlib.suppress(av.FFmpegError):
+            container.close()
 
     def _in_order(self, packets: list[av.Packet]) -> list[av.Packet]:
         """The AV1 packets that are next in the stream. A packet is a temporal unit, and temporal units go in
         presentation order with one shown frame each (AV1 spec 7.5): packet n is frame n, which SVT-AV1 labels pts =
         dts = n. Now and then under load it hands one over after a later one ("non monotonically increasing dts" at
         the muxer); such a packet is held until those before it have come (counted: `reordered`, the first logged)."""
+        ready: list[av.Packet] = []
         for packet in packets:
-            if packet.pts is None or packet.pts < self.packets or packet.pts in self._held:
-                raise ValueError(f"{self.path}: the encoder gave a packet labelled {packet.pts} after {self.packets} "
-                                 f"packets (held: {sorted(self._held)})")
-            expected = self.packets + len(self._ready(self._held))
-            if packet.pts != expected:
+            n = self.packets + len(ready)  # the packet the stream needs next
+            if packet.pts is None or packet.pts < n or packet.pts in self._held:
+                raise ValueError(f"{self.path}: the encoder gave a packet labelled {packet.pts} after {n} packets "
+                                 f"(held: {sorted(self._held)})")
+            if packet.pts != n:
                 self.reordered += 1
                 if self.reordered == 1:
                     log.warning("%s: the encoder gave packet %d out of order (expected %d); put back in place",
-                                self.path, packet.pts, expected)
+                                self.path, packet.pts, n)
             self._held[packet.pts] = packet
-        ready = self._ready(self._held)
+            while n in self._held:
+                ready.append(self._held.pop(n))
+                n += 1
         for packet in ready:
-            del self._held[packet.pts]
             packet.dts = packet.pts
-        return ready
-
-    def _ready(self, held: dict[int, av.Packet]) -> list[av.Packet]:
-        ready, n = [], self.packets
-        while n in held:
-            ready.append(held[n])
-            n += 1
         return ready
 
     def close(self) -> None:

@@ -14,6 +14,7 @@ from tritonclient.grpc import service_pb2
 
 from inference_server import stream as stream_module
 from inference_server.stream import InferStream, StreamError
+from tests.support.waiting import until
 
 
 def _request(policy: str) -> service_pb2.ModelInferRequest:
@@ -110,11 +111,10 @@ def test_a_write_stalled_on_a_stopped_triton_resets_the_stream(triton, monkeypat
             big.raw_input_contents[0] = bytes(32 << 20)
             os.kill(triton.server.pid, signal.SIGSTOP)
             try:
-                while not _stopped(triton.server.pid):
-                    await asyncio.sleep(0.01)
+                await until(lambda: _stopped(triton.server.pid), "Triton stopped (SIGSTOP)")
                 sent = asyncio.create_task(stream.infer(_request(triton.policy), timeout_s=30))
-                while call not in stream._sent_on.values():  # written on the stream: its reply will not come
-                    await asyncio.sleep(0.01)
+                await until(lambda: call in stream._sent_on.values(),  # on the stream: its reply will not come
+                            "a request written on the stream")
                 with pytest.raises(StreamError) as late:
                     await stream.infer(big, timeout_s=0.2)
                 assert late.value.code == "DEADLINE_EXCEEDED", late.value
