@@ -31,16 +31,15 @@ def test_the_follower_reports_every_epoch_and_reads_again_after_a_restart(tmp_pa
             with changed:
                 seen.append(epoch)
 
-        follower = EpochFollower(pg.url, on_change=on_change, poll_s=5.0).start()  # a slow poll: NOTIFY must do
+        # The poll backstop (60 s) is far beyond every wait (10 s): only NOTIFY can pass them
+        follower = EpochFollower(pg.url, on_change=on_change, poll_s=60.0).start()
         try:
             wait_until(lambda: seen == [0], "the first read on connect", **POLL)
             serving(registry)
             wait_until(lambda: seen[-1] == registry.epoch(), "the notify of the first change", **POLL)
             reach(registry, State.LIVE)
-            changed_at = time.monotonic()
             wait_until(lambda: seen[-1] == registry.epoch(), "the notify of the last change", **POLL)
-            latency = time.monotonic() - changed_at
-            assert latency < 2.0 and seen == sorted(seen)
+            assert seen == sorted(seen)
             pg.stop()
             wait_until(lambda: not follower.connected, "the follower noticing the server is gone", **POLL)
             pg.start()
