@@ -121,9 +121,35 @@ def stop_group(proc: subprocess.Popen, *, grace_s: float = 10.0, sig: int = sign
         time.sleep(0.02)
 
 
+def kill_with_children(proc: subprocess.Popen) -> None:
+    """SIGKILL `proc`, its process group and its children at once, as a crash of the host would; returns once
+    none of them runs. For a server whose workers lead their own sessions (PostgreSQL's backends call setsid):
+    `proc` is stopped first so that it starts no more, and killed with the children it had then."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGSTOP)
+    kids = children(proc.pid)
+    for pid in kids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    stop_group(proc, grace_s=0, sig=signal.SIGKILL)
+    deadline = time.monotonic() + _SWEEP_S
+    while set(kids) & set(_live(lambda ppid, pgrp: True)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) processes whose process group is `pgid`, read from /proc."""
-    members = []
+    return _live(lambda ppid, pgrp: pgrp == pgid)
+
+
+def children(pid: int) -> list[int]:
+    """Live (non-zombie) processes whose parent is `pid`, read from /proc."""
+    return _live(lambda ppid, pgrp: ppid == pid)
+
+
+def _live(match: Callable[[int, int], bool]) -> list[int]:
+    """Live (non-zombie) processes for which `match(ppid, pgrp)`, read from /proc."""
+    found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -132,9 +158,9 @@ def group_members(pgid: int) -> list[int]:
         except OSError:
             continue
         fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(entry.name))
-    return members
+        if fields[0] != "Z" and match(int(fields[1]), int(fields[2])):
+            found.append(int(entry.name))
+    return found
 
 
 @contextlib.contextmanager

@@ -13,7 +13,16 @@ import threading
 
 import pytest
 
-from bridge.common.processes import Child, NotReady, free_port, group_members, spawn, stop_group, wait_ready
+from bridge.common.processes import (
+    Child,
+    NotReady,
+    free_port,
+    group_members,
+    kill_with_children,
+    spawn,
+    stop_group,
+    wait_ready,
+)
 from tests.support.processes import descendants, running
 from tests.support.waiting import wait_until
 
@@ -37,6 +46,27 @@ def test_stop_group_kills_a_child_ignoring_sigterm_after_the_grace_period_and_it
         stop_group(proc, grace_s=0.5)
         assert proc.returncode == -signal.SIGKILL and not group_members(proc.pid)
         stop_group(proc)  # idempotent
+    finally:
+        proc.stdout.close()
+
+
+# A parent whose child leads its own session, as PostgreSQL's backends do (setsid): out of the parent's group
+SESSION_CHILD = """
+import subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+print("up", flush=True)
+time.sleep(60)
+"""
+
+
+def test_kill_with_children_reaches_a_child_outside_the_group():
+    proc = spawn([sys.executable, "-c", SESSION_CHILD], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "up\n"
+        kids = descendants(proc.pid)
+        assert len(kids) == 1 and not set(kids) & set(group_members(proc.pid))  # stop_group alone would miss it
+        kill_with_children(proc)
+        assert proc.returncode == -signal.SIGKILL and not running(kids)
     finally:
         proc.stdout.close()
 

@@ -60,7 +60,7 @@ from pathlib import Path
 
 from bridge.common.lifecycle import Started
 from bridge.common.net import is_loopback
-from bridge.common.processes import free_port, spawn, stop_group
+from bridge.common.processes import free_port, kill_with_children, spawn, stop_group
 
 __all__ = ["ROLES", "PostgresServer", "PostgresStartError", "postgres_bin_dir"]
 
@@ -236,11 +236,11 @@ class PostgresServer(Started):
 
     def kill(self) -> None:
         """SIGKILL the postmaster and its backends at once, as a crash of its host would: once it returns nothing
-        answers (killed alone, the postmaster leaves backends that serve a query or two before they notice).
-        `start()` recovers."""
+        answers. (Each backend leads its own session, out of the postmaster's process group; a postmaster killed
+        alone leaves backends that serve, and commit, a query or two before they notice.) `start()` recovers."""
         if self._proc is None:
             return
-        stop_group(self._proc, grace_s=0, sig=signal.SIGKILL)
+        kill_with_children(self._proc)
         self._reap()
 
     def restart(self, timeout: float = 60.0) -> None:
