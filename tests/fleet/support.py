@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from bridge.common.processes import free_port, spawn
+from bridge.common.processes import spawn
 from bridge.experience import read_transitions
 from bridge.experience.merge import Merged, merge_logs
 from tests.support.gateways import start_gateway
@@ -28,7 +28,7 @@ class Gateways:
 
     def __init__(self, tmp: Path, triton_url: str, count: int, registry: str):
         self.tmp, self.triton_url, self.registry = tmp, triton_url, registry
-        self.ports = [free_port() for _ in range(count)]
+        self.ports = [0] * count  # each gateway's own pick, once started (a port picked for it could be taken first)
         self.names = [f"gw-{i}" for i in range(count)]
         self.dirs = [tmp / f"experience-{i}" for i in range(count)]
         self.logs = [tmp / f"gateway-{i}.log" for i in range(count)]
@@ -48,6 +48,7 @@ class Gateways:
             self.gateways.append(start_gateway(
                 self.triton_url, log, "--experience-dir", d, "--registry", self.registry, "--gateway-id", name,
                 "--idle-timeout-s", "0", *args, *(first if i == 0 else ()), port=port, grace_s=30))
+            self.ports[i] = int(self.gateways[-1].address.rsplit(":", 1)[1])
         return self
 
     def stop(self) -> None:

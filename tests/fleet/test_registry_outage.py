@@ -18,6 +18,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -30,13 +31,12 @@ import psycopg
 import pytest
 
 from bridge.client import Credentials, aio_channel
-from bridge.common.processes import free_port
 from protos import bridge_pb2, bridge_pb2_grpc, fleet_pb2, fleet_pb2_grpc, policies_pb2, policies_pb2_grpc
 from protos.codec import encode
 from tests.conftest import ACT, OBS
 from tests.fleet.support import ROOT, Gateways, p50_p99_ms
 from tests.gateway.helpers import hello
-from tests.support.waiting import until
+from tests.support.waiting import until, wait_until
 from tether.cluster.postgres import PostgresServer, postgres_bin_dir
 
 pytestmark = [pytest.mark.slow,
@@ -173,9 +173,11 @@ def test_the_database_blackholed_while_8_sessions_step(triton, tmp_path):
         proxy = ProxyProcess(int(pg.url.rsplit(":", 1)[1].split("/")[0]))
         url = pg.url.replace(f":{pg.url.rsplit(':', 1)[1].split('/')[0]}/", f":{proxy.port}/")
         gateways = Gateways(tmp_path, triton.url, 2, url)
-        console_port = free_port()
         try:
-            gateways.start(first=["--console-port", str(console_port)])
+            gateways.start(first=["--console-port", "0"])  # the gateway's own pick, which it prints
+            said = wait_until(lambda: re.search(r"console on http://127\.0\.0\.1:(\d+)", gateways.logs[0].read_text()),
+                              "gw-0's console address in its log")
+            console_port = int(said[1])
             figures = asyncio.run(_scenario(gateways.addresses, proxy, functools.partial(_get, console_port)))
             with psycopg.connect(pg.url) as conn:  # durable, after the outage
                 rows = conn.execute("SELECT id, target, released_ns FROM estops").fetchall()
