@@ -22,7 +22,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import itertools
 import os
+import random
 import shutil
 import signal
 import socket
@@ -54,10 +56,48 @@ class Terminated(KeyboardInterrupt):
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on `host` now (the kernel's pick; bind it soon: another process may take it)."""
+    """A TCP port free on `host` now (bind it soon: another process may take it).
+
+    Picked below the kernel's ephemeral range, where no connect() and no bind to port 0 ever lands, in turn from a
+    random start in each process: so that neither the kernel's own picks nor another process's `free_port` are
+    likely to take it between now and the bind. The kernel's pick where nothing lies below that range."""
+    low, high = _PICKABLE
+    with _picking:
+        for _ in range(high - low):
+            port = low + next(_turn) % (high - low)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind((host, port))
+                except OSError as exc:
+                    if exc.errno == errno.EADDRINUSE:
+                        continue
+                    raise
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def _pickable() -> tuple[int, int]:
+    """[10000, the first ephemeral port) when that holds at least 2,000 ports, else an empty range."""
+    try:
+        first = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        first = 32768  # the kernel's default
+    return (10000, first) if first - 10000 >= 2000 else (0, 0)
+
+
+_PICKABLE = _pickable()
+
+
+def _new_turn() -> None:
+    global _turn, _picking
+    _turn = itertools.count(random.SystemRandom().randrange(1 << 30))
+    _picking = threading.Lock()
+
+
+_new_turn()
+os.register_at_fork(after_in_child=_new_turn)  # a forked child (multiprocessing) must not repeat our picks
 
 
 def spawn(cmd: Sequence[str], *, death_signal: int = signal.SIGTERM, **popen) -> subprocess.Popen:

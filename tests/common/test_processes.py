@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -36,6 +37,22 @@ def test_free_port_is_bindable():
     port = free_port()
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
+
+
+def test_free_port_lies_below_the_ephemeral_range_and_skips_a_bound_port():
+    first_ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+
+    def after(port: int) -> int:  # the next in turn, from 10000 up to the ephemeral range and round
+        return 10000 + (port + 1 - 10000) % (first_ephemeral - 10000)
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        picks = [free_port() for _ in range(50)]
+        assert all(10000 <= p < first_ephemeral for p in picks), picks    # never where connect() or bind(0) lands
+        assert len(set(picks)) == 50 and held.getsockname()[1] not in picks
+        with socket.socket() as taken:  # a port bound by someone else is passed over
+            taken.bind(("127.0.0.1", after(picks[-1])))
+            assert free_port() == after(after(picks[-1]))
 
 
 def test_stop_group_kills_a_child_ignoring_sigterm_after_the_grace_period_and_its_whole_group():
