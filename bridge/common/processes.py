@@ -7,6 +7,7 @@ group, and never outlives this process, however this process ends.
     with Child(cmd, log_path, name="gateway", ready="gateway listening on ") as gw:
         gw.ready_value                                        # the rest of that stdout line: "127.0.0.1:PORT"
     stop_group(proc, grace_s=10)                              # SIGTERM; SIGKILL to its group after 10 s; until gone
+    kill_with_children(proc)                                  # a crash: SIGKILL, children in sessions of their own too
     with sigterm_interrupts():                                # SIGTERM raises Terminated (a KeyboardInterrupt) here,
         run_demo(config)                                      # so every `with`/`finally` on the way stops its child
 
@@ -37,8 +38,8 @@ from pathlib import Path
 
 from bridge.common.lifecycle import Started
 
-__all__ = ["Child", "NotReady", "Terminated", "free_port", "group_members", "sigterm_interrupts", "spawn",
-           "stop_group", "wait_ready"]
+__all__ = ["Child", "NotReady", "Terminated", "children", "free_port", "group_members", "kill_with_children",
+           "sigterm_interrupts", "spawn", "stop_group", "wait_ready"]
 
 _SWEEP_S = 5.0  # after the leader: how long stop_group SIGKILLs what is left of its group
 
