@@ -166,6 +166,8 @@ def kill_with_children(proc: subprocess.Popen) -> None:
     """SIGKILL `proc`, its process group and its children at once, as a crash of the host would; returns once
     none of them runs. For a server whose workers lead their own sessions (PostgreSQL's backends call setsid):
     `proc` is stopped first so that it starts no more, and killed with the children it had then."""
+    if proc.poll() is not None:  # reaped: its pid may be another process's now
+        return
     with contextlib.suppress(ProcessLookupError):
         os.kill(proc.pid, signal.SIGSTOP)
     kids = children(proc.pid)
